@@ -1,0 +1,807 @@
+//===- IRGen.cpp - Building cell IR from the syntax tree ------------------===//
+
+#include "compiler/Frontend/IRGen.h"
+
+#include "compiler/Frontend/Parser.h"
+#include "dialects/Cell/IR/CellOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/Verifier.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSwitch.h"
+
+#include <cmath>
+
+using namespace cellc;
+using namespace mlir;
+
+namespace {
+
+/// What an expression evaluates to while the cell is checked.
+struct Val {
+  enum class Kind { Scalar, Vector, Matrix };
+  Kind kind = Kind::Scalar;
+  /// Scalar: the folded value of a literal expression.
+  double scalar = 0;
+  /// Vector and Matrix: the IR value.
+  Value value;
+  /// Vector: its size. Matrix: rows and cols.
+  int64_t size = 0, cols = 0;
+
+  static Val ofScalar(double v) {
+    Val val;
+    val.scalar = v;
+    return val;
+  }
+  static Val ofVector(Value v, int64_t size) {
+    Val val;
+    val.kind = Kind::Vector;
+    val.value = v;
+    val.size = size;
+    return val;
+  }
+};
+
+/// A name in the cell's scope.
+struct Binding {
+  enum class Kind { Input, State, Param, Local };
+  Kind kind;
+  Ident ident;
+  /// Its current value. A state's is the previous step's until assigned.
+  Val current;
+  bool used = false;
+  /// States: whether, and where, the next value was assigned.
+  bool assigned = false;
+  llvm::SMRange assignedAt;
+};
+
+llvm::StringRef spell(Binding::Kind kind) {
+  switch (kind) {
+  case Binding::Kind::Input:
+    return "input";
+  case Binding::Kind::State:
+    return "state";
+  case Binding::Kind::Param:
+    return "param";
+  case Binding::Kind::Local:
+    return "local";
+  }
+  return "";
+}
+
+enum class Fn {
+  Unknown,
+  Sigmoid,
+  Tanh,
+  Exp,
+  Log,
+  Relu,
+  Softplus,
+  Abs,
+  Sqrt,
+  Max,
+  Min,
+  Chunk
+};
+
+Fn lookupFn(llvm::StringRef name) {
+  return llvm::StringSwitch<Fn>(name)
+      .Case("sigmoid", Fn::Sigmoid)
+      .Case("tanh", Fn::Tanh)
+      .Case("exp", Fn::Exp)
+      .Case("log", Fn::Log)
+      .Case("relu", Fn::Relu)
+      .Case("softplus", Fn::Softplus)
+      .Case("abs", Fn::Abs)
+      .Case("sqrt", Fn::Sqrt)
+      .Case("max", Fn::Max)
+      .Case("min", Fn::Min)
+      .Case("chunk", Fn::Chunk)
+      .Default(Fn::Unknown);
+}
+
+class IRGen {
+public:
+  IRGen(MLIRContext &context, const SizeBindings &sizes, FloatType elementType,
+        CellDiagnostics &diag)
+      : context(context), builder(&context), sizes(sizes),
+        elementType(elementType), diag(diag) {}
+
+  OwningOpRef<ModuleOp> build(const CellAST &cell);
+
+private:
+  Location loc(llvm::SMLoc at);
+  RankedTensorType vectorType(int64_t size) {
+    return RankedTensorType::get({size}, elementType);
+  }
+  Value constant(double v, int64_t size, llvm::SMLoc at) {
+    return builder.create<cell::ConstantOp>(loc(at), vectorType(size),
+                                            builder.getF64FloatAttr(v));
+  }
+
+  bool declare(const Decl &decl, std::vector<int64_t> &shape);
+  bool assign(const Stmt &stmt);
+  bool assignChunk(const Stmt &stmt);
+  bool bind(const Ident &ident, Val val, llvm::SMRange valueRange);
+  bool output(const Stmt &stmt);
+
+  std::optional<Val> eval(const Expr &expr);
+  std::optional<Val> evalName(const Expr &expr);
+  std::optional<Val> evalBinary(const Expr &expr);
+  std::optional<Val> evalMatvec(const Expr &expr);
+  std::optional<Val> evalCall(const Expr &expr);
+  /// Evaluates an operand of an elementwise operation: a scalar or a vector.
+  std::optional<Val> evalElementwise(const Expr &expr, llvm::StringRef what);
+  /// Builds an elementwise binary op on two operands, broadcasting literals.
+  std::optional<Val> elementwise(const Expr &expr, const Val &lhs,
+                                 const Val &rhs, llvm::StringRef what);
+
+  MLIRContext &context;
+  OpBuilder builder;
+  const SizeBindings &sizes;
+  FloatType elementType;
+  CellDiagnostics &diag;
+  unsigned bufferId = 0;
+  StringAttr fileName;
+
+  llvm::StringMap<Binding> scope;
+  /// Declarations in order, as keys into `scope`.
+  std::vector<std::string> inputs, states, params;
+  std::vector<std::string> locals;
+  std::vector<std::pair<std::string, Value>> outputs;
+  const Stmt *outputStmt = nullptr;
+};
+
+} // namespace
+
+Location IRGen::loc(llvm::SMLoc at) {
+  auto [line, col] = diag.getSourceMgr().getLineAndColumn(at, bufferId);
+  return FileLineColLoc::get(fileName, line, col);
+}
+
+bool IRGen::declare(const Decl &decl, std::vector<int64_t> &shape) {
+  auto [it, inserted] = scope.try_emplace(decl.ident.name);
+  if (!inserted) {
+    diag.error(decl.ident.range.Start,
+               "'" + decl.ident.name + "' is already declared",
+               decl.ident.range);
+    diag.note(it->second.ident.range.Start, "first declared here",
+              it->second.ident.range);
+    return false;
+  }
+  for (const SizeExpr &size : decl.shape) {
+    std::optional<int64_t> value = evaluateSize(size, sizes, diag);
+    if (!value)
+      return false;
+    shape.push_back(*value);
+  }
+  if (decl.kind != DeclKind::Param && shape.size() != 1) {
+    diag.error(decl.ident.range.Start,
+               spell(decl.kind) + " '" + decl.ident.name +
+                   "' must be a vector [n]; only params can be matrices",
+               decl.range);
+    return false;
+  }
+  Binding &binding = it->second;
+  binding.ident = decl.ident;
+  switch (decl.kind) {
+  case DeclKind::Input:
+    binding.kind = Binding::Kind::Input;
+    inputs.push_back(decl.ident.name);
+    break;
+  case DeclKind::State:
+    binding.kind = Binding::Kind::State;
+    states.push_back(decl.ident.name);
+    break;
+  case DeclKind::Param:
+    binding.kind = Binding::Kind::Param;
+    params.push_back(decl.ident.name);
+    break;
+  }
+  return true;
+}
+
+OwningOpRef<ModuleOp> IRGen::build(const CellAST &cell) {
+  llvm::SourceMgr &sm = diag.getSourceMgr();
+  bufferId = sm.FindBufferContainingLoc(cell.ident.range.Start);
+  if (bufferId == 0)
+    bufferId = sm.getMainFileID();
+  fileName = builder.getStringAttr(
+      sm.getMemoryBuffer(bufferId)->getBufferIdentifier());
+
+  // Declarations, with their sizes bound.
+  llvm::StringMap<std::vector<int64_t>> shapes;
+  for (const Decl &decl : cell.decls) {
+    std::vector<int64_t> shape;
+    if (!declare(decl, shape))
+      return nullptr;
+    shapes[decl.ident.name] = std::move(shape);
+  }
+  if (states.empty()) {
+    diag.error(cell.ident.range.Start,
+               "cell '" + cell.ident.name +
+                   "' declares no state; a recurrent cell needs at least one "
+                   "'state'",
+               cell.ident.range);
+    return nullptr;
+  }
+
+  OwningOpRef<ModuleOp> module = ModuleOp::create(loc(cell.ident.range.Start));
+  builder.setInsertionPointToEnd(module->getBody());
+  auto strings = [&](const std::vector<std::string> &names) {
+    SmallVector<StringRef> refs(names.begin(), names.end());
+    return builder.getStrArrayAttr(refs);
+  };
+  SmallVector<NamedAttribute> sizeAttrs;
+  for (const auto &[name, value] : sizes)
+    sizeAttrs.push_back(builder.getNamedAttr(name, builder.getI64IntegerAttr(value)));
+  auto def = builder.create<cell::DefOp>(
+      loc(cell.ident.range.Start), cell.ident.name, strings(inputs),
+      strings(states), builder.getStrArrayAttr({}),
+      builder.getDictionaryAttr(sizeAttrs));
+  Block *body = builder.createBlock(&def.getBody());
+  for (const std::string &name : inputs) {
+    Binding &binding = scope[name];
+    int64_t size = shapes[name][0];
+    binding.current =
+        Val::ofVector(body->addArgument(vectorType(size),
+                                        loc(binding.ident.range.Start)),
+                      size);
+  }
+  for (const std::string &name : states) {
+    Binding &binding = scope[name];
+    int64_t size = shapes[name][0];
+    binding.current =
+        Val::ofVector(body->addArgument(vectorType(size),
+                                        loc(binding.ident.range.Start)),
+                      size);
+  }
+  builder.setInsertionPointToStart(body);
+  for (const std::string &name : params) {
+    Binding &binding = scope[name];
+    const std::vector<int64_t> &shape = shapes[name];
+    auto type = RankedTensorType::get(shape, elementType);
+    Value value = builder.create<cell::ParamOp>(loc(binding.ident.range.Start),
+                                                type, name);
+    if (shape.size() == 2) {
+      binding.current.kind = Val::Kind::Matrix;
+      binding.current.value = value;
+      binding.current.size = shape[0];
+      binding.current.cols = shape[1];
+    } else {
+      binding.current = Val::ofVector(value, shape[0]);
+    }
+  }
+
+  // Statements, in order.
+  for (const Stmt &stmt : cell.stmts) {
+    if (outputStmt) {
+      diag.error(stmt.range.Start, "'output' must be the last statement",
+                 stmt.range);
+      diag.note(outputStmt->range.Start, "'output' is here");
+      return nullptr;
+    }
+    bool ok = stmt.kind == Stmt::Kind::Output ? output(stmt) : assign(stmt);
+    if (!ok)
+      return nullptr;
+  }
+
+  SmallVector<Value> nextStates;
+  for (const std::string &name : states) {
+    Binding &binding = scope[name];
+    if (!binding.assigned) {
+      diag.error(binding.ident.range.Start,
+                 "state '" + name +
+                     "' is never assigned; give it its next value, as in '" +
+                     name + " = ...'",
+                 binding.ident.range);
+      return nullptr;
+    }
+    nextStates.push_back(binding.current.value);
+  }
+  if (!outputStmt)
+    outputs.emplace_back(states.front(), nextStates.front());
+
+  std::vector<std::string> outputNames;
+  SmallVector<Value> outputValues;
+  for (auto &[name, value] : outputs) {
+    outputNames.push_back(name);
+    outputValues.push_back(value);
+  }
+  def.setOutputNamesAttr(strings(outputNames));
+  llvm::SMLoc endLoc =
+      outputStmt ? outputStmt->range.Start : cell.ident.range.Start;
+  builder.create<cell::YieldOp>(loc(endLoc), nextStates, outputValues);
+
+  // Warnings for declarations and locals that nothing reads.
+  auto warnUnused = [&](const std::vector<std::string> &names) {
+    for (const std::string &name : names) {
+      const Binding &binding = scope[name];
+      if (!binding.used)
+        diag.warning(binding.ident.range.Start,
+                     spell(binding.kind) + " '" + name + "' is never used",
+                     binding.ident.range);
+    }
+  };
+  warnUnused(inputs);
+  warnUnused(params);
+  warnUnused(locals);
+
+  // A verifier failure here is a front-end bug, but it is still reported at
+  // the user's text rather than crashing.
+  SourceMgrDiagnosticHandler handler(diag.getSourceMgr(), &context,
+                                     diag.getStream());
+  if (failed(verify(*module)))
+    return nullptr;
+  return module;
+}
+
+bool IRGen::assign(const Stmt &stmt) {
+  const Expr &value = *stmt.value;
+  if (value.kind == Expr::Kind::Call && lookupFn(value.name) == Fn::Chunk)
+    return assignChunk(stmt);
+  if (stmt.names.size() > 1) {
+    diag.error(stmt.names[1].range.Start,
+               "assigning to " + llvm::Twine(stmt.names.size()) +
+                   " names needs 'chunk(v, " + llvm::Twine(stmt.names.size()) +
+                   ")' on the right",
+               value.range);
+    return false;
+  }
+  std::optional<Val> val = eval(value);
+  if (!val)
+    return false;
+  if (val->kind == Val::Kind::Matrix) {
+    diag.error(value.range.Start,
+               "a matrix param can only be the left operand of '@'",
+               value.range);
+    return false;
+  }
+  return bind(stmt.names[0], *val, value.range);
+}
+
+bool IRGen::assignChunk(const Stmt &stmt) {
+  const Expr &call = *stmt.value;
+  if (call.operands.size() != 2) {
+    diag.error(call.opLoc,
+               "'chunk' takes a vector and a part count, as in chunk(v, 4); "
+               "found " +
+                   llvm::Twine(call.operands.size()) + " arguments",
+               call.range);
+    return false;
+  }
+  const Expr &countExpr = *call.operands[1];
+  if (countExpr.kind != Expr::Kind::Number || !countExpr.isInteger ||
+      countExpr.number < 1 || countExpr.number > kMaxSize) {
+    diag.error(countExpr.range.Start,
+               "the part count of 'chunk' must be a positive integer literal",
+               countExpr.range);
+    return false;
+  }
+  int64_t count = static_cast<int64_t>(countExpr.number);
+  if (count != static_cast<int64_t>(stmt.names.size())) {
+    diag.error(call.opLoc,
+               "'chunk' splits into " + llvm::Twine(count) + " parts but " +
+                   llvm::Twine(stmt.names.size()) +
+                   (stmt.names.size() == 1 ? " name is" : " names are") +
+                   " assigned",
+               stmt.range);
+    return false;
+  }
+  std::optional<Val> input = evalElementwise(*call.operands[0], "'chunk'");
+  if (!input)
+    return false;
+  if (input->kind != Val::Kind::Vector) {
+    diag.error(call.operands[0]->range.Start,
+               "'chunk' needs a vector, found a constant",
+               call.operands[0]->range);
+    return false;
+  }
+  if (input->size % count != 0) {
+    diag.error(call.opLoc,
+               "cannot chunk a vector of size " + llvm::Twine(input->size) +
+                   " into " + llvm::Twine(count) + " equal parts",
+               call.range);
+    return false;
+  }
+  int64_t part = input->size / count;
+  SmallVector<Type> types(count, vectorType(part));
+  auto chunk = builder.create<cell::ChunkOp>(loc(call.opLoc), types,
+                                             input->value);
+  for (auto [name, result] : llvm::zip(stmt.names, chunk.getResults()))
+    if (!bind(name, Val::ofVector(result, part), call.range))
+      return false;
+  return true;
+}
+
+bool IRGen::bind(const Ident &ident, Val val, llvm::SMRange valueRange) {
+  auto it = scope.find(ident.name);
+  if (it == scope.end()) {
+    Binding &binding = scope[ident.name];
+    binding.kind = Binding::Kind::Local;
+    binding.ident = ident;
+    binding.current = val;
+    locals.push_back(ident.name);
+    return true;
+  }
+  Binding &binding = it->second;
+  switch (binding.kind) {
+  case Binding::Kind::Input:
+  case Binding::Kind::Param:
+    diag.error(ident.range.Start,
+               "cannot assign to " + spell(binding.kind) + " '" + ident.name +
+                   "'",
+               ident.range);
+    diag.note(binding.ident.range.Start, "declared here", binding.ident.range);
+    return false;
+  case Binding::Kind::Local:
+    diag.error(ident.range.Start,
+               "'" + ident.name +
+                   "' is already assigned; a local is assigned once",
+               ident.range);
+    diag.note(binding.ident.range.Start, "first assigned here",
+              binding.ident.range);
+    return false;
+  case Binding::Kind::State:
+    break;
+  }
+  if (binding.assigned) {
+    diag.error(ident.range.Start,
+               "state '" + ident.name + "' is assigned twice in one step",
+               ident.range);
+    diag.note(binding.assignedAt.Start, "first assigned here",
+              binding.assignedAt);
+    return false;
+  }
+  int64_t size = binding.current.size;
+  if (val.kind == Val::Kind::Scalar) {
+    val = Val::ofVector(constant(val.scalar, size, valueRange.Start), size);
+  } else if (val.size != size) {
+    diag.error(ident.range.Start,
+               "size mismatch: state '" + ident.name + "' has size " +
+                   llvm::Twine(size) + " but the value has size " +
+                   llvm::Twine(val.size),
+               {ident.range, valueRange});
+    return false;
+  }
+  binding.current = val;
+  binding.assigned = true;
+  binding.assignedAt = ident.range;
+  return true;
+}
+
+bool IRGen::output(const Stmt &stmt) {
+  for (const Ident &name : stmt.names) {
+    auto it = scope.find(name.name);
+    if (it == scope.end()) {
+      diag.error(name.range.Start, "unknown name '" + name.name + "'",
+                 name.range);
+      return false;
+    }
+    Binding &binding = it->second;
+    binding.used = true;
+    if (binding.current.kind != Val::Kind::Vector) {
+      diag.error(name.range.Start,
+                 "output '" + name.name +
+                     "' must be a vector, not a constant or a matrix",
+                 name.range);
+      return false;
+    }
+    outputs.emplace_back(name.name, binding.current.value);
+  }
+  outputStmt = &stmt;
+  return true;
+}
+
+std::optional<Val> IRGen::eval(const Expr &expr) {
+  switch (expr.kind) {
+  case Expr::Kind::Number:
+    return Val::ofScalar(expr.number);
+  case Expr::Kind::Name:
+    return evalName(expr);
+  case Expr::Kind::Neg: {
+    std::optional<Val> operand = evalElementwise(*expr.operands[0], "'-'");
+    if (!operand)
+      return std::nullopt;
+    if (operand->kind == Val::Kind::Scalar)
+      return Val::ofScalar(-operand->scalar);
+    return Val::ofVector(
+        builder.create<cell::NegOp>(loc(expr.opLoc), operand->value),
+        operand->size);
+  }
+  case Expr::Kind::Binary:
+    return evalBinary(expr);
+  case Expr::Kind::Call:
+    return evalCall(expr);
+  }
+  return std::nullopt;
+}
+
+std::optional<Val> IRGen::evalName(const Expr &expr) {
+  auto it = scope.find(expr.name);
+  if (it == scope.end()) {
+    diag.error(expr.range.Start, "unknown name '" + expr.name + "'",
+               expr.range);
+    return std::nullopt;
+  }
+  it->second.used = true;
+  return it->second.current;
+}
+
+std::optional<Val> IRGen::evalElementwise(const Expr &expr,
+                                          llvm::StringRef what) {
+  std::optional<Val> val = eval(expr);
+  if (val && val->kind == Val::Kind::Matrix) {
+    diag.error(expr.range.Start,
+               "param '" + expr.name + "' is a matrix; it can only be the "
+               "left operand of '@', not an operand of " + what,
+               expr.range);
+    return std::nullopt;
+  }
+  return val;
+}
+
+std::optional<Val> IRGen::evalBinary(const Expr &expr) {
+  if (expr.binaryOp == Expr::BinaryOp::Matvec)
+    return evalMatvec(expr);
+  std::string what = ("'" + spell(expr.binaryOp) + "'").str();
+  std::optional<Val> lhs = evalElementwise(*expr.operands[0], what);
+  if (!lhs)
+    return std::nullopt;
+  std::optional<Val> rhs = evalElementwise(*expr.operands[1], what);
+  if (!rhs)
+    return std::nullopt;
+  return elementwise(expr, *lhs, *rhs, what);
+}
+
+std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
+                                      const Val &rhs, llvm::StringRef what) {
+  bool isCall = expr.kind == Expr::Kind::Call;
+  Fn fn = isCall ? lookupFn(expr.name) : Fn::Unknown;
+  Expr::BinaryOp op = expr.binaryOp;
+  if (lhs.kind == Val::Kind::Scalar && rhs.kind == Val::Kind::Scalar) {
+    double a = lhs.scalar, b = rhs.scalar;
+    if (isCall)
+      return Val::ofScalar(fn == Fn::Max ? std::max(a, b) : std::min(a, b));
+    switch (op) {
+    case Expr::BinaryOp::Add:
+      return Val::ofScalar(a + b);
+    case Expr::BinaryOp::Sub:
+      return Val::ofScalar(a - b);
+    case Expr::BinaryOp::Mul:
+      return Val::ofScalar(a * b);
+    default:
+      return Val::ofScalar(a / b);
+    }
+  }
+  const Expr &lhsExpr = *expr.operands[0], &rhsExpr = *expr.operands[1];
+  if (lhs.kind == Val::Kind::Vector && rhs.kind == Val::Kind::Vector &&
+      lhs.size != rhs.size) {
+    diag.error(expr.opLoc,
+               "size mismatch in " + what + ": the left operand has size " +
+                   llvm::Twine(lhs.size) + ", the right has size " +
+                   llvm::Twine(rhs.size),
+               {lhsExpr.range, rhsExpr.range});
+    return std::nullopt;
+  }
+  int64_t size = lhs.kind == Val::Kind::Vector ? lhs.size : rhs.size;
+  Value a = lhs.kind == Val::Kind::Vector
+                ? lhs.value
+                : constant(lhs.scalar, size, lhsExpr.range.Start);
+  Value b = rhs.kind == Val::Kind::Vector
+                ? rhs.value
+                : constant(rhs.scalar, size, rhsExpr.range.Start);
+  Location l = loc(expr.opLoc);
+  Value result;
+  if (isCall) {
+    if (fn == Fn::Max)
+      result = builder.create<cell::MaxOp>(l, a, b);
+    else
+      result = builder.create<cell::MinOp>(l, a, b);
+  } else {
+    switch (op) {
+    case Expr::BinaryOp::Add:
+      result = builder.create<cell::AddOp>(l, a, b);
+      break;
+    case Expr::BinaryOp::Sub:
+      result = builder.create<cell::SubOp>(l, a, b);
+      break;
+    case Expr::BinaryOp::Mul:
+      result = builder.create<cell::MulOp>(l, a, b);
+      break;
+    default:
+      result = builder.create<cell::DivOp>(l, a, b);
+      break;
+    }
+  }
+  return Val::ofVector(result, size);
+}
+
+std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
+  const Expr &lhsExpr = *expr.operands[0], &rhsExpr = *expr.operands[1];
+  const Binding *weight = nullptr;
+  if (lhsExpr.kind == Expr::Kind::Name) {
+    auto it = scope.find(lhsExpr.name);
+    if (it == scope.end()) {
+      diag.error(lhsExpr.range.Start, "unknown name '" + lhsExpr.name + "'",
+                 lhsExpr.range);
+      return std::nullopt;
+    }
+    it->second.used = true;
+    if (it->second.current.kind == Val::Kind::Matrix)
+      weight = &it->second;
+  }
+  if (!weight) {
+    std::string found = "an expression";
+    if (lhsExpr.kind == Expr::Kind::Name) {
+      const Binding &b = scope.find(lhsExpr.name)->second;
+      found = (spell(b.kind) + " '" + lhsExpr.name + "'").str();
+      if (b.kind == Binding::Kind::Param)
+        found = "vector param '" + lhsExpr.name + "'";
+    } else if (lhsExpr.kind == Expr::Kind::Number) {
+      found = "a number";
+    }
+    diag.error(lhsExpr.range.Start,
+               "the left operand of '@' must be a matrix param, found " +
+                   found,
+               lhsExpr.range);
+    return std::nullopt;
+  }
+  std::optional<Val> rhs = eval(rhsExpr);
+  if (!rhs)
+    return std::nullopt;
+  if (rhs->kind != Val::Kind::Vector) {
+    diag.error(rhsExpr.range.Start,
+               llvm::Twine("the right operand of '@' must be a vector, found ") +
+                   (rhs->kind == Val::Kind::Scalar ? "a constant" : "a matrix"),
+               rhsExpr.range);
+    return std::nullopt;
+  }
+  const Val &w = weight->current;
+  if (rhs->size != w.cols) {
+    diag.error(expr.opLoc,
+               "size mismatch in '@': '" + lhsExpr.name + "' is [" +
+                   llvm::Twine(w.size) + ", " + llvm::Twine(w.cols) +
+                   "] but the right operand has size " +
+                   llvm::Twine(rhs->size),
+               {lhsExpr.range, rhsExpr.range});
+    return std::nullopt;
+  }
+  Value result = builder.create<cell::MatvecOp>(
+      loc(expr.opLoc), vectorType(w.size), w.value, rhs->value);
+  return Val::ofVector(result, w.size);
+}
+
+static double applyScalar(Fn fn, double x) {
+  switch (fn) {
+  case Fn::Sigmoid:
+    return 1.0 / (1.0 + std::exp(-x));
+  case Fn::Tanh:
+    return std::tanh(x);
+  case Fn::Exp:
+    return std::exp(x);
+  case Fn::Log:
+    return std::log(x);
+  case Fn::Relu:
+    return x > 0 ? x : 0;
+  case Fn::Softplus:
+    return std::log1p(std::exp(x));
+  case Fn::Abs:
+    return std::fabs(x);
+  case Fn::Sqrt:
+    return std::sqrt(x);
+  default:
+    return x;
+  }
+}
+
+std::optional<Val> IRGen::evalCall(const Expr &expr) {
+  Fn fn = lookupFn(expr.name);
+  if (fn == Fn::Unknown) {
+    diag.error(expr.opLoc,
+               "unknown function '" + expr.name +
+                   "'; the functions are sigmoid, tanh, exp, log, relu, "
+                   "softplus, abs, sqrt, max, min and chunk",
+               expr.range);
+    return std::nullopt;
+  }
+  if (fn == Fn::Chunk) {
+    diag.error(expr.opLoc,
+               "'chunk' can only stand alone on the right of an assignment, "
+               "as in 'a, b = chunk(v, 2)'",
+               expr.range);
+    return std::nullopt;
+  }
+  size_t arity = (fn == Fn::Max || fn == Fn::Min) ? 2 : 1;
+  if (expr.operands.size() != arity) {
+    diag.error(expr.opLoc,
+               "'" + expr.name + "' takes " + llvm::Twine(arity) +
+                   (arity == 1 ? " argument" : " arguments") + ", found " +
+                   llvm::Twine(expr.operands.size()),
+               expr.range);
+    return std::nullopt;
+  }
+  std::string what = "'" + expr.name + "'";
+  if (arity == 2) {
+    std::optional<Val> lhs = evalElementwise(*expr.operands[0], what);
+    if (!lhs)
+      return std::nullopt;
+    std::optional<Val> rhs = evalElementwise(*expr.operands[1], what);
+    if (!rhs)
+      return std::nullopt;
+    return elementwise(expr, *lhs, *rhs, what);
+  }
+
+  std::optional<Val> arg = evalElementwise(*expr.operands[0], what);
+  if (!arg)
+    return std::nullopt;
+  if (arg->kind == Val::Kind::Scalar)
+    return Val::ofScalar(applyScalar(fn, arg->scalar));
+  Location l = loc(expr.opLoc);
+  Value x = arg->value, result;
+  switch (fn) {
+  case Fn::Sigmoid:
+    result = builder.create<cell::SigmoidOp>(l, x);
+    break;
+  case Fn::Tanh:
+    result = builder.create<cell::TanhOp>(l, x);
+    break;
+  case Fn::Exp:
+    result = builder.create<cell::ExpOp>(l, x);
+    break;
+  case Fn::Log:
+    result = builder.create<cell::LogOp>(l, x);
+    break;
+  case Fn::Relu:
+    result = builder.create<cell::ReluOp>(l, x);
+    break;
+  case Fn::Softplus:
+    result = builder.create<cell::SoftplusOp>(l, x);
+    break;
+  case Fn::Abs:
+    result = builder.create<cell::AbsOp>(l, x);
+    break;
+  default:
+    result = builder.create<cell::SqrtOp>(l, x);
+    break;
+  }
+  return Val::ofVector(result, arg->size);
+}
+
+OwningOpRef<ModuleOp> cellc::buildCellIR(MLIRContext &context,
+                                         const CellAST &cell,
+                                         const SizeBindings &sizes,
+                                         FloatType elementType,
+                                         CellDiagnostics &diag) {
+  loadFrontendDialects(context);
+  return IRGen(context, sizes, elementType, diag).build(cell);
+}
+
+OwningOpRef<ModuleOp> cellc::compileCellSource(MLIRContext &context,
+                                               const SizeBindings &sizes,
+                                               FloatType elementType,
+                                               CellDiagnostics &diag) {
+  llvm::SourceMgr &sm = diag.getSourceMgr();
+  llvm::StringRef buffer = sm.getMemoryBuffer(sm.getMainFileID())->getBuffer();
+  Parser parser(buffer, diag);
+  std::unique_ptr<CellAST> cell = parser.parseCell();
+  if (!cell)
+    return nullptr;
+  return buildCellIR(context, *cell, sizes, elementType, diag);
+}
+
+void cellc::loadFrontendDialects(MLIRContext &context) {
+  context.getOrLoadDialect<cell::CellDialect>();
+}
+
+FloatType cellc::parseElementType(MLIRContext &context, llvm::StringRef dtype) {
+  Builder b(&context);
+  return llvm::StringSwitch<FloatType>(dtype)
+      .Case("f32", b.getF32Type())
+      .Case("f64", b.getF64Type())
+      .Case("f16", b.getF16Type())
+      .Case("bf16", b.getBF16Type())
+      .Default(FloatType());
+}

@@ -1,0 +1,17 @@
+//===- cellc-opt.cpp - Runs cell passes on MLIR, for lit tests ------------===//
+
+#include "dialects/Cell/IR/CellDialect.h"
+
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/InitAllDialects.h"
+#include "mlir/InitAllPasses.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+
+int main(int argc, char **argv) {
+  mlir::registerAllPasses();
+  mlir::DialectRegistry registry;
+  mlir::registerAllDialects(registry);
+  registry.insert<mlir::cell::CellDialect>();
+  return mlir::asMainReturnCode(
+      mlir::MlirOptMain(argc, argv, "cellc optimizer driver\n", registry));
+}

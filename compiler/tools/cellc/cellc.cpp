@@ -1,0 +1,153 @@
+//===- cellc.cpp - The cellc compiler driver ------------------------------===//
+
+#include "compiler/Frontend/IRGen.h"
+#include "compiler/Frontend/Parser.h"
+#include "dialects/Cell/IR/CellOps.h"
+
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <map>
+
+using namespace cellc;
+namespace cl = llvm::cl;
+
+namespace {
+enum class Emit { AST, MLIR, Summary };
+} // namespace
+
+static cl::opt<std::string> inputFilename(cl::Positional,
+                                          cl::desc("<cell file>"),
+                                          cl::init("-"),
+                                          cl::value_desc("filename"));
+
+static cl::opt<std::string> outputFilename("o", cl::desc("Output file"),
+                                           cl::value_desc("filename"),
+                                           cl::init("-"));
+
+static cl::list<std::string>
+    sizeBindings("D", cl::Prefix,
+                 cl::desc("Bind a symbolic size, as in -D H=256"),
+                 cl::value_desc("NAME=VALUE"));
+
+static cl::opt<Emit> emitAction(
+    "emit", cl::desc("The stage to print"), cl::init(Emit::MLIR),
+    cl::values(clEnumValN(Emit::AST, "ast", "the syntax tree"),
+               clEnumValN(Emit::MLIR, "mlir", "the cell dialect IR"),
+               clEnumValN(Emit::Summary, "summary",
+                          "the cell's declarations and op counts")));
+
+static cl::opt<std::string> dtype("dtype",
+                                  cl::desc("Element type: f32, f64, f16, bf16"),
+                                  cl::init("f32"));
+
+/// Prints what the cell declares and what its step computes.
+static void printSummary(mlir::ModuleOp module, llvm::raw_ostream &os) {
+  for (auto def : module.getOps<mlir::cell::DefOp>()) {
+    os << "cell @" << def.getSymName() << "\n";
+    auto printArgs = [&](llvm::StringRef what, mlir::ArrayAttr names,
+                         mlir::Block::BlockArgListType args) {
+      for (auto [name, arg] : llvm::zip(names.getAsValueRange<mlir::StringAttr>(), args))
+        os << "  " << what << ' ' << name << ": " << arg.getType() << "\n";
+    };
+    printArgs("input", def.getInputNamesAttr(), def.getInputs());
+    printArgs("state", def.getStateNamesAttr(), def.getStates());
+    int64_t paramElements = 0, matvecFlops = 0;
+    std::map<std::string, unsigned> opCounts;
+    def.walk([&](mlir::Operation *op) {
+      if (auto param = llvm::dyn_cast<mlir::cell::ParamOp>(op)) {
+        auto type = llvm::cast<mlir::RankedTensorType>(param.getType());
+        os << "  param " << param.getName() << ": " << type << "\n";
+        paramElements += type.getNumElements();
+      }
+      if (auto matvec = llvm::dyn_cast<mlir::cell::MatvecOp>(op))
+        matvecFlops += 2 * llvm::cast<mlir::RankedTensorType>(
+                               matvec.getWeight().getType())
+                               .getNumElements();
+      if (op != def.getOperation())
+        ++opCounts[op->getName().getStringRef().str()];
+    });
+    os << "  outputs:";
+    for (llvm::StringRef name : def.getOutputNames().getAsValueRange<mlir::StringAttr>())
+      os << ' ' << name;
+    os << "\n  parameters: " << paramElements << " elements\n";
+    os << "  matvec flops per sample and step: " << matvecFlops << "\n";
+    os << "  ops:";
+    for (auto &[name, count] : opCounts)
+      os << ' ' << name << '=' << count;
+    os << "\n";
+  }
+}
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM init(argc, argv);
+  mlir::registerAsmPrinterCLOptions();
+  mlir::registerMLIRContextCLOptions();
+  cl::ParseCommandLineOptions(argc, argv, "cellc: a compiler for recurrent cells\n");
+
+  auto fileOrErr = llvm::MemoryBuffer::getFileOrSTDIN(inputFilename);
+  if (std::error_code ec = fileOrErr.getError()) {
+    llvm::errs() << "cellc: error: cannot open '" << inputFilename
+                 << "': " << ec.message() << "\n";
+    return 1;
+  }
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(std::move(*fileOrErr), llvm::SMLoc());
+  CellDiagnostics diag(sourceMgr, llvm::errs());
+
+  SizeBindings sizes;
+  for (const std::string &text : sizeBindings) {
+    auto binding = parseSizeBinding(text);
+    if (!binding) {
+      llvm::errs() << "cellc: error: " << llvm::toString(binding.takeError())
+                   << "\n";
+      return 1;
+    }
+    sizes[binding->first] = binding->second;
+  }
+
+  std::string errorMessage;
+  auto output = mlir::openOutputFile(outputFilename, &errorMessage);
+  if (!output) {
+    llvm::errs() << "cellc: error: " << errorMessage << "\n";
+    return 1;
+  }
+
+  if (emitAction == Emit::AST) {
+    llvm::StringRef buffer =
+        sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID())->getBuffer();
+    Parser parser(buffer, diag);
+    std::unique_ptr<CellAST> cell = parser.parseCell();
+    if (!cell)
+      return 1;
+    cell->dump(output->os());
+    output->keep();
+    return 0;
+  }
+
+  mlir::MLIRContext context;
+  mlir::FloatType elementType = parseElementType(context, dtype);
+  if (!elementType) {
+    llvm::errs() << "cellc: error: unknown dtype '" << dtype
+                 << "'; expected f32, f64, f16 or bf16\n";
+    return 1;
+  }
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      compileCellSource(context, sizes, elementType, diag);
+  if (!module)
+    return 1;
+  if (emitAction == Emit::Summary)
+    printSummary(*module, output->os());
+  else
+    module->print(output->os());
+  output->keep();
+  return 0;
+}

@@ -1,0 +1,19 @@
+//===- CellOps.h - The cell dialect's operations ----------------*- C++ -*-===//
+
+#ifndef CELLC_DIALECTS_CELL_IR_CELLOPS_H
+#define CELLC_DIALECTS_CELL_IR_CELLOPS_H
+
+#include "dialects/Cell/IR/CellDialect.h"
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/IR/SymbolTable.h"
+#include "mlir/Interfaces/ControlFlowInterfaces.h"
+#include "mlir/Interfaces/InferTypeOpInterface.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#define GET_OP_CLASSES
+#include "dialects/Cell/IR/CellOps.h.inc"
+
+#endif // CELLC_DIALECTS_CELL_IR_CELLOPS_H

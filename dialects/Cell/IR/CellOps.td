@@ -1,0 +1,266 @@
+//===- CellOps.td - The cell dialect's operations ---------*- tablegen -*-===//
+
+#ifndef CELL_OPS_TD
+#define CELL_OPS_TD
+
+include "dialects/Cell/IR/CellDialect.td"
+include "mlir/IR/OpAsmInterface.td"
+include "mlir/IR/CommonAttrConstraints.td"
+include "mlir/IR/CommonTypeConstraints.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/ControlFlowInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Type constraints
+//===----------------------------------------------------------------------===//
+
+def Cell_Vector : RankedTensorOf<[AnyFloat],
+    [HasStaticShapePred, HasAnyRankOfPred<[1]>], "static 1-D float tensor">;
+def Cell_Matrix : RankedTensorOf<[AnyFloat],
+    [HasStaticShapePred, HasAnyRankOfPred<[2]>], "static 2-D float tensor">;
+def Cell_Value : RankedTensorOf<[AnyFloat],
+    [HasStaticShapePred, HasAnyRankOfPred<[1, 2]>],
+    "static 1-D or 2-D float tensor">;
+
+//===----------------------------------------------------------------------===//
+// Structure
+//===----------------------------------------------------------------------===//
+
+def Cell_DefOp : Cell_Op<"def", [
+    IsolatedFromAbove, Symbol, SingleBlock,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmBlockArgumentNames"]>]> {
+  let summary = "One time step of a recurrent cell";
+  let description = [{
+    Defines a cell. The body is one time step for one sample. Its block
+    arguments are the per-step inputs followed by the recurrent states, as they
+    are before the step. The body ends in a `cell.yield` that gives the states'
+    next values and the step's outputs.
+
+    `input_names`, `state_names` and `output_names` keep the names the user
+    wrote; the printer uses them as SSA names of the block arguments and the
+    parser reads them back from there. `sizes` optionally records the bound
+    symbolic sizes.
+
+    The verifier rejects a body whose arguments are not static 1-D float
+    tensors of one element type, a `cell.yield` whose states do not match the
+    state arguments' types, and an output count that differs from
+    `output_names`.
+
+    Example:
+
+    ```mlir
+    cell.def @elman inputs(%x : tensor<3xf32>) states(%h : tensor<4xf32>) outputs("h") {
+      %w = cell.param "W" : tensor<4x3xf32>
+      %u = cell.param "U" : tensor<4x4xf32>
+      %0 = cell.matvec %w, %x : tensor<4x3xf32>, tensor<3xf32> -> tensor<4xf32>
+      %1 = cell.matvec %u, %h : tensor<4x4xf32>, tensor<4xf32> -> tensor<4xf32>
+      %2 = cell.add %0, %1 : tensor<4xf32>
+      %3 = cell.tanh %2 : tensor<4xf32>
+      cell.yield states(%3 : tensor<4xf32>) outputs(%3 : tensor<4xf32>)
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       StrArrayAttr:$input_names,
+                       StrArrayAttr:$state_names,
+                       StrArrayAttr:$output_names,
+                       OptionalAttr<DictionaryAttr>:$sizes);
+  let regions = (region SizedRegion<1>:$body);
+  let hasCustomAssemblyFormat = 1;
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The block arguments that are per-step inputs.
+    ::mlir::Block::BlockArgListType getInputs() {
+      return getBody().front().getArguments().take_front(getInputNames().size());
+    }
+    /// The block arguments that are the states before the step.
+    ::mlir::Block::BlockArgListType getStates() {
+      return getBody().front().getArguments().drop_front(getInputNames().size());
+    }
+    /// The terminator of the body.
+    YieldOp getYield();
+  }];
+}
+
+def Cell_YieldOp : Cell_Op<"yield", [
+    Pure, Terminator, ReturnLike, HasParent<"DefOp">, AttrSizedOperandSegments]> {
+  let summary = "Gives the next states and the outputs of a step";
+  let description = [{
+    Terminates a `cell.def` body. `states` are the states' values after the
+    step, in the order of the cell's state arguments; `outputs` are the step's
+    outputs, in the order of `output_names`. The parent's verifier checks the
+    counts and types.
+
+    Example:
+
+    ```mlir
+    cell.yield states(%h, %c : tensor<4xf32>, tensor<4xf32>) outputs(%h : tensor<4xf32>)
+    ```
+  }];
+  let arguments = (ins Variadic<Cell_Vector>:$states,
+                       Variadic<Cell_Vector>:$outputs);
+  let assemblyFormat = [{
+    (`states` `(` $states^ `:` type($states) `)`)?
+    (`outputs` `(` $outputs^ `:` type($outputs) `)`)? attr-dict
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Leaves
+//===----------------------------------------------------------------------===//
+
+def Cell_ParamOp : Cell_Op<"param", [Pure]> {
+  let summary = "A learnable parameter of the cell";
+  let description = [{
+    Reads the learnable parameter `name`: a matrix `[rows, cols]` or a vector
+    `[n]`. Parameters are the same at every time step and for every sample.
+    The verifier rejects an empty name and a result that is not a static 1-D
+    or 2-D float tensor.
+
+    Example:
+
+    ```mlir
+    %w = cell.param "W_hh" : tensor<16x4xf32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name);
+  let results = (outs Cell_Value:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Cell_ConstantOp : Cell_Op<"constant", [Pure, ConstantLike]> {
+  let summary = "A vector whose elements all hold one value";
+  let description = [{
+    A vector whose every element is `value`. The language's numeric literals
+    become constants of the size of the vector they meet.
+
+    Example:
+
+    ```mlir
+    %one = cell.constant 1.0 : tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins F64Attr:$value);
+  let results = (outs Cell_Vector:$result);
+  let assemblyFormat = "$value attr-dict `:` type($result)";
+  let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Linear algebra
+//===----------------------------------------------------------------------===//
+
+def Cell_MatvecOp : Cell_Op<"matvec", [Pure]> {
+  let summary = "Matrix-vector product of a matrix and a vector";
+  let description = [{
+    Computes `result[i] = sum_j weight[i, j] * vector[j]`. `weight` is a
+    static 2-D tensor `[M, N]`, `vector` a static 1-D tensor `[N]`, and the
+    result `[M]`; all share one element type. The verifier rejects a `weight`
+    that is not 2-D, a `vector` whose size is not the weight's column count,
+    and a result whose size is not the weight's row count.
+
+    Example:
+
+    ```mlir
+    %y = cell.matvec %w, %x : tensor<16x3xf32>, tensor<3xf32> -> tensor<16xf32>
+    ```
+  }];
+  let arguments = (ins Cell_Value:$weight, Cell_Value:$vector);
+  let results = (outs Cell_Vector:$result);
+  let assemblyFormat = [{
+    $weight `,` $vector attr-dict `:` type($weight) `,` type($vector) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Cell_ChunkOp : Cell_Op<"chunk", [Pure]> {
+  let summary = "Splits a vector into equal consecutive parts";
+  let description = [{
+    Splits `input` of size `N` into `K` results of size `N / K`; result `k`
+    holds elements `[k * N / K, (k + 1) * N / K)`. The verifier rejects zero
+    results, results of different types, and sizes that do not add up to the
+    input's.
+
+    Example:
+
+    ```mlir
+    %i, %f = cell.chunk %v : tensor<8xf32> -> tensor<4xf32>, tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Cell_Vector:$input);
+  let results = (outs Variadic<Cell_Vector>:$results);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise operations
+//===----------------------------------------------------------------------===//
+
+class Cell_UnaryOp<string mnemonic, string formula>
+    : Cell_Op<mnemonic, [Pure, Elementwise, SameOperandsAndResultType]> {
+  let summary = "Elementwise " # formula;
+  let description = [{
+    Computes `}] # formula # [{` for each element of `operand`. The result has
+    the operand's type.
+
+    Example:
+
+    ```mlir
+    %y = cell.}] # mnemonic # [{ %x : tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Cell_Vector:$operand);
+  let results = (outs Cell_Vector:$result);
+  let assemblyFormat = "$operand attr-dict `:` type($result)";
+}
+
+def Cell_NegOp : Cell_UnaryOp<"neg", "-x">;
+def Cell_SigmoidOp : Cell_UnaryOp<"sigmoid", "1 / (1 + exp(-x))">;
+def Cell_TanhOp : Cell_UnaryOp<"tanh", "tanh(x)">;
+def Cell_ExpOp : Cell_UnaryOp<"exp", "exp(x)">;
+def Cell_LogOp : Cell_UnaryOp<"log", "log(x)">;
+def Cell_ReluOp : Cell_UnaryOp<"relu", "max(x, 0)">;
+def Cell_SoftplusOp : Cell_UnaryOp<"softplus", "log(1 + exp(x))">;
+def Cell_AbsOp : Cell_UnaryOp<"abs", "|x|">;
+def Cell_SqrtOp : Cell_UnaryOp<"sqrt", "sqrt(x)">;
+
+class Cell_BinaryOp<string mnemonic, string formula>
+    : Cell_Op<mnemonic, [Pure, Elementwise]> {
+  let summary = "Elementwise " # formula;
+  let description = [{
+    Computes `}] # formula # [{` for each pair of elements of `lhs` and `rhs`.
+    The verifier rejects operands and a result that do not all have one type.
+
+    Example:
+
+    ```mlir
+    %z = cell.}] # mnemonic # [{ %x, %y : tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Cell_Vector:$lhs, Cell_Vector:$rhs);
+  let results = (outs Cell_Vector:$result);
+  // The pretty form takes one type; errors.mlir spells mismatches in the
+  // generic form.
+  let assemblyFormat = [{
+    $lhs `,` $rhs attr-dict `:` custom<SameType>(type($lhs), type($rhs), type($result))
+  }];
+  let hasVerifier = 1;
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$lhs, "::mlir::Value":$rhs), [{
+      build($_builder, $_state, lhs.getType(), lhs, rhs);
+    }]>
+  ];
+}
+
+def Cell_AddOp : Cell_BinaryOp<"add", "lhs + rhs">;
+def Cell_SubOp : Cell_BinaryOp<"sub", "lhs - rhs">;
+def Cell_MulOp : Cell_BinaryOp<"mul", "lhs * rhs">;
+def Cell_DivOp : Cell_BinaryOp<"div", "lhs / rhs">;
+def Cell_MaxOp : Cell_BinaryOp<"max", "max(lhs, rhs)">;
+def Cell_MinOp : Cell_BinaryOp<"min", "min(lhs, rhs)">;
+
+#endif // CELL_OPS_TD

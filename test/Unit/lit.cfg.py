@@ -1,0 +1,11 @@
+# lit configuration that runs the GoogleTest binaries as part of check-cellc.
+
+import os
+
+import lit.formats
+
+config.name = "CELLC-Unit"
+config.suffixes = []
+config.test_exec_root = os.path.join(config.cellc_obj_root, "test", "Unit")
+config.test_source_root = config.test_exec_root
+config.test_format = lit.formats.GoogleTest(".", "Tests")

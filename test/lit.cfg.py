@@ -1,0 +1,30 @@
+# lit configuration for cellc: FileCheck tests on every stage, and the
+# GoogleTest binaries, in one run.
+
+import os
+
+import lit.formats
+from lit.llvm import llvm_config
+from lit.llvm.subst import ToolSubst
+
+config.name = "CELLC"
+config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
+config.suffixes = [".mlir", ".cell"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.cellc_obj_root, "test")
+config.excludes = ["Inputs", "CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "Fuzz"]
+
+config.substitutions.append(("%PATH%", config.environment["PATH"]))
+config.substitutions.append(("%python", config.python_executable))
+config.substitutions.append(("%examples", os.path.join(config.cellc_src_root, "examples")))
+
+# As upstream MLIR does: captured variables do not leak across CHECK-LABELs,
+# and every check prefix a RUN line names must be used.
+config.environment["FILECHECK_OPTS"] = "-enable-var-scope --allow-unused-prefixes=false"
+
+llvm_config.use_default_substitutions()
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+
+tool_dirs = [config.cellc_tools_dir, config.llvm_tools_dir]
+tools = ["cellc", "cellc-opt", "FileCheck", "not", "count"]
+llvm_config.add_tool_substitutions(tools, tool_dirs)
