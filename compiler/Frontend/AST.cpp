@@ -57,7 +57,7 @@ static void dumpExpr(const Expr &expr, llvm::raw_ostream &os, unsigned indent) {
   os.indent(indent);
   switch (expr.kind) {
   case Expr::Kind::Number:
-    os << "Number " << expr.number << '\n';
+    os << "Number " << expr.name << '\n';
     return;
   case Expr::Kind::Name:
     os << "Name " << expr.name << '\n';

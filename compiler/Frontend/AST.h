@@ -61,7 +61,7 @@ struct Expr {
   /// Number: the value, and whether it was written as an integer.
   double number = 0;
   bool isInteger = false;
-  /// Name and Call: the name.
+  /// Name and Call: the name. Number: the text as written.
   std::string name;
   BinaryOp binaryOp = BinaryOp::Add;
   /// Neg: one operand; Binary: lhs and rhs; Call: the arguments.

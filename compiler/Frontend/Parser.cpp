@@ -319,6 +319,7 @@ std::unique_ptr<Expr> Parser::parsePrimary() {
     auto number = std::make_unique<Expr>(Expr::Kind::Number, tok.range());
     number->opLoc = tok.loc();
     number->isInteger = tok.is(TokenKind::Integer);
+    number->name = tok.text.str();
     if (tok.text.getAsDouble(number->number, /*AllowInexact=*/true) ||
         !std::isfinite(number->number)) {
       errorHere("number " + describe(tok) + " is out of range");

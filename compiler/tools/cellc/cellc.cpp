@@ -45,6 +45,12 @@ static cl::opt<Emit> emitAction(
                clEnumValN(Emit::Summary, "summary",
                           "the cell's declarations and op counts")));
 
+static cl::opt<bool> splitInputFile(
+    "split-input-file",
+    cl::desc("Compile each part of the input between '# -----' lines on its "
+             "own, keeping line numbers, as mlir-opt does for tests"),
+    cl::init(false));
+
 static cl::opt<std::string> dtype("dtype",
                                   cl::desc("Element type: f32, f64, f16, bf16"),
                                   cl::init("f32"));
@@ -87,6 +93,35 @@ static void printSummary(mlir::ModuleOp module, llvm::raw_ostream &os) {
   }
 }
 
+/// Compiles one source buffer and prints the requested stage. Returns false
+/// after reporting an error.
+static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
+                          mlir::MLIRContext &context, const SizeBindings &sizes,
+                          mlir::FloatType elementType, llvm::raw_ostream &os) {
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(std::move(buffer), llvm::SMLoc());
+  CellDiagnostics diag(sourceMgr, llvm::errs());
+  if (emitAction == Emit::AST) {
+    llvm::StringRef text =
+        sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID())->getBuffer();
+    Parser parser(text, diag);
+    std::unique_ptr<CellAST> cell = parser.parseCell();
+    if (!cell)
+      return false;
+    cell->dump(os);
+    return true;
+  }
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      compileCellSource(context, sizes, elementType, diag);
+  if (!module)
+    return false;
+  if (emitAction == Emit::Summary)
+    printSummary(*module, os);
+  else
+    module->print(os);
+  return true;
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   mlir::registerAsmPrinterCLOptions();
@@ -99,10 +134,6 @@ int main(int argc, char **argv) {
                  << "': " << ec.message() << "\n";
     return 1;
   }
-  llvm::SourceMgr sourceMgr;
-  sourceMgr.AddNewSourceBuffer(std::move(*fileOrErr), llvm::SMLoc());
-  CellDiagnostics diag(sourceMgr, llvm::errs());
-
   SizeBindings sizes;
   for (const std::string &text : sizeBindings) {
     auto binding = parseSizeBinding(text);
@@ -120,19 +151,6 @@ int main(int argc, char **argv) {
     llvm::errs() << "cellc: error: " << errorMessage << "\n";
     return 1;
   }
-
-  if (emitAction == Emit::AST) {
-    llvm::StringRef buffer =
-        sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID())->getBuffer();
-    Parser parser(buffer, diag);
-    std::unique_ptr<CellAST> cell = parser.parseCell();
-    if (!cell)
-      return 1;
-    cell->dump(output->os());
-    output->keep();
-    return 0;
-  }
-
   mlir::MLIRContext context;
   mlir::FloatType elementType = parseElementType(context, dtype);
   if (!elementType) {
@@ -140,14 +158,40 @@ int main(int argc, char **argv) {
                  << "'; expected f32, f64, f16 or bf16\n";
     return 1;
   }
-  mlir::OwningOpRef<mlir::ModuleOp> module =
-      compileCellSource(context, sizes, elementType, diag);
-  if (!module)
-    return 1;
-  if (emitAction == Emit::Summary)
-    printSummary(*module, output->os());
-  else
-    module->print(output->os());
+
+  std::unique_ptr<llvm::MemoryBuffer> input = std::move(*fileOrErr);
+  if (!splitInputFile) {
+    bool ok = processBuffer(std::move(input), context, sizes, elementType,
+                            output->os());
+    output->keep();
+    return ok ? 0 : 1;
+  }
+
+  // Each part keeps its line numbers: the text before it becomes blank lines.
+  llvm::StringRef text = input->getBuffer();
+  llvm::SmallVector<llvm::StringRef> parts;
+  llvm::StringRef rest = text;
+  while (true) {
+    size_t sep = rest.find("\n# -----");
+    if (sep == llvm::StringRef::npos) {
+      parts.push_back(rest);
+      break;
+    }
+    parts.push_back(rest.take_front(sep + 1));
+    rest = rest.drop_front(sep + 1);
+    rest = rest.drop_until([](char c) { return c == '\n'; });
+  }
+  bool ok = true;
+  for (auto [i, part] : llvm::enumerate(parts)) {
+    size_t offset = part.data() - text.data();
+    std::string padded(text.take_front(offset).count('\n'), '\n');
+    padded += part.str();
+    if (i != 0)
+      output->os() << "// -----\n";
+    ok &= processBuffer(llvm::MemoryBuffer::getMemBufferCopy(
+                            padded, input->getBufferIdentifier()),
+                        context, sizes, elementType, output->os());
+  }
   output->keep();
-  return 0;
+  return ok ? 0 : 1;
 }

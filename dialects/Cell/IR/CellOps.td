@@ -201,7 +201,7 @@ def Cell_ChunkOp : Cell_Op<"chunk", [Pure]> {
 //===----------------------------------------------------------------------===//
 
 class Cell_UnaryOp<string mnemonic, string formula>
-    : Cell_Op<mnemonic, [Pure, Elementwise, SameOperandsAndResultType]> {
+    : Cell_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
   let summary = "Elementwise " # formula;
   let description = [{
     Computes `}] # formula # [{` for each element of `operand`. The result has
@@ -229,7 +229,7 @@ def Cell_AbsOp : Cell_UnaryOp<"abs", "|x|">;
 def Cell_SqrtOp : Cell_UnaryOp<"sqrt", "sqrt(x)">;
 
 class Cell_BinaryOp<string mnemonic, string formula>
-    : Cell_Op<mnemonic, [Pure, Elementwise]> {
+    : Cell_Op<mnemonic, [Pure]> {
   let summary = "Elementwise " # formula;
   let description = [{
     Computes `}] # formula # [{` for each pair of elements of `lhs` and `rhs`.

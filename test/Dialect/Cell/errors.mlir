@@ -1,0 +1,180 @@
+// RUN: cellc-opt %s --split-input-file --verify-diagnostics
+// One case for each diagnostic of the cell dialect's verifiers.
+
+// expected-error @below {{'cell.def' op expects 2 body arguments (input_names then state_names), got 1}}
+"cell.def"() ({
+^bb0(%h: tensor<4xf32>):
+  "cell.yield"(%h) {operandSegmentSizes = array<i32: 1, 0>} : (tensor<4xf32>) -> ()
+}) {sym_name = "c", input_names = ["x"], state_names = ["h"], output_names = []} : () -> ()
+
+// -----
+
+// expected-error @below {{'cell.def' op expects at least one state}}
+cell.def @no_state inputs(%x: tensor<4xf32>) states() outputs() {
+  cell.yield
+}
+
+// -----
+
+// expected-error @below {{'cell.def' op expects body argument #0 to be a static 1-D float tensor, got 'tensor<2x2xf32>'}}
+cell.def @matrix_state inputs() states(%h: tensor<2x2xf32>) outputs() {
+  "cell.yield"(%h) {operandSegmentSizes = array<i32: 1, 0>} : (tensor<2x2xf32>) -> ()
+}
+
+// -----
+
+// expected-error @below {{'cell.def' op expects all body arguments to have element type 'f32', got 'f64' for argument #1}}
+cell.def @mixed inputs(%x: tensor<4xf32>) states(%h: tensor<4xf64>) outputs() {
+  cell.yield states(%h : tensor<4xf64>)
+}
+
+// -----
+
+cell.def @yield_count inputs() states(%h: tensor<4xf32>, %c: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.yield' op expects 2 states, got 1}}
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @yield_type inputs(%x: tensor<3xf32>) states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.yield' op expects state #0 ('h') to have type 'tensor<4xf32>', got 'tensor<3xf32>'}}
+  cell.yield states(%x : tensor<3xf32>)
+}
+
+// -----
+
+cell.def @output_count inputs() states(%h: tensor<4xf32>) outputs("h", "g") {
+  // expected-error @below {{'cell.yield' op expects 2 outputs (output_names), got 1}}
+  cell.yield states(%h : tensor<4xf32>) outputs(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @empty_param_name inputs() states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.param' op expects a non-empty name}}
+  %p = cell.param "" : tensor<4xf32>
+  cell.yield states(%p : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @param_rank inputs() states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.param' op result #0 must be static 1-D or 2-D float tensor}}
+  %p = cell.param "p" : tensor<2x2x1xf32>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @matvec_weight_rank inputs() states(%h: tensor<4xf32>) outputs() {
+  %b = cell.param "b" : tensor<4xf32>
+  // expected-error @below {{'cell.matvec' op expects weight to be a matrix, got 'tensor<4xf32>'}}
+  %y = "cell.matvec"(%b, %h) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  cell.yield states(%y : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @matvec_vector_rank inputs() states(%h: tensor<4xf32>) outputs() {
+  %w = cell.param "W" : tensor<4x4xf32>
+  // expected-error @below {{'cell.matvec' op expects vector to be 1-D, got 'tensor<4x4xf32>'}}
+  %y = "cell.matvec"(%w, %w) : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4xf32>
+  cell.yield states(%y : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @matvec_columns inputs() states(%h: tensor<4xf32>) outputs() {
+  %w = cell.param "W" : tensor<4x3xf32>
+  // expected-error @below {{'cell.matvec' op expects the columns of weight (3) to equal the size of vector (4)}}
+  %y = cell.matvec %w, %h : tensor<4x3xf32>, tensor<4xf32> -> tensor<4xf32>
+  cell.yield states(%y : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @matvec_rows inputs() states(%h: tensor<4xf32>) outputs() {
+  %w = cell.param "W" : tensor<8x4xf32>
+  // expected-error @below {{'cell.matvec' op expects the size of result (4) to equal the rows of weight (8)}}
+  %y = cell.matvec %w, %h : tensor<8x4xf32>, tensor<4xf32> -> tensor<4xf32>
+  cell.yield states(%y : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @matvec_element_type inputs() states(%h: tensor<4xf32>) outputs() {
+  %w = cell.param "W" : tensor<4x4xf64>
+  // expected-error @below {{'cell.matvec' op expects weight, vector and result to share an element type, got 'f64', 'f32' and 'f32'}}
+  %y = cell.matvec %w, %h : tensor<4x4xf64>, tensor<4xf32> -> tensor<4xf32>
+  cell.yield states(%y : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @chunk_no_results inputs() states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.chunk' op expects at least one result}}
+  "cell.chunk"(%h) : (tensor<4xf32>) -> ()
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @chunk_unequal inputs() states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.chunk' op expects all results to have one type, got 'tensor<1xf32>' and 'tensor<3xf32>'}}
+  %a, %b = cell.chunk %h : tensor<4xf32> -> tensor<1xf32>, tensor<3xf32>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @chunk_element_type inputs() states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.chunk' op expects results to have the element type of input ('f32'), got 'f64'}}
+  %a, %b = cell.chunk %h : tensor<4xf32> -> tensor<2xf64>, tensor<2xf64>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @chunk_cover inputs() states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.chunk' op expects 3 results of size 1 to cover input of size 4}}
+  %a, %b, %c = cell.chunk %h : tensor<4xf32> -> tensor<1xf32>, tensor<1xf32>, tensor<1xf32>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @binary_operands inputs(%x: tensor<3xf32>) states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.add' op expects lhs and rhs to have one type, got 'tensor<4xf32>' and 'tensor<3xf32>'}}
+  %y = "cell.add"(%h, %x) : (tensor<4xf32>, tensor<3xf32>) -> tensor<4xf32>
+  cell.yield states(%y : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @binary_result inputs(%x: tensor<3xf32>) states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.max' op expects result to have the type of lhs and rhs ('tensor<4xf32>'), got 'tensor<3xf32>'}}
+  %y = "cell.max"(%h, %h) : (tensor<4xf32>, tensor<4xf32>) -> tensor<3xf32>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @unary_type inputs(%x: tensor<3xf32>) states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.tanh' op requires the same type for all operands and results}}
+  %y = "cell.tanh"(%x) : (tensor<3xf32>) -> tensor<4xf32>
+  cell.yield states(%y : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @constant_type inputs() states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.constant' op result #0 must be static 1-D float tensor}}
+  %c = cell.constant 1.0 : tensor<4xi32>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+// expected-error @below {{'cell.yield' op expects parent op 'cell.def'}}
+"cell.yield"() {operandSegmentSizes = array<i32: 0, 0>} : () -> ()

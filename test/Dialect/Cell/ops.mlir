@@ -1,0 +1,63 @@
+// RUN: cellc-opt %s | cellc-opt | FileCheck %s
+// RUN: cellc-opt %s --mlir-print-op-generic | cellc-opt | FileCheck %s
+// Every op of the cell dialect prints and parses back to itself.
+
+// CHECK-LABEL: cell.def @every_op
+// CHECK-SAME:    inputs(%[[X:[^:]+]]: tensor<3xf32>, %[[Y:[^:]+]]: tensor<4xf32>)
+// CHECK-SAME:    states(%[[H:[^:]+]]: tensor<4xf32>, %[[C:[^:]+]]: tensor<4xf32>)
+// CHECK-SAME:    outputs("h", "gate")
+// CHECK-SAME:    attributes {sizes = {H = 4 : i64}}
+cell.def @every_op inputs(%x: tensor<3xf32>, %y: tensor<4xf32>) states(%h: tensor<4xf32>, %c: tensor<4xf32>) outputs("h", "gate") attributes {sizes = {H = 4 : i64}} {
+  // CHECK: %[[W:.*]] = cell.param "W" : tensor<8x3xf32>
+  %w = cell.param "W" : tensor<8x3xf32>
+  // CHECK: %[[B:.*]] = cell.param "b" : tensor<4xf32>
+  %b = cell.param "b" : tensor<4xf32>
+  // CHECK: %[[ONE:.*]] = cell.constant 1.000000e+00 : tensor<4xf32>
+  %one = cell.constant 1.0 : tensor<4xf32>
+  // CHECK: %[[MV:.*]] = cell.matvec %[[W]], %[[X]] : tensor<8x3xf32>, tensor<3xf32> -> tensor<8xf32>
+  %mv = cell.matvec %w, %x : tensor<8x3xf32>, tensor<3xf32> -> tensor<8xf32>
+  // CHECK: %[[P:.*]]:2 = cell.chunk %[[MV]] : tensor<8xf32> -> tensor<4xf32>, tensor<4xf32>
+  %p:2 = cell.chunk %mv : tensor<8xf32> -> tensor<4xf32>, tensor<4xf32>
+  // CHECK: %[[ADD:.*]] = cell.add %[[P]]#0, %[[B]] : tensor<4xf32>
+  %add = cell.add %p#0, %b : tensor<4xf32>
+  // CHECK: %[[SUB:.*]] = cell.sub %[[ADD]], %[[Y]] : tensor<4xf32>
+  %sub = cell.sub %add, %y : tensor<4xf32>
+  // CHECK: %[[MUL:.*]] = cell.mul %[[SUB]], %[[H]] : tensor<4xf32>
+  %mul = cell.mul %sub, %h : tensor<4xf32>
+  // CHECK: %[[DIV:.*]] = cell.div %[[MUL]], %[[ONE]] : tensor<4xf32>
+  %div = cell.div %mul, %one : tensor<4xf32>
+  // CHECK: %[[MAX:.*]] = cell.max %[[DIV]], %[[P]]#1 : tensor<4xf32>
+  %max = cell.max %div, %p#1 : tensor<4xf32>
+  // CHECK: %[[MIN:.*]] = cell.min %[[MAX]], %[[C]] : tensor<4xf32>
+  %min = cell.min %max, %c : tensor<4xf32>
+  // CHECK: %[[NEG:.*]] = cell.neg %[[MIN]] : tensor<4xf32>
+  %neg = cell.neg %min : tensor<4xf32>
+  // CHECK: %[[SIG:.*]] = cell.sigmoid %[[NEG]] : tensor<4xf32>
+  %sig = cell.sigmoid %neg : tensor<4xf32>
+  // CHECK: %[[TANH:.*]] = cell.tanh %[[SIG]] : tensor<4xf32>
+  %tanh = cell.tanh %sig : tensor<4xf32>
+  // CHECK: %[[EXP:.*]] = cell.exp %[[TANH]] : tensor<4xf32>
+  %exp = cell.exp %tanh : tensor<4xf32>
+  // CHECK: %[[LOG:.*]] = cell.log %[[EXP]] : tensor<4xf32>
+  %log = cell.log %exp : tensor<4xf32>
+  // CHECK: %[[RELU:.*]] = cell.relu %[[LOG]] : tensor<4xf32>
+  %relu = cell.relu %log : tensor<4xf32>
+  // CHECK: %[[SP:.*]] = cell.softplus %[[RELU]] : tensor<4xf32>
+  %sp = cell.softplus %relu : tensor<4xf32>
+  // CHECK: %[[ABS:.*]] = cell.abs %[[SP]] : tensor<4xf32>
+  %abs = cell.abs %sp : tensor<4xf32>
+  // CHECK: %[[SQRT:.*]] = cell.sqrt %[[ABS]] : tensor<4xf32>
+  %sqrt = cell.sqrt %abs : tensor<4xf32>
+  // CHECK: cell.yield states(%[[SQRT]], %[[C]] : tensor<4xf32>, tensor<4xf32>) outputs(%[[SQRT]], %[[SIG]] : tensor<4xf32>, tensor<4xf32>)
+  cell.yield states(%sqrt, %c : tensor<4xf32>, tensor<4xf32>) outputs(%sqrt, %sig : tensor<4xf32>, tensor<4xf32>)
+}
+
+// -----
+
+// A cell without inputs, in double precision.
+// CHECK-LABEL: cell.def @autonomous
+// CHECK-SAME:    inputs() states(%[[S:[^:]+]]: tensor<2xf64>) outputs()
+cell.def @autonomous inputs() states(%s: tensor<2xf64>) outputs() {
+  // CHECK: cell.yield states(%[[S]] : tensor<2xf64>)
+  cell.yield states(%s : tensor<2xf64>)
+}
