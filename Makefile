@@ -1,0 +1,66 @@
+# cellc: the two commands are `make demo` and `make test`. Each installs what
+# it needs from Debian's archive first (scripts/install-deps.sh).
+
+BUILD     ?= build
+FUZZ_BUILD ?= build-fuzz
+JOBS      ?= 2
+LLVM      := /usr/lib/llvm-19
+LIT       := $(LLVM)/build/utils/lit/lit.py
+PYTHON    := /usr/bin/python3
+FUZZ_RUNS ?= 1000000
+FUZZ_SMOKE_RUNS ?= 50000
+
+CMAKE_FLAGS := -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DMLIR_DIR=$(LLVM)/lib/cmake/mlir \
+  -DLLVM_EXTERNAL_LIT=$(LIT) \
+  -DPython3_EXECUTABLE=$(PYTHON) \
+  -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+
+.PHONY: all deps configure build demo test check lit fuzz fuzz-smoke clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+configure: deps $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	@echo "== cellc examples/lstm.cell -D H=256 -D I=128 --emit=summary"
+	@$(BUILD)/bin/cellc examples/lstm.cell -D H=256 -D I=128 --emit=summary
+	@echo
+	@echo "== cellc examples/lstm.cell -D H=256 -D I=128 --emit=mlir"
+	@$(BUILD)/bin/cellc examples/lstm.cell -D H=256 -D I=128 --emit=mlir
+
+lit: build
+	@rm -f $(BUILD)/lit.xml
+	$(PYTHON) $(LIT) -sv --xunit-xml-output=$(BUILD)/lit.xml $(BUILD)/test || true
+	@$(PYTHON) scripts/lit-summary.py $(BUILD)/lit.xml
+
+test: lit fuzz-smoke
+check: test
+
+# The libFuzzer target, built with clang-19 in its own tree.
+$(FUZZ_BUILD)/build.ninja:
+	CC=clang-19 CXX=clang++-19 cmake -S . -B $(FUZZ_BUILD) $(CMAKE_FLAGS) \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCELLC_ENABLE_FUZZER=ON
+
+$(FUZZ_BUILD)/bin/cellc-fuzz-frontend: deps $(FUZZ_BUILD)/build.ninja
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target cellc-fuzz-frontend
+
+# A bounded fuzz run that is part of `make test`.
+fuzz-smoke: $(FUZZ_BUILD)/bin/cellc-fuzz-frontend
+	@scripts/fuzz.sh $(FUZZ_BUILD)/bin/cellc-fuzz-frontend $(FUZZ_SMOKE_RUNS)
+
+# The long run: a million inputs by default (FUZZ_RUNS=...).
+fuzz: $(FUZZ_BUILD)/bin/cellc-fuzz-frontend
+	@scripts/fuzz.sh $(FUZZ_BUILD)/bin/cellc-fuzz-frontend $(FUZZ_RUNS)
+
+clean:
+	rm -rf $(BUILD) $(FUZZ_BUILD)

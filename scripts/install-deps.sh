@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what cellc needs from Debian 12's archive, if it is missing.
+# Idempotent: it installs nothing when everything is there.
+set -euo pipefail
+
+packages=(
+  # The toolchain.
+  build-essential cmake ninja-build ccache git
+  # LLVM/MLIR 19: libMLIR.so, mlir-tblgen, FileCheck, lit, not, count.
+  llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
+  # clang-19 and its runtimes, for the libFuzzer target.
+  clang-19 libclang-rt-19-dev
+  # Tests and benchmarks.
+  libgtest-dev libbenchmark-dev
+  python3 python3-dev
+)
+packages+=("$@")
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "cellc: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
