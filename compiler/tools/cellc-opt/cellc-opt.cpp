@@ -1,6 +1,7 @@
 //===- cellc-opt.cpp - Runs cell passes on MLIR, for lit tests ------------===//
 
 #include "dialects/Cell/IR/CellDialect.h"
+#include "dialects/Cell/Transforms/Passes.h"
 
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/InitAllDialects.h"
@@ -9,6 +10,7 @@
 
 int main(int argc, char **argv) {
   mlir::registerAllPasses();
+  mlir::cell::registerCellPasses();
   mlir::DialectRegistry registry;
   mlir::registerAllDialects(registry);
   registry.insert<mlir::cell::CellDialect>();

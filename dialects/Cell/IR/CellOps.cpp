@@ -281,3 +281,92 @@ LogicalResult MulOp::verify() { return verifyBinary(*this); }
 LogicalResult DivOp::verify() { return verifyBinary(*this); }
 LogicalResult MaxOp::verify() { return verifyBinary(*this); }
 LogicalResult MinOp::verify() { return verifyBinary(*this); }
+LogicalResult GreaterOp::verify() { return verifyBinary(*this); }
+
+//===----------------------------------------------------------------------===//
+// ProjectionOp
+//===----------------------------------------------------------------------===//
+
+/// Checks `weight @ vector -> result`, transposed when `transpose` is set.
+static LogicalResult verifyMatrixProduct(Operation *op, Value weightValue,
+                                         Value vectorValue, Value resultValue,
+                                         bool transpose) {
+  auto weight = cast<RankedTensorType>(weightValue.getType());
+  auto vector = cast<RankedTensorType>(vectorValue.getType());
+  auto result = cast<RankedTensorType>(resultValue.getType());
+  if (weight.getRank() != 2)
+    return op->emitOpError("expects weight to be a matrix, got ") << weight;
+  if (vector.getRank() != 1)
+    return op->emitOpError("expects vector to be 1-D, got ") << vector;
+  int64_t in = weight.getDimSize(transpose ? 0 : 1);
+  int64_t out = weight.getDimSize(transpose ? 1 : 0);
+  StringRef inName = transpose ? "rows" : "columns";
+  StringRef outName = transpose ? "columns" : "rows";
+  if (in != vector.getDimSize(0))
+    return op->emitOpError("expects the ")
+           << inName << " of weight (" << in << ") to equal the size of vector ("
+           << vector.getDimSize(0) << ")";
+  if (out != result.getDimSize(0))
+    return op->emitOpError("expects the size of result (")
+           << result.getDimSize(0) << ") to equal the " << outName
+           << " of weight (" << out << ")";
+  if (weight.getElementType() != vector.getElementType() ||
+      weight.getElementType() != result.getElementType())
+    return op->emitOpError("expects weight, vector and result to share an "
+                           "element type, got ")
+           << weight.getElementType() << ", " << vector.getElementType()
+           << " and " << result.getElementType();
+  return success();
+}
+
+LogicalResult ProjectionOp::verify() {
+  if (failed(verifyMatrixProduct(*this, getWeight(), getVector(), getResult(),
+                                 /*transpose=*/false)))
+    return failure();
+  for (auto [i, bias] : llvm::enumerate(getBiases()))
+    if (bias.getType() != getType())
+      return emitOpError("expects bias #")
+             << i << " to have the result's type " << getType() << ", got "
+             << bias.getType();
+  return success();
+}
+
+LogicalResult VecmatOp::verify() {
+  return verifyMatrixProduct(*this, getWeight(), getVector(), getResult(),
+                             /*transpose=*/true);
+}
+
+//===----------------------------------------------------------------------===//
+// ConcatOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult ConcatOp::verify() {
+  if (getInputs().empty())
+    return emitOpError("expects at least one input");
+  Type first = getInputs().front().getType();
+  for (Value input : getInputs())
+    if (input.getType() != first)
+      return emitOpError("expects all inputs to have one type, got ")
+             << first << " and " << input.getType();
+  auto part = cast<RankedTensorType>(first);
+  auto result = cast<RankedTensorType>(getType());
+  int64_t total = part.getDimSize(0) * getInputs().size();
+  if (result.getElementType() != part.getElementType() ||
+      result.getDimSize(0) != total)
+    return emitOpError("expects result type tensor<")
+           << total << "x" << part.getElementType() << ">, got " << result;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// RestoreOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult RestoreOp::verify() {
+  auto yield = dyn_cast<RestoreYieldOp>(getBody().front().getTerminator());
+  if (!yield)
+    return emitOpError("expects the body to end in 'cell.restore_yield'");
+  if (yield.getValues().getTypes() != getResultTypes())
+    return emitOpError("expects the body to yield the result types");
+  return success();
+}

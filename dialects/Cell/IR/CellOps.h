@@ -4,6 +4,7 @@
 #define CELLC_DIALECTS_CELL_IR_CELLOPS_H
 
 #include "dialects/Cell/IR/CellDialect.h"
+#include "dialects/Cell/IR/CellInterfaces.h"
 #include "mlir/Bytecode/BytecodeOpInterface.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/OpDefinition.h"

@@ -4,6 +4,7 @@
 #define CELL_OPS_TD
 
 include "dialects/Cell/IR/CellDialect.td"
+include "dialects/Cell/IR/CellInterfaces.td"
 include "mlir/IR/OpAsmInterface.td"
 include "mlir/IR/CommonAttrConstraints.td"
 include "mlir/IR/CommonTypeConstraints.td"
@@ -11,6 +12,7 @@ include "mlir/Interfaces/InferTypeOpInterface.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/ControlFlowInterfaces.td"
+include "mlir/IR/RegionKindInterface.td"
 
 //===----------------------------------------------------------------------===//
 // Type constraints
@@ -153,7 +155,8 @@ def Cell_ConstantOp : Cell_Op<"constant", [Pure, ConstantLike]> {
 // Linear algebra
 //===----------------------------------------------------------------------===//
 
-def Cell_MatvecOp : Cell_Op<"matvec", [Pure]> {
+def Cell_MatvecOp : Cell_Op<"matvec", [Pure,
+    DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
   let summary = "Matrix-vector product of a matrix and a vector";
   let description = [{
     Computes `result[i] = sum_j weight[i, j] * vector[j]`. `weight` is a
@@ -176,7 +179,8 @@ def Cell_MatvecOp : Cell_Op<"matvec", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Cell_ChunkOp : Cell_Op<"chunk", [Pure]> {
+def Cell_ChunkOp : Cell_Op<"chunk", [Pure,
+    DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
   let summary = "Splits a vector into equal consecutive parts";
   let description = [{
     Splits `input` of size `N` into `K` results of size `N / K`; result `k`
@@ -201,7 +205,8 @@ def Cell_ChunkOp : Cell_Op<"chunk", [Pure]> {
 //===----------------------------------------------------------------------===//
 
 class Cell_UnaryOp<string mnemonic, string formula>
-    : Cell_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+    : Cell_Op<mnemonic, [Pure, SameOperandsAndResultType,
+        DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
   let summary = "Elementwise " # formula;
   let description = [{
     Computes `}] # formula # [{` for each element of `operand`. The result has
@@ -229,7 +234,8 @@ def Cell_AbsOp : Cell_UnaryOp<"abs", "|x|">;
 def Cell_SqrtOp : Cell_UnaryOp<"sqrt", "sqrt(x)">;
 
 class Cell_BinaryOp<string mnemonic, string formula>
-    : Cell_Op<mnemonic, [Pure]> {
+    : Cell_Op<mnemonic, [Pure,
+        DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
   let summary = "Elementwise " # formula;
   let description = [{
     Computes `}] # formula # [{` for each pair of elements of `lhs` and `rhs`.
@@ -262,5 +268,161 @@ def Cell_MulOp : Cell_BinaryOp<"mul", "lhs * rhs">;
 def Cell_DivOp : Cell_BinaryOp<"div", "lhs / rhs">;
 def Cell_MaxOp : Cell_BinaryOp<"max", "max(lhs, rhs)">;
 def Cell_MinOp : Cell_BinaryOp<"min", "min(lhs, rhs)">;
+
+def Cell_GreaterOp : Cell_BinaryOp<"greater", "lhs > rhs ? 1 : 0">;
+
+//===----------------------------------------------------------------------===//
+// Ops that passes introduce
+//===----------------------------------------------------------------------===//
+
+def Cell_ProjectionOp : Cell_Op<"projection", [Pure,
+    DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
+  let summary = "A matvec on inputs, plus biases, hoisted out of the time loop";
+  let description = [{
+    Computes `weight @ vector + sum(biases)`, like `cell.matvec` followed by
+    `cell.add`s, but marks the value as computed before the recurrence: one
+    GEMM over all `T*B` rows, whose result the step kernels read per step.
+    `cell-split-projections` creates it for matvecs whose vector depends on
+    inputs alone. Its gradient (the gate-gradient rows) leaves the backward
+    step for the weight-, bias- and input-gradient GEMMs. The verifier checks
+    the matvec shapes and that every bias has the result's type.
+
+    Example:
+
+    ```mlir
+    %p = cell.projection %w, %x biases(%b : tensor<16xf32>) : tensor<16x3xf32>, tensor<3xf32> -> tensor<16xf32>
+    ```
+  }];
+  let arguments = (ins Cell_Value:$weight, Cell_Value:$vector,
+                       Variadic<Cell_Vector>:$biases);
+  let results = (outs Cell_Vector:$result);
+  let assemblyFormat = [{
+    $weight `,` $vector (`biases` `(` $biases^ `:` type($biases) `)`)? attr-dict
+    `:` type($weight) `,` type($vector) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Cell_VecmatOp : Cell_Op<"vecmat", [Pure]> {
+  let summary = "Product of a vector and a matrix: the transposed matvec";
+  let description = [{
+    Computes `result[j] = sum_i weight[i, j] * vector[i]`, the product with the
+    transpose of `weight` that the backward of `cell.matvec` needs. `weight` is
+    `[M, N]`, `vector` `[M]` and the result `[N]`. The verifier rejects other
+    shapes and mixed element types.
+
+    Example:
+
+    ```mlir
+    %dh = cell.vecmat %w, %dg : tensor<16x4xf32>, tensor<16xf32> -> tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Cell_Value:$weight, Cell_Value:$vector);
+  let results = (outs Cell_Vector:$result);
+  let assemblyFormat = [{
+    $weight `,` $vector attr-dict `:` type($weight) `,` type($vector) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Cell_ConcatOp : Cell_Op<"concat", [Pure,
+    DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
+  let summary = "Joins vectors end to end: the inverse of cell.chunk";
+  let description = [{
+    The result holds `inputs` one after the other. The verifier rejects an
+    empty input list, inputs of different types, and a result size that is not
+    the sum of the inputs' sizes.
+
+    Example:
+
+    ```mlir
+    %v = cell.concat %a, %b : tensor<4xf32>, tensor<4xf32> -> tensor<8xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Cell_Vector>:$inputs);
+  let results = (outs Cell_Vector:$result);
+  let assemblyFormat = "$inputs attr-dict `:` type($inputs) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Cell_SaveOp : Cell_Op<"save", [HasParent<"DefOp">,
+    MemoryEffects<[MemWrite]>]> {
+  let summary = "Forward values that backward reads when gates are saved";
+  let description = [{
+    Marks the values that `cell-plan-saves` chose for the backward step. Value
+    `k` goes to slot `k` of the per-step gate buffer; its offset there is the
+    sum of the sizes of the values before it. The forward kernel stores them
+    only when its `SAVE_GATES` flag is set.
+
+    Example:
+
+    ```mlir
+    cell.save %i, %f : tensor<4xf32>, tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Cell_Vector>:$values);
+  let assemblyFormat = "$values attr-dict `:` type($values)";
+}
+
+def Cell_RestoreOp : Cell_Op<"restore", [
+    SingleBlock, RecursiveMemoryEffects]> {
+  let summary = "Saved forward values, or their replay";
+  let description = [{
+    Gives the forward values that the matching `cell.save` stores, in slot
+    order. When gates were saved they are loaded from the gate buffer; when
+    not, the body replays the forward step from the step's inputs and previous
+    states and yields them with `cell.restore_yield`. The verifier checks that
+    the yielded types are the result types.
+
+    Example:
+
+    ```mlir
+    %s:2 = cell.restore : tensor<4xf32>, tensor<4xf32> {
+      %a = cell.sigmoid %h : tensor<4xf32>
+      %b = cell.tanh %h : tensor<4xf32>
+      cell.restore_yield %a, %b : tensor<4xf32>, tensor<4xf32>
+    }
+    ```
+  }];
+  let results = (outs Variadic<Cell_Vector>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "attr-dict `:` type($results) $body";
+  let hasVerifier = 1;
+}
+
+def Cell_RestoreYieldOp : Cell_Op<"restore_yield", [
+    Pure, Terminator, ReturnLike, HasParent<"RestoreOp">]> {
+  let summary = "Yields the replayed values of a cell.restore";
+  let description = [{
+    Terminates the body of `cell.restore` with the replayed values, in slot
+    order.
+
+    Example:
+
+    ```mlir
+    cell.restore_yield %a : tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Cell_Vector>:$values);
+  let assemblyFormat = "($values^ `:` type($values))? attr-dict";
+}
+
+def Cell_SaveGatesOp : Cell_Op<"save_gates", [Pure]> {
+  let summary = "The SAVE_GATES flag of a sequence kernel";
+  let description = [{
+    True when the forward kernel stores the planned values and the backward
+    kernel loads them, false when backward replays the step instead.
+    `cell-specialize` replaces it with a constant, after which canonicalization
+    folds away the branch not taken.
+
+    Example:
+
+    ```mlir
+    %save = cell.save_gates : i1
+    ```
+  }];
+  let results = (outs I1:$flag);
+  let assemblyFormat = "attr-dict `:` type($flag)";
+}
 
 #endif // CELL_OPS_TD

@@ -1,0 +1,147 @@
+//===- PlanSaves.cpp - Choose the forward values backward reads -----------===//
+
+#include "dialects/Cell/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+namespace mlir::cell {
+#define GEN_PASS_DEF_CELLPLANSAVES
+#include "dialects/Cell/Transforms/Passes.h.inc"
+
+namespace {
+
+/// Ops that are cheaper to recompute from their operands than to store.
+bool isCheap(Operation *op) { return isa<AddOp, SubOp, MulOp, NegOp>(op); }
+
+/// Forward ops that the backward replays inside its cell.restore.
+bool isReplayed(Operation &op) {
+  return !isa<ParamOp, ConstantOp, SaveOp, YieldOp>(op);
+}
+
+struct PlanSaves : public impl::CellPlanSavesBase<PlanSaves> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    for (DefOp def : module.getOps<DefOp>()) {
+      auto grad = module.lookupSymbol<func::FuncOp>(
+          (def.getSymName() + "_grad").str());
+      if (!grad) {
+        def.emitOpError("has no backward step; run cell-autodiff first");
+        return signalPassFailure();
+      }
+      if (failed(plan(def, grad)))
+        return signalPassFailure();
+    }
+  }
+
+  LogicalResult plan(DefOp def, func::FuncOp grad);
+  RestoreOp dropRecomputable(RestoreOp restore);
+};
+
+/// Moves out of the restore each yielded value that one cheap op computes
+/// from values the backward has anyway: arguments, params, constants, or
+/// other yielded values. Returns the restore that yields the rest.
+RestoreOp PlanSaves::dropRecomputable(RestoreOp restore) {
+  auto yield = cast<RestoreYieldOp>(restore.getBody().front().getTerminator());
+  SmallVector<Value> values(yield.getValues());
+  SmallVector<bool> kept(values.size(), true);
+  OpBuilder builder(restore->getContext());
+
+  // Later values first: they are the ones computed from earlier ones.
+  for (int i = values.size() - 1; i >= 0; --i) {
+    Operation *op = values[i].getDefiningOp();
+    if (!op || !isCheap(op))
+      continue;
+    IRMapping map;
+    bool available = true;
+    for (Value operand : op->getOperands()) {
+      Operation *producer = operand.getDefiningOp();
+      if (!producer || !restore->isAncestor(producer))
+        continue;
+      auto it = llvm::find(values, operand);
+      size_t j = it - values.begin();
+      if (it == values.end() || j == static_cast<size_t>(i) || !kept[j]) {
+        available = false;
+        break;
+      }
+      map.map(operand, restore.getResult(j));
+    }
+    if (!available)
+      continue;
+    // Right after the restore: values cloned later are read by earlier ones.
+    builder.setInsertionPointAfter(restore);
+    Operation *clone = builder.clone(*op, map);
+    restore.getResult(i).replaceAllUsesWith(clone->getResult(0));
+    kept[i] = false;
+  }
+
+  // Rebuild the restore with the values that stay.
+  SmallVector<Value> saved;
+  for (auto [value, keep] : llvm::zip(values, kept))
+    if (keep)
+      saved.push_back(value);
+  builder.setInsertionPoint(restore);
+  auto smaller = builder.create<RestoreOp>(restore.getLoc(),
+                                           ValueRange(saved).getTypes());
+  smaller.getBody().takeBody(restore.getBody());
+  yield->setOperands(saved);
+  unsigned next = 0;
+  for (auto [i, keep] : llvm::enumerate(kept))
+    if (keep)
+      restore.getResult(i).replaceAllUsesWith(smaller.getResult(next++));
+  restore->erase();
+  return smaller;
+}
+
+LogicalResult PlanSaves::plan(DefOp def, func::FuncOp grad) {
+  SmallVector<RestoreOp> restores =
+      llvm::to_vector(grad.getBody().getOps<RestoreOp>());
+  if (restores.size() != 1)
+    return grad.emitOpError("expects one cell.restore, found ")
+           << restores.size();
+  if (!def.getBody().getOps<SaveOp>().empty())
+    return def.emitOpError("already has a cell.save; the plan is made once");
+  RestoreOp restore = restores.front();
+
+  // The replay is the forward step, op for op: map its values back.
+  SmallVector<Operation *> forward, replayed;
+  for (Operation &op : def.getBody().front())
+    if (isReplayed(op))
+      forward.push_back(&op);
+  for (Operation &op : restore.getBody().front().without_terminator())
+    replayed.push_back(&op);
+  if (forward.size() != replayed.size())
+    return grad.emitOpError("replays ")
+           << replayed.size() << " ops but @" << def.getSymName() << " has "
+           << forward.size();
+  DenseMap<Value, Value> toForward;
+  for (auto [fwd, rep] : llvm::zip(forward, replayed)) {
+    if (fwd->getName() != rep->getName())
+      return rep->emitOpError("does not match the forward op ")
+             << fwd->getName() << " it replays";
+    for (auto [f, r] : llvm::zip(fwd->getResults(), rep->getResults()))
+      toForward[r] = f;
+  }
+
+  restore = dropRecomputable(restore);
+
+  // The forward step saves what the restore still yields.
+  auto yield = cast<RestoreYieldOp>(restore.getBody().front().getTerminator());
+  SmallVector<Value> saved;
+  for (Value value : yield.getValues())
+    saved.push_back(toForward.lookup(value));
+  OpBuilder builder(def.getYield());
+  builder.create<SaveOp>(def.getLoc(), saved);
+
+  // The replay keeps only what produces the saved values.
+  Block &body = restore.getBody().front();
+  for (Operation &op : llvm::make_early_inc_range(llvm::reverse(body)))
+    if (op.use_empty() && isMemoryEffectFree(&op) &&
+        !op.hasTrait<OpTrait::IsTerminator>())
+      op.erase();
+  return success();
+}
+
+} // namespace
+} // namespace mlir::cell
