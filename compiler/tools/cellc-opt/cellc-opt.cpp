@@ -1,6 +1,8 @@
 //===- cellc-opt.cpp - Runs cell passes on MLIR, for lit tests ------------===//
 
 #include "dialects/Cell/IR/CellDialect.h"
+#include "compiler/Conversion/Passes.h"
+#include "compiler/Pipelines/Pipelines.h"
 #include "dialects/Cell/Transforms/Passes.h"
 
 #include "mlir/IR/DialectRegistry.h"
@@ -11,6 +13,8 @@
 int main(int argc, char **argv) {
   mlir::registerAllPasses();
   mlir::cell::registerCellPasses();
+  mlir::cell::registerCellConversionPasses();
+  cellc::registerPipelines();
   mlir::DialectRegistry registry;
   mlir::registerAllDialects(registry);
   registry.insert<mlir::cell::CellDialect>();

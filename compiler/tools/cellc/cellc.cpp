@@ -2,9 +2,12 @@
 
 #include "compiler/Frontend/IRGen.h"
 #include "compiler/Frontend/Parser.h"
+#include "compiler/Pipelines/Pipelines.h"
+#include "dialects/Cell/Transforms/Passes.h"
 #include "dialects/Cell/IR/CellOps.h"
 
 #include "mlir/IR/AsmState.h"
+#include "mlir/Pass/PassManager.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Support/FileUtilities.h"
@@ -21,7 +24,7 @@ using namespace cellc;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Emit { AST, MLIR, Summary };
+enum class Emit { AST, MLIR, Summary, Split, Grad, Saves, Plan, Kernels };
 } // namespace
 
 static cl::opt<std::string> inputFilename(cl::Positional,
@@ -43,7 +46,23 @@ static cl::opt<Emit> emitAction(
     cl::values(clEnumValN(Emit::AST, "ast", "the syntax tree"),
                clEnumValN(Emit::MLIR, "mlir", "the cell dialect IR"),
                clEnumValN(Emit::Summary, "summary",
-                          "the cell's declarations and op counts")));
+                          "the cell's declarations and op counts"),
+               clEnumValN(Emit::Split, "split",
+                          "after cell-split-projections"),
+               clEnumValN(Emit::Grad, "grad",
+                          "after cell-autodiff: the backward step"),
+               clEnumValN(Emit::Saves, "saves",
+                          "after cell-plan-saves: the saved values chosen"),
+               clEnumValN(Emit::Plan, "plan",
+                          "the bytes kept per step in each recompute mode"),
+               clEnumValN(Emit::Kernels, "kernels",
+                          "the forward and backward sequence kernels")));
+
+static cl::opt<int> saveGatesFlag(
+    "save-gates",
+    cl::desc("With --emit=kernels: specialize SAVE_GATES to 0 or 1 (by "
+             "default the flag stays)"),
+    cl::init(-1));
 
 static cl::opt<bool> splitInputFile(
     "split-input-file",
@@ -115,8 +134,26 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
       compileCellSource(context, sizes, elementType, diag);
   if (!module)
     return false;
-  if (emitAction == Emit::Summary)
+  if (emitAction == Emit::Summary) {
     printSummary(*module, os);
+    return true;
+  }
+  if (emitAction != Emit::MLIR) {
+    Stage stage = emitAction == Emit::Split  ? Stage::Split
+                  : emitAction == Emit::Grad ? Stage::Grad
+                  : emitAction == Emit::Kernels ? Stage::Kernels
+                                                : Stage::Plan;
+    PipelineOptions options;
+    if (saveGatesFlag >= 0)
+      options.saveGates = saveGatesFlag != 0;
+    mlir::PassManager pm(&context);
+    buildPipeline(pm, stage, options);
+    mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
+    if (mlir::failed(pm.run(*module)))
+      return false;
+  }
+  if (emitAction == Emit::Plan)
+    mlir::cell::printSavePlan(*module, os);
   else
     module->print(os);
   return true;

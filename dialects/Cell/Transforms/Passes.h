@@ -15,6 +15,10 @@ namespace mlir::cell {
 #define GEN_PASS_DECL
 #include "dialects/Cell/Transforms/Passes.h.inc"
 
+/// Prints what cell-plan-saves chose for each cell in `module`, and the bytes
+/// per step and sample that each recompute mode keeps.
+void printSavePlan(ModuleOp module, llvm::raw_ostream &os);
+
 #define GEN_PASS_REGISTRATION
 #include "dialects/Cell/Transforms/Passes.h.inc"
 

@@ -5,6 +5,8 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
 
 namespace mlir::cell {
 #define GEN_PASS_DEF_CELLPLANSAVES
@@ -144,4 +146,71 @@ LogicalResult PlanSaves::plan(DefOp def, func::FuncOp grad) {
 }
 
 } // namespace
+} // namespace mlir::cell
+
+namespace mlir::cell {
+
+/// `file:line:col` of a location, or "?".
+static std::string describeLoc(Location loc) {
+  if (auto file = dyn_cast<FileLineColLoc>(loc))
+    return (llvm::sys::path::filename(file.getFilename().getValue()) + ":" +
+            llvm::Twine(file.getLine()) + ":" + llvm::Twine(file.getColumn()))
+        .str();
+  return "?";
+}
+
+void printSavePlan(ModuleOp module, llvm::raw_ostream &os) {
+  for (DefOp def : module.getOps<DefOp>()) {
+    auto saves = llvm::to_vector(def.getBody().getOps<SaveOp>());
+    Type element =
+        cast<RankedTensorType>(def.getStates()[0].getType()).getElementType();
+    int64_t bytes = element.getIntOrFloatBitWidth() / 8;
+    os << "cell @" << def.getSymName()
+       << ": what one sample keeps per step between forward and backward ("
+       << element << ", " << bytes << " bytes)\n";
+    int64_t stateElems = 0;
+    os << "  states, always kept:\n";
+    for (auto [name, arg] : llvm::zip(
+             def.getStateNames().getAsValueRange<StringAttr>(), def.getStates())) {
+      int64_t size = cast<RankedTensorType>(arg.getType()).getDimSize(0);
+      stateElems += size;
+      os << llvm::formatv("    {0,-12} {1,6}  {2}\n", name, size,
+                          describeLoc(arg.getLoc()));
+    }
+    int64_t savedElems = 0;
+    os << "  saved with SAVE_GATES=1:\n";
+    if (saves.empty() || saves.front().getValues().empty())
+      os << "    nothing\n";
+    for (SaveOp save : saves) {
+      for (auto [slot, value] : llvm::enumerate(save.getValues())) {
+        int64_t size = cast<RankedTensorType>(value.getType()).getDimSize(0);
+        Operation *producer = value.getDefiningOp();
+        os << llvm::formatv("    slot {0,-7} {1,6}  {2,-14} {3}\n", slot, size,
+                            producer ? producer->getName().getStringRef()
+                                     : StringRef("argument"),
+                            describeLoc(value.getLoc()));
+        savedElems += size;
+      }
+    }
+    int64_t none = (stateElems + savedElems) * bytes;
+    int64_t full = stateElems * bytes;
+    auto percent = [&](double part) {
+      return none ? llvm::formatv("{0:F1}% of none", 100.0 * part / none).str()
+                  : std::string();
+    };
+    os << "  bytes per step and sample:\n";
+    os << llvm::formatv("    none      {0,8}  states and saved values\n", none);
+    os << llvm::formatv("    full      {0,8}  states only ({1}); backward "
+                        "replays every step\n",
+                        full, percent(full));
+    for (int k : {8, 32})
+      os << llvm::formatv(
+          "    chunk:{0,-3} {1,8}  states every {0} steps ({2}); backward "
+          "replays {0} steps at a time and holds {3} bytes of saved values for "
+          "them\n",
+          k, llvm::formatv("{0:F1}", double(full) / k).str(),
+          percent(double(full) / k), k * savedElems * bytes);
+  }
+}
+
 } // namespace mlir::cell

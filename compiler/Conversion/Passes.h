@@ -1,0 +1,27 @@
+//===- Passes.h - cellc's conversions ---------------------------*- C++ -*-===//
+
+#ifndef CELLC_COMPILER_CONVERSION_PASSES_H
+#define CELLC_COMPILER_CONVERSION_PASSES_H
+
+#include "dialects/Cell/IR/CellOps.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/Pass.h"
+
+namespace mlir::cell {
+
+#define GEN_PASS_DECL
+#include "compiler/Conversion/Passes.h.inc"
+
+#define GEN_PASS_REGISTRATION
+#include "compiler/Conversion/Passes.h.inc"
+
+} // namespace mlir::cell
+
+#endif // CELLC_COMPILER_CONVERSION_PASSES_H

@@ -1,0 +1,53 @@
+//===- Passes.td - cellc's conversions --------------------*- tablegen -*-===//
+
+#ifndef CELLC_CONVERSION_PASSES_TD
+#define CELLC_CONVERSION_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def ConvertCellToKernels : Pass<"convert-cell-to-kernels", "::mlir::ModuleOp"> {
+  let summary = "Builds the forward and backward sequence kernels of each cell";
+  let description = [{
+    Replaces each `cell.def @c` and its backward step `@c_grad` with two
+    target-independent kernels on `scf`, `arith`, `math`, `memref` and
+    `vector`: `@c_fwd` runs the step over `t = 0 .. T-1` and `@c_bwd` runs the
+    backward step over `t = T-1 .. 0`, each for the batch rows
+    `[b_begin, b_end)`, one row at a time with its states in vector registers.
+    A target's strategy hooks in by choosing how it calls them (threads, CTAs)
+    and by later rewriting their loops.
+
+    Every kernel argument is a memref of the cell's element type, with the
+    time and batch dimensions dynamic, described in order by the kernel's
+    `cell.kernel_args` attribute:
+
+    - `@c_fwd(inputs [T,B,n]..., projections [T,B,m]..., resets [T,B] i8,
+      initial states [B,n]..., params..., outputs [T,B,n]..., state history
+      [T,B,n]..., gates [T,B,S], b_begin, b_end)`. The history holds each
+      state after each step; the last step's are the final states.
+    - `@c_bwd(inputs..., projections..., resets, initial states..., params...,
+      state history..., gates, output gradients [T,B,n]..., final-state
+      gradients [B,n]..., then one buffer per result of @c_grad: initial-state
+      gradients [B,n], input gradients [T,B,n], projection and weight rows
+      [T,B,m], weight vectors [T,B,n], vector-param gradients [B,n] summed over
+      time, b_begin, b_end)`.
+
+    Where `resets[t, b]` is non-zero, the state takes its initial value before
+    step `t`; in backward, the gradient of the state at a reset (and at
+    `t = 0`) flows to the initial state. `cell.projection` reads the
+    projection buffer at `[t, b]`. `cell.save` becomes stores into `gates`
+    under `scf.if` on the `cell.save_gates` flag; `cell.restore` becomes an
+    `scf.if` on the same flag that loads the gates or replays the step.
+    `cell-specialize` then fixes the flag.
+
+    Expects `cell-split-projections`, `cell-autodiff` and `cell-plan-saves` to
+    have run.
+  }];
+  let dependentDialects = [
+    "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
+    "::mlir::math::MathDialect", "::mlir::memref::MemRefDialect",
+    "::mlir::scf::SCFDialect", "::mlir::vector::VectorDialect",
+    "::mlir::cell::CellDialect"
+  ];
+}
+
+#endif // CELLC_CONVERSION_PASSES_TD

@@ -1,0 +1,53 @@
+//===- Pipelines.cpp - The order of cellc's passes ------------------------===//
+
+#include "compiler/Pipelines/Pipelines.h"
+
+#include "compiler/Conversion/Passes.h"
+#include "dialects/Cell/Transforms/Passes.h"
+
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Transforms/Passes.h"
+
+using namespace mlir;
+
+void cellc::buildPipeline(OpPassManager &pm, Stage stage,
+                          const PipelineOptions &options) {
+  if (stage >= Stage::Split)
+    pm.addPass(cell::createCellSplitProjections());
+  if (stage >= Stage::Grad)
+    pm.addPass(cell::createCellAutodiff());
+  if (stage >= Stage::Plan)
+    pm.addPass(cell::createCellPlanSaves());
+  if (stage >= Stage::Kernels) {
+    pm.addPass(cell::createConvertCellToKernels());
+    if (options.saveGates) {
+      cell::CellSpecializeOptions specialize;
+      specialize.saveGates = *options.saveGates;
+      pm.addPass(cell::createCellSpecialize(specialize));
+    }
+    pm.addPass(createCanonicalizerPass());
+    pm.addPass(createCSEPass());
+  }
+}
+
+namespace {
+struct KernelPipelineOptions
+    : public PassPipelineOptions<KernelPipelineOptions> {
+  Option<int> saveGates{*this, "save-gates",
+                        llvm::cl::desc("Specialize SAVE_GATES to 0 or 1; -1 "
+                                       "keeps the flag"),
+                        llvm::cl::init(-1)};
+};
+} // namespace
+
+void cellc::registerPipelines() {
+  PassPipelineRegistration<KernelPipelineOptions>(
+      "cell-to-kernels",
+      "Runs the whole pipeline from cell IR to sequence kernels",
+      [](OpPassManager &pm, const KernelPipelineOptions &opts) {
+        PipelineOptions options;
+        if (opts.saveGates >= 0)
+          options.saveGates = opts.saveGates != 0;
+        buildPipeline(pm, Stage::Kernels, options);
+      });
+}

@@ -1,0 +1,41 @@
+//===- Pipelines.h - The order of cellc's passes ----------------*- C++ -*-===//
+
+#ifndef CELLC_COMPILER_PIPELINES_PIPELINES_H
+#define CELLC_COMPILER_PIPELINES_PIPELINES_H
+
+#include "mlir/Pass/PassManager.h"
+
+#include <optional>
+
+namespace cellc {
+
+/// The stages of compilation, in order. Each names the IR after its passes.
+enum class Stage {
+  /// The cell IR the front end builds.
+  Cell,
+  /// After cell-split-projections.
+  Split,
+  /// After cell-autodiff: the cell and its backward step.
+  Grad,
+  /// After cell-plan-saves: the saved values chosen.
+  Plan,
+  /// After convert-cell-to-kernels: the sequence kernels.
+  Kernels,
+};
+
+struct PipelineOptions {
+  /// When set, the kernels are specialized for SAVE_GATES and canonicalized.
+  std::optional<bool> saveGates;
+};
+
+/// Adds the passes that take front-end cell IR to `stage`. This is the only
+/// place where pass order is written down.
+void buildPipeline(mlir::OpPassManager &pm, Stage stage,
+                   const PipelineOptions &options = {});
+
+/// Registers the pipelines with the pass registry, for cellc-opt.
+void registerPipelines();
+
+} // namespace cellc
+
+#endif // CELLC_COMPILER_PIPELINES_PIPELINES_H
