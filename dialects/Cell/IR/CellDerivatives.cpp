@@ -104,7 +104,9 @@ SmallVector<Value> AbsOp::buildGradients(OpBuilder &b, ValueRange grads) {
   GradBuilder gb(b, *this);
   Value x = getOperand();
   Value zero = gb.constant(0.0, getType());
-  Value sign = gb.sub(gb.greater(x, zero), gb.greater(zero, x));
+  Value positive = gb.greater(x, zero);
+  Value negative = gb.greater(zero, x);
+  Value sign = gb.sub(positive, negative);
   return {gb.mul(g, sign)};
 }
 

@@ -361,7 +361,7 @@ def Cell_SaveOp : Cell_Op<"save", [HasParent<"DefOp">,
     ```
   }];
   let arguments = (ins Variadic<Cell_Vector>:$values);
-  let assemblyFormat = "$values attr-dict `:` type($values)";
+  let assemblyFormat = "($values^ `:` type($values))? attr-dict";
 }
 
 def Cell_RestoreOp : Cell_Op<"restore", [
@@ -377,7 +377,7 @@ def Cell_RestoreOp : Cell_Op<"restore", [
     Example:
 
     ```mlir
-    %s:2 = cell.restore : tensor<4xf32>, tensor<4xf32> {
+    %s:2 = cell.restore -> tensor<4xf32>, tensor<4xf32> {
       %a = cell.sigmoid %h : tensor<4xf32>
       %b = cell.tanh %h : tensor<4xf32>
       cell.restore_yield %a, %b : tensor<4xf32>, tensor<4xf32>
@@ -386,7 +386,7 @@ def Cell_RestoreOp : Cell_Op<"restore", [
   }];
   let results = (outs Variadic<Cell_Vector>:$results);
   let regions = (region SizedRegion<1>:$body);
-  let assemblyFormat = "attr-dict `:` type($results) $body";
+  let assemblyFormat = "(`->` type($results)^)? $body attr-dict";
   let hasVerifier = 1;
 }
 
