@@ -1,0 +1,111 @@
+// RUN: cellc-opt %s --convert-cell-to-kernels | FileCheck %s
+// RUN: cellc-opt %s --convert-cell-to-kernels --cell-specialize --canonicalize | FileCheck %s --check-prefix=CANON
+// The Elman cell (after split-projections, autodiff and plan-saves) becomes
+// a forward and a backward sequence kernel. Cell ops are gone; only the
+// SAVE_GATES flag remains, for cell-specialize.
+
+// CHECK-LABEL: func.func @elman_fwd
+// CHECK-SAME:    (%[[X:[^:]+]]: memref<?x?x3xf32>, %[[P:[^:]+]]: memref<?x?x4xf32>, %[[RESETS:[^:]+]]: memref<?x?xi8>, %[[H0:[^:]+]]: memref<?x4xf32>,
+// CHECK-SAME:     %{{[^:]+}}: memref<4x3xf32>, %[[WHH:[^:]+]]: memref<4x4xf32>, %{{[^:]+}}: memref<4xf32>, %{{[^:]+}}: memref<4xf32>,
+// CHECK-SAME:     %[[OUT:[^:]+]]: memref<?x?x4xf32>, %[[HIST:[^:]+]]: memref<?x?x4xf32>, %[[GATES:[^:]+]]: memref<?x?x4xf32>, %[[BB:[^:]+]]: index, %[[BE:[^:]+]]: index)
+// CHECK-SAME:    cell.kernel_args = [{kind = "input", name = "x"}, {kind = "projection", name = "W_ih"}, {kind = "resets", name = "resets"}, {kind = "initial_state", name = "h"}, {kind = "param", name = "W_ih"}, {kind = "param", name = "W_hh"}, {kind = "param", name = "b_ih"}, {kind = "param", name = "b_hh"}, {kind = "output", name = "h"}, {kind = "state_history", name = "h"}, {kind = "gates", name = "gates"}, {kind = "batch_begin", name = "b_begin"}, {kind = "batch_end", name = "b_end"}]
+// CHECK:         %[[FLAG:.*]] = cell.save_gates : i1
+// CHECK:         %[[T:.*]] = memref.dim %[[RESETS]], %{{.*}}
+// CHECK:         scf.for %[[B:.*]] = %[[BB]] to %[[BE]]
+// CHECK:           %[[INIT:.*]] = vector.load %[[H0]][%[[B]], %{{.*}}] : memref<?x4xf32>, vector<4xf32>
+// CHECK:           scf.for %[[S:.*]] = %{{.*}} to %[[T]] {{.*}} iter_args(%[[H:.*]] = %[[INIT]])
+// A reset at (t, b) puts the initial state back.
+// CHECK:             %[[R:.*]] = memref.load %[[RESETS]][%[[S]], %[[B]]]
+// CHECK:             %[[ISR:.*]] = arith.cmpi ne, %[[R]]
+// CHECK:             %[[PREV:.*]] = arith.select %[[ISR]], %[[INIT]], %[[H]]
+// The recurrent matvec on the previous state, the projection read per step.
+// CHECK:             scf.for
+// CHECK:               vector.load %[[WHH]]
+// CHECK:               arith.mulf %{{.*}}, %[[PREV]]
+// CHECK:               vector.reduction <add>
+// CHECK:             %[[XP:.*]] = vector.load %[[P]][%[[S]], %[[B]], %{{.*}}]
+// CHECK:             %[[SUM:.*]] = arith.addf %[[XP]]
+// CHECK:             %[[NEXT:.*]] = math.tanh %[[SUM]]
+// CHECK:             scf.if %[[FLAG]] {
+// CHECK-NEXT:          arith.constant 0
+// CHECK-NEXT:          vector.store %[[NEXT]], %[[GATES]][%[[S]], %[[B]]
+// CHECK:             vector.store %[[NEXT]], %[[OUT]][%[[S]], %[[B]]
+// CHECK:             vector.store %[[NEXT]], %[[HIST]][%[[S]], %[[B]]
+// CHECK:             scf.yield %[[NEXT]]
+
+// CHECK-LABEL: func.func @elman_bwd
+// CHECK-SAME:    %[[RESETS:[^:]+]]: memref<?x?xi8>, %[[H0:[^:]+]]: memref<?x4xf32>,
+// CHECK-SAME:    %[[HIST:[^:]+]]: memref<?x?x4xf32>, %[[GATES:[^:]+]]: memref<?x?x4xf32>, %[[DOUT:[^:]+]]: memref<?x?x4xf32>, %[[DFINAL:[^:]+]]: memref<?x4xf32>,
+// CHECK-SAME:    %[[DH0:[^:]+]]: memref<?x4xf32>, %[[DX:[^:]+]]: memref<?x?x3xf32>, %[[DP:[^:]+]]: memref<?x?x4xf32>, %[[ROWS:[^:]+]]: memref<?x?x4xf32>, %[[VECS:[^:]+]]: memref<?x?x4xf32>,
+// CHECK:         %[[FLAG:.*]] = cell.save_gates : i1
+// CHECK:         %[[T:.*]] = memref.dim %[[RESETS]]
+// CHECK:         %[[LAST:.*]] = arith.subi %[[T]], %{{.*}}
+// CHECK:         scf.for %[[B:[^ ]+]] =
+// CHECK:           %[[INIT:.*]] = vector.load %[[H0]][%[[B]]
+// CHECK:           %[[G0:.*]] = vector.load %[[DFINAL]][%[[B]]
+// CHECK:           %[[RES:.*]]:2 = scf.for %[[I:.*]] = {{.*}} iter_args(%[[DS:.*]] = %[[G0]], %[[ACC:.*]] = %{{.*}})
+// Time runs backwards; at a reset or at t = 0 the previous state is the
+// initial one, else the history at t - 1.
+// CHECK:             %[[S:.*]] = arith.subi %[[LAST]], %[[I]]
+// CHECK:             %[[ISR:.*]] = arith.cmpi ne
+// CHECK:             %[[FIRST:.*]] = arith.cmpi eq, %[[S]]
+// CHECK:             %[[FROMINIT:.*]] = arith.ori %[[ISR]], %[[FIRST]]
+// CHECK:             %[[STORED:.*]] = vector.load %[[HIST]]
+// CHECK:             %[[PREV:.*]] = arith.select %[[FROMINIT]], %[[INIT]], %[[STORED]]
+// CHECK:             %[[GOUT:.*]] = vector.load %[[DOUT]][%[[S]], %[[B]]
+// Saved gates are loaded, or the step is replayed.
+// CHECK:             %[[TH:.*]] = scf.if %[[FLAG]] -> (vector<4xf32>) {
+// CHECK:               vector.load %[[GATES]][%[[S]], %[[B]]
+// CHECK:             } else {
+// CHECK:               math.tanh
+// CHECK:             }
+// CHECK:             %[[G:.*]] = arith.addf %[[GOUT]], %[[DS]]
+// The state gradient goes to the initial state at a reset, else on in time.
+// CHECK:             %[[TOINIT:.*]] = arith.select %[[FROMINIT]]
+// CHECK:             %[[ONWARD:.*]] = arith.select %[[FROMINIT]]
+// CHECK:             vector.store %{{.*}}, %[[DX]][%[[S]], %[[B]]
+// CHECK:             vector.store %[[DPRE:.*]], %[[DP]][%[[S]], %[[B]]
+// CHECK:             vector.store %[[DPRE]], %[[ROWS]][%[[S]], %[[B]]
+// CHECK:             vector.store %[[PREV]], %[[VECS]][%[[S]], %[[B]]
+// CHECK:             scf.yield %[[ONWARD]], %[[TOINIT]]
+// CHECK:           vector.store %[[RES]]#1, %[[DH0]][%[[B]]
+
+// CANON-LABEL: func.func @elman_fwd
+// CANON-NOT:     = cell.
+// CANON-LABEL: func.func @elman_bwd
+// CANON-NOT:     = cell.
+// CANON-NOT:     math.tanh
+// CANON:         return
+cell.def @elman inputs(%x: tensor<3xf32>) states(%h: tensor<4xf32>) outputs("h") {
+  %0 = cell.param "W_ih" : tensor<4x3xf32>
+  %1 = cell.param "W_hh" : tensor<4x4xf32>
+  %2 = cell.param "b_ih" : tensor<4xf32>
+  %3 = cell.param "b_hh" : tensor<4xf32>
+  %4 = cell.matvec %1, %h : tensor<4x4xf32>, tensor<4xf32> -> tensor<4xf32>
+  %5 = cell.projection %0, %x biases(%2, %3 : tensor<4xf32>, tensor<4xf32>) : tensor<4x3xf32>, tensor<3xf32> -> tensor<4xf32>
+  %6 = cell.add %5, %4 : tensor<4xf32>
+  %7 = cell.tanh %6 : tensor<4xf32>
+  cell.save %7 : tensor<4xf32>
+  cell.yield states(%7 : tensor<4xf32>) outputs(%7 : tensor<4xf32>)
+}
+func.func @elman_grad(%arg0: tensor<3xf32>, %arg1: tensor<4xf32>, %arg2: tensor<4xf32>, %arg3: tensor<4xf32>) -> (tensor<4xf32>, tensor<3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) attributes {cell.grad_of = @elman, cell.grad_results = [{kind = "state", name = "h"}, {kind = "input", name = "x"}, {biases = ["b_ih", "b_hh"], input = "x", kind = "projection", weight = "W_ih"}, {kind = "weight_rows", weight = "W_hh"}, {kind = "weight_vectors", weight = "W_hh"}]} {
+  %0 = cell.param "W_ih" : tensor<4x3xf32>
+  %1 = cell.param "W_hh" : tensor<4x4xf32>
+  %2 = cell.param "b_ih" : tensor<4xf32>
+  %3 = cell.param "b_hh" : tensor<4xf32>
+  %4 = cell.restore -> tensor<4xf32> {
+    %12 = cell.matvec %1, %arg1 : tensor<4x4xf32>, tensor<4xf32> -> tensor<4xf32>
+    %13 = cell.projection %0, %arg0 biases(%2, %3 : tensor<4xf32>, tensor<4xf32>) : tensor<4x3xf32>, tensor<3xf32> -> tensor<4xf32>
+    %14 = cell.add %13, %12 : tensor<4xf32>
+    %15 = cell.tanh %14 : tensor<4xf32>
+    cell.restore_yield %15 : tensor<4xf32>
+  }
+  %5 = cell.add %arg2, %arg3 : tensor<4xf32>
+  %6 = cell.mul %4, %4 : tensor<4xf32>
+  %7 = cell.constant 1.000000e+00 : tensor<4xf32>
+  %8 = cell.sub %7, %6 : tensor<4xf32>
+  %9 = cell.mul %5, %8 : tensor<4xf32>
+  %10 = cell.vecmat %1, %9 : tensor<4x4xf32>, tensor<4xf32> -> tensor<4xf32>
+  %11 = cell.constant 0.000000e+00 : tensor<3xf32>
+  return %10, %11, %9, %9, %arg1 : tensor<4xf32>, tensor<3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+}
