@@ -1,0 +1,153 @@
+//===- CellInterpreter.cpp - A reference interpreter of cell IR -----------===//
+
+#include "CellInterpreter.h"
+
+#include "dialects/Cell/IR/CellOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/ErrorHandling.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace mlir::cell;
+using namespace cellc::testing;
+
+static int64_t sizeOf(Value v) {
+  return cast<RankedTensorType>(v.getType()).getDimSize(0);
+}
+
+template <typename Fn>
+static Tensor map1(const Tensor &a, Fn fn) {
+  Tensor r(a.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    r[i] = fn(a[i]);
+  return r;
+}
+
+template <typename Fn>
+static Tensor map2(const Tensor &a, const Tensor &b, Fn fn) {
+  Tensor r(a.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    r[i] = fn(a[i], b[i]);
+  return r;
+}
+
+std::vector<Tensor> CellInterpreter::run(Block &block,
+                                         const std::vector<Tensor> &args) {
+  values.clear();
+  saved.clear();
+  if (args.size() != block.getNumArguments())
+    llvm::report_fatal_error("interpreter: wrong number of arguments");
+  for (auto [arg, value] : llvm::zip(block.getArguments(), args))
+    slot(arg) = value;
+  runOps(block);
+  std::vector<Tensor> results;
+  for (Value v : block.getTerminator()->getOperands())
+    results.push_back(get(v));
+  return results;
+}
+
+void CellInterpreter::runOps(Block &block) {
+  for (Operation &op : block.without_terminator()) {
+    auto set = [&](Tensor t) { slot(op.getResult(0)) = std::move(t); };
+    auto in = [&](unsigned i) -> const Tensor & { return get(op.getOperand(i)); };
+    llvm::TypeSwitch<Operation *>(&op)
+        .Case([&](ParamOp p) { set(params.at(p.getName().str())); })
+        .Case([&](ConstantOp c) {
+          set(Tensor(sizeOf(c.getResult()), c.getValue().convertToDouble()));
+        })
+        .Case([&](AddOp) { set(map2(in(0), in(1), std::plus<double>())); })
+        .Case([&](SubOp) { set(map2(in(0), in(1), std::minus<double>())); })
+        .Case([&](MulOp) { set(map2(in(0), in(1), std::multiplies<double>())); })
+        .Case([&](DivOp) { set(map2(in(0), in(1), std::divides<double>())); })
+        .Case([&](MaxOp) {
+          set(map2(in(0), in(1), [](double a, double b) { return a >= b ? a : b; }));
+        })
+        .Case([&](MinOp) {
+          set(map2(in(0), in(1), [](double a, double b) { return a <= b ? a : b; }));
+        })
+        .Case([&](GreaterOp) {
+          set(map2(in(0), in(1), [](double a, double b) { return a > b ? 1.0 : 0.0; }));
+        })
+        .Case([&](NegOp) { set(map1(in(0), [](double a) { return -a; })); })
+        .Case([&](SigmoidOp) {
+          set(map1(in(0), [](double a) { return 1.0 / (1.0 + std::exp(-a)); }));
+        })
+        .Case([&](TanhOp) { set(map1(in(0), [](double a) { return std::tanh(a); })); })
+        .Case([&](ExpOp) { set(map1(in(0), [](double a) { return std::exp(a); })); })
+        .Case([&](LogOp) { set(map1(in(0), [](double a) { return std::log(a); })); })
+        .Case([&](ReluOp) {
+          set(map1(in(0), [](double a) { return a > 0 ? a : 0.0; }));
+        })
+        .Case([&](SoftplusOp) {
+          set(map1(in(0), [](double a) { return std::log1p(std::exp(a)); }));
+        })
+        .Case([&](AbsOp) { set(map1(in(0), [](double a) { return std::fabs(a); })); })
+        .Case([&](SqrtOp) { set(map1(in(0), [](double a) { return std::sqrt(a); })); })
+        .Case([&](MatvecOp m) {
+          const Tensor &w = in(0), &v = in(1);
+          int64_t rows = sizeOf(m.getResult()), cols = v.size();
+          Tensor r(rows, 0.0);
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < cols; ++j)
+              r[i] += w[i * cols + j] * v[j];
+          set(r);
+        })
+        .Case([&](VecmatOp m) {
+          const Tensor &w = in(0), &v = in(1);
+          int64_t rows = v.size(), cols = sizeOf(m.getResult());
+          Tensor r(cols, 0.0);
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < cols; ++j)
+              r[j] += w[i * cols + j] * v[i];
+          set(r);
+        })
+        .Case([&](ProjectionOp p) {
+          const Tensor &w = in(0), &v = in(1);
+          int64_t rows = sizeOf(p.getResult()), cols = v.size();
+          Tensor r(rows, 0.0);
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < cols; ++j)
+              r[i] += w[i * cols + j] * v[j];
+          for (Value bias : p.getBiases())
+            for (int64_t i = 0; i < rows; ++i)
+              r[i] += get(bias)[i];
+          set(r);
+        })
+        .Case([&](ChunkOp c) {
+          const Tensor &a = in(0);
+          int64_t part = sizeOf(c.getResult(0));
+          for (auto [k, r] : llvm::enumerate(c.getResults()))
+            slot(r) = Tensor(a.begin() + k * part, a.begin() + (k + 1) * part);
+        })
+        .Case([&](ConcatOp c) {
+          Tensor r;
+          for (Value v : c.getInputs())
+            r.insert(r.end(), get(v).begin(), get(v).end());
+          set(r);
+        })
+        .Case([&](SaveOp s) {
+          for (Value v : s.getValues())
+            saved.push_back(get(v));
+        })
+        .Case([&](RestoreOp r) {
+          Block &body = r.getBody().front();
+          if (!restoreFrom) {
+            runOps(body);
+            for (auto [result, v] :
+                 llvm::zip(r.getResults(), body.getTerminator()->getOperands()))
+              slot(result) = get(v);
+            return;
+          }
+          for (auto [result, v] : llvm::zip(r.getResults(), *restoreFrom))
+            slot(result) = v;
+        })
+        .Default([](Operation *other) {
+          llvm::report_fatal_error(
+              llvm::Twine("interpreter: no rule for ") +
+              other->getName().getStringRef());
+        });
+  }
+}
