@@ -400,6 +400,48 @@ MemRefType gatesType(DefOp def) {
                          element);
 }
 
+/// What both kernels start with: the SAVE_GATES flag, the step lowering bound
+/// to the kernel's params, projections and gates, and the loop bounds.
+struct KernelFrame {
+  KernelFrame(func::FuncOp kernel, DefOp def, unsigned numProjections,
+              unsigned gatesArg)
+      : entry(kernel.getBody().front()),
+        builder(OpBuilder::atBlockEnd(&entry)), loc(def.getLoc()),
+        step(kernel, builder.create<SaveGatesOp>(loc, builder.getI1Type())) {
+    unsigned numInputs = def.getInputNames().size();
+    unsigned resetsArg = numInputs + numProjections;
+    firstInit = resetsArg + 1;
+    unsigned firstParam = firstInit + def.getStateNames().size();
+    for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
+      step.params[param.getName()] = entry.getArgument(firstParam + i);
+    for (unsigned p = 0; p < numProjections; ++p)
+      step.projections.push_back(entry.getArgument(numInputs + p));
+    step.gates = entry.getArgument(gatesArg);
+    c0 = builder.create<arith::ConstantIndexOp>(loc, 0);
+    c1 = builder.create<arith::ConstantIndexOp>(loc, 1);
+    resets = entry.getArgument(resetsArg);
+    steps = builder.create<memref::DimOp>(loc, resets, 0);
+    zeroByte = builder.create<arith::ConstantIntOp>(loc, 0, 8);
+    bBegin = entry.getArgument(entry.getNumArguments() - 2);
+    bEnd = entry.getArgument(entry.getNumArguments() - 1);
+  }
+
+  Value arg(unsigned i) { return entry.getArgument(i); }
+  /// Whether the state at (t, b) restarts from its initial value.
+  Value isReset(OpBuilder &b, Location l, Value t, Value batch) {
+    Value flagByte = b.create<memref::LoadOp>(l, resets, ValueRange{t, batch});
+    return b.create<arith::CmpIOp>(l, arith::CmpIPredicate::ne, flagByte,
+                                   zeroByte);
+  }
+
+  Block &entry;
+  OpBuilder builder;
+  Location loc;
+  StepLowering step;
+  unsigned firstInit;
+  Value c0, c1, resets, steps, zeroByte, bBegin, bEnd;
+};
+
 LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
   MLIRContext *ctx = def.getContext();
   KernelSignature sig;
@@ -417,34 +459,17 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
   unsigned gatesArg = sig.add(ctx, gatesType(def), "gates", "gates");
 
   func::FuncOp kernel = createKernel(def, "_fwd", sig);
-  Block &entry = kernel.getBody().front();
-  OpBuilder builder = OpBuilder::atBlockEnd(&entry);
-  Location loc = def.getLoc();
-  Value flag = builder.create<SaveGatesOp>(loc, builder.getI1Type());
-  StepLowering step(kernel, flag);
-
-  unsigned numInputs = def.getInputNames().size();
-  unsigned numStates = def.getStateNames().size();
-  unsigned numProjections = projections.size();
-  unsigned resetsArg = numInputs + numProjections;
-  unsigned firstInit = resetsArg + 1, firstParam = firstInit + numStates;
-  for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
-    step.params[param.getName()] = entry.getArgument(firstParam + i);
-  for (unsigned p = 0; p < numProjections; ++p)
-    step.projections.push_back(entry.getArgument(numInputs + p));
-  step.gates = entry.getArgument(gatesArg);
-
-  Value c0 = builder.create<arith::ConstantIndexOp>(loc, 0);
-  Value c1 = builder.create<arith::ConstantIndexOp>(loc, 1);
-  Value resets = entry.getArgument(resetsArg);
-  Value steps = builder.create<memref::DimOp>(loc, resets, 0);
-  Value zeroByte = builder.create<arith::ConstantIntOp>(loc, 0, 8);
-  Value bBegin = entry.getArgument(entry.getNumArguments() - 2);
-  Value bEnd = entry.getArgument(entry.getNumArguments() - 1);
+  KernelFrame frame(kernel, def, projections.size(), gatesArg);
+  Block &entry = frame.entry;
+  OpBuilder &builder = frame.builder;
+  StepLowering &step = frame.step;
+  Location loc = frame.loc;
+  Value c0 = frame.c0, c1 = frame.c1, steps = frame.steps;
+  unsigned firstInit = frame.firstInit;
   LogicalResult status = success();
 
   builder.create<scf::ForOp>(
-      loc, bBegin, bEnd, c1, ValueRange(),
+      loc, frame.bBegin, frame.bEnd, c1, ValueRange(),
       [&](OpBuilder &bb, Location l, Value b, ValueRange) {
         SmallVector<Value> initial;
         for (auto [i, arg] : llvm::enumerate(def.getStates()))
@@ -456,9 +481,7 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
             [&](OpBuilder &tb, Location l2, Value t, ValueRange states) {
               step.t = t;
               step.b = b;
-              Value flagByte = tb.create<memref::LoadOp>(l2, resets, ValueRange{t, b});
-              Value isReset = tb.create<arith::CmpIOp>(
-                  l2, arith::CmpIPredicate::ne, flagByte, zeroByte);
+              Value isReset = frame.isReset(tb, l2, t, b);
               for (auto [i, arg] : llvm::enumerate(def.getStates()))
                 step.map[arg] = tb.create<arith::SelectOp>(l2, isReset, initial[i],
                                                            states[i]);
@@ -496,9 +519,7 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
   SmallVector<ProjectionOp> projections;
   addCommonArgs(def, sig, projections);
   YieldOp yield = def.getYield();
-  unsigned numInputs = def.getInputNames().size();
   unsigned numStates = def.getStateNames().size();
-  unsigned numOutputs = def.getOutputNames().size();
   unsigned numProjections = projections.size();
 
   unsigned firstHistory = sig.types.size();
@@ -539,27 +560,14 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
   }
 
   func::FuncOp kernel = createKernel(def, "_bwd", sig);
-  Block &entry = kernel.getBody().front();
-  OpBuilder builder = OpBuilder::atBlockEnd(&entry);
-  Location loc = def.getLoc();
-  Value flag = builder.create<SaveGatesOp>(loc, builder.getI1Type());
-  StepLowering step(kernel, flag);
-  unsigned resetsArg = numInputs + numProjections;
-  unsigned firstInit = resetsArg + 1, firstParam = firstInit + numStates;
-  for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
-    step.params[param.getName()] = entry.getArgument(firstParam + i);
-  for (unsigned p = 0; p < numProjections; ++p)
-    step.projections.push_back(entry.getArgument(numInputs + p));
-  step.gates = entry.getArgument(gatesArg);
-
-  Value c0 = builder.create<arith::ConstantIndexOp>(loc, 0);
-  Value c1 = builder.create<arith::ConstantIndexOp>(loc, 1);
-  Value resets = entry.getArgument(resetsArg);
-  Value steps = builder.create<memref::DimOp>(loc, resets, 0);
+  KernelFrame frame(kernel, def, numProjections, gatesArg);
+  Block &entry = frame.entry;
+  OpBuilder &builder = frame.builder;
+  StepLowering &step = frame.step;
+  Location loc = frame.loc;
+  Value c0 = frame.c0, c1 = frame.c1, steps = frame.steps;
+  unsigned firstInit = frame.firstInit;
   Value last = builder.create<arith::SubIOp>(loc, steps, c1);
-  Value zeroByte = builder.create<arith::ConstantIntOp>(loc, 0, 8);
-  Value bBegin = entry.getArgument(entry.getNumArguments() - 2);
-  Value bEnd = entry.getArgument(entry.getNumArguments() - 1);
   Block &gradBody = grad.getBody().front();
   auto ret = cast<func::ReturnOp>(gradBody.getTerminator());
   LogicalResult status = success();
@@ -572,7 +580,7 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
       paramResults.push_back(i);
 
   builder.create<scf::ForOp>(
-      loc, bBegin, bEnd, c1, ValueRange(),
+      loc, frame.bBegin, frame.bEnd, c1, ValueRange(),
       [&](OpBuilder &bb, Location l, Value b, ValueRange) {
         SmallVector<Value> initial, carried;
         for (auto [i, arg] : llvm::enumerate(def.getStates())) {
@@ -599,9 +607,7 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
               Value t = tb.create<arith::SubIOp>(l2, last, i);
               step.t = t;
               step.b = b;
-              Value flagByte = tb.create<memref::LoadOp>(l2, resets, ValueRange{t, b});
-              Value isReset = tb.create<arith::CmpIOp>(
-                  l2, arith::CmpIPredicate::ne, flagByte, zeroByte);
+              Value isReset = frame.isReset(tb, l2, t, b);
               Value isFirst = tb.create<arith::CmpIOp>(
                   l2, arith::CmpIPredicate::eq, t, c0);
               Value fromInitial = tb.create<arith::OrIOp>(l2, isReset, isFirst);
