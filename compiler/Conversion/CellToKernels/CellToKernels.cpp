@@ -40,6 +40,25 @@ struct KernelSignature {
          b.getNamedAttr("name", b.getStringAttr(name))}));
     return types.size() - 1;
   }
+
+  /// One buffer per state of `def`; returns the first one's index.
+  unsigned addPerState(DefOp def, StringRef kind, bool perStep) {
+    unsigned first = types.size();
+    for (auto [name, arg] : llvm::zip(
+             def.getStateNames().getAsValueRange<StringAttr>(), def.getStates()))
+      add(def.getContext(), sequenceType(arg.getType(), perStep), kind, name);
+    return first;
+  }
+
+  /// One `[T, B, n]` buffer per output of `def`; returns the first's index.
+  unsigned addPerOutput(DefOp def, StringRef kind) {
+    unsigned first = types.size();
+    for (auto [name, out] :
+         llvm::zip(def.getOutputNames().getAsValueRange<StringAttr>(),
+                   def.getYield().getOutputs()))
+      add(def.getContext(), sequenceType(out.getType(), true), kind, name);
+    return first;
+  }
 };
 
 /// Lowers the ops of one step (forward or backward) to vector code, for the
@@ -364,9 +383,7 @@ void ConvertCellToKernels::addCommonArgs(
           MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic},
                           IntegerType::get(ctx, 8)),
           "resets", "resets");
-  for (auto [name, arg] :
-       llvm::zip(def.getStateNames().getAsValueRange<StringAttr>(), def.getStates()))
-    sig.add(ctx, sequenceType(arg.getType(), false), "initial_state", name);
+  sig.addPerState(def, "initial_state", false);
   for (ParamOp param : def.getBody().getOps<ParamOp>()) {
     auto type = cast<RankedTensorType>(param.getType());
     sig.add(ctx, MemRefType::get(type.getShape(), type.getElementType()),
@@ -448,14 +465,8 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
   SmallVector<ProjectionOp> projections;
   addCommonArgs(def, sig, projections);
   YieldOp yield = def.getYield();
-  unsigned firstOutput = sig.types.size();
-  for (auto [name, out] :
-       llvm::zip(def.getOutputNames().getAsValueRange<StringAttr>(), yield.getOutputs()))
-    sig.add(ctx, sequenceType(out.getType(), true), "output", name);
-  unsigned firstHistory = sig.types.size();
-  for (auto [name, arg] :
-       llvm::zip(def.getStateNames().getAsValueRange<StringAttr>(), def.getStates()))
-    sig.add(ctx, sequenceType(arg.getType(), true), "state_history", name);
+  unsigned firstOutput = sig.addPerOutput(def, "output");
+  unsigned firstHistory = sig.addPerState(def, "state_history", true);
   unsigned gatesArg = sig.add(ctx, gatesType(def), "gates", "gates");
 
   func::FuncOp kernel = createKernel(def, "_fwd", sig);
@@ -522,19 +533,10 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
   unsigned numStates = def.getStateNames().size();
   unsigned numProjections = projections.size();
 
-  unsigned firstHistory = sig.types.size();
-  for (auto [name, arg] :
-       llvm::zip(def.getStateNames().getAsValueRange<StringAttr>(), def.getStates()))
-    sig.add(ctx, sequenceType(arg.getType(), true), "state_history", name);
+  unsigned firstHistory = sig.addPerState(def, "state_history", true);
   unsigned gatesArg = sig.add(ctx, gatesType(def), "gates", "gates");
-  unsigned firstDOut = sig.types.size();
-  for (auto [name, out] :
-       llvm::zip(def.getOutputNames().getAsValueRange<StringAttr>(), yield.getOutputs()))
-    sig.add(ctx, sequenceType(out.getType(), true), "output_grad", name);
-  unsigned firstDFinal = sig.types.size();
-  for (auto [name, arg] :
-       llvm::zip(def.getStateNames().getAsValueRange<StringAttr>(), def.getStates()))
-    sig.add(ctx, sequenceType(arg.getType(), false), "final_state_grad", name);
+  unsigned firstDOut = sig.addPerOutput(def, "output_grad");
+  unsigned firstDFinal = sig.addPerState(def, "final_state_grad", false);
 
   // One buffer per result of the backward step.
   auto resultInfo = grad->getAttrOfType<ArrayAttr>("cell.grad_results");
