@@ -50,4 +50,21 @@ def ConvertCellToKernels : Pass<"convert-cell-to-kernels", "::mlir::ModuleOp"> {
   ];
 }
 
+def ConvertKernelsToLLVM : Pass<"convert-kernels-to-llvm", "::mlir::ModuleOp"> {
+  let summary = "Lowers the sequence kernels to the LLVM dialect for the CPU";
+  let description = [{
+    Takes specialized sequence kernels (no `cell.save_gates` left) to the LLVM
+    dialect: f32 `tanh`, `exp`, `log` and `log1p` become MLIR's vectorizable
+    polynomial approximations (about 1e-7 relative error; f64 keeps libm), and
+    then `scf`, `vector`, `math`, `arith`, `memref`, `func` and `cf` go to LLVM
+    through the upstream conversions. Every kernel gets a C interface
+    (`_mlir_ciface_<name>`, taking memref descriptors) for the runtime.
+
+    Runs after `cell-specialize` and canonicalization.
+  }];
+  let dependentDialects = ["::mlir::LLVM::LLVMDialect",
+                           "::mlir::cf::ControlFlowDialect",
+                           "::mlir::func::FuncDialect"];
+}
+
 #endif // CELLC_CONVERSION_PASSES_TD

@@ -20,14 +20,19 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
     pm.addPass(cell::createCellPlanSaves());
   if (stage >= Stage::Kernels) {
     pm.addPass(cell::createConvertCellToKernels());
-    if (options.saveGates) {
+    std::optional<bool> saveGates = options.saveGates;
+    if (stage >= Stage::LLVM && !saveGates)
+      saveGates = true;
+    if (saveGates) {
       cell::CellSpecializeOptions specialize;
-      specialize.saveGates = *options.saveGates;
+      specialize.saveGates = *saveGates;
       pm.addPass(cell::createCellSpecialize(specialize));
     }
     pm.addPass(createCanonicalizerPass());
     pm.addPass(createCSEPass());
   }
+  if (stage >= Stage::LLVM)
+    pm.addPass(cell::createConvertKernelsToLLVM());
 }
 
 namespace {

@@ -21,6 +21,9 @@ enum class Stage {
   Plan,
   /// After convert-cell-to-kernels: the sequence kernels.
   Kernels,
+  /// After convert-kernels-to-llvm: the kernels in the LLVM dialect, for the
+  /// CPU. Needs SAVE_GATES fixed; it defaults to 1.
+  LLVM,
 };
 
 struct PipelineOptions {

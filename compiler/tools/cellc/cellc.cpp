@@ -24,7 +24,7 @@ using namespace cellc;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Emit { AST, MLIR, Summary, Split, Grad, Saves, Plan, Kernels };
+enum class Emit { AST, MLIR, Summary, Split, Grad, Saves, Plan, Kernels, LLVM };
 } // namespace
 
 static cl::opt<std::string> inputFilename(cl::Positional,
@@ -56,12 +56,14 @@ static cl::opt<Emit> emitAction(
                clEnumValN(Emit::Plan, "plan",
                           "the bytes kept per step in each recompute mode"),
                clEnumValN(Emit::Kernels, "kernels",
-                          "the forward and backward sequence kernels")));
+                          "the forward and backward sequence kernels"),
+               clEnumValN(Emit::LLVM, "llvm",
+                          "the kernels in the LLVM dialect, for the CPU")));
 
 static cl::opt<int> saveGatesFlag(
     "save-gates",
-    cl::desc("With --emit=kernels: specialize SAVE_GATES to 0 or 1 (by "
-             "default the flag stays)"),
+    cl::desc("With --emit=kernels or llvm: specialize SAVE_GATES to 0 or 1 (by "
+             "default the kernels keep the flag, and llvm takes 1)"),
     cl::init(-1));
 
 static cl::opt<bool> splitInputFile(
@@ -142,6 +144,7 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
     Stage stage = emitAction == Emit::Split  ? Stage::Split
                   : emitAction == Emit::Grad ? Stage::Grad
                   : emitAction == Emit::Kernels ? Stage::Kernels
+                  : emitAction == Emit::LLVM    ? Stage::LLVM
                                                 : Stage::Plan;
     PipelineOptions options;
     if (saveGatesFlag >= 0)

@@ -1,0 +1,56 @@
+//===- KernelsToLLVM.cpp - Lower the sequence kernels for the CPU ---------===//
+
+#include "compiler/Conversion/Passes.h"
+
+#include "mlir/Conversion/Passes.h"
+#include "mlir/Dialect/Math/Transforms/Passes.h"
+#include "mlir/Dialect/MemRef/Transforms/Passes.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+
+namespace mlir::cell {
+#define GEN_PASS_DEF_CONVERTKERNELSTOLLVM
+#include "compiler/Conversion/Passes.h.inc"
+
+namespace {
+
+struct ConvertKernelsToLLVM
+    : public impl::ConvertKernelsToLLVMBase<ConvertKernelsToLLVM> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    WalkResult flag = module.walk([](SaveGatesOp op) {
+      op.emitOpError("is still here; run cell-specialize before lowering");
+      return WalkResult::interrupt();
+    });
+    if (flag.wasInterrupted())
+      return signalPassFailure();
+
+    for (auto func : module.getOps<func::FuncOp>())
+      func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
+                    UnitAttr::get(&getContext()));
+
+    RewritePatternSet approximations(&getContext());
+    populateMathPolynomialApproximationPatterns(approximations);
+    if (failed(applyPatternsAndFoldGreedily(module, std::move(approximations))))
+      return signalPassFailure();
+
+    OpPassManager pm(ModuleOp::getOperationName());
+    pm.addPass(createConvertSCFToCFPass());
+    // Math first: libm calls on vectors are scalarized into vector ops.
+    pm.addPass(createConvertMathToLLVMPass());
+    pm.addPass(createConvertMathToLibmPass());
+    pm.addPass(createConvertVectorToLLVMPass());
+    pm.addPass(createArithToLLVMConversionPass());
+    pm.addPass(memref::createExpandStridedMetadataPass());
+    pm.addPass(createFinalizeMemRefToLLVMConversionPass());
+    pm.addPass(createConvertFuncToLLVMPass());
+    pm.addPass(createConvertControlFlowToLLVMPass());
+    pm.addPass(createArithToLLVMConversionPass());
+    pm.addPass(createReconcileUnrealizedCastsPass());
+    if (failed(runPipeline(pm, module)))
+      return signalPassFailure();
+  }
+};
+
+} // namespace
+} // namespace mlir::cell
