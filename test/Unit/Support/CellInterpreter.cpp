@@ -1,6 +1,6 @@
 //===- CellInterpreter.cpp - A reference interpreter of cell IR -----------===//
 
-#include "CellInterpreter.h"
+#include "Support/CellInterpreter.h"
 
 #include "dialects/Cell/IR/CellOps.h"
 

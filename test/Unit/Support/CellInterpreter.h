@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef CELLC_TEST_UNIT_DIALECT_CELLINTERPRETER_H
-#define CELLC_TEST_UNIT_DIALECT_CELLINTERPRETER_H
+#ifndef CELLC_TEST_UNIT_SUPPORT_CELLINTERPRETER_H
+#define CELLC_TEST_UNIT_SUPPORT_CELLINTERPRETER_H
 
 #include "mlir/IR/Block.h"
 #include "mlir/IR/Value.h"
@@ -52,4 +52,4 @@ private:
 
 } // namespace cellc::testing
 
-#endif // CELLC_TEST_UNIT_DIALECT_CELLINTERPRETER_H
+#endif // CELLC_TEST_UNIT_SUPPORT_CELLINTERPRETER_H
