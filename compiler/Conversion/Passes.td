@@ -21,19 +21,25 @@ def ConvertCellToKernels : Pass<"convert-cell-to-kernels", "::mlir::ModuleOp"> {
     `cell.kernel_args` attribute:
 
     - `@c_fwd(inputs [T,B,n]..., projections [T,B,m]..., resets [T,B] i8,
-      initial states [B,n]..., params..., outputs [T,B,n]..., state history
-      [T,B,n]..., gates [T,B,S], b_begin, b_end)`. The history holds each
-      state after each step; the last step's are the final states.
-    - `@c_bwd(inputs..., projections..., resets, initial states..., params...,
-      state history..., gates, output gradients [T,B,n]..., final-state
-      gradients [B,n]..., then one buffer per result of @c_grad: initial-state
-      gradients [B,n], input gradients [T,B,n], projection and weight rows
-      [T,B,m], weight vectors [T,B,n], vector-param gradients [B,n] summed over
-      time, b_begin, b_end)`.
+      initial states [B,n]..., start states [B,n]..., params..., outputs
+      [T,B,n]..., state history [T,B,n]..., gates [T,B,S], b_begin, b_end)`.
+      The history holds each state after each step; the last step's are the
+      final states.
+    - `@c_bwd(inputs..., projections..., resets, initial states..., start
+      states..., params..., state history..., gates, output gradients
+      [T,B,n]..., final-state gradients [B,n]..., then one buffer per result
+      of @c_grad: initial-state gradients [B,n], input gradients [T,B,n],
+      projection and weight rows [T,B,m], weight vectors [T,B,n], vector-param
+      gradients [B,n] summed over time; then start-state gradients [B,n]...,
+      b_begin, b_end)`.
 
-    Where `resets[t, b]` is non-zero, the state takes its initial value before
-    step `t`; in backward, the gradient of the state at a reset (and at
-    `t = 0`) flows to the initial state. `cell.projection` reads the
+    The start state is the state before step 0 of this call; the initial
+    state is the value a reset restores. They are the same for a whole
+    sequence, and differ when a sequence runs in chunks (the start state is
+    then the previous chunk's last state). Where `resets[t, b]` is non-zero,
+    the state takes its initial value before step `t`. In backward, the
+    gradient of the state before step `t` flows to the initial state at a
+    reset, to the start state at `t = 0`, and on to step `t - 1` otherwise. `cell.projection` reads the
     projection buffer at `[t, b]`. `cell.save` becomes stores into `gates`
     under `scf.if` on the `cell.save_gates` flag; `cell.restore` becomes an
     `scf.if` on the same flag that loads the gates or replays the step.

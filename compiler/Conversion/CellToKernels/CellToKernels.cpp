@@ -384,6 +384,7 @@ void ConvertCellToKernels::addCommonArgs(
                           IntegerType::get(ctx, 8)),
           "resets", "resets");
   sig.addPerState(def, "initial_state", false);
+  sig.addPerState(def, "start_state", false);
   for (ParamOp param : def.getBody().getOps<ParamOp>()) {
     auto type = cast<RankedTensorType>(param.getType());
     sig.add(ctx, MemRefType::get(type.getShape(), type.getElementType()),
@@ -427,8 +428,10 @@ struct KernelFrame {
         step(kernel, builder.create<SaveGatesOp>(loc, builder.getI1Type())) {
     unsigned numInputs = def.getInputNames().size();
     unsigned resetsArg = numInputs + numProjections;
+    unsigned numStates = def.getStateNames().size();
     firstInit = resetsArg + 1;
-    unsigned firstParam = firstInit + def.getStateNames().size();
+    firstStart = firstInit + numStates;
+    unsigned firstParam = firstStart + numStates;
     for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
       step.params[param.getName()] = entry.getArgument(firstParam + i);
     for (unsigned p = 0; p < numProjections; ++p)
@@ -455,7 +458,10 @@ struct KernelFrame {
   OpBuilder builder;
   Location loc;
   StepLowering step;
-  unsigned firstInit;
+  /// The first initial state (the value at a reset) and the first start
+  /// state (the value before step 0 of this call; the previous chunk's last
+  /// state when a sequence runs in chunks).
+  unsigned firstInit, firstStart;
   Value c0, c1, resets, steps, zeroByte, bBegin, bEnd;
 };
 
@@ -482,13 +488,17 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
   builder.create<scf::ForOp>(
       loc, frame.bBegin, frame.bEnd, c1, ValueRange(),
       [&](OpBuilder &bb, Location l, Value b, ValueRange) {
-        SmallVector<Value> initial;
-        for (auto [i, arg] : llvm::enumerate(def.getStates()))
+        SmallVector<Value> initial, start;
+        for (auto [i, arg] : llvm::enumerate(def.getStates())) {
           initial.push_back(bb.create<vector::LoadOp>(
               l, vectorOf(arg.getType()), entry.getArgument(firstInit + i),
               ValueRange{b, c0}));
+          start.push_back(bb.create<vector::LoadOp>(
+              l, vectorOf(arg.getType()), frame.arg(frame.firstStart + i),
+              ValueRange{b, c0}));
+        }
         bb.create<scf::ForOp>(
-            l, c0, steps, c1, initial,
+            l, c0, steps, c1, start,
             [&](OpBuilder &tb, Location l2, Value t, ValueRange states) {
               step.t = t;
               step.b = b;
@@ -560,6 +570,7 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
                                                : kind;
     sig.add(ctx, sequenceType(type, perStep), argKind, name);
   }
+  unsigned firstStartGrad = sig.addPerState(def, "start_state_grad", false);
 
   func::FuncOp kernel = createKernel(def, "_bwd", sig);
   KernelFrame frame(kernel, def, numProjections, gatesArg);
@@ -574,8 +585,8 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
   auto ret = cast<func::ReturnOp>(gradBody.getTerminator());
   LogicalResult status = success();
 
-  // Accumulators carried over time: the next-state gradients, the initial-state
-  // gradients, and the vector-param gradients.
+  // Accumulators carried over time: the next-state gradients, the initial-
+  // and start-state gradients, and the vector-param gradients.
   SmallVector<unsigned> paramResults;
   for (auto [i, kind] : llvm::enumerate(kinds))
     if (kind == "param")
@@ -584,11 +595,13 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
   builder.create<scf::ForOp>(
       loc, frame.bBegin, frame.bEnd, c1, ValueRange(),
       [&](OpBuilder &bb, Location l, Value b, ValueRange) {
-        SmallVector<Value> initial, carried;
+        SmallVector<Value> initial, start, carried;
         for (auto [i, arg] : llvm::enumerate(def.getStates())) {
           VectorType type = vectorOf(arg.getType());
           initial.push_back(bb.create<vector::LoadOp>(
               l, type, entry.getArgument(firstInit + i), ValueRange{b, c0}));
+          start.push_back(bb.create<vector::LoadOp>(
+              l, type, frame.arg(frame.firstStart + i), ValueRange{b, c0}));
           carried.push_back(bb.create<vector::LoadOp>(
               l, type, entry.getArgument(firstDFinal + i), ValueRange{b, c0}));
         }
@@ -598,8 +611,9 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
           return ob.create<arith::ConstantOp>(
               l, type, SplatElementsAttr::get(type, ArrayRef<Attribute>(attr)));
         };
-        for (auto arg : def.getStates())
-          carried.push_back(zerosLike(bb, arg.getType()));
+        for (int twice = 0; twice < 2; ++twice)
+          for (auto arg : def.getStates())
+            carried.push_back(zerosLike(bb, arg.getType()));
         for (unsigned r : paramResults)
           carried.push_back(zerosLike(bb, resultTypes[r]));
 
@@ -612,9 +626,12 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
               Value isReset = frame.isReset(tb, l2, t, b);
               Value isFirst = tb.create<arith::CmpIOp>(
                   l2, arith::CmpIPredicate::eq, t, c0);
-              Value fromInitial = tb.create<arith::OrIOp>(l2, isReset, isFirst);
-              // The previous step's index, clamped: at t = 0 the state is the
-              // initial one anyway.
+              Value notReset = tb.create<arith::XOrIOp>(
+                  l2, isReset, tb.create<arith::ConstantIntOp>(l2, 1, 1));
+              Value fromStart = tb.create<arith::AndIOp>(l2, isFirst, notReset);
+              Value fromOutside = tb.create<arith::OrIOp>(l2, isReset, isFirst);
+              // The previous step's index, clamped: at t = 0 the state comes
+              // from outside anyway.
               Value tm1 = tb.create<arith::SelectOp>(
                   l2, isFirst, c0, tb.create<arith::SubIOp>(l2, t, c1));
 
@@ -629,8 +646,10 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
                 Value stored = tb.create<vector::LoadOp>(
                     l2, vectorOf(arg.getType()),
                     entry.getArgument(firstHistory + k), ValueRange{tm1, b, c0});
+                Value before =
+                    tb.create<arith::SelectOp>(l2, isFirst, start[k], stored);
                 step.map[gradBody.getArgument(a++)] = tb.create<arith::SelectOp>(
-                    l2, fromInitial, initial[k], stored);
+                    l2, isReset, initial[k], before);
               }
               for (auto [k, out] : llvm::enumerate(yield.getOutputs()))
                 step.map[gradBody.getArgument(a++)] = tb.create<vector::LoadOp>(
@@ -645,25 +664,29 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
                 tb.create<scf::YieldOp>(l2, acc);
                 return;
               }
-              SmallVector<Value> nextDState, nextDInit, nextDParam;
+              SmallVector<Value> nextDState, nextDInit, nextDStart, nextDParam;
               unsigned p = 0;
               for (auto [r, value] : llvm::enumerate(ret.getOperands())) {
                 Value lowered = step.lookup(value);
                 Value buffer = entry.getArgument(firstResult + r);
                 StringRef kind = kinds[r];
                 if (kind == "state") {
-                  // At a reset or at t = 0 the gradient goes to the initial
-                  // state; otherwise to the previous step's state.
+                  // At a reset the gradient goes to the initial state, at
+                  // t = 0 to the start state, and otherwise on to step t - 1.
                   Value zero = zerosLike(tb, value.getType());
                   Value accInit = acc[numStates + r];
-                  Value sum = tb.create<arith::AddFOp>(l2, accInit, lowered);
-                  nextDInit.push_back(
-                      tb.create<arith::SelectOp>(l2, fromInitial, sum, accInit));
+                  Value accStart = acc[2 * numStates + r];
+                  nextDInit.push_back(tb.create<arith::SelectOp>(
+                      l2, isReset, tb.create<arith::AddFOp>(l2, accInit, lowered),
+                      accInit));
+                  nextDStart.push_back(tb.create<arith::SelectOp>(
+                      l2, fromStart,
+                      tb.create<arith::AddFOp>(l2, accStart, lowered), accStart));
                   nextDState.push_back(
-                      tb.create<arith::SelectOp>(l2, fromInitial, zero, lowered));
+                      tb.create<arith::SelectOp>(l2, fromOutside, zero, lowered));
                 } else if (kind == "param") {
                   nextDParam.push_back(tb.create<arith::AddFOp>(
-                      l2, acc[2 * numStates + p++], lowered));
+                      l2, acc[3 * numStates + p++], lowered));
                 } else {
                   tb.create<vector::StoreOp>(l2, lowered, buffer,
                                              ValueRange{t, b, c0});
@@ -671,16 +694,21 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
               }
               llvm::append_range(next, nextDState);
               llvm::append_range(next, nextDInit);
+              llvm::append_range(next, nextDStart);
               llvm::append_range(next, nextDParam);
               tb.create<scf::YieldOp>(l2, next);
             });
 
-        for (unsigned k = 0; k < numStates; ++k)
+        for (unsigned k = 0; k < numStates; ++k) {
           bb.create<vector::StoreOp>(l, loop.getResult(numStates + k),
                                      entry.getArgument(firstResult + k),
                                      ValueRange{b, c0});
+          bb.create<vector::StoreOp>(l, loop.getResult(2 * numStates + k),
+                                     entry.getArgument(firstStartGrad + k),
+                                     ValueRange{b, c0});
+        }
         for (auto [p, r] : llvm::enumerate(paramResults))
-          bb.create<vector::StoreOp>(l, loop.getResult(2 * numStates + p),
+          bb.create<vector::StoreOp>(l, loop.getResult(3 * numStates + p),
                                      entry.getArgument(firstResult + r),
                                      ValueRange{b, c0});
         bb.create<scf::YieldOp>(l);

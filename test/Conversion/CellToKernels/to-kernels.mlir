@@ -6,14 +6,16 @@
 
 // CHECK-LABEL: func.func @elman_fwd
 // CHECK-SAME:    (%[[X:[^:]+]]: memref<?x?x3xf32>, %[[P:[^:]+]]: memref<?x?x4xf32>, %[[RESETS:[^:]+]]: memref<?x?xi8>, %[[H0:[^:]+]]: memref<?x4xf32>,
-// CHECK-SAME:     %{{[^:]+}}: memref<4x3xf32>, %[[WHH:[^:]+]]: memref<4x4xf32>, %{{[^:]+}}: memref<4xf32>, %{{[^:]+}}: memref<4xf32>,
+// CHECK-SAME:     %[[START:[^:]+]]: memref<?x4xf32>, %{{[^:]+}}: memref<4x3xf32>, %[[WHH:[^:]+]]: memref<4x4xf32>, %{{[^:]+}}: memref<4xf32>, %{{[^:]+}}: memref<4xf32>,
 // CHECK-SAME:     %[[OUT:[^:]+]]: memref<?x?x4xf32>, %[[HIST:[^:]+]]: memref<?x?x4xf32>, %[[GATES:[^:]+]]: memref<?x?x4xf32>, %[[BB:[^:]+]]: index, %[[BE:[^:]+]]: index)
-// CHECK-SAME:    cell.kernel_args = [{kind = "input", name = "x"}, {kind = "projection", name = "W_ih"}, {kind = "resets", name = "resets"}, {kind = "initial_state", name = "h"}, {kind = "param", name = "W_ih"}, {kind = "param", name = "W_hh"}, {kind = "param", name = "b_ih"}, {kind = "param", name = "b_hh"}, {kind = "output", name = "h"}, {kind = "state_history", name = "h"}, {kind = "gates", name = "gates"}, {kind = "batch_begin", name = "b_begin"}, {kind = "batch_end", name = "b_end"}]
+// CHECK-SAME:    cell.kernel_args = [{kind = "input", name = "x"}, {kind = "projection", name = "W_ih"}, {kind = "resets", name = "resets"}, {kind = "initial_state", name = "h"}, {kind = "start_state", name = "h"}, {kind = "param", name = "W_ih"}, {kind = "param", name = "W_hh"}, {kind = "param", name = "b_ih"}, {kind = "param", name = "b_hh"}, {kind = "output", name = "h"}, {kind = "state_history", name = "h"}, {kind = "gates", name = "gates"}, {kind = "batch_begin", name = "b_begin"}, {kind = "batch_end", name = "b_end"}]
 // CHECK:         %[[FLAG:.*]] = cell.save_gates : i1
 // CHECK:         %[[T:.*]] = memref.dim %[[RESETS]], %{{.*}}
 // CHECK:         scf.for %[[B:.*]] = %[[BB]] to %[[BE]]
+// The state starts from the start state; a reset restores the initial one.
 // CHECK:           %[[INIT:.*]] = vector.load %[[H0]][%[[B]], %{{.*}}] : memref<?x4xf32>, vector<4xf32>
-// CHECK:           scf.for %[[S:.*]] = %{{.*}} to %[[T]] {{.*}} iter_args(%[[H:.*]] = %[[INIT]])
+// CHECK:           %[[FROM:.*]] = vector.load %[[START]][%[[B]], %{{.*}}] : memref<?x4xf32>, vector<4xf32>
+// CHECK:           scf.for %[[S:.*]] = %{{.*}} to %[[T]] {{.*}} iter_args(%[[H:.*]] = %[[FROM]])
 // A reset at (t, b) puts the initial state back.
 // CHECK:             %[[R:.*]] = memref.load %[[RESETS]][%[[S]], %[[B]]]
 // CHECK:             %[[ISR:.*]] = arith.cmpi ne, %[[R]]
@@ -34,24 +36,28 @@
 // CHECK:             scf.yield %[[NEXT]]
 
 // CHECK-LABEL: func.func @elman_bwd
-// CHECK-SAME:    %[[RESETS:[^:]+]]: memref<?x?xi8>, %[[H0:[^:]+]]: memref<?x4xf32>,
+// CHECK-SAME:    %[[RESETS:[^:]+]]: memref<?x?xi8>, %[[H0:[^:]+]]: memref<?x4xf32>, %[[START:[^:]+]]: memref<?x4xf32>,
 // CHECK-SAME:    %[[HIST:[^:]+]]: memref<?x?x4xf32>, %[[GATES:[^:]+]]: memref<?x?x4xf32>, %[[DOUT:[^:]+]]: memref<?x?x4xf32>, %[[DFINAL:[^:]+]]: memref<?x4xf32>,
-// CHECK-SAME:    %[[DH0:[^:]+]]: memref<?x4xf32>, %[[DX:[^:]+]]: memref<?x?x3xf32>, %[[DP:[^:]+]]: memref<?x?x4xf32>, %[[ROWS:[^:]+]]: memref<?x?x4xf32>, %[[VECS:[^:]+]]: memref<?x?x4xf32>,
+// CHECK-SAME:    %[[DH0:[^:]+]]: memref<?x4xf32>, %[[DX:[^:]+]]: memref<?x?x3xf32>, %[[DP:[^:]+]]: memref<?x?x4xf32>, %[[ROWS:[^:]+]]: memref<?x?x4xf32>, %[[VECS:[^:]+]]: memref<?x?x4xf32>, %[[DSTART:[^:]+]]: memref<?x4xf32>,
 // CHECK:         %[[FLAG:.*]] = cell.save_gates : i1
 // CHECK:         %[[T:.*]] = memref.dim %[[RESETS]]
 // CHECK:         %[[LAST:.*]] = arith.subi %[[T]], %{{.*}}
 // CHECK:         scf.for %[[B:[^ ]+]] =
 // CHECK:           %[[INIT:.*]] = vector.load %[[H0]][%[[B]]
+// CHECK:           %[[FROM:.*]] = vector.load %[[START]][%[[B]]
 // CHECK:           %[[G0:.*]] = vector.load %[[DFINAL]][%[[B]]
-// CHECK:           %[[RES:.*]]:2 = scf.for %[[I:.*]] = {{.*}} iter_args(%[[DS:.*]] = %[[G0]], %[[ACC:.*]] = %{{.*}})
-// Time runs backwards; at a reset or at t = 0 the previous state is the
-// initial one, else the history at t - 1.
+// CHECK:           %[[RES:.*]]:3 = scf.for %[[I:.*]] = {{.*}} iter_args(%[[DS:.*]] = %[[G0]], %[[ACCI:.*]] = %{{.*}}, %[[ACCS:.*]] = %{{.*}})
+// Time runs backwards; the previous state is the initial one at a reset,
+// the start state at t = 0, else the history at t - 1.
 // CHECK:             %[[S:.*]] = arith.subi %[[LAST]], %[[I]]
 // CHECK:             %[[ISR:.*]] = arith.cmpi ne
 // CHECK:             %[[FIRST:.*]] = arith.cmpi eq, %[[S]]
-// CHECK:             %[[FROMINIT:.*]] = arith.ori %[[ISR]], %[[FIRST]]
+// CHECK:             %[[NOTR:.*]] = arith.xori %[[ISR]]
+// CHECK:             %[[FROMSTART:.*]] = arith.andi %[[FIRST]], %[[NOTR]]
+// CHECK:             %[[OUTSIDE:.*]] = arith.ori %[[ISR]], %[[FIRST]]
 // CHECK:             %[[STORED:.*]] = vector.load %[[HIST]]
-// CHECK:             %[[PREV:.*]] = arith.select %[[FROMINIT]], %[[INIT]], %[[STORED]]
+// CHECK:             %[[BEFORE:.*]] = arith.select %[[FIRST]], %[[FROM]], %[[STORED]]
+// CHECK:             %[[PREV:.*]] = arith.select %[[ISR]], %[[INIT]], %[[BEFORE]]
 // CHECK:             %[[GOUT:.*]] = vector.load %[[DOUT]][%[[S]], %[[B]]
 // Saved gates are loaded, or the step is replayed.
 // CHECK:             %[[TH:.*]] = scf.if %[[FLAG]] -> (vector<4xf32>) {
@@ -60,15 +66,18 @@
 // CHECK:               math.tanh
 // CHECK:             }
 // CHECK:             %[[G:.*]] = arith.addf %[[GOUT]], %[[DS]]
-// The state gradient goes to the initial state at a reset, else on in time.
-// CHECK:             %[[TOINIT:.*]] = arith.select %[[FROMINIT]]
-// CHECK:             %[[ONWARD:.*]] = arith.select %[[FROMINIT]]
+// The state gradient goes to the initial state at a reset, to the start
+// state at t = 0, else on in time.
+// CHECK:             %[[TOINIT:.*]] = arith.select %[[ISR]]
+// CHECK:             %[[TOSTART:.*]] = arith.select %[[FROMSTART]]
+// CHECK:             %[[ONWARD:.*]] = arith.select %[[OUTSIDE]]
 // CHECK:             vector.store %{{.*}}, %[[DX]][%[[S]], %[[B]]
 // CHECK:             vector.store %[[DPRE:.*]], %[[DP]][%[[S]], %[[B]]
 // CHECK:             vector.store %[[DPRE]], %[[ROWS]][%[[S]], %[[B]]
 // CHECK:             vector.store %[[PREV]], %[[VECS]][%[[S]], %[[B]]
-// CHECK:             scf.yield %[[ONWARD]], %[[TOINIT]]
+// CHECK:             scf.yield %[[ONWARD]], %[[TOINIT]], %[[TOSTART]]
 // CHECK:           vector.store %[[RES]]#1, %[[DH0]][%[[B]]
+// CHECK:           vector.store %[[RES]]#2, %[[DSTART]][%[[B]]
 
 // CANON-LABEL: func.func @elman_fwd
 // CANON-NOT:     = cell.

@@ -192,7 +192,7 @@ void checkKernels(const std::string &source, bool f32, bool saveGates) {
                 buf.set((t * kBatch + b) * width + r, v);
               }
             }
-        } else if (kind == "initial_state") {
+        } else if (kind == "initial_state" || kind == "start_state") {
           for (int b = 0; b < kBatch; ++b)
             for (int64_t j = 0; j < width; ++j)
               buf.set(b * width + j,
@@ -271,10 +271,13 @@ void checkKernels(const std::string &source, bool f32, bool saveGates) {
     Point want = samples[b]->gradient(/*saved=*/false);
     for (size_t s = 0; s < want.states.size(); ++s) {
       std::string stateName = cast<StringAttr>(ref->def.getStateNames()[s]).str();
+      // The sequence started from its initial state: both gradients are its.
       Buffer &g = *buffers.at({"initial_state_grad", stateName + "#0"});
+      Buffer &gs = *buffers.at({"start_state_grad", stateName + "#0"});
       int64_t width = g.shape.back();
       for (int64_t j = 0; j < width; ++j)
-        near(g.get(b * width + j), want.states[s][j], "d initial " + stateName);
+        near(g.get(b * width + j) + gs.get(b * width + j), want.states[s][j],
+             "d initial " + stateName);
     }
     // Direct input gradients plus the projections' W^T dP.
     for (int t = 0; t < kSteps; ++t)
