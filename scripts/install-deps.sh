@@ -11,7 +11,7 @@ packages=(
   # clang-19 and its runtimes, for the libFuzzer target.
   clang-19 libclang-rt-19-dev
   # Tests and benchmarks.
-  libgtest-dev libbenchmark-dev
+  libgtest-dev libbenchmark-dev libopenblas-dev
   python3 python3-dev
 )
 packages+=("$@")

@@ -32,12 +32,15 @@ struct KernelSignature {
   SmallVector<Type> types;
   SmallVector<Attribute> info;
 
-  unsigned add(MLIRContext *ctx, Type type, StringRef kind, StringRef name) {
+  unsigned add(MLIRContext *ctx, Type type, StringRef kind, StringRef name,
+               ArrayRef<NamedAttribute> extra = {}) {
     types.push_back(type);
     Builder b(ctx);
-    info.push_back(b.getDictionaryAttr(
-        {b.getNamedAttr("kind", b.getStringAttr(kind)),
-         b.getNamedAttr("name", b.getStringAttr(name))}));
+    SmallVector<NamedAttribute> attrs = {
+        b.getNamedAttr("kind", b.getStringAttr(kind)),
+        b.getNamedAttr("name", b.getStringAttr(name))};
+    llvm::append_range(attrs, extra);
+    info.push_back(b.getDictionaryAttr(attrs));
     return types.size() - 1;
   }
 
@@ -376,9 +379,18 @@ void ConvertCellToKernels::addCommonArgs(
        llvm::zip(def.getInputNames().getAsValueRange<StringAttr>(), def.getInputs()))
     sig.add(ctx, sequenceType(arg.getType(), true), "input", name);
   def.walk([&](ProjectionOp p) { projections.push_back(p); });
-  for (auto [i, p] : llvm::enumerate(projections))
+  Builder b(ctx);
+  for (ProjectionOp p : projections) {
+    // What the runtime's GEMM computes: weight @ input + biases.
+    SmallVector<Attribute> biases;
+    for (Value bias : p.getBiases())
+      biases.push_back(bias.getDefiningOp<ParamOp>().getNameAttr());
+    auto input = cast<BlockArgument>(p.getVector());
     sig.add(ctx, sequenceType(p.getType(), true), "projection",
-            p.getWeight().getDefiningOp<ParamOp>().getName());
+            p.getWeight().getDefiningOp<ParamOp>().getName(),
+            {b.getNamedAttr("input", def.getInputNames()[input.getArgNumber()]),
+             b.getNamedAttr("biases", b.getArrayAttr(biases))});
+  }
   sig.add(ctx,
           MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic},
                           IntegerType::get(ctx, 8)),

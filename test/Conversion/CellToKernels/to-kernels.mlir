@@ -8,7 +8,7 @@
 // CHECK-SAME:    (%[[X:[^:]+]]: memref<?x?x3xf32>, %[[P:[^:]+]]: memref<?x?x4xf32>, %[[RESETS:[^:]+]]: memref<?x?xi8>, %[[H0:[^:]+]]: memref<?x4xf32>,
 // CHECK-SAME:     %[[START:[^:]+]]: memref<?x4xf32>, %{{[^:]+}}: memref<4x3xf32>, %[[WHH:[^:]+]]: memref<4x4xf32>, %{{[^:]+}}: memref<4xf32>, %{{[^:]+}}: memref<4xf32>,
 // CHECK-SAME:     %[[OUT:[^:]+]]: memref<?x?x4xf32>, %[[HIST:[^:]+]]: memref<?x?x4xf32>, %[[GATES:[^:]+]]: memref<?x?x4xf32>, %[[BB:[^:]+]]: index, %[[BE:[^:]+]]: index)
-// CHECK-SAME:    cell.kernel_args = [{kind = "input", name = "x"}, {kind = "projection", name = "W_ih"}, {kind = "resets", name = "resets"}, {kind = "initial_state", name = "h"}, {kind = "start_state", name = "h"}, {kind = "param", name = "W_ih"}, {kind = "param", name = "W_hh"}, {kind = "param", name = "b_ih"}, {kind = "param", name = "b_hh"}, {kind = "output", name = "h"}, {kind = "state_history", name = "h"}, {kind = "gates", name = "gates"}, {kind = "batch_begin", name = "b_begin"}, {kind = "batch_end", name = "b_end"}]
+// CHECK-SAME:    cell.kernel_args = [{kind = "input", name = "x"}, {biases = ["b_ih", "b_hh"], input = "x", kind = "projection", name = "W_ih"}, {kind = "resets", name = "resets"}, {kind = "initial_state", name = "h"}, {kind = "start_state", name = "h"}, {kind = "param", name = "W_ih"}, {kind = "param", name = "W_hh"}, {kind = "param", name = "b_ih"}, {kind = "param", name = "b_hh"}, {kind = "output", name = "h"}, {kind = "state_history", name = "h"}, {kind = "gates", name = "gates"}, {kind = "batch_begin", name = "b_begin"}, {kind = "batch_end", name = "b_end"}]
 // CHECK:         %[[FLAG:.*]] = cell.save_gates : i1
 // CHECK:         %[[T:.*]] = memref.dim %[[RESETS]], %{{.*}}
 // CHECK:         scf.for %[[B:.*]] = %[[BB]] to %[[BE]]

@@ -1,0 +1,885 @@
+//===- CpuCell.cpp - Run a cell on the CPU: forward, backward, modes ------===//
+
+#include "runtime/CpuCell.h"
+
+#include "compiler/Conversion/Passes.h"
+#include "compiler/Frontend/IRGen.h"
+#include "compiler/Pipelines/Pipelines.h"
+#include "dialects/Cell/IR/CellOps.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SourceMgr.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <thread>
+
+using namespace cellc;
+using namespace cellc::runtime;
+
+//===----------------------------------------------------------------------===//
+// Recompute
+//===----------------------------------------------------------------------===//
+
+llvm::Expected<Recompute> Recompute::parse(llvm::StringRef text) {
+  Recompute mode;
+  if (text == "none")
+    return mode;
+  if (text == "full") {
+    mode.kind = Kind::Full;
+    return mode;
+  }
+  int64_t k;
+  llvm::StringRef rest = text;
+  if (rest.consume_front("chunk:") && !rest.getAsInteger(10, k) && k > 0) {
+    mode.kind = Kind::Chunk;
+    mode.chunk = k;
+    return mode;
+  }
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(),
+      "unknown recompute mode '%s'; expected none, full or chunk:K with K > 0",
+      text.str().c_str());
+}
+
+std::string Recompute::str() const {
+  switch (kind) {
+  case Kind::None:
+    return "none";
+  case Kind::Full:
+    return "full";
+  case Kind::Chunk:
+    return "chunk:" + std::to_string(chunk);
+  }
+  return "";
+}
+
+//===----------------------------------------------------------------------===//
+// Buffers and BLAS
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+llvm::Error fail(const llvm::Twine &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
+}
+
+std::string shapeStr(llvm::ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  for (auto [i, d] : llvm::enumerate(shape))
+    s += (i ? ", " : "") + std::to_string(d);
+  return s + "]";
+}
+
+int64_t product(llvm::ArrayRef<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+/// An owned, zeroed buffer aligned for doubles.
+struct Scratch {
+  std::vector<double> storage;
+  std::vector<int64_t> shape;
+  Scratch() = default;
+  Scratch(std::vector<int64_t> shape, int64_t elementBytes) : shape(shape) {
+    storage.assign((product(shape) * elementBytes + 7) / 8 + 1, 0.0);
+  }
+  void *data() { return storage.data(); }
+  int64_t bytes() const { return storage.size() * 8; }
+};
+
+/// Row-major C = alpha op(A) op(B) + beta C.
+void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
+          int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb,
+          double beta, void *c, int64_t ldc) {
+  if (m == 0 || n == 0 || k == 0)
+    return;
+  auto ta = transA ? CblasTrans : CblasNoTrans;
+  auto tb = transB ? CblasTrans : CblasNoTrans;
+  if (dtype == DType::F32)
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f,
+                static_cast<const float *>(a), lda,
+                static_cast<const float *>(b), ldb, static_cast<float>(beta),
+                static_cast<float *>(c), ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0,
+                static_cast<const double *>(a), lda,
+                static_cast<const double *>(b), ldb, beta,
+                static_cast<double *>(c), ldc);
+}
+
+/// acc[j] += sum over rows of m[row, j] (or += v[j] with rows = 1).
+void addColumnSums(DType dtype, const void *m, int64_t rows, int64_t cols,
+                   void *acc) {
+  if (dtype == DType::F32) {
+    auto *a = static_cast<float *>(acc);
+    auto *x = static_cast<const float *>(m);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        a[j] += x[r * cols + j];
+  } else {
+    auto *a = static_cast<double *>(acc);
+    auto *x = static_cast<const double *>(m);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        a[j] += x[r * cols + j];
+  }
+}
+
+/// m[row, :] += v for every row.
+void addToRows(DType dtype, void *m, int64_t rows, int64_t cols,
+               const void *v) {
+  if (dtype == DType::F32) {
+    auto *x = static_cast<float *>(m);
+    auto *a = static_cast<const float *>(v);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        x[r * cols + j] += a[j];
+  } else {
+    auto *x = static_cast<double *>(m);
+    auto *a = static_cast<const double *>(v);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        x[r * cols + j] += a[j];
+  }
+}
+
+/// One kernel argument as the runtime sees it.
+struct ArgInfo {
+  std::string kind, name, input;
+  std::vector<std::string> biases;
+  /// The memref shape; -1 for the time and batch dimensions.
+  std::vector<int64_t> shape;
+};
+
+using Signature = std::vector<ArgInfo>;
+
+Signature signatureOf(mlir::func::FuncOp func) {
+  Signature sig;
+  auto info = func->getAttrOfType<mlir::ArrayAttr>("cell.kernel_args");
+  for (auto [attr, type] : llvm::zip(info, func.getArgumentTypes())) {
+    auto dict = llvm::cast<mlir::DictionaryAttr>(attr);
+    ArgInfo arg;
+    arg.kind = dict.getAs<mlir::StringAttr>("kind").str();
+    arg.name = dict.getAs<mlir::StringAttr>("name").str();
+    if (auto input = dict.getAs<mlir::StringAttr>("input"))
+      arg.input = input.str();
+    if (auto biases = dict.getAs<mlir::ArrayAttr>("biases"))
+      for (mlir::Attribute b : biases)
+        arg.biases.push_back(llvm::cast<mlir::StringAttr>(b).str());
+    if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type))
+      for (int64_t d : memref.getShape())
+        arg.shape.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
+    sig.push_back(std::move(arg));
+  }
+  return sig;
+}
+
+/// A projection the runtime computes with BLAS: weight @ input + biases.
+struct Projection {
+  size_t weight, input;
+  std::vector<size_t> biases;
+  int64_t rows, cols;
+};
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Saved
+//===----------------------------------------------------------------------===//
+
+struct cellc::runtime::Saved {
+  Recompute mode;
+  int64_t steps = 0, batch = 0;
+  /// Steps per chunk: T unless the mode is chunk:K with K < T.
+  int64_t chunkSteps = 0;
+  /// none, full: each state after each step, [T, B, n]. chunk: the state
+  /// before each chunk, [chunks, B, n].
+  std::vector<Scratch> states;
+  /// none: the planned gate values, [T, B, S].
+  Scratch gates;
+};
+
+void SavedDeleter::operator()(Saved *saved) const { delete saved; }
+
+int64_t CpuCell::savedBytes(const Saved &saved) {
+  int64_t bytes = saved.gates.storage.empty() ? 0 : saved.gates.bytes();
+  for (const Scratch &s : saved.states)
+    bytes += s.bytes();
+  return bytes;
+}
+
+//===----------------------------------------------------------------------===//
+// CpuCell
+//===----------------------------------------------------------------------===//
+
+struct CpuCell::Impl {
+  std::string name;
+  std::unique_ptr<JitKernels> saving, replaying;
+  Signature fwd, bwd;
+  std::vector<Projection> projections;
+  int64_t gatesWidth = 0;
+};
+
+CpuCell::CpuCell(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
+CpuCell::~CpuCell() = default;
+
+void CpuCell::setThreads(int threads) {
+  numThreads = threads > 0 ? threads
+                           : std::max(1u, std::thread::hardware_concurrency());
+}
+
+llvm::Expected<std::unique_ptr<CpuCell>>
+CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
+                 const SizeBindings &sizes, DType dtype, Options options) {
+  mlir::MLIRContext context;
+  std::string messages;
+  llvm::raw_string_ostream os(messages);
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(
+      llvm::MemoryBuffer::getMemBufferCopy(source, fileName), llvm::SMLoc());
+  CellDiagnostics diag(sourceMgr, os);
+  mlir::FloatType element = dtype == DType::F32
+                                ? mlir::FloatType(mlir::Float32Type::get(&context))
+                                : mlir::FloatType(mlir::Float64Type::get(&context));
+  auto module = compileCellSource(context, sizes, element, diag);
+  if (!module)
+    return fail(os.str());
+  mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, os);
+
+  auto impl = std::make_unique<Impl>();
+  std::unique_ptr<CpuCell> cell(new CpuCell(nullptr));
+  cell->elementType = dtype;
+  cell->setThreads(options.threads);
+  auto def = *module->getOps<mlir::cell::DefOp>().begin();
+  impl->name = def.getSymName().str();
+  auto vectorSize = [](mlir::Value v) {
+    return llvm::cast<mlir::RankedTensorType>(v.getType()).getDimSize(0);
+  };
+  for (auto [n, arg] : llvm::zip(def.getInputNames(), def.getInputs()))
+    cell->inputSlots.push_back({llvm::cast<mlir::StringAttr>(n).str(), {vectorSize(arg)}});
+  for (auto [n, arg] : llvm::zip(def.getStateNames(), def.getStates()))
+    cell->stateSlots.push_back({llvm::cast<mlir::StringAttr>(n).str(), {vectorSize(arg)}});
+  for (auto param : def.getBody().getOps<mlir::cell::ParamOp>()) {
+    auto type = llvm::cast<mlir::RankedTensorType>(param.getType());
+    cell->paramSlots.push_back(
+        {param.getName().str(),
+         std::vector<int64_t>(type.getShape().begin(), type.getShape().end())});
+  }
+  for (auto [n, out] : llvm::zip(def.getOutputNames(), def.getYield().getOutputs()))
+    cell->outputSlots.push_back({llvm::cast<mlir::StringAttr>(n).str(), {vectorSize(out)}});
+
+  for (bool saveGates : {true, false}) {
+    mlir::OwningOpRef<mlir::ModuleOp> copy = module->clone();
+    mlir::PassManager pm(&context);
+    PipelineOptions pipeline;
+    pipeline.saveGates = saveGates;
+    buildPipeline(pm, Stage::Kernels, pipeline);
+    if (mlir::failed(pm.run(*copy)))
+      return fail("cellc: building the kernels failed:\n" + os.str());
+    if (saveGates) {
+      impl->fwd = signatureOf(copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_fwd"));
+      impl->bwd = signatureOf(copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_bwd"));
+    }
+    mlir::PassManager lower(&context);
+    lower.addPass(mlir::cell::createConvertKernelsToLLVM());
+    if (mlir::failed(lower.run(*copy)))
+      return fail("cellc: lowering the kernels to LLVM failed:\n" + os.str());
+    auto jit = JitKernels::compile(*copy);
+    if (!jit)
+      return jit.takeError();
+    (saveGates ? impl->saving : impl->replaying) = std::move(*jit);
+  }
+
+  auto indexOf = [](const std::vector<Slot> &slots, llvm::StringRef name) {
+    for (auto [i, s] : llvm::enumerate(slots))
+      if (s.name == name)
+        return i;
+    return size_t(-1);
+  };
+  for (const ArgInfo &arg : impl->fwd) {
+    if (arg.kind == "gates")
+      impl->gatesWidth = arg.shape.back();
+    if (arg.kind != "projection")
+      continue;
+    Projection p;
+    p.weight = indexOf(cell->paramSlots, arg.name);
+    p.input = indexOf(cell->inputSlots, arg.input);
+    for (const std::string &b : arg.biases)
+      p.biases.push_back(indexOf(cell->paramSlots, b));
+    p.rows = cell->paramSlots[p.weight].shape[0];
+    p.cols = cell->paramSlots[p.weight].shape[1];
+    impl->projections.push_back(p);
+  }
+  cell->impl = std::move(impl);
+  return cell;
+}
+
+namespace {
+
+/// Checks one caller buffer: present, aligned, and of the expected shape.
+llvm::Error checkArray(const Array &array, llvm::ArrayRef<int64_t> shape,
+                       int64_t elementBytes, const std::string &what,
+                       bool optional = false) {
+  if (!array.data) {
+    if (optional)
+      return llvm::Error::success();
+    return fail(what + " is a null pointer");
+  }
+  if (reinterpret_cast<uintptr_t>(array.data) % elementBytes != 0)
+    return fail(what + " is not aligned to its " +
+                llvm::Twine(elementBytes) + "-byte elements");
+  if (array.shape != std::vector<int64_t>(shape.begin(), shape.end()))
+    return fail(what + " has shape " + shapeStr(array.shape) + ", expected " +
+                shapeStr(shape));
+  return llvm::Error::success();
+}
+
+/// Runs `fn(bBegin, bEnd)` over batch tiles on up to `threads` threads.
+llvm::Error parallelBatches(int64_t batch, int threads,
+                            const std::function<llvm::Error(int64_t, int64_t)> &fn) {
+  int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(threads, batch));
+  if (tiles == 1)
+    return fn(0, batch);
+  std::vector<std::thread> workers;
+  std::vector<std::string> errors(tiles);
+  for (int64_t i = 0; i < tiles; ++i) {
+    int64_t begin = batch * i / tiles, end = batch * (i + 1) / tiles;
+    workers.emplace_back([&, i, begin, end] {
+      if (llvm::Error e = fn(begin, end))
+        errors[i] = llvm::toString(std::move(e));
+    });
+  }
+  for (std::thread &w : workers)
+    w.join();
+  for (const std::string &e : errors)
+    if (!e.empty())
+      return fail(e);
+  return llvm::Error::success();
+}
+
+/// A pointer `offset` elements into `data`.
+void *at(void *data, int64_t offset, int64_t elementBytes) {
+  return static_cast<char *>(data) + offset * elementBytes;
+}
+
+} // namespace
+
+/// Buffers of one kernel call, looked up by argument kind and name.
+namespace {
+struct CallBuffers {
+  std::map<std::pair<std::string, std::string>, std::pair<void *, std::vector<int64_t>>> byName;
+  std::vector<std::pair<void *, std::vector<int64_t>>> projections, projectionGrads;
+
+  void set(const std::string &kind, const std::string &name, void *data,
+           std::vector<int64_t> shape) {
+    byName[{kind, name}] = {data, std::move(shape)};
+  }
+
+  /// The kernel's arguments in its order, for the batch rows [b0, b1).
+  llvm::Expected<std::vector<KernelArg>> args(const Signature &sig) const {
+    std::vector<KernelArg> result;
+    size_t projection = 0, projectionGrad = 0;
+    for (const ArgInfo &arg : sig) {
+      if (arg.kind == "batch_begin" || arg.kind == "batch_end") {
+        result.push_back(KernelArg::indexValue(0));
+        continue;
+      }
+      const std::pair<void *, std::vector<int64_t>> *buffer = nullptr;
+      if (arg.kind == "projection")
+        buffer = &projections.at(projection++);
+      else if (arg.kind == "projection_grad")
+        buffer = &projectionGrads.at(projectionGrad++);
+      else {
+        auto it = byName.find({arg.kind, arg.name});
+        if (it == byName.end())
+          return fail("internal error: no buffer for kernel argument " +
+                      arg.kind + " '" + arg.name + "'");
+        buffer = &it->second;
+      }
+      result.push_back(KernelArg::buffer(buffer->first, buffer->second));
+    }
+    return result;
+  }
+};
+} // namespace
+
+llvm::Error CpuCell::forward(const Sequence &seq,
+                             const std::vector<Array> &outputs,
+                             const std::vector<Array> &finalStates,
+                             Recompute mode, SavedPtr *saved) {
+  Impl &im = *impl;
+  int64_t eb = elementBytes();
+  // T and B come from the first input, or are given.
+  int64_t T = seq.steps, B = seq.batch;
+  if (!seq.inputs.empty() && seq.inputs[0].shape.size() == 3) {
+    T = seq.inputs[0].shape[0];
+    B = seq.inputs[0].shape[1];
+  }
+  if (T < 1 || B < 1)
+    return fail("the sequence needs T >= 1 steps and B >= 1 rows; got T=" +
+                llvm::Twine(T) + ", B=" + llvm::Twine(B));
+  if (seq.inputs.size() != inputSlots.size())
+    return fail("expected " + llvm::Twine(inputSlots.size()) + " inputs, got " +
+                llvm::Twine(seq.inputs.size()));
+  if (seq.params.size() != paramSlots.size())
+    return fail("expected " + llvm::Twine(paramSlots.size()) + " params, got " +
+                llvm::Twine(seq.params.size()));
+  if (!seq.initialStates.empty() && seq.initialStates.size() != stateSlots.size())
+    return fail("expected " + llvm::Twine(stateSlots.size()) +
+                " initial states, got " + llvm::Twine(seq.initialStates.size()));
+  if (outputs.size() != outputSlots.size() || finalStates.size() != stateSlots.size())
+    return fail("expected " + llvm::Twine(outputSlots.size()) + " outputs and " +
+                llvm::Twine(stateSlots.size()) + " final states");
+  for (auto [i, slot] : llvm::enumerate(inputSlots))
+    if (auto e = checkArray(seq.inputs[i], {T, B, slot.shape[0]}, eb,
+                            "input '" + slot.name + "'"))
+      return e;
+  for (auto [i, slot] : llvm::enumerate(paramSlots))
+    if (auto e = checkArray(seq.params[i], slot.shape, eb, "param '" + slot.name + "'"))
+      return e;
+  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
+    if (!seq.initialStates.empty())
+      if (auto e = checkArray(seq.initialStates[i], {B, slot.shape[0]}, eb,
+                              "initial state '" + slot.name + "'", true))
+        return e;
+    if (auto e = checkArray(finalStates[i], {B, slot.shape[0]}, eb,
+                            "final state '" + slot.name + "'"))
+      return e;
+  }
+  for (auto [i, slot] : llvm::enumerate(outputSlots))
+    if (auto e = checkArray(outputs[i], {T, B, slot.shape[0]}, eb,
+                            "output '" + slot.name + "'"))
+      return e;
+  if (mode.kind == Recompute::Kind::Chunk && mode.chunk < 1)
+    return fail("chunk:K needs K >= 1");
+
+  // Zeros for what the caller left out.
+  std::vector<uint8_t> noResets;
+  const uint8_t *resets = seq.resets;
+  if (!resets) {
+    noResets.assign(T * B, 0);
+    resets = noResets.data();
+  }
+  std::vector<Scratch> zeroStates;
+  std::vector<void *> initial;
+  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
+    if (!seq.initialStates.empty() && seq.initialStates[i].data) {
+      initial.push_back(seq.initialStates[i].data);
+    } else {
+      zeroStates.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
+      initial.push_back(zeroStates.back().data());
+    }
+  }
+
+  // The hoisted projections: one GEMM each over all T*B rows.
+  std::vector<Scratch> projected;
+  for (const Projection &p : im.projections) {
+    projected.emplace_back(std::vector<int64_t>{T, B, p.rows}, eb);
+    gemm(elementType, false, true, T * B, p.rows, p.cols,
+         seq.inputs[p.input].data, p.cols, seq.params[p.weight].data, p.cols,
+         0.0, projected.back().data(), p.rows);
+    for (size_t b : p.biases)
+      addToRows(elementType, projected.back().data(), T * B, p.rows,
+                seq.params[b].data);
+  }
+
+  bool training = saved != nullptr;
+  bool saveGates = training && mode.kind == Recompute::Kind::None;
+  int64_t K = mode.kind == Recompute::Kind::Chunk && training
+                  ? std::min(mode.chunk, T)
+                  : T;
+  int64_t chunks = (T + K - 1) / K;
+  SavedPtr keep(new Saved());
+  keep->mode = mode;
+  keep->steps = T;
+  keep->batch = B;
+  keep->chunkSteps = K;
+
+  Scratch gates(std::vector<int64_t>{saveGates ? T : 1, saveGates ? B : 1,
+                                     std::max<int64_t>(im.gatesWidth, 1)},
+                eb);
+  std::vector<Scratch> history;
+  for (const Slot &slot : stateSlots)
+    history.emplace_back(std::vector<int64_t>{K, B, slot.shape[0]}, eb);
+  // Chunked: the state before each chunk.
+  std::vector<Scratch> boundaries;
+  if (K < T)
+    for (const Slot &slot : stateSlots)
+      boundaries.emplace_back(std::vector<int64_t>{chunks, B, slot.shape[0]}, eb);
+  std::vector<Scratch> start;
+  for (const Slot &slot : stateSlots)
+    start.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
+  for (auto [i, slot] : llvm::enumerate(stateSlots))
+    std::memcpy(start[i].data(), initial[i], B * slot.shape[0] * eb);
+
+  JitKernels &kernels = saveGates ? *im.saving : *im.replaying;
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t t0 = c * K, len = std::min(K, T - t0);
+    CallBuffers call;
+    for (auto [i, slot] : llvm::enumerate(inputSlots))
+      call.set("input", slot.name, at(seq.inputs[i].data, t0 * B * slot.shape[0], eb),
+               {len, B, slot.shape[0]});
+    for (auto [p, proj] : llvm::enumerate(im.projections))
+      call.projections.push_back({at(projected[p].data(), t0 * B * proj.rows, eb),
+                                  {len, B, proj.rows}});
+    call.set("resets", "resets", const_cast<uint8_t *>(resets + t0 * B), {len, B});
+    for (auto [i, slot] : llvm::enumerate(stateSlots)) {
+      int64_t n = slot.shape[0];
+      call.set("initial_state", slot.name, initial[i], {B, n});
+      call.set("start_state", slot.name, start[i].data(), {B, n});
+      if (!boundaries.empty())
+        std::memcpy(at(boundaries[i].data(), c * B * n, eb), start[i].data(), B * n * eb);
+      call.set("state_history", slot.name, history[i].data(), {len, B, n});
+    }
+    for (auto [i, slot] : llvm::enumerate(paramSlots))
+      call.set("param", slot.name, seq.params[i].data, slot.shape);
+    for (auto [i, slot] : llvm::enumerate(outputSlots))
+      call.set("output", slot.name, at(outputs[i].data, t0 * B * slot.shape[0], eb),
+               {len, B, slot.shape[0]});
+    call.set("gates", "gates", saveGates ? at(gates.data(), t0 * B * im.gatesWidth, eb)
+                                         : gates.data(),
+             {len, B, im.gatesWidth});
+    auto args = call.args(im.fwd);
+    if (!args)
+      return args.takeError();
+    if (auto e = parallelBatches(B, numThreads, [&](int64_t b0, int64_t b1) {
+          std::vector<KernelArg> mine = *args;
+          mine[mine.size() - 2] = KernelArg::indexValue(b0);
+          mine[mine.size() - 1] = KernelArg::indexValue(b1);
+          return kernels.call(im.name + "_fwd", mine);
+        }))
+      return e;
+    // The next chunk starts where this one ended.
+    for (auto [i, slot] : llvm::enumerate(stateSlots)) {
+      int64_t n = slot.shape[0];
+      std::memcpy(start[i].data(), at(history[i].data(), (len - 1) * B * n, eb),
+                  B * n * eb);
+    }
+  }
+  for (auto [i, slot] : llvm::enumerate(stateSlots))
+    std::memcpy(finalStates[i].data, start[i].data(), B * slot.shape[0] * eb);
+
+  if (!training)
+    return llvm::Error::success();
+  if (K < T) {
+    keep->states = std::move(boundaries);
+  } else {
+    keep->states = std::move(history);
+    if (saveGates)
+      keep->gates = std::move(gates);
+  }
+  *saved = std::move(keep);
+  return llvm::Error::success();
+}
+
+llvm::Error CpuCell::backward(const Sequence &seq, const Saved &saved,
+                              const std::vector<Array> &gradOutputs,
+                              const std::vector<Array> &gradFinalStates,
+                              const std::vector<Array> &gradInputs,
+                              const std::vector<Array> &gradParams,
+                              const std::vector<Array> &gradInitialStates) {
+  Impl &im = *impl;
+  int64_t eb = elementBytes();
+  int64_t T = saved.steps, B = saved.batch;
+  const Recompute &mode = saved.mode;
+  if (gradOutputs.size() != outputSlots.size() ||
+      gradFinalStates.size() != stateSlots.size() ||
+      gradInputs.size() != inputSlots.size() ||
+      gradParams.size() != paramSlots.size() ||
+      gradInitialStates.size() != stateSlots.size())
+    return fail("backward expects one gradient buffer per output, final "
+                "state, input, param and initial state");
+  for (auto [i, slot] : llvm::enumerate(outputSlots))
+    if (auto e = checkArray(gradOutputs[i], {T, B, slot.shape[0]}, eb,
+                            "gradient of output '" + slot.name + "'", true))
+      return e;
+  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
+    if (auto e = checkArray(gradFinalStates[i], {B, slot.shape[0]}, eb,
+                            "gradient of final state '" + slot.name + "'", true))
+      return e;
+    if (auto e = checkArray(gradInitialStates[i], {B, slot.shape[0]}, eb,
+                            "gradient of initial state '" + slot.name + "'", true))
+      return e;
+  }
+  for (auto [i, slot] : llvm::enumerate(inputSlots))
+    if (auto e = checkArray(gradInputs[i], {T, B, slot.shape[0]}, eb,
+                            "gradient of input '" + slot.name + "'", true))
+      return e;
+  for (auto [i, slot] : llvm::enumerate(paramSlots))
+    if (auto e = checkArray(gradParams[i], slot.shape, eb,
+                            "gradient of param '" + slot.name + "'", true))
+      return e;
+  for (auto [i, slot] : llvm::enumerate(inputSlots))
+    if (seq.inputs.size() != inputSlots.size() ||
+        seq.inputs[i].shape != std::vector<int64_t>{T, B, slot.shape[0]})
+      return fail("backward must see the forward's inputs");
+
+  std::vector<uint8_t> noResets;
+  const uint8_t *resets = seq.resets;
+  if (!resets) {
+    noResets.assign(T * B, 0);
+    resets = noResets.data();
+  }
+  std::vector<Scratch> zeroStates;
+  std::vector<void *> initial;
+  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
+    if (!seq.initialStates.empty() && seq.initialStates[i].data) {
+      initial.push_back(seq.initialStates[i].data);
+    } else {
+      zeroStates.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
+      initial.push_back(zeroStates.back().data());
+    }
+  }
+
+  // Accumulators: params, inputs and initial states, and the gradient that
+  // flows into the end of the chunk being worked on.
+  std::vector<Scratch> dParams, dInputs, dInitial, carry;
+  for (const Slot &slot : paramSlots)
+    dParams.emplace_back(slot.shape, eb);
+  for (const Slot &slot : inputSlots)
+    dInputs.emplace_back(std::vector<int64_t>{T, B, slot.shape[0]}, eb);
+  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
+    dInitial.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
+    carry.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
+    if (gradFinalStates[i].data)
+      std::memcpy(carry[i].data(), gradFinalStates[i].data, B * slot.shape[0] * eb);
+  }
+  std::vector<Scratch> zeroOutputGrads;
+  for (auto [i, slot] : llvm::enumerate(outputSlots))
+    if (!gradOutputs[i].data)
+      zeroOutputGrads.emplace_back(std::vector<int64_t>{T, B, slot.shape[0]}, eb);
+
+  int64_t K = saved.chunkSteps;
+  bool chunked = K < T;
+  int64_t chunks = (T + K - 1) / K;
+  // Unchunked and without saved gates (full, or chunk:K with K >= T): replay.
+  bool replay = !chunked && mode.kind != Recompute::Kind::None;
+  JitKernels &kernels = replay ? *im.replaying : *im.saving;
+  std::vector<Scratch> dummy;
+
+  for (int64_t c = chunks - 1; c >= 0; --c) {
+    int64_t t0 = c * K, len = std::min(K, T - t0);
+    // The projections for this chunk, when the step is replayed.
+    std::vector<Scratch> projected;
+    for (const Projection &p : im.projections) {
+      if (mode.kind == Recompute::Kind::None) {
+        projected.emplace_back(std::vector<int64_t>{1, 1, 1}, eb);
+        continue;
+      }
+      projected.emplace_back(std::vector<int64_t>{len, B, p.rows}, eb);
+      gemm(elementType, false, true, len * B, p.rows, p.cols,
+           at(seq.inputs[p.input].data, t0 * B * p.cols, eb), p.cols,
+           seq.params[p.weight].data, p.cols, 0.0, projected.back().data(),
+           p.rows);
+      for (size_t b : p.biases)
+        addToRows(elementType, projected.back().data(), len * B, p.rows,
+                  seq.params[b].data);
+    }
+
+    // The chunk's states and gates: saved, or recomputed by a forward pass
+    // over the chunk that saves its gates.
+    std::vector<void *> history, start;
+    void *gates = nullptr;
+    std::vector<Scratch> chunkHistory, chunkOutputs;
+    Scratch chunkGates;
+    if (chunked) {
+      for (auto [i, slot] : llvm::enumerate(stateSlots)) {
+        int64_t n = slot.shape[0];
+        chunkHistory.emplace_back(std::vector<int64_t>{len, B, n}, eb);
+        history.push_back(chunkHistory.back().data());
+        start.push_back(at(const_cast<Saved &>(saved).states[i].data(), c * B * n, eb));
+      }
+      for (const Slot &slot : outputSlots)
+        chunkOutputs.emplace_back(std::vector<int64_t>{len, B, slot.shape[0]}, eb);
+      chunkGates = Scratch(std::vector<int64_t>{len, B, std::max<int64_t>(im.gatesWidth, 1)}, eb);
+      gates = chunkGates.data();
+      CallBuffers call;
+      for (auto [i, slot] : llvm::enumerate(inputSlots))
+        call.set("input", slot.name, at(seq.inputs[i].data, t0 * B * slot.shape[0], eb),
+                 {len, B, slot.shape[0]});
+      for (auto [p, proj] : llvm::enumerate(im.projections))
+        call.projections.push_back({projected[p].data(), {len, B, proj.rows}});
+      call.set("resets", "resets", const_cast<uint8_t *>(resets + t0 * B), {len, B});
+      for (auto [i, slot] : llvm::enumerate(stateSlots)) {
+        call.set("initial_state", slot.name, initial[i], {B, slot.shape[0]});
+        call.set("start_state", slot.name, start[i], {B, slot.shape[0]});
+        call.set("state_history", slot.name, history[i], {len, B, slot.shape[0]});
+      }
+      for (auto [i, slot] : llvm::enumerate(paramSlots))
+        call.set("param", slot.name, seq.params[i].data, slot.shape);
+      for (auto [i, slot] : llvm::enumerate(outputSlots))
+        call.set("output", slot.name, chunkOutputs[i].data(), {len, B, slot.shape[0]});
+      call.set("gates", "gates", gates, {len, B, im.gatesWidth});
+      auto args = call.args(im.fwd);
+      if (!args)
+        return args.takeError();
+      if (auto e = parallelBatches(B, numThreads, [&](int64_t b0, int64_t b1) {
+            std::vector<KernelArg> mine = *args;
+            mine[mine.size() - 2] = KernelArg::indexValue(b0);
+            mine[mine.size() - 1] = KernelArg::indexValue(b1);
+            return im.saving->call(im.name + "_fwd", mine);
+          }))
+        return e;
+    } else {
+      for (auto [i, slot] : llvm::enumerate(stateSlots)) {
+        history.push_back(const_cast<Saved &>(saved).states[i].data());
+        start.push_back(initial[i]);
+      }
+      gates = mode.kind == Recompute::Kind::None
+                  ? const_cast<Saved &>(saved).gates.data()
+                  : nullptr;
+      if (!gates) {
+        dummy.emplace_back(std::vector<int64_t>{1}, eb);
+        gates = dummy.back().data();
+      }
+    }
+
+    // The backward kernel's arguments, in its order, with scratch for what it
+    // writes.
+    std::vector<Scratch> results;
+    struct Written {
+      std::string kind, name;
+      size_t result;
+    };
+    std::vector<Written> written;
+    std::vector<KernelArg> args;
+    size_t projection = 0, outputGrad = 0, zeroGrad = 0;
+    auto slotIndex = [](const std::vector<Slot> &slots, const std::string &name) {
+      for (auto [i, s] : llvm::enumerate(slots))
+        if (s.name == name)
+          return i;
+      return size_t(0);
+    };
+    results.reserve(im.bwd.size());
+    for (const ArgInfo &arg : im.bwd) {
+      const std::string &k = arg.kind;
+      auto perStep = [&](int64_t n) { return std::vector<int64_t>{len, B, n}; };
+      if (k == "input") {
+        size_t i = slotIndex(inputSlots, arg.name);
+        int64_t n = inputSlots[i].shape[0];
+        args.push_back(KernelArg::buffer(at(seq.inputs[i].data, t0 * B * n, eb), perStep(n)));
+      } else if (k == "projection") {
+        size_t p = projection++;
+        args.push_back(KernelArg::buffer(
+            projected[p].data(),
+            mode.kind == Recompute::Kind::None
+                ? std::vector<int64_t>{len, B, im.projections[p].rows}
+                : perStep(im.projections[p].rows)));
+      } else if (k == "resets") {
+        args.push_back(KernelArg::buffer(const_cast<uint8_t *>(resets + t0 * B), {len, B}));
+      } else if (k == "initial_state" || k == "start_state" ||
+                 k == "final_state_grad") {
+        size_t i = slotIndex(stateSlots, arg.name);
+        void *data = k == "initial_state" ? initial[i]
+                     : k == "start_state" ? start[i]
+                                          : carry[i].data();
+        args.push_back(KernelArg::buffer(data, {B, stateSlots[i].shape[0]}));
+      } else if (k == "param") {
+        size_t i = slotIndex(paramSlots, arg.name);
+        args.push_back(KernelArg::buffer(seq.params[i].data, paramSlots[i].shape));
+      } else if (k == "state_history") {
+        size_t i = slotIndex(stateSlots, arg.name);
+        int64_t n = stateSlots[i].shape[0];
+        void *data = chunked ? history[i] : at(history[i], t0 * B * n, eb);
+        args.push_back(KernelArg::buffer(data, perStep(n)));
+      } else if (k == "gates") {
+        void *data = chunked || mode.kind != Recompute::Kind::None
+                         ? gates
+                         : at(gates, t0 * B * im.gatesWidth, eb);
+        args.push_back(KernelArg::buffer(data, perStep(im.gatesWidth)));
+      } else if (k == "output_grad") {
+        size_t i = outputGrad++;
+        int64_t n = outputSlots[i].shape[0];
+        void *data = gradOutputs[i].data ? gradOutputs[i].data
+                                         : zeroOutputGrads[zeroGrad++].data();
+        args.push_back(KernelArg::buffer(at(data, t0 * B * n, eb), perStep(n)));
+      } else if (k == "batch_begin" || k == "batch_end") {
+        args.push_back(KernelArg::indexValue(0));
+      } else {
+        // Something the kernel writes.
+        std::vector<int64_t> shape = arg.shape;
+        for (auto [d, size] : llvm::enumerate(shape))
+          if (size < 0)
+            size = shape.size() == 3 && d == 0 ? len : B;
+        results.emplace_back(shape, eb);
+        written.push_back({k, arg.name, results.size() - 1});
+        args.push_back(KernelArg::buffer(results.back().data(), shape));
+      }
+    }
+    if (auto e = parallelBatches(B, numThreads, [&](int64_t b0, int64_t b1) {
+          std::vector<KernelArg> mine = args;
+          mine[mine.size() - 2] = KernelArg::indexValue(b0);
+          mine[mine.size() - 1] = KernelArg::indexValue(b1);
+          return kernels.call(im.name + "_bwd", mine);
+        }))
+      return e;
+
+    // Fold what the kernel wrote into the accumulators, with the GEMMs for
+    // the weight, bias and input gradients.
+    size_t projectionGrad = 0;
+    for (size_t w = 0; w < written.size(); ++w) {
+      const Written &out = written[w];
+      Scratch &r = results[out.result];
+      if (out.kind == "initial_state_grad") {
+        size_t i = slotIndex(stateSlots, out.name);
+        addColumnSums(elementType, r.data(), 1, B * stateSlots[i].shape[0],
+                      dInitial[i].data());
+      } else if (out.kind == "start_state_grad") {
+        size_t i = slotIndex(stateSlots, out.name);
+        std::memcpy(carry[i].data(), r.data(), B * stateSlots[i].shape[0] * eb);
+      } else if (out.kind == "input_grad") {
+        size_t i = slotIndex(inputSlots, out.name);
+        int64_t n = inputSlots[i].shape[0];
+        addColumnSums(elementType, r.data(), 1, len * B * n,
+                      at(dInputs[i].data(), t0 * B * n, eb));
+      } else if (out.kind == "projection_grad") {
+        const Projection &p = im.projections[projectionGrad++];
+        void *x = at(seq.inputs[p.input].data, t0 * B * p.cols, eb);
+        gemm(elementType, true, false, p.rows, p.cols, len * B, r.data(),
+             p.rows, x, p.cols, 1.0, dParams[p.weight].data(), p.cols);
+        gemm(elementType, false, false, len * B, p.cols, p.rows, r.data(),
+             p.rows, seq.params[p.weight].data, p.cols, 1.0,
+             at(dInputs[p.input].data(), t0 * B * p.cols, eb), p.cols);
+        for (size_t b : p.biases)
+          addColumnSums(elementType, r.data(), len * B, p.rows, dParams[b].data());
+      } else if (out.kind == "weight_rows") {
+        // The next written buffer holds the matching vectors.
+        Scratch &vecs = results[written[w + 1].result];
+        size_t i = slotIndex(paramSlots, out.name);
+        int64_t rows = paramSlots[i].shape[0], cols = paramSlots[i].shape[1];
+        gemm(elementType, true, false, rows, cols, len * B, r.data(), rows,
+             vecs.data(), cols, 1.0, dParams[i].data(), cols);
+        ++w;
+      } else if (out.kind == "param_grad") {
+        size_t i = slotIndex(paramSlots, out.name);
+        addColumnSums(elementType, r.data(), B, paramSlots[i].shape[0],
+                      dParams[i].data());
+      }
+    }
+  }
+  // What flows into the start of the first chunk belongs to the initial state.
+  for (auto [i, slot] : llvm::enumerate(stateSlots))
+    addColumnSums(elementType, carry[i].data(), 1, B * slot.shape[0],
+                  dInitial[i].data());
+
+  auto copyOut = [&](const std::vector<Array> &to, std::vector<Scratch> &from) {
+    for (auto [i, array] : llvm::enumerate(to))
+      if (array.data)
+        std::memcpy(array.data, from[i].data(), product(array.shape) * eb);
+  };
+  copyOut(gradInputs, dInputs);
+  copyOut(gradParams, dParams);
+  copyOut(gradInitialStates, dInitial);
+  return llvm::Error::success();
+}

@@ -1,0 +1,144 @@
+//===- CpuCell.h - Run a cell on the CPU: forward, backward, modes -*- C++ -*-===//
+
+#ifndef CELLC_RUNTIME_CPUCELL_H
+#define CELLC_RUNTIME_CPUCELL_H
+
+#include "compiler/Frontend/Sizes.h"
+#include "runtime/JitKernels.h"
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mlir {
+class MLIRContext;
+} // namespace mlir
+
+namespace cellc::runtime {
+
+enum class DType { F32, F64 };
+
+/// What the forward keeps for the backward, named as users know it.
+struct Recompute {
+  enum class Kind {
+    /// Saves the planned gate values: the backward reads them.
+    None,
+    /// Saves only the states; the backward replays every step.
+    Full,
+    /// Saves the states every `chunk` steps; the backward replays a chunk at
+    /// a time, saving its gates while it works through it.
+    Chunk,
+  };
+  Kind kind = Kind::None;
+  int64_t chunk = 0;
+
+  /// Parses "none", "full" or "chunk:K".
+  static llvm::Expected<Recompute> parse(llvm::StringRef text);
+  std::string str() const;
+};
+
+/// A contiguous row-major buffer in the cell's dtype; the caller owns it.
+struct Array {
+  void *data = nullptr;
+  std::vector<int64_t> shape;
+};
+
+/// A declared input, state, param or output, with its bound shape: `[n]` for
+/// per-step vectors, `[rows, cols]` or `[n]` for params.
+struct Slot {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+/// What forward keeps for backward. Opaque, but its size is reported.
+struct Saved;
+struct SavedDeleter {
+  void operator()(Saved *saved) const;
+};
+using SavedPtr = std::unique_ptr<Saved, SavedDeleter>;
+
+/// A cell compiled for the host CPU at bound sizes and a dtype: its forward
+/// and backward over `[T, B, n]` sequences with resets, in any recompute mode.
+/// The hoisted projections and weight gradients run on OpenBLAS; the
+/// recurrence runs in JIT-compiled kernels, one batch tile per thread.
+class CpuCell {
+public:
+  struct Options {
+    /// Threads for the recurrent kernels; 0 means one per core.
+    int threads = 0;
+  };
+
+  ~CpuCell();
+
+  /// Parses, checks and compiles `source`. Errors carry the front end's
+  /// `file:line:col` messages.
+  static llvm::Expected<std::unique_ptr<CpuCell>>
+  compile(llvm::StringRef source, llvm::StringRef fileName,
+          const SizeBindings &sizes, DType dtype, Options options);
+  static llvm::Expected<std::unique_ptr<CpuCell>>
+  compile(llvm::StringRef source, llvm::StringRef fileName,
+          const SizeBindings &sizes, DType dtype) {
+    return compile(source, fileName, sizes, dtype, Options());
+  }
+
+  const std::vector<Slot> &inputs() const { return inputSlots; }
+  const std::vector<Slot> &states() const { return stateSlots; }
+  const std::vector<Slot> &params() const { return paramSlots; }
+  const std::vector<Slot> &outputs() const { return outputSlots; }
+  DType dtype() const { return elementType; }
+  int threads() const { return numThreads; }
+  void setThreads(int threads);
+
+  /// What one forward reads. Inputs are `[T, B, n]` in declaration order,
+  /// params in declaration order, initial states `[B, n]` (null data: zeros),
+  /// resets `[T, B]` bytes (null: none). `steps` gives T for a cell without
+  /// inputs.
+  struct Sequence {
+    std::vector<Array> inputs;
+    std::vector<Array> params;
+    std::vector<Array> initialStates;
+    const uint8_t *resets = nullptr;
+    int64_t steps = -1;
+    int64_t batch = -1;
+  };
+
+  /// Runs the cell over the sequence, writing outputs `[T, B, n]` and final
+  /// states `[B, n]`. With `saved`, keeps what `backward` needs in `mode`.
+  llvm::Error forward(const Sequence &seq, const std::vector<Array> &outputs,
+                      const std::vector<Array> &finalStates, Recompute mode,
+                      SavedPtr *saved);
+
+  /// The gradients of a loss given its gradients with respect to the outputs
+  /// `[T, B, n]` and the final states `[B, n]` (null data: zeros). Writes the
+  /// gradients of the inputs, params and initial states into caller buffers
+  /// shaped like them (null data: not wanted).
+  llvm::Error backward(const Sequence &seq, const Saved &saved,
+                       const std::vector<Array> &gradOutputs,
+                       const std::vector<Array> &gradFinalStates,
+                       const std::vector<Array> &gradInputs,
+                       const std::vector<Array> &gradParams,
+                       const std::vector<Array> &gradInitialStates);
+
+  /// Bytes that `saved` holds between forward and backward.
+  static int64_t savedBytes(const Saved &saved);
+
+  /// Bytes per element of the cell's dtype.
+  int64_t elementBytes() const { return elementType == DType::F32 ? 4 : 8; }
+
+private:
+  struct Impl;
+  explicit CpuCell(std::unique_ptr<Impl> impl);
+
+  std::unique_ptr<Impl> impl;
+  DType elementType = DType::F32;
+  int numThreads = 1;
+  std::vector<Slot> inputSlots, stateSlots, paramSlots, outputSlots;
+};
+
+} // namespace cellc::runtime
+
+#endif // CELLC_RUNTIME_CPUCELL_H

@@ -1,0 +1,462 @@
+//===- CpuCellTest.cpp - The CPU runtime against the reference ------------===//
+//
+// Runs cells through the CPU runtime (BLAS projections and weight gradients,
+// JIT-compiled recurrent kernels, batch tiles on threads) in every recompute
+// mode, and compares outputs, final states and every gradient with the
+// reference interpreter, whose gradients match finite differences.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Support/Reference.h"
+#include "runtime/CpuCell.h"
+
+#include "gtest/gtest.h"
+
+using namespace cellc;
+using namespace cellc::testing;
+using namespace cellc::runtime;
+
+namespace {
+
+const char *kPeephole = R"(cell peephole {
+  input x: [I]
+  state h: [H], c: [H]
+  param W: [4*H, I], R: [4*H, H], b: [4*H], p_i: [H], p_f: [H], p_o: [H]
+  i, f, g, o = chunk(W @ x + R @ h + b, 4)
+  ig = sigmoid(i + p_i * c)
+  fg = exp(-softplus(-(f + p_f * c)))
+  c = fg * c + ig * max(tanh(g), -0.9)
+  n = sqrt(c * c + 1)
+  h = sigmoid(o + p_o * c) * c / n + 0.1 * log(n)
+  output h, c
+})";
+
+const char *kMgu = R"(cell mgu {
+  input x: [I]
+  state h: [H]
+  param W_f: [H, I], U_f: [H, H], b_f: [H], W_h: [H, I], U_h: [H, H], b_h: [H]
+  f = sigmoid(W_f @ x + U_f @ h + b_f)
+  n = tanh(W_h @ x + U_h @ (f * h) + b_h)
+  h = (1 - f) * h + f * n
+})";
+
+const char *kTwo = R"(cell two {
+  input x: [I], y: [H]
+  state h: [H]
+  param W: [H, I], U: [H, H], R: [H, H], b: [H]
+  z = W @ x + U @ y + R @ h + b
+  h = tanh(z) * sigmoid(y)
+  output h, z
+})";
+
+const char *kIndRnn = R"(cell indrnn {
+  input x: [I]
+  state h: [H]
+  param W: [H, I], u: [H], b: [H]
+  h = min(relu(W @ x + u * h + b), 2 - abs(h))
+})";
+
+std::string source(const std::string &name) {
+  if (name == "peephole")
+    return kPeephole;
+  if (name == "mgu")
+    return kMgu;
+  if (name == "two")
+    return kTwo;
+  if (name == "indrnn")
+    return kIndRnn;
+  return readExample((name + ".cell").c_str());
+}
+
+/// Data in the runtime's layout, for a batch of reference problems.
+struct Batch {
+  int64_t T, B;
+  bool f32;
+  std::vector<std::vector<double>> inputs, params, states;
+  std::vector<std::vector<double>> outputWeights, finalWeights;
+  std::vector<uint8_t> resets;
+
+  template <typename E>
+  static std::vector<E> cast(const std::vector<double> &v) {
+    return std::vector<E>(v.begin(), v.end());
+  }
+};
+
+/// Runs one configuration and checks it; returns the gradients for
+/// comparisons across configurations.
+struct Result {
+  std::vector<std::vector<double>> outputs, finals, dInputs, dParams, dInitial;
+  int64_t savedBytes = 0;
+};
+
+template <typename E>
+Result runCell(CpuCell &cell, SequenceProblem &first,
+               std::vector<std::unique_ptr<SequenceProblem>> &samples,
+               const std::vector<std::vector<bool>> &resets, int64_t T,
+               Recompute mode) {
+  int64_t B = samples.size();
+  Compiled &ref = first.c;
+  auto names = [](ArrayAttr a, StringRef n) {
+    for (auto [i, x] : llvm::enumerate(a))
+      if (cast<StringAttr>(x).getValue() == n)
+        return i;
+    return size_t(0);
+  };
+  // Inputs [T, B, n].
+  std::vector<std::vector<E>> inputs, params, initial;
+  for (const Slot &slot : cell.inputs()) {
+    size_t k = names(ref.def.getInputNames(), slot.name);
+    std::vector<E> v(T * B * slot.shape[0]);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < slot.shape[0]; ++j)
+          v[(t * B + b) * slot.shape[0] + j] = samples[b]->point.inputs[t][k][j];
+    inputs.push_back(v);
+  }
+  for (const Slot &slot : cell.params())
+    params.push_back(Batch::cast<E>(first.point.params.at(slot.name)));
+  for (const Slot &slot : cell.states()) {
+    size_t k = names(ref.def.getStateNames(), slot.name);
+    std::vector<E> v(B * slot.shape[0]);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < slot.shape[0]; ++j)
+        v[b * slot.shape[0] + j] = samples[b]->point.states[k][j];
+    initial.push_back(v);
+  }
+  std::vector<uint8_t> resetBytes(T * B);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b)
+      resetBytes[t * B + b] = resets[b][t];
+
+  CpuCell::Sequence seq;
+  for (auto [i, slot] : llvm::enumerate(cell.inputs()))
+    seq.inputs.push_back({inputs[i].data(), {T, B, slot.shape[0]}});
+  for (auto [i, slot] : llvm::enumerate(cell.params()))
+    seq.params.push_back({params[i].data(), slot.shape});
+  for (auto [i, slot] : llvm::enumerate(cell.states()))
+    seq.initialStates.push_back({initial[i].data(), {B, slot.shape[0]}});
+  seq.resets = resetBytes.data();
+
+  std::vector<std::vector<E>> outputs, finals, dOut, dFinal, dIn, dPar, dInit;
+  std::vector<Array> outArrays, finalArrays, dOutArrays, dFinalArrays, dInArrays,
+      dParArrays, dInitArrays;
+  for (const Slot &slot : cell.outputs()) {
+    size_t o = names(ref.def.getOutputNames(), slot.name);
+    outputs.emplace_back(T * B * slot.shape[0]);
+    std::vector<E> w(T * B * slot.shape[0]);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < slot.shape[0]; ++j)
+          w[(t * B + b) * slot.shape[0] + j] = samples[b]->outputWeights[t][o][j];
+    dOut.push_back(w);
+  }
+  for (const Slot &slot : cell.states()) {
+    size_t k = names(ref.def.getStateNames(), slot.name);
+    finals.emplace_back(B * slot.shape[0]);
+    std::vector<E> w(B * slot.shape[0]);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < slot.shape[0]; ++j)
+        w[b * slot.shape[0] + j] = samples[b]->finalWeights[k][j];
+    dFinal.push_back(w);
+    dInit.emplace_back(B * slot.shape[0]);
+  }
+  for (const Slot &slot : cell.inputs())
+    dIn.emplace_back(T * B * slot.shape[0]);
+  for (const Slot &slot : cell.params())
+    dPar.emplace_back(first.point.params.at(slot.name).size());
+  for (auto [i, slot] : llvm::enumerate(cell.outputs())) {
+    outArrays.push_back({outputs[i].data(), {T, B, slot.shape[0]}});
+    dOutArrays.push_back({dOut[i].data(), {T, B, slot.shape[0]}});
+  }
+  for (auto [i, slot] : llvm::enumerate(cell.states())) {
+    finalArrays.push_back({finals[i].data(), {B, slot.shape[0]}});
+    dFinalArrays.push_back({dFinal[i].data(), {B, slot.shape[0]}});
+    dInitArrays.push_back({dInit[i].data(), {B, slot.shape[0]}});
+  }
+  for (auto [i, slot] : llvm::enumerate(cell.inputs()))
+    dInArrays.push_back({dIn[i].data(), {T, B, slot.shape[0]}});
+  for (auto [i, slot] : llvm::enumerate(cell.params()))
+    dParArrays.push_back({dPar[i].data(), slot.shape});
+
+  SavedPtr saved;
+  Result r;
+  llvm::Error fwd = cell.forward(seq, outArrays, finalArrays, mode, &saved);
+  EXPECT_FALSE(static_cast<bool>(fwd)) << llvm::toString(std::move(fwd));
+  if (!saved)
+    return r;
+  r.savedBytes = CpuCell::savedBytes(*saved);
+  llvm::Error bwd = cell.backward(seq, *saved, dOutArrays, dFinalArrays,
+                                  dInArrays, dParArrays, dInitArrays);
+  EXPECT_FALSE(static_cast<bool>(bwd)) << llvm::toString(std::move(bwd));
+  auto toDouble = [](std::vector<std::vector<E>> &v) {
+    std::vector<std::vector<double>> d;
+    for (auto &x : v)
+      d.emplace_back(x.begin(), x.end());
+    return d;
+  };
+  r.outputs = toDouble(outputs);
+  r.finals = toDouble(finals);
+  r.dInputs = toDouble(dIn);
+  r.dParams = toDouble(dPar);
+  r.dInitial = toDouble(dInit);
+  return r;
+}
+
+/// Compares a runtime result with the reference, sample by sample.
+void compareWithReference(CpuCell &cell, Compiled &ref,
+                          std::vector<std::unique_ptr<SequenceProblem>> &samples,
+                          const std::vector<std::vector<bool>> &resets,
+                          int64_t T, const Result &r, double tol) {
+  int64_t B = samples.size();
+  auto near = [&](double got, double want, const std::string &what) {
+    EXPECT_LE(std::fabs(got - want), tol * std::max(1.0, std::fabs(want)))
+        << what << ": runtime " << got << ", reference " << want;
+  };
+  auto names = [](ArrayAttr a, StringRef n) {
+    for (auto [i, x] : llvm::enumerate(a))
+      if (cast<StringAttr>(x).getValue() == n)
+        return i;
+    return size_t(0);
+  };
+  ParamValues wantParams;
+  for (int64_t b = 0; b < B; ++b) {
+    // Forward, by the interpreter.
+    const Point &p = samples[b]->point;
+    CellInterpreter interp(p.params);
+    std::vector<Tensor> state = p.states;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<Tensor> args = p.inputs[t];
+      for (size_t s = 0; s < state.size(); ++s)
+        args.push_back(resets[b][t] ? p.states[s] : state[s]);
+      std::vector<Tensor> res = interp.run(ref.def.getBody().front(), args);
+      for (size_t s = 0; s < state.size(); ++s)
+        state[s] = res[s];
+      for (auto [i, slot] : llvm::enumerate(cell.outputs())) {
+        size_t o = names(ref.def.getOutputNames(), slot.name);
+        for (int64_t j = 0; j < slot.shape[0]; ++j)
+          near(r.outputs[i][(t * B + b) * slot.shape[0] + j],
+               res[state.size() + o][j], "output " + slot.name);
+      }
+    }
+    for (auto [i, slot] : llvm::enumerate(cell.states())) {
+      size_t k = names(ref.def.getStateNames(), slot.name);
+      for (int64_t j = 0; j < slot.shape[0]; ++j)
+        near(r.finals[i][b * slot.shape[0] + j], state[k][j], "final " + slot.name);
+    }
+    // Gradients.
+    Point g = samples[b]->gradient(/*saved=*/false);
+    for (auto [i, slot] : llvm::enumerate(cell.states())) {
+      size_t k = names(ref.def.getStateNames(), slot.name);
+      for (int64_t j = 0; j < slot.shape[0]; ++j)
+        near(r.dInitial[i][b * slot.shape[0] + j], g.states[k][j],
+             "d initial " + slot.name);
+    }
+    for (auto [i, slot] : llvm::enumerate(cell.inputs())) {
+      size_t k = names(ref.def.getInputNames(), slot.name);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < slot.shape[0]; ++j)
+          near(r.dInputs[i][(t * B + b) * slot.shape[0] + j], g.inputs[t][k][j],
+               "d input " + slot.name);
+    }
+    for (auto &[n, v] : g.params)
+      addTo(wantParams[n], v);
+  }
+  for (auto [i, slot] : llvm::enumerate(cell.params()))
+    for (size_t j = 0; j < r.dParams[i].size(); ++j)
+      near(r.dParams[i][j], wantParams[slot.name][j],
+           "d param " + slot.name + "[" + std::to_string(j) + "]");
+}
+
+struct Problems {
+  std::unique_ptr<Compiled> ref;
+  std::vector<std::unique_ptr<SequenceProblem>> samples;
+  std::vector<std::vector<bool>> resets;
+};
+
+Problems makeProblems(const std::string &src, const SizeBindings &sizes, int64_t T,
+                int64_t B) {
+  Problems s;
+  s.ref = compile(src, sizes);
+  EXPECT_TRUE(s.ref->module) << s.ref->diagnostics;
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<bool> r(T, false);
+    // Resets in the middle, at a different step per row; some rows none.
+    if (T > 2 && b % 3 != 2)
+      r[1 + (b % (T - 1))] = true;
+    s.resets.push_back(r);
+    s.samples.push_back(std::make_unique<SequenceProblem>(*s.ref, T, r, 500 + b));
+    s.samples[b]->point.params = s.samples[0]->point.params;
+  }
+  return s;
+}
+
+const SizeBindings kSizes = {{"H", 5}, {"I", 3}};
+
+class CpuCellTest
+    : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {};
+
+} // namespace
+
+TEST_P(CpuCellTest, MatchesTheReferenceInDoublePrecision) {
+  auto [name, modeText] = GetParam();
+  const int64_t T = 6, B = 5;
+  Problems s = makeProblems(source(name), kSizes, T, B);
+  auto mode = Recompute::parse(modeText);
+  ASSERT_TRUE(static_cast<bool>(mode));
+  auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64);
+  ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE("threads=" + std::to_string(threads));
+    (*cell)->setThreads(threads);
+    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
+    compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
+  }
+}
+
+TEST_P(CpuCellTest, MatchesTheReferenceInSinglePrecision) {
+  auto [name, modeText] = GetParam();
+  const int64_t T = 6, B = 5;
+  Problems s = makeProblems(source(name), kSizes, T, B);
+  auto mode = Recompute::parse(modeText);
+  ASSERT_TRUE(static_cast<bool>(mode));
+  auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F32, {2});
+  ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+  Result r = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
+  compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 3e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cells, CpuCellTest,
+    ::testing::Combine(::testing::Values("lstm", "gru", "elman", "peephole",
+                                         "mgu", "two", "indrnn"),
+                       ::testing::Values("none", "full", "chunk:2", "chunk:4")));
+
+TEST(CpuCellModes, AllModesGiveTheSameGradients) {
+  const int64_t T = 9, B = 3;
+  Problems s = makeProblems(source("lstm"), kSizes, T, B);
+  auto cell = CpuCell::compile(source("lstm"), "lstm.cell", kSizes, DType::F32, {2});
+  ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+  Result none = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
+                               *Recompute::parse("none"));
+  for (const char *m : {"full", "chunk:1", "chunk:3", "chunk:4", "chunk:20"}) {
+    SCOPED_TRACE(m);
+    Result other = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
+                                  *Recompute::parse(m));
+    auto same = [](const std::vector<std::vector<double>> &a,
+                   const std::vector<std::vector<double>> &b) {
+      for (size_t i = 0; i < a.size(); ++i)
+        for (size_t j = 0; j < a[i].size(); ++j)
+          EXPECT_LE(std::fabs(a[i][j] - b[i][j]), 1e-6 * std::max(1.0, std::fabs(a[i][j])))
+              << i << "[" << j << "]";
+    };
+    same(none.outputs, other.outputs);
+    same(none.dParams, other.dParams);
+    same(none.dInputs, other.dInputs);
+    same(none.dInitial, other.dInitial);
+  }
+}
+
+TEST(CpuCellModes, ThreadsDoNotChangeTheResult) {
+  const int64_t T = 4, B = 7;
+  Problems s = makeProblems(source("gru"), kSizes, T, B);
+  std::vector<Result> results;
+  auto cell = CpuCell::compile(source("gru"), "gru.cell", kSizes, DType::F32);
+  ASSERT_TRUE(static_cast<bool>(cell));
+  for (int threads : {1, 2, 3}) {
+    (*cell)->setThreads(threads);
+    results.push_back(runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
+                                     *Recompute::parse("full")));
+  }
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_EQ(results[0].outputs, results[i].outputs);
+    EXPECT_EQ(results[0].dInputs, results[i].dInputs);
+    EXPECT_EQ(results[0].dInitial, results[i].dInitial);
+    EXPECT_EQ(results[0].dParams, results[i].dParams);
+  }
+}
+
+TEST(CpuCellShapes, OneStepOneRowAndOddSizes) {
+  struct Case {
+    int64_t T, B, H;
+  };
+  for (Case c : {Case{1, 1, 7}, Case{3, 1, 33}, Case{1, 5, 7}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.T) + " B=" + std::to_string(c.B) +
+                 " H=" + std::to_string(c.H));
+    SizeBindings sizes = {{"H", c.H}, {"I", 4}};
+    Problems s = makeProblems(source("lstm"), sizes, c.T, c.B);
+    auto cell = CpuCell::compile(source("lstm"), "lstm.cell", sizes, DType::F64, {2});
+    ASSERT_TRUE(static_cast<bool>(cell));
+    for (const char *m : {"none", "full", "chunk:2"}) {
+      Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, c.T,
+                                 *Recompute::parse(m));
+      compareWithReference(**cell, *s.ref, s.samples, s.resets, c.T, r, 1e-10);
+    }
+  }
+}
+
+TEST(CpuCellMemory, FullKeepsLessThanAThirdOfNone) {
+  SizeBindings sizes = {{"H", 64}, {"I", 32}};
+  const int64_t T = 16, B = 4;
+  Problems s = makeProblems(source("lstm"), sizes, T, B);
+  auto cell = CpuCell::compile(source("lstm"), "lstm.cell", sizes, DType::F32, {1});
+  ASSERT_TRUE(static_cast<bool>(cell));
+  int64_t none = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
+                                *Recompute::parse("none")).savedBytes;
+  int64_t full = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
+                                *Recompute::parse("full")).savedBytes;
+  int64_t chunk = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
+                                 *Recompute::parse("chunk:8")).savedBytes;
+  // h and c; then the four gates and tanh(c) on top.
+  EXPECT_NEAR(double(full) / none, 2.0 / 7.0, 0.01);
+  EXPECT_LT(chunk, full / 4);
+  EXPECT_GE(full, 2 * T * B * 64 * 4);
+}
+
+TEST(CpuCellErrors, BadCellsAndBadBuffersAreErrorsNotCrashes) {
+  auto bad = CpuCell::compile("cell t { state h: [H]\n h = q }", "t.cell",
+                              {{"H", 4}}, DType::F32);
+  ASSERT_FALSE(static_cast<bool>(bad));
+  EXPECT_NE(llvm::toString(bad.takeError()).find("t.cell:2:6: error: unknown name 'q'"),
+            std::string::npos);
+
+  auto mode = Recompute::parse("chunk:0");
+  ASSERT_FALSE(static_cast<bool>(mode));
+  EXPECT_NE(llvm::toString(mode.takeError()).find("unknown recompute mode 'chunk:0'"),
+            std::string::npos);
+
+  auto cell = CpuCell::compile(readExample("elman.cell"), "elman.cell",
+                               {{"H", 4}, {"I", 3}}, DType::F32);
+  ASSERT_TRUE(static_cast<bool>(cell));
+  std::vector<float> x(2 * 3 * 3), wih(4 * 3), whh(16), bih(4), bhh(4);
+  std::vector<float> out(2 * 3 * 4), fin(3 * 4);
+  CpuCell::Sequence seq;
+  seq.inputs = {{x.data(), {2, 3, 3}}};
+  seq.params = {{wih.data(), {4, 3}}, {whh.data(), {4, 4}},
+                {bih.data(), {4}}, {bhh.data(), {4}}};
+  std::vector<Array> outs = {{out.data(), {2, 3, 4}}};
+  std::vector<Array> finals = {{fin.data(), {3, 4}}};
+  auto expectError = [&](const std::string &what) {
+    llvm::Error e = (*cell)->forward(seq, outs, finals, {}, nullptr);
+    ASSERT_TRUE(static_cast<bool>(e));
+    std::string message = llvm::toString(std::move(e));
+    EXPECT_NE(message.find(what), std::string::npos) << message;
+  };
+  {
+    llvm::Error ok = (*cell)->forward(seq, outs, finals, {}, nullptr);
+    EXPECT_FALSE(static_cast<bool>(ok)) << llvm::toString(std::move(ok));
+  }
+  seq.params[1].shape = {4, 3};
+  expectError("param 'W_hh' has shape [4, 3], expected [4, 4]");
+  seq.params[1].shape = {4, 4};
+  seq.params[2].data = nullptr;
+  expectError("param 'b_ih' is a null pointer");
+  seq.params[2].data = bih.data();
+  seq.inputs[0].data = reinterpret_cast<char *>(x.data()) + 1;
+  expectError("input 'x' is not aligned to its 4-byte elements");
+  seq.inputs[0].data = x.data();
+  outs[0].shape = {2, 3, 5};
+  expectError("output 'h' has shape [2, 3, 5], expected [2, 3, 4]");
+  outs[0].shape = {2, 3, 4};
+  seq.params.pop_back();
+  expectError("expected 4 params, got 3");
+}
