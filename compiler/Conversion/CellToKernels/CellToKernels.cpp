@@ -256,7 +256,8 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
                                                     ValueRange{i, zero});
               Value prod = nb.create<arith::MulFOp>(l, row, vec);
               Value dot = nb.create<vector::ReductionOp>(
-                  l, vector::CombiningKind::ADD, prod);
+                  l, vector::CombiningKind::ADD, prod,
+                  arith::FastMathFlags::reassoc);
               nb.create<memref::StoreOp>(l, dot, buffer, ValueRange{i});
               nb.create<scf::YieldOp>(l);
             });

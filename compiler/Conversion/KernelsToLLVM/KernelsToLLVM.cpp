@@ -39,7 +39,10 @@ struct ConvertKernelsToLLVM
     // Math first: libm calls on vectors are scalarized into vector ops.
     pm.addPass(createConvertMathToLLVMPass());
     pm.addPass(createConvertMathToLibmPass());
-    pm.addPass(createConvertVectorToLLVMPass());
+    // Row dot products sum in a tree, not one element after another.
+    ConvertVectorToLLVMPassOptions vectorOptions;
+    vectorOptions.reassociateFPReductions = true;
+    pm.addPass(createConvertVectorToLLVMPass(vectorOptions));
     pm.addPass(createArithToLLVMConversionPass());
     pm.addPass(memref::createExpandStridedMetadataPass());
     pm.addPass(createFinalizeMemRefToLLVMConversionPass());

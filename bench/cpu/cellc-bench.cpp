@@ -1,0 +1,152 @@
+//===- cellc-bench.cpp - Time a cell's forward and backward on the CPU ----===//
+//
+// Runs a cell through the CPU runtime on random data and prints, for each
+// recompute mode, the median time of the forward alone, of forward plus
+// backward, and the bytes kept between them.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/CpuCell.h"
+
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+using namespace cellc;
+using namespace cellc::runtime;
+namespace cl = llvm::cl;
+
+static cl::opt<std::string> cellFile(cl::Positional, cl::desc("<cell file>"),
+                                     cl::Required);
+static cl::list<std::string> sizeArgs("D", cl::Prefix, cl::desc("NAME=VALUE"));
+static cl::opt<int64_t> batch("batch-size", cl::desc("B"), cl::init(64));
+static cl::opt<int64_t> steps("seq-len", cl::desc("T"), cl::init(100));
+static cl::opt<int> threads("cpu-threads", cl::desc("threads (0: all cores)"),
+                            cl::init(0));
+static cl::opt<int> repeats("repeats", cl::desc("timed runs per figure"),
+                            cl::init(5));
+static cl::list<std::string> modes("mode", cl::desc("recompute modes"),
+                                   cl::CommaSeparated);
+static cl::opt<bool> f64("f64", cl::desc("double precision"), cl::init(false));
+
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int main(int argc, char **argv) {
+  cl::ParseCommandLineOptions(argc, argv, "cellc-bench: time a cell on the CPU\n");
+  auto file = llvm::MemoryBuffer::getFile(cellFile);
+  if (!file) {
+    llvm::errs() << "cellc-bench: cannot open " << cellFile << "\n";
+    return 1;
+  }
+  SizeBindings sizes;
+  for (const std::string &s : sizeArgs) {
+    auto b = parseSizeBinding(s);
+    if (!b) {
+      llvm::errs() << "cellc-bench: " << llvm::toString(b.takeError()) << "\n";
+      return 1;
+    }
+    sizes[b->first] = b->second;
+  }
+  DType dtype = f64 ? DType::F64 : DType::F32;
+  auto start = std::chrono::steady_clock::now();
+  auto compiled = CpuCell::compile((*file)->getBuffer(), cellFile, sizes, dtype,
+                                   {threads});
+  if (!compiled) {
+    llvm::errs() << llvm::toString(compiled.takeError()) << "\n";
+    return 1;
+  }
+  CpuCell &cell = **compiled;
+  double compileSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  int64_t T = steps, B = batch, eb = cell.elementBytes();
+
+  std::mt19937 rng(0);
+  std::uniform_real_distribution<double> dist(-0.1, 0.1);
+  std::vector<std::vector<double>> storage;
+  auto array = [&](std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape)
+      n *= d;
+    storage.emplace_back((n * eb + 7) / 8);
+    if (eb == 4) {
+      auto *p = reinterpret_cast<float *>(storage.back().data());
+      for (int64_t i = 0; i < n; ++i)
+        p[i] = dist(rng);
+    } else {
+      for (double &v : storage.back())
+        v = dist(rng);
+    }
+    return Array{storage.back().data(), shape};
+  };
+  CpuCell::Sequence seq;
+  seq.steps = T;
+  seq.batch = B;
+  for (const Slot &s : cell.inputs())
+    seq.inputs.push_back(array({T, B, s.shape[0]}));
+  for (const Slot &s : cell.params())
+    seq.params.push_back(array(s.shape));
+  std::vector<Array> outs, finals, dOuts, dFinals, dIns, dPars, dInits;
+  for (const Slot &s : cell.states()) {
+    seq.initialStates.push_back(array({B, s.shape[0]}));
+    finals.push_back(array({B, s.shape[0]}));
+    dFinals.push_back(array({B, s.shape[0]}));
+    dInits.push_back(array({B, s.shape[0]}));
+  }
+  for (const Slot &s : cell.outputs()) {
+    outs.push_back(array({T, B, s.shape[0]}));
+    dOuts.push_back(array({T, B, s.shape[0]}));
+  }
+  for (const Slot &s : cell.inputs())
+    dIns.push_back(array({T, B, s.shape[0]}));
+  for (const Slot &s : cell.params())
+    dPars.push_back(array(s.shape));
+
+  std::vector<std::string> modeList(modes.begin(), modes.end());
+  if (modeList.empty())
+    modeList = {"none", "full", "chunk:16"};
+  llvm::outs() << llvm::formatv(
+      "cell {0}, {1}, T={2}, B={3}, threads={4}, compiled in {5:F2} s\n",
+      cellFile, f64 ? "f64" : "f32", T, B, cell.threads(), compileSeconds);
+  llvm::outs() << llvm::formatv("{0,-10} {1,12} {2,16} {3,14}\n", "mode",
+                                "forward ms", "fwd+bwd ms", "kept MiB");
+  for (const std::string &m : modeList) {
+    auto mode = Recompute::parse(m);
+    if (!mode) {
+      llvm::errs() << llvm::toString(mode.takeError()) << "\n";
+      return 1;
+    }
+    std::vector<double> fwd, both;
+    int64_t kept = 0;
+    for (int r = 0; r <= repeats; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      SavedPtr saved;
+      if (auto e = cell.forward(seq, outs, finals, *mode, &saved)) {
+        llvm::errs() << llvm::toString(std::move(e)) << "\n";
+        return 1;
+      }
+      auto t1 = std::chrono::steady_clock::now();
+      if (auto e = cell.backward(seq, *saved, dOuts, dFinals, dIns, dPars, dInits)) {
+        llvm::errs() << llvm::toString(std::move(e)) << "\n";
+        return 1;
+      }
+      auto t2 = std::chrono::steady_clock::now();
+      kept = CpuCell::savedBytes(*saved);
+      if (r == 0)
+        continue; // warm-up
+      fwd.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      both.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+    }
+    llvm::outs() << llvm::formatv("{0,-10} {1,12:F2} {2,16:F2} {3,14:F2}\n", m,
+                                  median(fwd), median(both),
+                                  kept / (1024.0 * 1024.0));
+  }
+  return 0;
+}
