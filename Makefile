@@ -16,7 +16,7 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DPython3_EXECUTABLE=$(PYTHON) \
   -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 
-.PHONY: all deps configure build demo test check lit fuzz fuzz-smoke clean
+.PHONY: all deps configure build demo test check lit fuzz fuzz-smoke bench-cpu clean
 
 all: build
 
@@ -32,11 +32,21 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
-	@echo "== cellc examples/lstm.cell -D H=256 -D I=128 --emit=summary"
-	@$(BUILD)/bin/cellc examples/lstm.cell -D H=256 -D I=128 --emit=summary
+	@echo "== cellc examples/lstm.cell -D H=256 -D I=256 --emit=summary"
+	@$(BUILD)/bin/cellc examples/lstm.cell -D H=256 -D I=256 --emit=summary
 	@echo
-	@echo "== cellc examples/lstm.cell -D H=256 -D I=128 --emit=mlir"
-	@$(BUILD)/bin/cellc examples/lstm.cell -D H=256 -D I=128 --emit=mlir
+	@echo "== cellc examples/lstm.cell -D H=256 -D I=256 --emit=mlir"
+	@$(BUILD)/bin/cellc examples/lstm.cell -D H=256 -D I=256 --emit=mlir
+	@echo
+	@echo "== cellc examples/lstm.cell -D H=256 -D I=256 --emit=plan"
+	@$(BUILD)/bin/cellc examples/lstm.cell -D H=256 -D I=256 --emit=plan
+	@echo
+	@echo "== LSTM forward and backward on the CPU, per recompute mode (medians of 3)"
+	@$(BUILD)/bin/cellc-bench examples/lstm.cell -D H=256 -D I=256 --batch-size 64 \
+	  --seq-len 100 --repeats 3 --mode none,full,chunk:16
+
+bench-cpu: build
+	bench/cpu/run.sh $(BUILD) 5
 
 lit: build
 	@rm -f $(BUILD)/lit.xml

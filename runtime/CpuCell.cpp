@@ -86,16 +86,19 @@ int64_t product(llvm::ArrayRef<int64_t> shape) {
   return n;
 }
 
-/// An owned, zeroed buffer aligned for doubles.
+/// An owned buffer aligned for doubles: zeroed for accumulators, left as it
+/// is for what a GEMM or a kernel writes in full.
 struct Scratch {
-  std::vector<double> storage;
+  std::unique_ptr<double[]> storage;
+  int64_t words = 0;
   std::vector<int64_t> shape;
   Scratch() = default;
-  Scratch(std::vector<int64_t> shape, int64_t elementBytes) : shape(shape) {
-    storage.assign((product(shape) * elementBytes + 7) / 8 + 1, 0.0);
+  Scratch(std::vector<int64_t> shape, int64_t elementBytes, bool zero = true)
+      : words((product(shape) * elementBytes + 7) / 8 + 1), shape(shape) {
+    storage.reset(zero ? new double[words]() : new double[words]);
   }
-  void *data() { return storage.data(); }
-  int64_t bytes() const { return storage.size() * 8; }
+  void *data() { return storage.get(); }
+  int64_t bytes() const { return words * 8; }
 };
 
 /// Row-major C = alpha op(A) op(B) + beta C.
@@ -213,7 +216,7 @@ struct cellc::runtime::Saved {
 void SavedDeleter::operator()(Saved *saved) const { delete saved; }
 
 int64_t CpuCell::savedBytes(const Saved &saved) {
-  int64_t bytes = saved.gates.storage.empty() ? 0 : saved.gates.bytes();
+  int64_t bytes = saved.gates.storage ? saved.gates.bytes() : 0;
   for (const Scratch &s : saved.states)
     bytes += s.bytes();
   return bytes;
@@ -485,7 +488,7 @@ llvm::Error CpuCell::forward(const Sequence &seq,
   // The hoisted projections: one GEMM each over all T*B rows.
   std::vector<Scratch> projected;
   for (const Projection &p : im.projections) {
-    projected.emplace_back(std::vector<int64_t>{T, B, p.rows}, eb);
+    projected.emplace_back(std::vector<int64_t>{T, B, p.rows}, eb, false);
     gemm(elementType, false, true, T * B, p.rows, p.cols,
          seq.inputs[p.input].data, p.cols, seq.params[p.weight].data, p.cols,
          0.0, projected.back().data(), p.rows);
@@ -508,15 +511,16 @@ llvm::Error CpuCell::forward(const Sequence &seq,
 
   Scratch gates(std::vector<int64_t>{saveGates ? T : 1, saveGates ? B : 1,
                                      std::max<int64_t>(im.gatesWidth, 1)},
-                eb);
+                eb, /*zero=*/false);
   std::vector<Scratch> history;
   for (const Slot &slot : stateSlots)
-    history.emplace_back(std::vector<int64_t>{K, B, slot.shape[0]}, eb);
+    history.emplace_back(std::vector<int64_t>{K, B, slot.shape[0]}, eb, false);
   // Chunked: the state before each chunk.
   std::vector<Scratch> boundaries;
   if (K < T)
     for (const Slot &slot : stateSlots)
-      boundaries.emplace_back(std::vector<int64_t>{chunks, B, slot.shape[0]}, eb);
+      boundaries.emplace_back(std::vector<int64_t>{chunks, B, slot.shape[0]}, eb,
+                              false);
   std::vector<Scratch> start;
   for (const Slot &slot : stateSlots)
     start.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
@@ -677,7 +681,7 @@ llvm::Error CpuCell::backward(const Sequence &seq, const Saved &saved,
         projected.emplace_back(std::vector<int64_t>{1, 1, 1}, eb);
         continue;
       }
-      projected.emplace_back(std::vector<int64_t>{len, B, p.rows}, eb);
+      projected.emplace_back(std::vector<int64_t>{len, B, p.rows}, eb, false);
       gemm(elementType, false, true, len * B, p.rows, p.cols,
            at(seq.inputs[p.input].data, t0 * B * p.cols, eb), p.cols,
            seq.params[p.weight].data, p.cols, 0.0, projected.back().data(),
@@ -696,13 +700,16 @@ llvm::Error CpuCell::backward(const Sequence &seq, const Saved &saved,
     if (chunked) {
       for (auto [i, slot] : llvm::enumerate(stateSlots)) {
         int64_t n = slot.shape[0];
-        chunkHistory.emplace_back(std::vector<int64_t>{len, B, n}, eb);
+        chunkHistory.emplace_back(std::vector<int64_t>{len, B, n}, eb, false);
         history.push_back(chunkHistory.back().data());
         start.push_back(at(const_cast<Saved &>(saved).states[i].data(), c * B * n, eb));
       }
       for (const Slot &slot : outputSlots)
-        chunkOutputs.emplace_back(std::vector<int64_t>{len, B, slot.shape[0]}, eb);
-      chunkGates = Scratch(std::vector<int64_t>{len, B, std::max<int64_t>(im.gatesWidth, 1)}, eb);
+        chunkOutputs.emplace_back(std::vector<int64_t>{len, B, slot.shape[0]}, eb,
+                                  false);
+      chunkGates = Scratch(
+          std::vector<int64_t>{len, B, std::max<int64_t>(im.gatesWidth, 1)}, eb,
+          /*zero=*/false);
       gates = chunkGates.data();
       CallBuffers call;
       for (auto [i, slot] : llvm::enumerate(inputSlots))
@@ -812,7 +819,7 @@ llvm::Error CpuCell::backward(const Sequence &seq, const Saved &saved,
         for (auto [d, size] : llvm::enumerate(shape))
           if (size < 0)
             size = shape.size() == 3 && d == 0 ? len : B;
-        results.emplace_back(shape, eb);
+        results.emplace_back(shape, eb, /*zero=*/false);
         written.push_back({k, arg.name, results.size() - 1});
         args.push_back(KernelArg::buffer(results.back().data(), shape));
       }
