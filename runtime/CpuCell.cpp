@@ -1,6 +1,7 @@
 //===- CpuCell.cpp - Run a cell on the CPU: forward, backward, modes ------===//
 
 #include "runtime/CpuCell.h"
+#include "runtime/KernelCache.h"
 
 #include "compiler/Conversion/Passes.h"
 #include "compiler/Frontend/IRGen.h"
@@ -14,6 +15,8 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/SourceMgr.h"
+#include "llvm/Config/llvm-config.h"
+#include "llvm/TargetParser/Host.h"
 
 #include <cblas.h>
 
@@ -282,7 +285,19 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
   for (auto [n, out] : llvm::zip(def.getOutputNames(), def.getYield().getOutputs()))
     cell->outputSlots.push_back({llvm::cast<mlir::StringAttr>(n).str(), {vectorSize(out)}});
 
+  // The cache key covers the kernels as lowered to the LLVM dialect (so any
+  // change in the cell, its sizes, dtype or variant, or in this compiler's
+  // lowering changes it), LLVM's version (which generates the code) and the
+  // host CPU (which it generates the code for).
+  std::string host = llvm::sys::getHostCPUName().str();
+  for (const auto &feature : llvm::sys::getHostCPUFeatures())
+    if (feature.second)
+      host += "," + feature.first().str();
+  KernelCache cache(options.cacheDir);
+  cell->fromCache = options.useCache;
+
   for (bool saveGates : {true, false}) {
+    std::unique_ptr<JitKernels> &slot = saveGates ? impl->saving : impl->replaying;
     mlir::OwningOpRef<mlir::ModuleOp> copy = module->clone();
     mlir::PassManager pm(&context);
     PipelineOptions pipeline;
@@ -298,10 +313,35 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
     lower.addPass(mlir::cell::createConvertKernelsToLLVM());
     if (mlir::failed(lower.run(*copy)))
       return fail("cellc: lowering the kernels to LLVM failed:\n" + os.str());
-    auto jit = JitKernels::compile(*copy);
+    std::string lowered;
+    {
+      llvm::raw_string_ostream ir(lowered);
+      copy->print(ir);
+    }
+    std::string key = KernelCache::key(
+        {compilerVersion(), LLVM_VERSION_STRING, lowered, host, "O3"});
+
+    // A sound cached object skips the code generation; a missing or corrupt
+    // one is compiled again and replaced.
+    if (options.useCache) {
+      if (auto object = cache.load(key)) {
+        auto jit = JitKernels::load(std::move(object));
+        if (jit) {
+          slot = std::move(*jit);
+          continue;
+        }
+        llvm::consumeError(jit.takeError());
+      }
+    }
+    cell->fromCache = false;
+    std::string object;
+    auto jit = JitKernels::compile(*copy, options.useCache ? &object : nullptr);
     if (!jit)
       return jit.takeError();
-    (saveGates ? impl->saving : impl->replaying) = std::move(*jit);
+    slot = std::move(*jit);
+    // A cache that cannot be written only costs the next run a compile.
+    if (options.useCache)
+      llvm::consumeError(cache.store(key, object));
   }
 
   auto indexOf = [](const std::vector<Slot> &slots, llvm::StringRef name) {

@@ -70,6 +70,11 @@ public:
   struct Options {
     /// Threads for the recurrent kernels; 0 means one per core.
     int threads = 0;
+    /// Whether compiled kernels are read from and written to the kernel
+    /// cache (`$CELLC_CACHE_DIR`, default `~/.cache/cellc`).
+    bool useCache = true;
+    /// The cache directory; empty for the default.
+    std::string cacheDir;
   };
 
   ~CpuCell();
@@ -126,6 +131,9 @@ public:
   /// Bytes that `saved` holds between forward and backward.
   static int64_t savedBytes(const Saved &saved);
 
+  /// Whether both kernel sets came from the kernel cache, with no compile.
+  bool loadedFromCache() const { return fromCache; }
+
   /// Bytes per element of the cell's dtype.
   int64_t elementBytes() const { return elementType == DType::F32 ? 4 : 8; }
 
@@ -136,6 +144,7 @@ private:
   std::unique_ptr<Impl> impl;
   DType elementType = DType::F32;
   int numThreads = 1;
+  bool fromCache = false;
   std::vector<Slot> inputSlots, stateSlots, paramSlots, outputSlots;
 };
 

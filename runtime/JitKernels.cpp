@@ -6,21 +6,49 @@
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
+#include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
+#include "llvm/ExecutionEngine/Orc/LLJIT.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/TargetSelect.h"
 
 #include <mutex>
 
 using namespace cellc::runtime;
 
+JitKernels::JitKernels() = default;
 JitKernels::~JitKernels() = default;
 
-llvm::Expected<std::unique_ptr<JitKernels>>
-JitKernels::compile(mlir::ModuleOp module) {
-  static std::once_flag initTarget;
-  std::call_once(initTarget, [] {
+static void initializeTarget() {
+  static std::once_flag once;
+  std::call_once(once, [] {
     llvm::InitializeNativeTarget();
     llvm::InitializeNativeTargetAsmPrinter();
   });
+}
+
+llvm::Expected<std::unique_ptr<JitKernels>>
+JitKernels::load(std::unique_ptr<llvm::MemoryBuffer> object) {
+  initializeTarget();
+  auto jit = llvm::orc::LLJITBuilder().create();
+  if (!jit)
+    return jit.takeError();
+  // The kernels call libm (tanh and friends for f64).
+  auto process = llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
+      (*jit)->getDataLayout().getGlobalPrefix());
+  if (!process)
+    return process.takeError();
+  (*jit)->getMainJITDylib().addGenerator(std::move(*process));
+  if (llvm::Error e = (*jit)->addObjectFile(std::move(object)))
+    return std::move(e);
+  std::unique_ptr<JitKernels> kernels(new JitKernels());
+  kernels->jit = std::move(*jit);
+  return kernels;
+}
+
+llvm::Expected<std::unique_ptr<JitKernels>>
+JitKernels::compile(mlir::ModuleOp module, std::string *object) {
+  initializeTarget();
   mlir::registerBuiltinDialectTranslation(*module->getContext());
   mlir::registerLLVMDialectTranslation(*module->getContext());
 
@@ -29,9 +57,23 @@ JitKernels::compile(mlir::ModuleOp module) {
       /*optLevel=*/3, /*sizeLevel=*/0, /*targetMachine=*/nullptr);
   options.transformer = transformer;
   options.jitCodeGenOptLevel = llvm::CodeGenOptLevel::Aggressive;
+  options.enableObjectDump = object != nullptr;
   auto engine = mlir::ExecutionEngine::create(module, options);
   if (!engine)
     return engine.takeError();
+  if (object) {
+    llvm::SmallString<128> path;
+    if (std::error_code ec =
+            llvm::sys::fs::createTemporaryFile("cellc-kernels", "o", path))
+      return llvm::createStringError(ec, "cannot create a temporary file");
+    (*engine)->dumpToObjectFile(path);
+    auto file = llvm::MemoryBuffer::getFile(path, false, false);
+    llvm::sys::fs::remove(path);
+    if (!file)
+      return llvm::createStringError(file.getError(),
+                                     "cannot read back the compiled kernels");
+    *object = (*file)->getBuffer().str();
+  }
   std::unique_ptr<JitKernels> kernels(new JitKernels());
   kernels->engine = std::move(*engine);
   return kernels;
@@ -75,5 +117,13 @@ llvm::Error JitKernels::call(llvm::StringRef name,
       pointers.push_back(&descriptorPointers[i]);
     }
   }
-  return engine->invokePacked(("_mlir_ciface_" + name).str(), pointers);
+  std::string symbol = ("_mlir_ciface_" + name).str();
+  if (engine)
+    return engine->invokePacked(symbol, pointers);
+  // The packed wrapper that the ExecutionEngine put into the object.
+  auto address = jit->lookup("_mlir_" + symbol);
+  if (!address)
+    return address.takeError();
+  address->toPtr<void (*)(void **)>()(pointers.data());
+  return llvm::Error::success();
 }

@@ -14,6 +14,12 @@
 namespace mlir {
 class ExecutionEngine;
 } // namespace mlir
+namespace llvm {
+class MemoryBuffer;
+namespace orc {
+class LLJIT;
+} // namespace orc
+} // namespace llvm
 
 namespace cellc::runtime {
 
@@ -45,16 +51,26 @@ public:
   ~JitKernels();
 
   /// Compiles `module`, which must be in the LLVM dialect (after
-  /// convert-kernels-to-llvm).
-  static llvm::Expected<std::unique_ptr<JitKernels>> compile(mlir::ModuleOp module);
+  /// convert-kernels-to-llvm). With `object`, also returns the object file,
+  /// for the kernel cache.
+  static llvm::Expected<std::unique_ptr<JitKernels>>
+  compile(mlir::ModuleOp module, std::string *object = nullptr);
+
+  /// Links an object file that `compile` produced earlier.
+  static llvm::Expected<std::unique_ptr<JitKernels>>
+  load(std::unique_ptr<llvm::MemoryBuffer> object);
+
+  /// Whether these kernels were linked from a cached object.
+  bool fromObject() const { return jit != nullptr; }
 
   /// Calls kernel `name` with `args` in its argument order. The caller checks
   /// shapes against the kernel's signature; this only passes them on.
   llvm::Error call(llvm::StringRef name, llvm::ArrayRef<KernelArg> args);
 
 private:
-  JitKernels() = default;
+  JitKernels();
   std::unique_ptr<mlir::ExecutionEngine> engine;
+  std::unique_ptr<llvm::orc::LLJIT> jit;
 };
 
 } // namespace cellc::runtime

@@ -18,6 +18,9 @@ config.substitutions.append(("%PATH%", config.environment["PATH"]))
 config.substitutions.append(("%python", config.python_executable))
 config.substitutions.append(("%examples", os.path.join(config.cellc_src_root, "examples")))
 
+# Kernels compiled by the tests are cached inside the build tree.
+config.environment["CELLC_CACHE_DIR"] = os.path.join(config.cellc_obj_root, "test", "kernel-cache")
+
 # As upstream MLIR does: captured variables do not leak across CHECK-LABELs,
 # and every check prefix a RUN line names must be used.
 config.environment["FILECHECK_OPTS"] = "-enable-var-scope --allow-unused-prefixes=false"
@@ -26,5 +29,5 @@ llvm_config.use_default_substitutions()
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 
 tool_dirs = [config.cellc_tools_dir, config.llvm_tools_dir]
-tools = ["cellc", "cellc-opt", "FileCheck", "not", "count"]
+tools = ["cellc", "cellc-opt", "cellc-bench", "FileCheck", "not", "count"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)

@@ -4,6 +4,7 @@
 #include "compiler/Frontend/Parser.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialects/Cell/Transforms/Passes.h"
+#include "runtime/KernelCache.h"
 #include "dialects/Cell/IR/CellOps.h"
 
 #include "mlir/IR/AsmState.h"
@@ -162,8 +163,45 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
   return true;
 }
 
+/// `cellc cache list|clear [--dir DIR]`: the compiled-kernel cache.
+static int cacheCommand(int argc, char **argv) {
+  std::string action = argc > 2 ? argv[2] : "";
+  std::string dir;
+  if (argc > 4 && llvm::StringRef(argv[3]) == "--dir")
+    dir = argv[4];
+  cellc::runtime::KernelCache cache(dir);
+  if (action == "list") {
+    uint64_t total = 0;
+    auto entries = cache.list();
+    for (const auto &e : entries) {
+      llvm::outs() << e.key << "  " << e.bytes << " bytes"
+                   << (e.sound ? "" : "  (corrupt: will be recompiled)") << "\n";
+      total += e.bytes;
+    }
+    llvm::outs() << entries.size() << " entries, " << total << " bytes in "
+                 << cache.directory() << "\n";
+    return 0;
+  }
+  if (action == "clear") {
+    auto removed = cache.clear();
+    if (!removed) {
+      llvm::errs() << "cellc: error: " << llvm::toString(removed.takeError())
+                   << "\n";
+      return 1;
+    }
+    llvm::outs() << "removed " << *removed << " entries from "
+                 << cache.directory() << "\n";
+    return 0;
+  }
+  llvm::errs() << "cellc: error: expected 'cellc cache list' or 'cellc cache "
+                  "clear' [--dir DIR]\n";
+  return 1;
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
+  if (argc > 1 && llvm::StringRef(argv[1]) == "cache")
+    return cacheCommand(argc, argv);
   mlir::registerAsmPrinterCLOptions();
   mlir::registerMLIRContextCLOptions();
   cl::ParseCommandLineOptions(argc, argv, "cellc: a compiler for recurrent cells\n");
