@@ -457,10 +457,126 @@ struct CallBuffers {
 };
 } // namespace
 
+namespace {
+/// Copies `src` laid out [A, C, n] into `dst` laid out [C, A, n].
+void swapLeadingDims(const void *src, void *dst, int64_t a, int64_t c,
+                     int64_t rowBytes) {
+  for (int64_t i = 0; i < a; ++i)
+    for (int64_t j = 0; j < c; ++j)
+      std::memcpy(static_cast<char *>(dst) + (j * a + i) * rowBytes,
+                  static_cast<const char *>(src) + (i * c + j) * rowBytes,
+                  rowBytes);
+}
+
+/// Batch-first buffers turned time-major: owns the copies.
+struct TimeMajor {
+  std::vector<std::vector<double>> storage;
+  std::vector<uint8_t> resets;
+
+  /// A time-major copy of `array` ([B, T, n] → [T, B, n]), or an empty
+  /// buffer of that shape when `copy` is false.
+  Array from(const Array &array, int64_t eb, bool copy) {
+    int64_t b = array.shape[0], t = array.shape[1], n = array.shape[2];
+    storage.emplace_back((b * t * n * eb + 7) / 8 + 1);
+    if (copy && array.data)
+      swapLeadingDims(array.data, storage.back().data(), b, t, n * eb);
+    return {array.data ? storage.back().data() : nullptr, {t, b, n}};
+  }
+};
+
+/// Checks that every array is rank 3 and batch-first over [B, T].
+llvm::Error checkBatchFirst(const std::vector<Array> &arrays, int64_t B,
+                            int64_t T, const char *what) {
+  for (const Array &a : arrays)
+    if (a.data && (a.shape.size() != 3 || a.shape[0] != B || a.shape[1] != T))
+      return fail(llvm::Twine("batch-first ") + what + " has shape " +
+                  shapeStr(a.shape) + ", expected [" + llvm::Twine(B) + ", " +
+                  llvm::Twine(T) + ", n]");
+  return llvm::Error::success();
+}
+} // namespace
+
 llvm::Error CpuCell::forward(const Sequence &seq,
                              const std::vector<Array> &outputs,
                              const std::vector<Array> &finalStates,
                              Recompute mode, SavedPtr *saved) {
+  if (!seq.batchFirst)
+    return forwardTimeMajor(seq, outputs, finalStates, mode, saved);
+  int64_t eb = elementBytes();
+  if (seq.inputs.empty() || seq.inputs[0].shape.size() != 3)
+    return fail("batch-first sequences need inputs of shape [B, T, n]");
+  int64_t B = seq.inputs[0].shape[0], T = seq.inputs[0].shape[1];
+  if (auto e = checkBatchFirst(seq.inputs, B, T, "input"))
+    return e;
+  if (auto e = checkBatchFirst(outputs, B, T, "output"))
+    return e;
+  TimeMajor tm;
+  Sequence inner = seq;
+  inner.batchFirst = false;
+  for (Array &a : inner.inputs)
+    a = tm.from(a, eb, true);
+  if (seq.resets) {
+    tm.resets.resize(T * B);
+    swapLeadingDims(seq.resets, tm.resets.data(), B, T, 1);
+    inner.resets = tm.resets.data();
+  }
+  std::vector<Array> innerOutputs;
+  for (const Array &a : outputs)
+    innerOutputs.push_back(tm.from(a, eb, false));
+  if (auto e = forwardTimeMajor(inner, innerOutputs, finalStates, mode, saved))
+    return e;
+  for (auto [i, a] : llvm::enumerate(outputs))
+    swapLeadingDims(innerOutputs[i].data, a.data, T, B, a.shape[2] * eb);
+  return llvm::Error::success();
+}
+
+llvm::Error CpuCell::backward(const Sequence &seq, const Saved &saved,
+                              const std::vector<Array> &gradOutputs,
+                              const std::vector<Array> &gradFinalStates,
+                              const std::vector<Array> &gradInputs,
+                              const std::vector<Array> &gradParams,
+                              const std::vector<Array> &gradInitialStates) {
+  if (!seq.batchFirst)
+    return backwardTimeMajor(seq, saved, gradOutputs, gradFinalStates,
+                             gradInputs, gradParams, gradInitialStates);
+  int64_t eb = elementBytes();
+  if (seq.inputs.empty() || seq.inputs[0].shape.size() != 3)
+    return fail("batch-first sequences need inputs of shape [B, T, n]");
+  int64_t B = seq.inputs[0].shape[0], T = seq.inputs[0].shape[1];
+  if (auto e = checkBatchFirst(seq.inputs, B, T, "input"))
+    return e;
+  if (auto e = checkBatchFirst(gradOutputs, B, T, "output gradient"))
+    return e;
+  if (auto e = checkBatchFirst(gradInputs, B, T, "input gradient"))
+    return e;
+  TimeMajor tm;
+  Sequence inner = seq;
+  inner.batchFirst = false;
+  for (Array &a : inner.inputs)
+    a = tm.from(a, eb, true);
+  if (seq.resets) {
+    tm.resets.resize(T * B);
+    swapLeadingDims(seq.resets, tm.resets.data(), B, T, 1);
+    inner.resets = tm.resets.data();
+  }
+  std::vector<Array> innerGradOutputs, innerGradInputs;
+  for (const Array &a : gradOutputs)
+    innerGradOutputs.push_back(a.data ? tm.from(a, eb, true) : a);
+  for (const Array &a : gradInputs)
+    innerGradInputs.push_back(a.data ? tm.from(a, eb, false) : a);
+  if (auto e = backwardTimeMajor(inner, saved, innerGradOutputs, gradFinalStates,
+                                 innerGradInputs, gradParams, gradInitialStates))
+    return e;
+  for (auto [i, a] : llvm::enumerate(gradInputs))
+    if (a.data)
+      swapLeadingDims(innerGradInputs[i].data, a.data, T, B, a.shape[2] * eb);
+  return llvm::Error::success();
+}
+
+llvm::Error CpuCell::forwardTimeMajor(const Sequence &seq,
+                                      const std::vector<Array> &outputs,
+                                      const std::vector<Array> &finalStates,
+                                      Recompute mode, SavedPtr *saved) {
   Impl &im = *impl;
   int64_t eb = elementBytes();
   // T and B come from the first input, or are given.
@@ -627,12 +743,12 @@ llvm::Error CpuCell::forward(const Sequence &seq,
   return llvm::Error::success();
 }
 
-llvm::Error CpuCell::backward(const Sequence &seq, const Saved &saved,
-                              const std::vector<Array> &gradOutputs,
-                              const std::vector<Array> &gradFinalStates,
-                              const std::vector<Array> &gradInputs,
-                              const std::vector<Array> &gradParams,
-                              const std::vector<Array> &gradInitialStates) {
+llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
+                                       const std::vector<Array> &gradOutputs,
+                                       const std::vector<Array> &gradFinalStates,
+                                       const std::vector<Array> &gradInputs,
+                                       const std::vector<Array> &gradParams,
+                                       const std::vector<Array> &gradInitialStates) {
   Impl &im = *impl;
   int64_t eb = elementBytes();
   int64_t T = saved.steps, B = saved.batch;

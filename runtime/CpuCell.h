@@ -109,6 +109,10 @@ public:
     const uint8_t *resets = nullptr;
     int64_t steps = -1;
     int64_t batch = -1;
+    /// When set, inputs, outputs, their gradients and the resets are laid out
+    /// `[B, T, ...]` instead of `[T, B, ...]`. They are transposed into and
+    /// out of the kernels' layout.
+    bool batchFirst = false;
   };
 
   /// Runs the cell over the sequence, writing outputs `[T, B, n]` and final
@@ -138,6 +142,17 @@ public:
   int64_t elementBytes() const { return elementType == DType::F32 ? 4 : 8; }
 
 private:
+  llvm::Error forwardTimeMajor(const Sequence &seq,
+                               const std::vector<Array> &outputs,
+                               const std::vector<Array> &finalStates,
+                               Recompute mode, SavedPtr *saved);
+  llvm::Error backwardTimeMajor(const Sequence &seq, const Saved &saved,
+                                const std::vector<Array> &gradOutputs,
+                                const std::vector<Array> &gradFinalStates,
+                                const std::vector<Array> &gradInputs,
+                                const std::vector<Array> &gradParams,
+                                const std::vector<Array> &gradInitialStates);
+
   struct Impl;
   explicit CpuCell(std::unique_ptr<Impl> impl);
 

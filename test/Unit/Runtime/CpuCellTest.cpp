@@ -460,3 +460,164 @@ TEST(CpuCellErrors, BadCellsAndBadBuffersAreErrorsNotCrashes) {
   seq.params.pop_back();
   expectError("expected 4 params, got 3");
 }
+
+namespace {
+/// An LSTM problem held as plain arrays in the runtime's time-major layout.
+struct RawLstm {
+  int64_t T = 4, B = 3, H = 5, I = 3;
+  std::vector<double> x, wih, whh, bih, bhh, h0, c0, wOut, wH, wC;
+  std::vector<uint8_t> resets;
+  RawLstm() {
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<double> d(-1, 1);
+    auto fill = [&](std::vector<double> &v, int64_t n) {
+      v.resize(n);
+      for (double &e : v)
+        e = d(rng);
+    };
+    fill(x, T * B * I);
+    fill(wih, 4 * H * I);
+    fill(whh, 4 * H * H);
+    fill(bih, 4 * H);
+    fill(bhh, 4 * H);
+    fill(h0, B * H);
+    fill(c0, B * H);
+    fill(wOut, T * B * H);
+    fill(wH, B * H);
+    fill(wC, B * H);
+    resets.assign(T * B, 0);
+    resets[2 * B + 1] = 1; // row 1 restarts at t = 2
+  }
+  CpuCell::Sequence sequence() {
+    CpuCell::Sequence seq;
+    seq.inputs = {{x.data(), {T, B, I}}};
+    seq.params = {{wih.data(), {4 * H, I}}, {whh.data(), {4 * H, H}},
+                  {bih.data(), {4 * H}}, {bhh.data(), {4 * H}}};
+    seq.initialStates = {{h0.data(), {B, H}}, {c0.data(), {B, H}}};
+    seq.resets = resets.data();
+    return seq;
+  }
+  double loss(CpuCell &cell) {
+    std::vector<double> out(T * B * H), hT(B * H), cT(B * H);
+    llvm::Error e = cell.forward(sequence(), {{out.data(), {T, B, H}}},
+                                 {{hT.data(), {B, H}}, {cT.data(), {B, H}}}, {},
+                                 nullptr);
+    EXPECT_FALSE(static_cast<bool>(e)) << llvm::toString(std::move(e));
+    double l = 0;
+    for (size_t i = 0; i < out.size(); ++i)
+      l += wOut[i] * out[i];
+    for (size_t i = 0; i < hT.size(); ++i)
+      l += wH[i] * hT[i] + wC[i] * cT[i];
+    return l;
+  }
+};
+} // namespace
+
+TEST(CpuCellGradients, AgreeWithFiniteDifferencesOfTheRuntimeItself) {
+  RawLstm p;
+  auto cell = CpuCell::compile(readExample("lstm.cell"), "lstm.cell",
+                               {{"H", p.H}, {"I", p.I}}, DType::F64);
+  ASSERT_TRUE(static_cast<bool>(cell));
+  for (const char *m : {"none", "full", "chunk:3"}) {
+    SCOPED_TRACE(m);
+    std::vector<double> out(p.T * p.B * p.H), hT(p.B * p.H), cT(p.B * p.H);
+    SavedPtr saved;
+    ASSERT_FALSE(static_cast<bool>((*cell)->forward(
+        p.sequence(), {{out.data(), {p.T, p.B, p.H}}},
+        {{hT.data(), {p.B, p.H}}, {cT.data(), {p.B, p.H}}}, *Recompute::parse(m),
+        &saved)));
+    std::vector<double> dx(p.x.size()), dwih(p.wih.size()), dwhh(p.whh.size()),
+        dbih(p.bih.size()), dbhh(p.bhh.size()), dh0(p.h0.size()), dc0(p.c0.size());
+    llvm::Error e = (*cell)->backward(
+        p.sequence(), *saved, {{p.wOut.data(), {p.T, p.B, p.H}}},
+        {{p.wH.data(), {p.B, p.H}}, {p.wC.data(), {p.B, p.H}}},
+        {{dx.data(), {p.T, p.B, p.I}}},
+        {{dwih.data(), {4 * p.H, p.I}}, {dwhh.data(), {4 * p.H, p.H}},
+         {dbih.data(), {4 * p.H}}, {dbhh.data(), {4 * p.H}}},
+        {{dh0.data(), {p.B, p.H}}, {dc0.data(), {p.B, p.H}}});
+    ASSERT_FALSE(static_cast<bool>(e)) << llvm::toString(std::move(e));
+    auto check = [&](std::vector<double> &values, const std::vector<double> &grad,
+                     const char *what) {
+      for (size_t i = 0; i < values.size(); i += 3) {
+        double keep = values[i], eps = 1e-6;
+        values[i] = keep + eps;
+        double up = p.loss(**cell);
+        values[i] = keep - eps;
+        double down = p.loss(**cell);
+        values[i] = keep;
+        double fd = (up - down) / (2 * eps);
+        EXPECT_NEAR(grad[i], fd, 1e-6 * std::max(1.0, std::fabs(fd)))
+            << what << "[" << i << "]";
+      }
+    };
+    check(p.x, dx, "x");
+    check(p.wih, dwih, "W_ih");
+    check(p.whh, dwhh, "W_hh");
+    check(p.bih, dbih, "b_ih");
+    check(p.bhh, dbhh, "b_hh");
+    check(p.h0, dh0, "h0");
+    check(p.c0, dc0, "c0");
+  }
+}
+
+TEST(CpuCellLayout, BatchFirstIsTheTransposeOfTimeMajor) {
+  RawLstm p;
+  auto cell = CpuCell::compile(readExample("lstm.cell"), "lstm.cell",
+                               {{"H", p.H}, {"I", p.I}}, DType::F64);
+  ASSERT_TRUE(static_cast<bool>(cell));
+  auto transpose = [&](const std::vector<double> &v, int64_t a, int64_t c,
+                       int64_t n) {
+    std::vector<double> r(v.size());
+    for (int64_t i = 0; i < a; ++i)
+      for (int64_t j = 0; j < c; ++j)
+        for (int64_t k = 0; k < n; ++k)
+          r[(j * a + i) * n + k] = v[(i * c + j) * n + k];
+    return r;
+  };
+  int64_t T = p.T, B = p.B, H = p.H, I = p.I;
+  // Time-major.
+  std::vector<double> out(T * B * H), hT(B * H), cT(B * H), dx(T * B * I),
+      dwhh(4 * H * H), dh0(B * H);
+  SavedPtr saved;
+  ASSERT_FALSE(static_cast<bool>((*cell)->forward(
+      p.sequence(), {{out.data(), {T, B, H}}},
+      {{hT.data(), {B, H}}, {cT.data(), {B, H}}}, {}, &saved)));
+  ASSERT_FALSE(static_cast<bool>((*cell)->backward(
+      p.sequence(), *saved, {{p.wOut.data(), {T, B, H}}},
+      {{p.wH.data(), {B, H}}, {p.wC.data(), {B, H}}}, {{dx.data(), {T, B, I}}},
+      {{}, {dwhh.data(), {4 * H, H}}, {}, {}}, {{dh0.data(), {B, H}}, {}})));
+  // Batch-first, from transposed copies of the same data.
+  std::vector<double> xb = transpose(p.x, T, B, I), wOutB = transpose(p.wOut, T, B, H);
+  std::vector<uint8_t> resetsB(T * B);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b)
+      resetsB[b * T + t] = p.resets[t * B + b];
+  CpuCell::Sequence seq = p.sequence();
+  seq.batchFirst = true;
+  seq.inputs = {{xb.data(), {B, T, I}}};
+  seq.resets = resetsB.data();
+  std::vector<double> outB(T * B * H), hTB(B * H), cTB(B * H), dxB(T * B * I),
+      dwhhB(4 * H * H), dh0B(B * H);
+  SavedPtr savedB;
+  ASSERT_FALSE(static_cast<bool>((*cell)->forward(
+      seq, {{outB.data(), {B, T, H}}}, {{hTB.data(), {B, H}}, {cTB.data(), {B, H}}},
+      {}, &savedB)));
+  ASSERT_FALSE(static_cast<bool>((*cell)->backward(
+      seq, *savedB, {{wOutB.data(), {B, T, H}}},
+      {{p.wH.data(), {B, H}}, {p.wC.data(), {B, H}}}, {{dxB.data(), {B, T, I}}},
+      {{}, {dwhhB.data(), {4 * H, H}}, {}, {}}, {{dh0B.data(), {B, H}}, {}})));
+  EXPECT_EQ(transpose(outB, B, T, H), out);
+  EXPECT_EQ(hTB, hT);
+  EXPECT_EQ(transpose(dxB, B, T, I), dx);
+  EXPECT_EQ(dh0B, dh0);
+  for (size_t i = 0; i < dwhh.size(); ++i)
+    EXPECT_NEAR(dwhhB[i], dwhh[i], 1e-12);
+
+  // A batch-first output of the wrong shape is an error, not a stray write.
+  llvm::Error e = (*cell)->forward(seq, {{outB.data(), {T, B, H}}},
+                                   {{hTB.data(), {B, H}}, {cTB.data(), {B, H}}},
+                                   {}, nullptr);
+  ASSERT_TRUE(static_cast<bool>(e));
+  EXPECT_NE(llvm::toString(std::move(e)).find("batch-first output has shape [4, 3, 5]"),
+            std::string::npos);
+}
