@@ -16,7 +16,7 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DPython3_EXECUTABLE=$(PYTHON) \
   -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 
-.PHONY: all deps configure build demo test check lit fuzz fuzz-smoke bench-cpu clean
+.PHONY: all deps configure build demo test check lit pytest fuzz fuzz-smoke bench-cpu clean
 
 all: build
 
@@ -53,7 +53,10 @@ lit: build
 	$(PYTHON) $(LIT) -sv --xunit-xml-output=$(BUILD)/lit.xml $(BUILD)/test || true
 	@$(PYTHON) scripts/lit-summary.py $(BUILD)/lit.xml
 
-test: lit fuzz-smoke
+pytest: build
+	PYTHONPATH=$(BUILD)/python CELLC_BUILD_DIR=$(BUILD) $(PYTHON) -m pytest -q -rs test/python
+
+test: lit pytest fuzz-smoke
 check: test
 
 # The libFuzzer target, built with clang-19 in its own tree.

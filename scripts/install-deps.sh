@@ -10,9 +10,10 @@ packages=(
   llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
   # clang-19 and its runtimes, for the libFuzzer target.
   clang-19 libclang-rt-19-dev
-  # Tests and benchmarks.
+  # The CPU runtime's BLAS, tests and benchmarks.
   libgtest-dev libbenchmark-dev libopenblas-dev
-  python3 python3-dev
+  # The Python package: its extension, and torch for autograd and the tests.
+  python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
 )
 packages+=("$@")
 

@@ -1,0 +1,291 @@
+"""The functional API: compile a cell, bind its sizes from tensors, run it
+under autograd."""
+
+import os
+import warnings
+
+import torch
+
+from . import _cellc
+
+_DTYPES = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def _size_text(terms):
+    parts = []
+    for coefficient, names in terms:
+        factors = ([str(coefficient)] if coefficient != 1 or not names else []) + list(names)
+        parts.append("*".join(factors))
+    return " + ".join(parts)
+
+
+def _parse_mode(save_gates, recompute):
+    if recompute is None:
+        return "none" if save_gates else "full"
+    if not isinstance(recompute, str):
+        raise TypeError(f"recompute must be 'none', 'full' or 'chunk:K', not {recompute!r}")
+    return recompute
+
+
+class _CellFunction(torch.autograd.Function):
+    """One call of a compiled cell: forward and backward in the CPU runtime."""
+
+    @staticmethod
+    def forward(ctx, compiled, mode, resets, training, counts, *tensors):
+        n_in, n_par, n_st, batch_first = counts
+        inputs = tensors[:n_in]
+        params = tensors[n_in:n_in + n_par]
+        states = tensors[n_in + n_par:]
+        x0 = inputs[0]
+        T, B = (x0.shape[1], x0.shape[0]) if batch_first else (x0.shape[0], x0.shape[1])
+        lead = (B, T) if batch_first else (T, B)
+        outputs = [x0.new_empty(*lead, shape[0]) for _, shape in compiled.outputs]
+        finals = [x0.new_empty(B, shape[0]) for _, shape in compiled.states]
+        buf = lambda ts: [(t.data_ptr(), list(t.shape)) for t in ts]
+        resets_ptr = resets.data_ptr() if resets is not None else 0
+        saved = compiled.forward(buf(inputs), buf(params), buf(states), resets_ptr,
+                                 T, B, batch_first, buf(outputs), buf(finals), mode,
+                                 training)
+        ctx.compiled, ctx.saved, ctx.counts = compiled, saved, counts
+        ctx.steps_batch = (T, B)
+        ctx.resets = resets
+        if training:
+            ctx.save_for_backward(*tensors)
+        return (*outputs, *finals)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        n_in, n_par, n_st, batch_first = ctx.counts
+        tensors = ctx.saved_tensors
+        inputs = tensors[:n_in]
+        params = tensors[n_in:n_in + n_par]
+        states = tensors[n_in + n_par:]
+        n_out = len(ctx.compiled.outputs)
+        buf = lambda ts: [(t.data_ptr(), list(t.shape)) if t is not None else (0, [])
+                          for t in ts]
+        grad_out = [g.contiguous() if g is not None else None for g in grads[:n_out]]
+        grad_fin = [g.contiguous() if g is not None else None for g in grads[n_out:]]
+        d_in = [torch.empty_like(t) for t in inputs]
+        d_par = [torch.empty_like(t) for t in params]
+        # Without initial states the runtime starts from zeros, whose gradient
+        # nobody wants.
+        d_st = ([torch.empty_like(t) for t in states] if states
+                else [None] * len(ctx.compiled.states))
+        T, B = ctx.steps_batch
+        resets_ptr = ctx.resets.data_ptr() if ctx.resets is not None else 0
+        ctx.compiled.backward(buf(inputs), buf(params), buf(states), resets_ptr, T, B,
+                              batch_first, ctx.saved, buf(grad_out), buf(grad_fin),
+                              buf(d_in), buf(d_par), buf(d_st))
+        return (None, None, None, None, None, *d_in, *d_par, *(d_st if states else ()))
+
+
+class Cell:
+    """A cell compiled from source: parsed and checked now, JIT-compiled per
+    (sizes, dtype) on first use, and cached on disk."""
+
+    def __init__(self, source, file_name="<cell>", target=None, threads=0):
+        if target not in (None, "cpu", "cuda"):
+            raise ValueError(f"unknown target {target!r}; expected None, 'cpu' or 'cuda'")
+        self.source = source
+        self.file_name = file_name
+        self.target = target
+        self.threads = threads
+        decls = _cellc.declarations(source, file_name)
+        self._decls = decls
+        pick = lambda kind: [(name, [_size_text(t) for t in shape])
+                             for k, name, shape in decls if k == kind]
+        self.inputs = pick("input")
+        self.states = pick("state")
+        self.params = pick("param")
+        # Checked now, at a size that most chunk counts divide, so that errors
+        # that do not depend on sizes (unknown names, a state never assigned)
+        # show at compile time; warnings (an unused param) are issued here.
+        symbols = {n for _, _, shape in decls for terms in shape for _, names in terms
+                   for n in names}
+        self.outputs = []
+        try:
+            text, messages = _cellc.emit(source, file_name, {s: 60 for s in symbols},
+                                         "f32", "mlir")
+        except ValueError as e:
+            if "cannot chunk" not in str(e):
+                raise
+        else:
+            if messages:
+                warnings.warn(messages, stacklevel=3)
+            self.outputs = _output_names(text)
+        self._compiled = {}
+
+    def __repr__(self):
+        return (f"cellc.Cell(inputs={self.inputs}, states={self.states}, "
+                f"params={[n for n, _ in self.params]}, outputs={self.outputs})")
+
+    # Sizes -------------------------------------------------------------------
+
+    def bind_sizes(self, shapes):
+        """Solves the symbolic sizes from `shapes`, a dict from declared names
+        to the shapes of the tensors given for them."""
+        sizes = {}
+        pending = []
+        for kind, name, shape in self._decls:
+            if name not in shapes:
+                continue
+            actual = tuple(shapes[name])
+            if len(actual) != len(shape):
+                want = "[" + ", ".join(_size_text(t) for t in shape) + "]"
+                raise ValueError(f"{kind} '{name}' is declared {want} but the tensor for it "
+                                 f"has shape {list(actual)}")
+            for terms, dim in zip(shape, actual):
+                pending.append((kind, name, shape, actual, terms, dim))
+        progress = True
+        while pending and progress:
+            progress = False
+            for item in list(pending):
+                kind, name, shape, actual, terms, dim = item
+                known, unknown = 0, []
+                for coefficient, names in terms:
+                    missing = [n for n in names if n not in sizes]
+                    value = coefficient
+                    for n in names:
+                        value *= sizes.get(n, 1)
+                    if missing:
+                        unknown.append((value, missing))
+                    else:
+                        known += value
+                if not unknown:
+                    if known != dim:
+                        want = "[" + ", ".join(_size_text(t) for t in shape) + "]"
+                        bound = ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))
+                        raise ValueError(f"{kind} '{name}' is declared {want} (with {bound}) "
+                                         f"but the tensor for it has shape {list(actual)}")
+                    pending.remove(item)
+                    progress = True
+                elif len(unknown) == 1 and len(unknown[0][1]) == 1:
+                    coefficient, (symbol,) = unknown[0]
+                    rest = dim - known
+                    if rest <= 0 or rest % coefficient:
+                        want = "[" + ", ".join(_size_text(t) for t in shape) + "]"
+                        raise ValueError(f"{kind} '{name}' is declared {want} but the tensor "
+                                         f"for it has shape {list(actual)}: no size {symbol} fits")
+                    sizes[symbol] = rest // coefficient
+                    progress = True
+        if pending:
+            names = sorted({n for *_, terms, _ in pending for _, ns in terms for n in ns
+                            if n not in sizes})
+            raise ValueError(f"cannot bind the sizes {', '.join(names)} from the tensors given")
+        return sizes
+
+    def jit(self, sizes, dtype):
+        """The compiled cell for `sizes` and a torch dtype (cached)."""
+        if dtype not in _DTYPES:
+            raise TypeError(f"cellc runs float32 and float64 tensors on the CPU, not {dtype}")
+        key = (tuple(sorted(sizes.items())), dtype)
+        if key not in self._compiled:
+            self._compiled[key] = _cellc.compile(self.source, self.file_name, sizes,
+                                                 _DTYPES[dtype], self.threads)
+        return self._compiled[key]
+
+    def emit(self, stage, sizes=None, dtype=torch.float32, save_gates=None):
+        """The IR at `stage`: "mlir", "split", "grad", "saves", "plan", "kernels"
+        or "llvm". `sizes` binds the symbolic sizes."""
+        if stage == "ptx":
+            raise NotImplementedError("PTX needs the CUDA backend, which is not built yet")
+        text, _ = _cellc.emit(self.source, self.file_name, sizes or {}, _DTYPES.get(dtype, "f32"),
+                              stage, -1 if save_gates is None else int(bool(save_gates)))
+        return text
+
+    # Running -----------------------------------------------------------------
+
+    def __call__(self, x, params, states=None, *, save_gates=True, resets=None,
+                 recompute=None, batch_first=False):
+        names_in = [n for n, _ in self.inputs]
+        if isinstance(x, dict):
+            missing = [n for n in names_in if n not in x]
+            if missing:
+                raise ValueError(f"no tensor for input {missing[0]!r}")
+            inputs = [x[n] for n in names_in]
+        else:
+            if len(names_in) != 1:
+                raise ValueError(f"this cell has inputs {names_in}: pass a dict of tensors")
+            inputs = [x]
+        if not isinstance(params, dict):
+            raise TypeError("params must be a dict from param names to tensors")
+        names_par = [n for n, _ in self.params]
+        missing = [n for n in names_par if n not in params]
+        if missing:
+            raise ValueError(f"no tensor for param {missing[0]!r}")
+        extra = [n for n in params if n not in names_par]
+        if extra:
+            raise ValueError(f"{extra[0]!r} is not a param of this cell; it has {names_par}")
+        names_st = [n for n, _ in self.states]
+        if states is not None:
+            if not isinstance(states, dict):
+                raise TypeError("states must be None or a dict from state names to tensors")
+            extra = [n for n in states if n not in names_st]
+            if extra:
+                raise ValueError(f"{extra[0]!r} is not a state of this cell; it has {names_st}")
+        tensors = list(inputs) + [params[n] for n in names_par]
+        for t in tensors + list((states or {}).values()):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"expected tensors, got {type(t).__name__}")
+        dtype = inputs[0].dtype
+        for t in tensors + list((states or {}).values()):
+            if t.dtype != dtype:
+                raise TypeError(f"all tensors must have one dtype; got {dtype} and {t.dtype}")
+            if t.device.type != "cpu" or self.target == "cuda":
+                raise RuntimeError("cellc: the CUDA backend is not built yet; this build runs "
+                                   "cells on CPU tensors only")
+        for name, t in zip(names_in, inputs):
+            if t.dim() != 3:
+                layout = "[B, T, n]" if batch_first else "[T, B, n]"
+                raise ValueError(f"input '{name}' must be {layout}, got shape {list(t.shape)}")
+        T, B = (inputs[0].shape[1], inputs[0].shape[0]) if batch_first else inputs[0].shape[:2]
+        shapes = {n: (t.shape[2],) for n, t in zip(names_in, inputs)}
+        for n, t in zip(names_in, inputs):
+            lead = (t.shape[1], t.shape[0]) if batch_first else tuple(t.shape[:2])
+            if lead != (T, B):
+                raise ValueError(f"input '{n}' has T, B = {lead}, but '{names_in[0]}' has {(T, B)}")
+        shapes.update({n: tuple(params[n].shape) for n in names_par})
+        if states is not None:
+            for n, t in states.items():
+                if t.dim() != 2 or t.shape[0] != B:
+                    raise ValueError(f"state '{n}' must be [B, n] with B={B}, got {list(t.shape)}")
+                shapes[n] = (t.shape[1],)
+        sizes = self.bind_sizes(shapes)
+        compiled = self.jit(sizes, dtype)
+        state_list = []
+        if states is not None:
+            for (n, shape) in compiled.states:
+                t = states.get(n)
+                state_list.append(t if t is not None else inputs[0].new_zeros(B, shape[0]))
+        if resets is not None:
+            want = (B, T) if batch_first else (T, B)
+            if not isinstance(resets, torch.Tensor) or tuple(resets.shape) != want:
+                raise ValueError(f"resets must be a bool tensor of shape {list(want)}")
+            resets = resets.to(torch.uint8).contiguous()
+        mode = _parse_mode(save_gates, recompute)
+        tensors = [t.contiguous() for t in tensors + state_list]
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        counts = (len(inputs), len(names_par), len(state_list), batch_first)
+        results = _CellFunction.apply(compiled, mode, resets, training, counts, *tensors)
+        n_out = len(compiled.outputs)
+        outs, finals = results[:n_out], results[n_out:]
+        out = outs[0] if n_out == 1 else {n: t for (n, _), t in zip(compiled.outputs, outs)}
+        final = {n: t for (n, _), t in zip(compiled.states, finals)}
+        return out, final
+
+
+def _output_names(text):
+    line = next(l for l in text.splitlines() if "cell.def" in l)
+    inside = line.split("outputs(", 1)[1].split(")", 1)[0]
+    return [p.strip().strip('"') for p in inside.split(",") if p.strip()]
+
+
+def compile(source, target=None, *, threads=0):
+    """Parses and checks a cell. `source` is the cell's text or a path to a
+    .cell file. Kernels are compiled per (sizes, dtype) on first use."""
+    file_name = "<cell>"
+    if "{" not in source and os.path.exists(source):
+        file_name = source
+        with open(source) as f:
+            source = f.read()
+    return Cell(source, file_name, target, threads)

@@ -1,0 +1,226 @@
+"""Modules: `Recurrent` for any cell, and drop-ins for torch.nn.LSTM and GRU
+with the same constructor, forward signature and state_dict keys, plus
+per-step episode resets."""
+
+import math
+
+import torch
+
+from .core import compile as _compile
+
+LSTM_CELL = """
+cell lstm {
+  input x: [I]
+  state h: [H], c: [H]
+  param W_ih: [4*H, I], W_hh: [4*H, H], b_ih: [4*H], b_hh: [4*H]
+  i, f, g, o = chunk(W_ih @ x + b_ih + W_hh @ h + b_hh, 4)
+  c = sigmoid(f) * c + sigmoid(i) * tanh(g)
+  h = sigmoid(o) * tanh(c)
+  output h
+}
+"""
+
+GRU_CELL = """
+cell gru {
+  input x: [I]
+  state h: [H]
+  param W_ih: [3*H, I], W_hh: [3*H, H], b_ih: [3*H], b_hh: [3*H]
+  x_r, x_z, x_n = chunk(W_ih @ x + b_ih, 3)
+  h_r, h_z, h_n = chunk(W_hh @ h + b_hh, 3)
+  r = sigmoid(x_r + h_r)
+  z = sigmoid(x_z + h_z)
+  n = tanh(x_n + r * h_n)
+  h = (1 - z) * n + z * h
+  output h
+}
+"""
+
+
+def _reverse_resets(resets):
+    """Resets for the reverse direction: a segment that starts at t in forward
+    time ends at t - 1, which is where the reverse pass must restart."""
+    if resets is None:
+        return None
+    flipped = resets.flip(0)
+    rev = torch.zeros_like(resets)
+    rev[1:] = flipped[:-1]
+    return rev
+
+
+class _TorchStyleRNN(torch.nn.Module):
+    """The common part of LSTM and GRU: torch's parameter layout and forward."""
+
+    def __init__(self, source, gates, state_names, input_size, hidden_size,
+                 num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, proj_size=0, device=None, dtype=None,
+                 recompute="none"):
+        super().__init__()
+        if proj_size:
+            raise NotImplementedError("cellc.nn does not support proj_size yet")
+        if device is not None and torch.device(device).type != "cpu":
+            raise RuntimeError("cellc: the CUDA backend is not built yet")
+        self.cell = _compile(source)
+        self.state_names = state_names
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.num_layers, self.bias = num_layers, bias
+        self.batch_first, self.dropout = batch_first, float(dropout)
+        self.bidirectional = bidirectional
+        self.recompute = recompute
+        directions = 2 if bidirectional else 1
+        factory = {"dtype": dtype or torch.get_default_dtype()}
+        self._names = []
+        for layer in range(num_layers):
+            for d in range(directions):
+                suffix = f"_l{layer}" + ("_reverse" if d else "")
+                size_in = input_size if layer == 0 else hidden_size * directions
+                names = [f"weight_ih{suffix}", f"weight_hh{suffix}"]
+                self.register_parameter(names[0], torch.nn.Parameter(
+                    torch.empty(gates * hidden_size, size_in, **factory)))
+                self.register_parameter(names[1], torch.nn.Parameter(
+                    torch.empty(gates * hidden_size, hidden_size, **factory)))
+                if bias:
+                    names += [f"bias_ih{suffix}", f"bias_hh{suffix}"]
+                    for n in names[2:]:
+                        self.register_parameter(n, torch.nn.Parameter(
+                            torch.empty(gates * hidden_size, **factory)))
+                self._names.append(names)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            torch.nn.init.uniform_(p, -bound, bound)
+
+    def _params(self, index):
+        names = self._names[index]
+        w_ih, w_hh = getattr(self, names[0]), getattr(self, names[1])
+        if self.bias:
+            b_ih, b_hh = getattr(self, names[2]), getattr(self, names[3])
+        else:
+            b_ih = w_ih.new_zeros(w_ih.shape[0])
+            b_hh = w_ih.new_zeros(w_ih.shape[0])
+        return {"W_ih": w_ih, "W_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh}
+
+    def _run(self, x, hx, resets):
+        # x is [T, B, n]; hx is a tuple of [L * D, B, H] or None.
+        directions = 2 if self.bidirectional else 1
+        finals = [[] for _ in self.state_names]
+        layer_input = x
+        for layer in range(self.num_layers):
+            outs = []
+            for d in range(directions):
+                index = layer * directions + d
+                states = None
+                if hx is not None:
+                    states = {n: h[index] for n, h in zip(self.state_names, hx)}
+                seq = layer_input if d == 0 else layer_input.flip(0)
+                r = resets if d == 0 else _reverse_resets(resets)
+                out, final = self.cell(seq, self._params(index), states, resets=r,
+                                       recompute=self.recompute)
+                outs.append(out if d == 0 else out.flip(0))
+                for k, n in enumerate(self.state_names):
+                    finals[k].append(final[n])
+            layer_input = outs[0] if directions == 1 else torch.cat(outs, dim=2)
+            if self.dropout and self.training and layer + 1 < self.num_layers:
+                layer_input = torch.nn.functional.dropout(layer_input, self.dropout, True)
+        return layer_input, tuple(torch.stack(f) for f in finals)
+
+    def _forward(self, input, hx, resets):
+        if input.dim() != 3:
+            raise ValueError(f"expected input of 3 dimensions, got shape {list(input.shape)}")
+        x = input.transpose(0, 1) if self.batch_first else input
+        if resets is not None:
+            if resets.dtype != torch.bool:
+                raise TypeError("resets must be a bool tensor")
+            resets = resets.transpose(0, 1) if self.batch_first else resets
+        out, finals = self._run(x, hx, resets)
+        if self.batch_first:
+            out = out.transpose(0, 1)
+        return out, finals
+
+
+class LSTM(_TorchStyleRNN):
+    """torch.nn.LSTM on cellc kernels: the same arguments, state_dict keys and
+    forward; `recompute` ("none", "full", "chunk:K") trades memory for time,
+    and `resets` ([T, B] bool, or [B, T] with batch_first) restarts episodes
+    from the initial state inside the sequence."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True,
+                 batch_first=False, dropout=0.0, bidirectional=False, proj_size=0,
+                 device=None, dtype=None, recompute="none"):
+        super().__init__(LSTM_CELL, 4, ["h", "c"], input_size, hidden_size, num_layers,
+                         bias, batch_first, dropout, bidirectional, proj_size, device,
+                         dtype, recompute)
+
+    def forward(self, input, hx=None, resets=None):
+        out, (h, c) = self._forward(input, hx, resets)
+        return out, (h, c)
+
+
+class GRU(_TorchStyleRNN):
+    """torch.nn.GRU on cellc kernels; see LSTM for `recompute` and `resets`."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True,
+                 batch_first=False, dropout=0.0, bidirectional=False, device=None,
+                 dtype=None, recompute="none"):
+        super().__init__(GRU_CELL, 3, ["h"], input_size, hidden_size, num_layers,
+                         bias, batch_first, dropout, bidirectional, 0, device, dtype,
+                         recompute)
+
+    def forward(self, input, hx=None, resets=None):
+        out, (h,) = self._forward(input, None if hx is None else (hx,), resets)
+        return out, h
+
+
+class Recurrent(torch.nn.Module):
+    """Any cell as a module: `Recurrent(cell, I=..., H=..., num_layers=1)`
+    creates the cell's params with uniform(-1/sqrt(H), 1/sqrt(H)) and runs the
+    layers in sequence (layer k > 0 takes the previous layer's first output)."""
+
+    def __init__(self, cell, num_layers=1, batch_first=False, dropout=0.0,
+                 recompute="none", dtype=None, **sizes):
+        super().__init__()
+        self.cell = _compile(cell) if isinstance(cell, str) else cell
+        self.sizes = dict(sizes)
+        self.num_layers, self.batch_first = num_layers, batch_first
+        self.dropout, self.recompute = float(dropout), recompute
+        hidden = sizes.get("H", next(iter(sizes.values())) if sizes else 1)
+        bound = 1.0 / math.sqrt(hidden)
+        dtype = dtype or torch.get_default_dtype()
+        self.layers = torch.nn.ModuleList()
+        # Layers after the first read the previous layer's output, the size of
+        # the first state: its input size symbol is bound to that.
+        out_size = self._eval(self.cell.states[0][1][0], sizes)
+        first_input = self.cell.inputs[0][1][0] if self.cell.inputs else None
+        for layer in range(num_layers):
+            params = torch.nn.ParameterDict()
+            layer_sizes = dict(sizes)
+            if layer and first_input and first_input.isidentifier():
+                layer_sizes[first_input] = out_size
+            for name, shape in self.cell.params:
+                dims = [self._eval(d, layer_sizes) for d in shape]
+                params[name] = torch.nn.Parameter(
+                    torch.empty(*dims, dtype=dtype).uniform_(-bound, bound))
+            self.layers.append(params)
+
+    @staticmethod
+    def _eval(text, sizes):
+        return int(eval(text, {"__builtins__": {}}, dict(sizes)))
+
+    def forward(self, x, states=None, resets=None):
+        if self.batch_first:
+            x = x.transpose(0, 1)
+            if resets is not None:
+                resets = resets.transpose(0, 1)
+        finals = []
+        for k, params in enumerate(self.layers):
+            out, final = self.cell(x, dict(params.items()),
+                                   None if states is None else states[k],
+                                   resets=resets, recompute=self.recompute)
+            finals.append(final)
+            x = out if isinstance(out, torch.Tensor) else next(iter(out.values()))
+            if self.dropout and self.training and k + 1 < self.num_layers:
+                x = torch.nn.functional.dropout(x, self.dropout, True)
+        if self.batch_first:
+            x = x.transpose(0, 1)
+        return x, finals

@@ -1,0 +1,246 @@
+//===- CellcModule.cpp - The _cellc Python extension ----------------------===//
+//
+// A thin pybind11 layer over the front end and the CPU runtime. Tensors cross
+// as (data pointer, shape) pairs, so the module needs no torch headers; the
+// cellc package wraps it into autograd functions and modules.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Frontend/IRGen.h"
+#include "compiler/Frontend/Parser.h"
+#include "compiler/Pipelines/Pipelines.h"
+#include "dialects/Cell/Transforms/Passes.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+#include "runtime/CpuCell.h"
+#include "runtime/KernelCache.h"
+
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SourceMgr.h"
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+using namespace cellc;
+using namespace cellc::runtime;
+
+namespace {
+
+/// (pointer, shape) pairs from Python.
+using Buffers = std::vector<std::pair<uintptr_t, std::vector<int64_t>>>;
+
+std::vector<Array> arrays(const Buffers &buffers) {
+  std::vector<Array> result;
+  for (const auto &[ptr, shape] : buffers)
+    result.push_back({reinterpret_cast<void *>(ptr), shape});
+  return result;
+}
+
+void check(llvm::Error error) {
+  if (error)
+    throw py::value_error(llvm::toString(std::move(error)));
+}
+
+struct PySaved {
+  SavedPtr saved;
+  int64_t nbytes() const { return saved ? CpuCell::savedBytes(*saved) : 0; }
+};
+
+struct PyCell {
+  std::unique_ptr<CpuCell> cell;
+
+  static py::list slots(const std::vector<Slot> &slots) {
+    py::list list;
+    for (const Slot &s : slots)
+      list.append(py::make_tuple(s.name, s.shape));
+    return list;
+  }
+
+  CpuCell::Sequence sequence(const Buffers &inputs, const Buffers &params,
+                             const Buffers &states, uintptr_t resets,
+                             int64_t steps, int64_t batch, bool batchFirst) {
+    CpuCell::Sequence seq;
+    seq.inputs = arrays(inputs);
+    seq.params = arrays(params);
+    seq.initialStates = arrays(states);
+    seq.resets = reinterpret_cast<const uint8_t *>(resets);
+    seq.steps = steps;
+    seq.batch = batch;
+    seq.batchFirst = batchFirst;
+    return seq;
+  }
+
+  std::shared_ptr<PySaved> forward(const Buffers &inputs, const Buffers &params,
+                                   const Buffers &states, uintptr_t resets,
+                                   int64_t steps, int64_t batch, bool batchFirst,
+                                   const Buffers &outputs, const Buffers &finals,
+                                   const std::string &mode, bool training) {
+    auto parsed = Recompute::parse(mode);
+    if (!parsed)
+      throw py::value_error(llvm::toString(parsed.takeError()));
+    auto saved = std::make_shared<PySaved>();
+    CpuCell::Sequence seq =
+        sequence(inputs, params, states, resets, steps, batch, batchFirst);
+    {
+      py::gil_scoped_release release;
+      check(cell->forward(seq, arrays(outputs), arrays(finals), *parsed,
+                          training ? &saved->saved : nullptr));
+    }
+    return training ? saved : nullptr;
+  }
+
+  void backward(const Buffers &inputs, const Buffers &params,
+                const Buffers &states, uintptr_t resets, int64_t steps,
+                int64_t batch, bool batchFirst, const PySaved &saved,
+                const Buffers &gradOutputs, const Buffers &gradFinals,
+                const Buffers &gradInputs, const Buffers &gradParams,
+                const Buffers &gradStates) {
+    if (!saved.saved)
+      throw py::value_error("backward needs a forward run with training=True");
+    CpuCell::Sequence seq =
+        sequence(inputs, params, states, resets, steps, batch, batchFirst);
+    py::gil_scoped_release release;
+    check(cell->backward(seq, *saved.saved, arrays(gradOutputs),
+                         arrays(gradFinals), arrays(gradInputs),
+                         arrays(gradParams), arrays(gradStates)));
+  }
+};
+
+/// The declarations of a cell: (kind, name, shape), each size a list of
+/// (coefficient, [size names]) terms. Raises ValueError with the front end's
+/// file:line:col message on a bad cell.
+py::list declarations(const std::string &source, const std::string &fileName) {
+  llvm::SourceMgr sm;
+  sm.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(source, fileName),
+                        llvm::SMLoc());
+  std::string messages;
+  llvm::raw_string_ostream os(messages);
+  CellDiagnostics diag(sm, os);
+  Parser parser(sm.getMemoryBuffer(sm.getMainFileID())->getBuffer(), diag);
+  auto cell = parser.parseCell();
+  if (!cell)
+    throw py::value_error(os.str());
+  py::list result;
+  for (const Decl &decl : cell->decls) {
+    py::list shape;
+    for (const SizeExpr &size : decl.shape) {
+      py::list terms;
+      for (const auto &term : size.terms) {
+        py::list names;
+        for (const Ident &sym : term.symbols)
+          names.append(sym.name);
+        terms.append(py::make_tuple(term.coefficient, names));
+      }
+      shape.append(terms);
+    }
+    result.append(py::make_tuple(spell(decl.kind).str(), decl.ident.name, shape));
+  }
+  return result;
+}
+
+/// Builds the cell IR at `sizes` and prints `stage` ("mlir", "split", "grad",
+/// "saves", "plan", "kernels", "llvm"). Warnings come back with the text;
+/// errors raise ValueError.
+std::pair<std::string, std::string>
+emit(const std::string &source, const std::string &fileName,
+     const std::map<std::string, int64_t> &sizes, const std::string &dtype,
+     const std::string &stage, int saveGates) {
+  llvm::SourceMgr sm;
+  sm.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(source, fileName),
+                        llvm::SMLoc());
+  std::string messages;
+  llvm::raw_string_ostream os(messages);
+  CellDiagnostics diag(sm, os);
+  mlir::MLIRContext context;
+  mlir::FloatType element = parseElementType(context, dtype);
+  if (!element)
+    throw py::type_error("unknown dtype " + dtype);
+  SizeBindings bindings(sizes.begin(), sizes.end());
+  auto module = compileCellSource(context, bindings, element, diag);
+  if (!module)
+    throw py::value_error(os.str());
+  std::map<std::string, Stage> stages = {
+      {"mlir", Stage::Cell},   {"split", Stage::Split},
+      {"grad", Stage::Grad},   {"saves", Stage::Plan},
+      {"plan", Stage::Plan},   {"kernels", Stage::Kernels},
+      {"llvm", Stage::LLVM}};
+  auto it = stages.find(stage);
+  if (it == stages.end())
+    throw py::value_error("unknown stage '" + stage +
+                          "'; expected mlir, split, grad, saves, plan, "
+                          "kernels or llvm (ptx needs the CUDA backend)");
+  mlir::SourceMgrDiagnosticHandler handler(sm, &context, os);
+  PipelineOptions options;
+  if (saveGates >= 0)
+    options.saveGates = saveGates != 0;
+  mlir::PassManager pm(&context);
+  buildPipeline(pm, it->second, options);
+  if (mlir::failed(pm.run(*module)))
+    throw py::value_error(os.str());
+  std::string text;
+  llvm::raw_string_ostream out(text);
+  if (stage == "plan")
+    mlir::cell::printSavePlan(*module, out);
+  else
+    module->print(out);
+  return {out.str(), os.str()};
+}
+
+} // namespace
+
+PYBIND11_MODULE(_cellc, m) {
+  m.doc() = "cellc's compiler and CPU runtime (use the cellc package)";
+
+  py::class_<PySaved, std::shared_ptr<PySaved>>(m, "Saved")
+      .def_property_readonly("nbytes", &PySaved::nbytes,
+                             "Bytes kept between forward and backward");
+
+  py::class_<PyCell>(m, "CompiledCell")
+      .def_property_readonly("inputs", [](PyCell &c) { return PyCell::slots(c.cell->inputs()); })
+      .def_property_readonly("states", [](PyCell &c) { return PyCell::slots(c.cell->states()); })
+      .def_property_readonly("params", [](PyCell &c) { return PyCell::slots(c.cell->params()); })
+      .def_property_readonly("outputs", [](PyCell &c) { return PyCell::slots(c.cell->outputs()); })
+      .def_property_readonly("loaded_from_cache",
+                             [](PyCell &c) { return c.cell->loadedFromCache(); })
+      .def_property("threads", [](PyCell &c) { return c.cell->threads(); },
+                    [](PyCell &c, int t) { c.cell->setThreads(t); })
+      .def("forward", &PyCell::forward)
+      .def("backward", &PyCell::backward);
+
+  m.def(
+      "compile",
+      [](const std::string &source, const std::string &fileName,
+         const std::map<std::string, int64_t> &sizes, const std::string &dtype,
+         int threads, bool useCache) {
+        if (dtype != "f32" && dtype != "f64")
+          throw py::type_error("the CPU backend takes float32 and float64, not " + dtype);
+        CpuCell::Options options;
+        options.threads = threads;
+        options.useCache = useCache;
+        SizeBindings bindings(sizes.begin(), sizes.end());
+        std::unique_ptr<CpuCell> cell;
+        {
+          py::gil_scoped_release release;
+          auto compiled = CpuCell::compile(source, fileName, bindings,
+                                           dtype == "f32" ? DType::F32 : DType::F64,
+                                           options);
+          if (!compiled) {
+            py::gil_scoped_acquire acquire;
+            throw py::value_error(llvm::toString(compiled.takeError()));
+          }
+          cell = std::move(*compiled);
+        }
+        PyCell result;
+        result.cell = std::move(cell);
+        return result;
+      },
+      py::arg("source"), py::arg("file_name"), py::arg("sizes"), py::arg("dtype"),
+      py::arg("threads") = 0, py::arg("use_cache") = true);
+  m.def("declarations", &declarations, py::arg("source"), py::arg("file_name"));
+  m.def("emit", &emit, py::arg("source"), py::arg("file_name"), py::arg("sizes"),
+        py::arg("dtype"), py::arg("stage"), py::arg("save_gates") = -1);
+  m.def("cache_dir", []() { return KernelCache::defaultDir(); });
+}

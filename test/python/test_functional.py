@@ -1,0 +1,207 @@
+"""The functional API: recompute modes, resets, custom cells under gradcheck,
+and the errors users meet."""
+
+import pytest
+import torch
+
+import cellc
+
+
+def _lstm_params(I, H, dtype=torch.float32, requires_grad=True):
+    g = torch.Generator().manual_seed(5)
+    shapes = {"W_ih": (4 * H, I), "W_hh": (4 * H, H), "b_ih": (4 * H,), "b_hh": (4 * H,)}
+    return {n: (0.3 * torch.randn(*s, generator=g, dtype=dtype)).requires_grad_(requires_grad)
+            for n, s in shapes.items()}
+
+
+LSTM = cellc.nn.LSTM_CELL
+
+
+@pytest.mark.parametrize("mode", ["full", "chunk:1", "chunk:3", "chunk:16"])
+def test_every_recompute_mode_gives_the_gradients_of_saved_gates(mode):
+    cell = cellc.compile(LSTM)
+    T, B, I, H = 7, 3, 4, 5
+    x = torch.randn(T, B, I, requires_grad=True)
+    params = _lstm_params(I, H)
+    states = {"h": torch.randn(B, H, requires_grad=True), "c": torch.randn(B, H, requires_grad=True)}
+    resets = torch.zeros(T, B, dtype=torch.bool)
+    resets[3, 1] = True
+
+    def grads(**kw):
+        out, final = cell(x, params, states, resets=resets, **kw)
+        loss = (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum() + final["c"].sum()
+        return torch.autograd.grad(loss, [x, *params.values(), *states.values()])
+
+    for a, b in zip(grads(recompute=mode), grads(save_gates=True)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    # save_gates=False is recompute="full".
+    for a, b in zip(grads(save_gates=False), grads(recompute="full")):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_a_reset_equals_two_runs_split_there():
+    cell = cellc.compile(LSTM)
+    T, B, I, H, t = 8, 2, 3, 4, 5
+    x = torch.randn(T, B, I)
+    params = _lstm_params(I, H, requires_grad=False)
+    h0 = {"h": torch.randn(B, H), "c": torch.randn(B, H)}
+    resets = torch.zeros(T, B, dtype=torch.bool)
+    resets[t] = True
+    whole, final = cell(x, params, h0, resets=resets)
+    first, _ = cell(x[:t], params, h0)
+    second, final2 = cell(x[t:], params, h0)
+    torch.testing.assert_close(whole, torch.cat([first, second]), atol=0, rtol=0)
+    torch.testing.assert_close(final["c"], final2["c"], atol=0, rtol=0)
+
+
+CUSTOM = {
+    "elementwise recurrence": ("""cell ind {
+        input x: [I]
+        state h: [H]
+        param W: [H, I], u: [H], b: [H]
+        h = tanh(W @ x + u * h + b)
+    }""", {"I": 3, "H": 4}),
+    "two inputs": ("""cell two {
+        input x: [I], y: [H]
+        state h: [H]
+        param W: [H, I], R: [H, H]
+        h = tanh(W @ x + R @ h) * sigmoid(y)
+    }""", {"I": 3, "H": 4}),
+    "two outputs": ("""cell twoout {
+        input x: [I]
+        state h: [H]
+        param W: [H, I], R: [H, H]
+        z = W @ x + R @ h
+        h = tanh(z)
+        output h, z
+    }""", {"I": 3, "H": 4}),
+    "exp and log": ("""cell explog {
+        input x: [I]
+        state h: [H], n: [H]
+        param W: [H, I], R: [H, H]
+        a = W @ x + R @ h
+        n = log(exp(a) + n * n + 1)
+        h = tanh(a) / n
+    }""", {"I": 3, "H": 4}),
+    "matvec on a computed value": ("""cell mgu {
+        input x: [I]
+        state h: [H]
+        param W_f: [H, I], U_f: [H, H], W_h: [H, I], U_h: [H, H]
+        f = sigmoid(W_f @ x + U_f @ h)
+        h = (1 - f) * h + f * tanh(W_h @ x + U_h @ (f * h))
+    }""", {"I": 3, "H": 4}),
+}
+
+
+@pytest.mark.parametrize("name", list(CUSTOM))
+@pytest.mark.parametrize("mode", ["none", "full", "chunk:2"])
+def test_custom_cells_pass_gradcheck_in_double_precision(name, mode):
+    source, sizes = CUSTOM[name]
+    cell = cellc.compile(source)
+    T, B = 4, 2
+    g = torch.Generator().manual_seed(7)
+    dims = {n: [eval(d, {}, sizes) for d in shape] for n, shape in cell.params}
+    params = {n: (0.5 * torch.randn(*d, generator=g, dtype=torch.float64)).requires_grad_()
+              for n, d in dims.items()}
+    inputs = {n: torch.randn(T, B, eval(s[0], {}, sizes), generator=g,
+                             dtype=torch.float64).requires_grad_() for n, s in cell.inputs}
+    states = {n: torch.rand(B, eval(s[0], {}, sizes), generator=g,
+                            dtype=torch.float64).requires_grad_() for n, s in cell.states}
+    resets = torch.zeros(T, B, dtype=torch.bool)
+    resets[2, 0] = True
+    names_p, names_i, names_s = list(params), list(inputs), list(states)
+
+    def run(*flat):
+        p = dict(zip(names_p, flat[:len(names_p)]))
+        xs = dict(zip(names_i, flat[len(names_p):len(names_p) + len(names_i)]))
+        st = dict(zip(names_s, flat[len(names_p) + len(names_i):]))
+        out, final = cell(xs if len(xs) > 1 else next(iter(xs.values())), p, st,
+                          resets=resets, recompute=mode)
+        outs = list(out.values()) if isinstance(out, dict) else [out]
+        return (*outs, *final.values())
+
+    assert torch.autograd.gradcheck(run, (*params.values(), *inputs.values(), *states.values()),
+                                    eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_no_grad_keeps_nothing_and_needs_no_grad():
+    cell = cellc.compile(LSTM)
+    with torch.no_grad():
+        out, final = cell(torch.randn(3, 2, 4), _lstm_params(4, 5))
+    assert not out.requires_grad and out.shape == (3, 2, 5)
+
+
+def test_names_and_shapes_are_reported():
+    cell = cellc.compile(LSTM)
+    assert cell.inputs == [("x", ["I"])]
+    assert cell.states == [("h", ["H"]), ("c", ["H"])]
+    assert ("W_ih", ["4*H", "I"]) in cell.params
+    assert cell.outputs == ["h"]
+    assert "cell.save" in cell.emit("saves", {"H": 4, "I": 3})
+    assert "none" in cell.emit("plan", {"H": 4, "I": 3})
+    assert "func.func @lstm_bwd" in cell.emit("kernels", {"H": 4, "I": 3})
+    assert isinstance(cellc.cache_dir(), str)
+
+
+def test_bad_cells_are_errors_with_their_place():
+    with pytest.raises(ValueError, match=r"<cell>:3:6: error: unknown name 'q'"):
+        cellc.compile("cell t {\n state h: [H]\n h = q\n}")
+    with pytest.warns(UserWarning, match="param 'v' is never used"):
+        cellc.compile("cell t { state h: [H]\n param v: [H]\n h = tanh(h) }")
+
+
+def test_bad_tensors_are_exceptions_not_crashes():
+    cell = cellc.compile(LSTM)
+    x = torch.randn(3, 2, 4)
+    params = _lstm_params(4, 5, requires_grad=False)
+    with pytest.raises(ValueError, match=r"param 'W_hh' is declared \[4\*H, H\].*shape \[20, 6\]"):
+        cell(x, {**params, "W_hh": torch.randn(20, 6)})
+    with pytest.raises(ValueError, match=r"param 'W_ih' is declared \[4\*H, I\]"):
+        cell(x, {**params, "W_ih": torch.randn(20, 3)})
+    with pytest.raises(TypeError, match="one dtype"):
+        cell(x.double(), params)
+    with pytest.raises(TypeError, match="float32 and float64"):
+        cell(x.half(), {n: p.half() for n, p in params.items()})
+    with pytest.raises(ValueError, match=r"input 'x' must be \[T, B, n\]"):
+        cell(torch.randn(3, 4), params)
+    with pytest.raises(ValueError, match="no tensor for param 'b_hh'"):
+        cell(x, {n: p for n, p in params.items() if n != "b_hh"})
+    with pytest.raises(ValueError, match="'W' is not a param"):
+        cell(x, {**params, "W": torch.randn(2)})
+    with pytest.raises(ValueError, match=r"state 'h' must be \[B, n\] with B=2"):
+        cell(x, params, {"h": torch.randn(3, 5)})
+    with pytest.raises(ValueError, match=r"resets must be a bool tensor of shape \[3, 2\]"):
+        cell(x, params, resets=torch.zeros(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="unknown recompute mode 'sometimes'"):
+        cell(x, params, recompute="sometimes")
+    # Non-contiguous inputs are copied, not misread.
+    xt = torch.randn(2, 3, 4).transpose(0, 1)
+    out, _ = cell(xt, params)
+    ref, _ = cell(xt.contiguous(), params)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
+def test_cuda_tensors_are_refused_clearly():
+    cell = cellc.compile(LSTM)
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU here: the CUDA checks of the functional API were skipped")
+    with pytest.raises(RuntimeError, match="CUDA backend is not built yet"):
+        cell(torch.randn(3, 2, 4, device="cuda"), _lstm_params(4, 5))
+
+
+def test_recurrent_module_trains():
+    torch.manual_seed(0)
+    model = cellc.nn.Recurrent(LSTM, I=3, H=8, num_layers=2, recompute="full")
+    head = torch.nn.Linear(8, 1)
+    opt = torch.optim.Adam(list(model.parameters()) + list(head.parameters()), lr=0.05)
+    x = torch.randn(10, 16, 3)
+    y = x[:, :, :1].cumsum(0) * 0.1
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        out, _ = model(x)
+        loss = (head(out) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]

@@ -1,0 +1,79 @@
+"""cellc.nn.LSTM and GRU against torch.nn.LSTM and GRU with the same weights:
+outputs, final states and every gradient."""
+
+import pytest
+import torch
+
+import cellc
+
+
+def _compare(ref, mine, x, hx, atol=2e-5):
+    mine.load_state_dict(ref.state_dict())
+    xr = x.clone().requires_grad_()
+    xm = x.clone().requires_grad_()
+    hr = None if hx is None else tuple(h.clone().requires_grad_() for h in hx)
+    hm = None if hx is None else tuple(h.clone().requires_grad_() for h in hx)
+    if isinstance(ref, torch.nn.GRU):
+        out_r, fin_r = ref(xr, None if hr is None else hr[0])
+        out_m, fin_m = mine(xm, None if hm is None else hm[0])
+        fin_r, fin_m = (fin_r,), (fin_m,)
+    else:
+        out_r, fin_r = ref(xr, hr)
+        out_m, fin_m = mine(xm, hm)
+    torch.testing.assert_close(out_m, out_r, atol=atol, rtol=1e-5)
+    for a, b in zip(fin_m, fin_r):
+        torch.testing.assert_close(a, b, atol=atol, rtol=1e-5)
+    # A loss on everything, with random weights.
+    g = torch.Generator().manual_seed(3)
+    w_out = torch.randn(out_r.shape, generator=g)
+    w_fin = [torch.randn(f.shape, generator=g) for f in fin_r]
+    loss_r = (out_r * w_out).sum() + sum((f * w).sum() for f, w in zip(fin_r, w_fin))
+    loss_m = (out_m * w_out).sum() + sum((f * w).sum() for f, w in zip(fin_m, w_fin))
+    wrt_r = [xr] + list(ref.parameters()) + (list(hr) if hr else [])
+    wrt_m = [xm] + list(mine.parameters()) + (list(hm) if hm else [])
+    for gm, gr in zip(torch.autograd.grad(loss_m, wrt_m), torch.autograd.grad(loss_r, wrt_r)):
+        torch.testing.assert_close(gm, gr, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_lstm_matches_torch(num_layers, batch_first, with_state, bidirectional):
+    torch.manual_seed(0)
+    T, B, I, H = 6, 4, 5, 7
+    ref = torch.nn.LSTM(I, H, num_layers=num_layers, batch_first=batch_first,
+                        bidirectional=bidirectional)
+    mine = cellc.nn.LSTM(I, H, num_layers=num_layers, batch_first=batch_first,
+                         bidirectional=bidirectional)
+    x = torch.randn(B, T, I) if batch_first else torch.randn(T, B, I)
+    D = 2 if bidirectional else 1
+    hx = (torch.randn(num_layers * D, B, H), torch.randn(num_layers * D, B, H)) \
+        if with_state else None
+    _compare(ref, mine, x, hx)
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_gru_matches_torch(num_layers, bidirectional):
+    torch.manual_seed(1)
+    T, B, I, H = 5, 3, 4, 6
+    ref = torch.nn.GRU(I, H, num_layers=num_layers, bidirectional=bidirectional)
+    mine = cellc.nn.GRU(I, H, num_layers=num_layers, bidirectional=bidirectional)
+    D = 2 if bidirectional else 1
+    _compare(ref, mine, torch.randn(T, B, I), (torch.randn(num_layers * D, B, H),))
+
+
+def test_a_trained_state_dict_loads_and_agrees():
+    torch.manual_seed(2)
+    ref = torch.nn.LSTM(3, 8)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        out, _ = ref(torch.randn(4, 2, 3))
+        out.pow(2).mean().backward()
+        opt.step()
+    mine = cellc.nn.LSTM(3, 8)
+    mine.load_state_dict(ref.state_dict())
+    x = torch.randn(7, 5, 3)
+    torch.testing.assert_close(mine(x)[0], ref(x)[0], atol=1e-6, rtol=1e-5)
