@@ -31,7 +31,7 @@ class _CellFunction(torch.autograd.Function):
     """One call of a compiled cell: forward and backward in the CPU runtime."""
 
     @staticmethod
-    def forward(ctx, compiled, mode, resets, training, counts, *tensors):
+    def forward(ctx, compiled, mode, resets, training, counts, stats, *tensors):
         n_in, n_par, n_st, batch_first = counts
         inputs = tensors[:n_in]
         params = tensors[n_in:n_in + n_par]
@@ -47,6 +47,7 @@ class _CellFunction(torch.autograd.Function):
                                  T, B, batch_first, buf(outputs), buf(finals), mode,
                                  training)
         ctx.compiled, ctx.saved, ctx.counts = compiled, saved, counts
+        stats["saved_bytes"] = saved.nbytes if saved is not None else 0
         ctx.steps_batch = (T, B)
         ctx.resets = resets
         if training:
@@ -76,7 +77,8 @@ class _CellFunction(torch.autograd.Function):
         ctx.compiled.backward(buf(inputs), buf(params), buf(states), resets_ptr, T, B,
                               batch_first, ctx.saved, buf(grad_out), buf(grad_fin),
                               buf(d_in), buf(d_par), buf(d_st))
-        return (None, None, None, None, None, *d_in, *d_par, *(d_st if states else ()))
+        return (None, None, None, None, None, None, *d_in, *d_par,
+                *(d_st if states else ()))
 
 
 class Cell:
@@ -114,6 +116,8 @@ class Cell:
                 warnings.warn(messages, stacklevel=3)
             self.outputs = _output_names(text)
         self._compiled = {}
+        #: Bytes the last call keeps for its backward (0 without autograd).
+        self.saved_bytes = 0
 
     def __repr__(self):
         return (f"cellc.Cell(inputs={self.inputs}, states={self.states}, "
@@ -266,7 +270,10 @@ class Cell:
         tensors = [t.contiguous() for t in tensors + state_list]
         training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         counts = (len(inputs), len(names_par), len(state_list), batch_first)
-        results = _CellFunction.apply(compiled, mode, resets, training, counts, *tensors)
+        stats = {}
+        results = _CellFunction.apply(compiled, mode, resets, training, counts, stats,
+                                      *tensors)
+        self.saved_bytes = stats.get("saved_bytes", 0)
         n_out = len(compiled.outputs)
         outs, finals = results[:n_out], results[n_out:]
         out = outs[0] if n_out == 1 else {n: t for (n, _), t in zip(compiled.outputs, outs)}

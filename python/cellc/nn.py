@@ -66,6 +66,8 @@ class _TorchStyleRNN(torch.nn.Module):
         self.batch_first, self.dropout = batch_first, float(dropout)
         self.bidirectional = bidirectional
         self.recompute = recompute
+        #: Bytes the last forward keeps for backward, over all layers.
+        self.saved_bytes = 0
         directions = 2 if bidirectional else 1
         factory = {"dtype": dtype or torch.get_default_dtype()}
         self._names = []
@@ -106,6 +108,7 @@ class _TorchStyleRNN(torch.nn.Module):
         directions = 2 if self.bidirectional else 1
         finals = [[] for _ in self.state_names]
         layer_input = x
+        self.saved_bytes = 0
         for layer in range(self.num_layers):
             outs = []
             for d in range(directions):
@@ -117,6 +120,7 @@ class _TorchStyleRNN(torch.nn.Module):
                 r = resets if d == 0 else _reverse_resets(resets)
                 out, final = self.cell(seq, self._params(index), states, resets=r,
                                        recompute=self.recompute)
+                self.saved_bytes += self.cell.saved_bytes
                 outs.append(out if d == 0 else out.flip(0))
                 for k, n in enumerate(self.state_names):
                     finals[k].append(final[n])
