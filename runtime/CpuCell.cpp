@@ -484,6 +484,12 @@ struct TimeMajor {
   }
 };
 
+/// The time-major view of a batch-first sequence, after checking its inputs:
+/// copies of the inputs and resets live in `tm`. Sets T and B.
+llvm::Expected<cellc::runtime::CpuCell::Sequence>
+timeMajorSequence(const cellc::runtime::CpuCell::Sequence &seq, TimeMajor &tm,
+                  int64_t eb, int64_t &T, int64_t &B);
+
 /// Checks that every array is rank 3 and batch-first over [B, T].
 llvm::Error checkBatchFirst(const std::vector<Array> &arrays, int64_t B,
                             int64_t T, const char *what) {
@@ -494,24 +500,17 @@ llvm::Error checkBatchFirst(const std::vector<Array> &arrays, int64_t B,
                   llvm::Twine(T) + ", n]");
   return llvm::Error::success();
 }
-} // namespace
 
-llvm::Error CpuCell::forward(const Sequence &seq,
-                             const std::vector<Array> &outputs,
-                             const std::vector<Array> &finalStates,
-                             Recompute mode, SavedPtr *saved) {
-  if (!seq.batchFirst)
-    return forwardTimeMajor(seq, outputs, finalStates, mode, saved);
-  int64_t eb = elementBytes();
+llvm::Expected<cellc::runtime::CpuCell::Sequence>
+timeMajorSequence(const cellc::runtime::CpuCell::Sequence &seq, TimeMajor &tm,
+                  int64_t eb, int64_t &T, int64_t &B) {
   if (seq.inputs.empty() || seq.inputs[0].shape.size() != 3)
     return fail("batch-first sequences need inputs of shape [B, T, n]");
-  int64_t B = seq.inputs[0].shape[0], T = seq.inputs[0].shape[1];
+  B = seq.inputs[0].shape[0];
+  T = seq.inputs[0].shape[1];
   if (auto e = checkBatchFirst(seq.inputs, B, T, "input"))
-    return e;
-  if (auto e = checkBatchFirst(outputs, B, T, "output"))
-    return e;
-  TimeMajor tm;
-  Sequence inner = seq;
+    return std::move(e);
+  cellc::runtime::CpuCell::Sequence inner = seq;
   inner.batchFirst = false;
   for (Array &a : inner.inputs)
     a = tm.from(a, eb, true);
@@ -520,10 +519,27 @@ llvm::Error CpuCell::forward(const Sequence &seq,
     swapLeadingDims(seq.resets, tm.resets.data(), B, T, 1);
     inner.resets = tm.resets.data();
   }
+  return inner;
+}
+} // namespace
+
+llvm::Error CpuCell::forward(const Sequence &seq,
+                             const std::vector<Array> &outputs,
+                             const std::vector<Array> &finalStates,
+                             Recompute mode, SavedPtr *saved) {
+  if (!seq.batchFirst)
+    return forwardTimeMajor(seq, outputs, finalStates, mode, saved);
+  int64_t eb = elementBytes(), T, B;
+  TimeMajor tm;
+  auto inner = timeMajorSequence(seq, tm, eb, T, B);
+  if (!inner)
+    return inner.takeError();
+  if (auto e = checkBatchFirst(outputs, B, T, "output"))
+    return e;
   std::vector<Array> innerOutputs;
   for (const Array &a : outputs)
     innerOutputs.push_back(tm.from(a, eb, false));
-  if (auto e = forwardTimeMajor(inner, innerOutputs, finalStates, mode, saved))
+  if (auto e = forwardTimeMajor(*inner, innerOutputs, finalStates, mode, saved))
     return e;
   for (auto [i, a] : llvm::enumerate(outputs))
     swapLeadingDims(innerOutputs[i].data, a.data, T, B, a.shape[2] * eb);
@@ -539,32 +555,21 @@ llvm::Error CpuCell::backward(const Sequence &seq, const Saved &saved,
   if (!seq.batchFirst)
     return backwardTimeMajor(seq, saved, gradOutputs, gradFinalStates,
                              gradInputs, gradParams, gradInitialStates);
-  int64_t eb = elementBytes();
-  if (seq.inputs.empty() || seq.inputs[0].shape.size() != 3)
-    return fail("batch-first sequences need inputs of shape [B, T, n]");
-  int64_t B = seq.inputs[0].shape[0], T = seq.inputs[0].shape[1];
-  if (auto e = checkBatchFirst(seq.inputs, B, T, "input"))
-    return e;
+  int64_t eb = elementBytes(), T, B;
+  TimeMajor tm;
+  auto inner = timeMajorSequence(seq, tm, eb, T, B);
+  if (!inner)
+    return inner.takeError();
   if (auto e = checkBatchFirst(gradOutputs, B, T, "output gradient"))
     return e;
   if (auto e = checkBatchFirst(gradInputs, B, T, "input gradient"))
     return e;
-  TimeMajor tm;
-  Sequence inner = seq;
-  inner.batchFirst = false;
-  for (Array &a : inner.inputs)
-    a = tm.from(a, eb, true);
-  if (seq.resets) {
-    tm.resets.resize(T * B);
-    swapLeadingDims(seq.resets, tm.resets.data(), B, T, 1);
-    inner.resets = tm.resets.data();
-  }
   std::vector<Array> innerGradOutputs, innerGradInputs;
   for (const Array &a : gradOutputs)
     innerGradOutputs.push_back(a.data ? tm.from(a, eb, true) : a);
   for (const Array &a : gradInputs)
     innerGradInputs.push_back(a.data ? tm.from(a, eb, false) : a);
-  if (auto e = backwardTimeMajor(inner, saved, innerGradOutputs, gradFinalStates,
+  if (auto e = backwardTimeMajor(*inner, saved, innerGradOutputs, gradFinalStates,
                                  innerGradInputs, gradParams, gradInitialStates))
     return e;
   for (auto [i, a] : llvm::enumerate(gradInputs))

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Support/Reference.h"
+#include "Support/TestCells.h"
 
 #include "gtest/gtest.h"
 
@@ -98,55 +99,21 @@ TEST(CellDerivativeTest, Elman) { checkCell(readExample("elman.cell"), kSizes); 
 /// Peephole LSTM with a positive-definite forget gate: exp, log, softplus,
 /// division, sqrt and max, and vector params read in the step.
 TEST(CellDerivativeTest, PeepholeWithSmoothClamps) {
-  checkCell(R"(cell peephole {
-    input x: [I]
-    state h: [H], c: [H]
-    param W: [4*H, I], R: [4*H, H], b: [4*H], p_i: [H], p_f: [H], p_o: [H]
-    i, f, g, o = chunk(W @ x + R @ h + b, 4)
-    ig = sigmoid(i + p_i * c)
-    fg = exp(-softplus(-(f + p_f * c)))
-    c = fg * c + ig * max(tanh(g), -0.9)
-    n = sqrt(c * c + 1)
-    h = sigmoid(o + p_o * c) * c / n + 0.1 * log(n)
-    output h, c
-  })",
-            kSizes);
+  checkCell(kPeephole, kSizes);
 }
 
 /// MGU: the recurrent matvec reads f * h, a value computed from the state.
 TEST(CellDerivativeTest, MinimalGatedUnit) {
-  checkCell(R"(cell mgu {
-    input x: [I]
-    state h: [H]
-    param W_f: [H, I], U_f: [H, H], b_f: [H], W_h: [H, I], U_h: [H, H], b_h: [H]
-    f = sigmoid(W_f @ x + U_f @ h + b_f)
-    n = tanh(W_h @ x + U_h @ (f * h) + b_h)
-    h = (1 - f) * h + f * n
-  })",
-            kSizes);
+  checkCell(kMgu, kSizes);
 }
 
 /// Two inputs, one used directly in the step as well as through a
 /// projection, and two outputs.
 TEST(CellDerivativeTest, TwoInputsTwoOutputs) {
-  checkCell(R"(cell two {
-    input x: [I], y: [H]
-    state h: [H]
-    param W: [H, I], U: [H, H], R: [H, H], b: [H]
-    z = W @ x + U @ y + R @ h + b
-    h = tanh(z) * sigmoid(y)
-    output h, z
-  })",
-            kSizes);
+  checkCell(kTwo, kSizes);
 }
 
 /// IndRNN: no recurrent matvec; relu, abs and min in the step.
 TEST(CellDerivativeTest, IndRnnWithClamps) {
-  checkCell(R"(cell indrnn {
-    input x: [I]
-    state h: [H]
-    param W: [H, I], u: [H], b: [H]
-    h = min(relu(W @ x + u * h + b), 2 - abs(h))
-  })",
-            kSizes);
+  checkCell(kIndRnn, kSizes);
 }

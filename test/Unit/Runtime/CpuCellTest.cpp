@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Support/Reference.h"
+#include "Support/TestCells.h"
 #include "runtime/CpuCell.h"
 
 #include "gtest/gtest.h"
@@ -18,43 +19,9 @@ using namespace cellc::runtime;
 
 namespace {
 
-const char *kPeephole = R"(cell peephole {
-  input x: [I]
-  state h: [H], c: [H]
-  param W: [4*H, I], R: [4*H, H], b: [4*H], p_i: [H], p_f: [H], p_o: [H]
-  i, f, g, o = chunk(W @ x + R @ h + b, 4)
-  ig = sigmoid(i + p_i * c)
-  fg = exp(-softplus(-(f + p_f * c)))
-  c = fg * c + ig * max(tanh(g), -0.9)
-  n = sqrt(c * c + 1)
-  h = sigmoid(o + p_o * c) * c / n + 0.1 * log(n)
-  output h, c
-})";
 
-const char *kMgu = R"(cell mgu {
-  input x: [I]
-  state h: [H]
-  param W_f: [H, I], U_f: [H, H], b_f: [H], W_h: [H, I], U_h: [H, H], b_h: [H]
-  f = sigmoid(W_f @ x + U_f @ h + b_f)
-  n = tanh(W_h @ x + U_h @ (f * h) + b_h)
-  h = (1 - f) * h + f * n
-})";
 
-const char *kTwo = R"(cell two {
-  input x: [I], y: [H]
-  state h: [H]
-  param W: [H, I], U: [H, H], R: [H, H], b: [H]
-  z = W @ x + U @ y + R @ h + b
-  h = tanh(z) * sigmoid(y)
-  output h, z
-})";
 
-const char *kIndRnn = R"(cell indrnn {
-  input x: [I]
-  state h: [H]
-  param W: [H, I], u: [H], b: [H]
-  h = min(relu(W @ x + u * h + b), 2 - abs(h))
-})";
 
 std::string source(const std::string &name) {
   if (name == "peephole")

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Support/Reference.h"
+#include "Support/TestCells.h"
 #include "compiler/Conversion/Passes.h"
 #include "runtime/JitKernels.h"
 
@@ -360,27 +361,9 @@ class KernelExecutionTest
 std::string sourceOf(const char *name) {
   std::string n = name;
   if (n == "peephole")
-    return R"(cell peephole {
-      input x: [I]
-      state h: [H], c: [H]
-      param W: [4*H, I], R: [4*H, H], b: [4*H], p_i: [H], p_f: [H], p_o: [H]
-      i, f, g, o = chunk(W @ x + R @ h + b, 4)
-      ig = sigmoid(i + p_i * c)
-      fg = exp(-softplus(-(f + p_f * c)))
-      c = fg * c + ig * max(tanh(g), -0.9)
-      n = sqrt(c * c + 1)
-      h = sigmoid(o + p_o * c) * c / n + 0.1 * log(n)
-      output h, c
-    })";
+    return kPeephole;
   if (n == "mgu")
-    return R"(cell mgu {
-      input x: [I]
-      state h: [H]
-      param W_f: [H, I], U_f: [H, H], b_f: [H], W_h: [H, I], U_h: [H, H], b_h: [H]
-      f = sigmoid(W_f @ x + U_f @ h + b_f)
-      n = tanh(W_h @ x + U_h @ (f * h) + b_h)
-      h = (1 - f) * h + f * n
-    })";
+    return kMgu;
   return readExample((n + ".cell").c_str());
 }
 
