@@ -77,3 +77,16 @@ def test_a_trained_state_dict_loads_and_agrees():
     mine.load_state_dict(ref.state_dict())
     x = torch.randn(7, 5, 3)
     torch.testing.assert_close(mine(x)[0], ref(x)[0], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [cellc.nn.LSTM, cellc.nn.GRU])
+def test_resets_split_episodes_in_both_directions(cls):
+    torch.manual_seed(4)
+    rnn = cls(3, 5, num_layers=2, bidirectional=True)
+    x = torch.randn(8, 2, 3)
+    resets = torch.zeros(8, 2, dtype=torch.bool)
+    resets[5] = True
+    whole, _ = rnn(x, resets=resets)
+    first, _ = rnn(x[:5])
+    second, _ = rnn(x[5:])
+    torch.testing.assert_close(whole, torch.cat([first, second]), atol=1e-6, rtol=1e-6)
