@@ -418,6 +418,30 @@ void *at(void *data, int64_t offset, int64_t elementBytes) {
 
 } // namespace
 
+/// Zeros for what the caller left out: no resets, no initial states.
+struct Defaults {
+  Defaults(const CpuCell::Sequence &seq, const std::vector<Slot> &states,
+           int64_t T, int64_t B, int64_t eb) {
+    resets = seq.resets;
+    if (!resets) {
+      noResets.assign(T * B, 0);
+      resets = noResets.data();
+    }
+    for (auto [i, slot] : llvm::enumerate(states)) {
+      if (!seq.initialStates.empty() && seq.initialStates[i].data) {
+        initial.push_back(seq.initialStates[i].data);
+      } else {
+        zeros.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
+        initial.push_back(zeros.back().data());
+      }
+    }
+  }
+  std::vector<uint8_t> noResets;
+  std::vector<Scratch> zeros;
+  const uint8_t *resets;
+  std::vector<void *> initial;
+};
+
 /// Buffers of one kernel call, looked up by argument kind and name.
 namespace {
 struct CallBuffers {
@@ -578,6 +602,48 @@ llvm::Error CpuCell::backward(const Sequence &seq, const Saved &saved,
   return llvm::Error::success();
 }
 
+llvm::Error CpuCell::runKernel(JitKernels &kernels, llvm::StringRef suffix,
+                               std::vector<KernelArg> args, int64_t batch) {
+  std::string name = impl->name + suffix.str();
+  return parallelBatches(batch, numThreads, [&](int64_t b0, int64_t b1) {
+    std::vector<KernelArg> mine = args;
+    mine[mine.size() - 2] = KernelArg::indexValue(b0);
+    mine[mine.size() - 1] = KernelArg::indexValue(b1);
+    return kernels.call(name, mine);
+  });
+}
+
+llvm::Error CpuCell::runForwardChunk(
+    JitKernels &kernels, const Sequence &seq, int64_t t0, int64_t len,
+    int64_t B, const uint8_t *resets, const std::vector<void *> &projections,
+    const std::vector<void *> &initial, const std::vector<void *> &start,
+    const std::vector<void *> &history, const std::vector<void *> &outputs,
+    void *gates) {
+  Impl &im = *impl;
+  int64_t eb = elementBytes();
+  CallBuffers call;
+  for (auto [i, slot] : llvm::enumerate(inputSlots))
+    call.set("input", slot.name, at(seq.inputs[i].data, t0 * B * slot.shape[0], eb),
+             {len, B, slot.shape[0]});
+  for (auto [p, proj] : llvm::enumerate(im.projections))
+    call.projections.push_back({projections[p], {len, B, proj.rows}});
+  call.set("resets", "resets", const_cast<uint8_t *>(resets + t0 * B), {len, B});
+  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
+    call.set("initial_state", slot.name, initial[i], {B, slot.shape[0]});
+    call.set("start_state", slot.name, start[i], {B, slot.shape[0]});
+    call.set("state_history", slot.name, history[i], {len, B, slot.shape[0]});
+  }
+  for (auto [i, slot] : llvm::enumerate(paramSlots))
+    call.set("param", slot.name, seq.params[i].data, slot.shape);
+  for (auto [i, slot] : llvm::enumerate(outputSlots))
+    call.set("output", slot.name, outputs[i], {len, B, slot.shape[0]});
+  call.set("gates", "gates", gates, {len, B, im.gatesWidth});
+  auto args = call.args(im.fwd);
+  if (!args)
+    return args.takeError();
+  return runKernel(kernels, "_fwd", std::move(*args), B);
+}
+
 llvm::Error CpuCell::forwardTimeMajor(const Sequence &seq,
                                       const std::vector<Array> &outputs,
                                       const std::vector<Array> &finalStates,
@@ -628,23 +694,9 @@ llvm::Error CpuCell::forwardTimeMajor(const Sequence &seq,
   if (mode.kind == Recompute::Kind::Chunk && mode.chunk < 1)
     return fail("chunk:K needs K >= 1");
 
-  // Zeros for what the caller left out.
-  std::vector<uint8_t> noResets;
-  const uint8_t *resets = seq.resets;
-  if (!resets) {
-    noResets.assign(T * B, 0);
-    resets = noResets.data();
-  }
-  std::vector<Scratch> zeroStates;
-  std::vector<void *> initial;
-  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-    if (!seq.initialStates.empty() && seq.initialStates[i].data) {
-      initial.push_back(seq.initialStates[i].data);
-    } else {
-      zeroStates.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
-      initial.push_back(zeroStates.back().data());
-    }
-  }
+  Defaults defaults(seq, stateSlots, T, B, eb);
+  const uint8_t *resets = defaults.resets;
+  const std::vector<void *> &initial = defaults.initial;
 
   // The hoisted projections: one GEMM each over all T*B rows.
   std::vector<Scratch> projected;
@@ -691,39 +743,23 @@ llvm::Error CpuCell::forwardTimeMajor(const Sequence &seq,
   JitKernels &kernels = saveGates ? *im.saving : *im.replaying;
   for (int64_t c = 0; c < chunks; ++c) {
     int64_t t0 = c * K, len = std::min(K, T - t0);
-    CallBuffers call;
-    for (auto [i, slot] : llvm::enumerate(inputSlots))
-      call.set("input", slot.name, at(seq.inputs[i].data, t0 * B * slot.shape[0], eb),
-               {len, B, slot.shape[0]});
+    std::vector<void *> chunkProjections, starts, histories, chunkOutputs;
     for (auto [p, proj] : llvm::enumerate(im.projections))
-      call.projections.push_back({at(projected[p].data(), t0 * B * proj.rows, eb),
-                                  {len, B, proj.rows}});
-    call.set("resets", "resets", const_cast<uint8_t *>(resets + t0 * B), {len, B});
+      chunkProjections.push_back(at(projected[p].data(), t0 * B * proj.rows, eb));
     for (auto [i, slot] : llvm::enumerate(stateSlots)) {
       int64_t n = slot.shape[0];
-      call.set("initial_state", slot.name, initial[i], {B, n});
-      call.set("start_state", slot.name, start[i].data(), {B, n});
       if (!boundaries.empty())
         std::memcpy(at(boundaries[i].data(), c * B * n, eb), start[i].data(), B * n * eb);
-      call.set("state_history", slot.name, history[i].data(), {len, B, n});
+      starts.push_back(start[i].data());
+      histories.push_back(history[i].data());
     }
-    for (auto [i, slot] : llvm::enumerate(paramSlots))
-      call.set("param", slot.name, seq.params[i].data, slot.shape);
     for (auto [i, slot] : llvm::enumerate(outputSlots))
-      call.set("output", slot.name, at(outputs[i].data, t0 * B * slot.shape[0], eb),
-               {len, B, slot.shape[0]});
-    call.set("gates", "gates", saveGates ? at(gates.data(), t0 * B * im.gatesWidth, eb)
-                                         : gates.data(),
-             {len, B, im.gatesWidth});
-    auto args = call.args(im.fwd);
-    if (!args)
-      return args.takeError();
-    if (auto e = parallelBatches(B, numThreads, [&](int64_t b0, int64_t b1) {
-          std::vector<KernelArg> mine = *args;
-          mine[mine.size() - 2] = KernelArg::indexValue(b0);
-          mine[mine.size() - 1] = KernelArg::indexValue(b1);
-          return kernels.call(im.name + "_fwd", mine);
-        }))
+      chunkOutputs.push_back(at(outputs[i].data, t0 * B * slot.shape[0], eb));
+    void *chunkGates = saveGates ? at(gates.data(), t0 * B * im.gatesWidth, eb)
+                                 : gates.data();
+    if (auto e = runForwardChunk(kernels, seq, t0, len, B, resets, chunkProjections,
+                                 initial, starts, histories, chunkOutputs,
+                                 chunkGates))
       return e;
     // The next chunk starts where this one ended.
     for (auto [i, slot] : llvm::enumerate(stateSlots)) {
@@ -790,22 +826,9 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
         seq.inputs[i].shape != std::vector<int64_t>{T, B, slot.shape[0]})
       return fail("backward must see the forward's inputs");
 
-  std::vector<uint8_t> noResets;
-  const uint8_t *resets = seq.resets;
-  if (!resets) {
-    noResets.assign(T * B, 0);
-    resets = noResets.data();
-  }
-  std::vector<Scratch> zeroStates;
-  std::vector<void *> initial;
-  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-    if (!seq.initialStates.empty() && seq.initialStates[i].data) {
-      initial.push_back(seq.initialStates[i].data);
-    } else {
-      zeroStates.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
-      initial.push_back(zeroStates.back().data());
-    }
-  }
+  Defaults defaults(seq, stateSlots, T, B, eb);
+  const uint8_t *resets = defaults.resets;
+  const std::vector<void *> &initial = defaults.initial;
 
   // Accumulators: params, inputs and initial states, and the gradient that
   // flows into the end of the chunk being worked on.
@@ -872,32 +895,14 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
           std::vector<int64_t>{len, B, std::max<int64_t>(im.gatesWidth, 1)}, eb,
           /*zero=*/false);
       gates = chunkGates.data();
-      CallBuffers call;
-      for (auto [i, slot] : llvm::enumerate(inputSlots))
-        call.set("input", slot.name, at(seq.inputs[i].data, t0 * B * slot.shape[0], eb),
-                 {len, B, slot.shape[0]});
-      for (auto [p, proj] : llvm::enumerate(im.projections))
-        call.projections.push_back({projected[p].data(), {len, B, proj.rows}});
-      call.set("resets", "resets", const_cast<uint8_t *>(resets + t0 * B), {len, B});
-      for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-        call.set("initial_state", slot.name, initial[i], {B, slot.shape[0]});
-        call.set("start_state", slot.name, start[i], {B, slot.shape[0]});
-        call.set("state_history", slot.name, history[i], {len, B, slot.shape[0]});
-      }
-      for (auto [i, slot] : llvm::enumerate(paramSlots))
-        call.set("param", slot.name, seq.params[i].data, slot.shape);
-      for (auto [i, slot] : llvm::enumerate(outputSlots))
-        call.set("output", slot.name, chunkOutputs[i].data(), {len, B, slot.shape[0]});
-      call.set("gates", "gates", gates, {len, B, im.gatesWidth});
-      auto args = call.args(im.fwd);
-      if (!args)
-        return args.takeError();
-      if (auto e = parallelBatches(B, numThreads, [&](int64_t b0, int64_t b1) {
-            std::vector<KernelArg> mine = *args;
-            mine[mine.size() - 2] = KernelArg::indexValue(b0);
-            mine[mine.size() - 1] = KernelArg::indexValue(b1);
-            return im.saving->call(im.name + "_fwd", mine);
-          }))
+      std::vector<void *> chunkProjections, outputsOfChunk;
+      for (Scratch &p : projected)
+        chunkProjections.push_back(p.data());
+      for (Scratch &o : chunkOutputs)
+        outputsOfChunk.push_back(o.data());
+      if (auto e = runForwardChunk(*im.saving, seq, t0, len, B, resets,
+                                   chunkProjections, initial, start, history,
+                                   outputsOfChunk, gates))
         return e;
     } else {
       for (auto [i, slot] : llvm::enumerate(stateSlots)) {
@@ -985,12 +990,7 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
         args.push_back(KernelArg::buffer(results.back().data(), shape));
       }
     }
-    if (auto e = parallelBatches(B, numThreads, [&](int64_t b0, int64_t b1) {
-          std::vector<KernelArg> mine = args;
-          mine[mine.size() - 2] = KernelArg::indexValue(b0);
-          mine[mine.size() - 1] = KernelArg::indexValue(b1);
-          return kernels.call(im.name + "_bwd", mine);
-        }))
+    if (auto e = runKernel(kernels, "_bwd", std::move(args), B))
       return e;
 
     // Fold what the kernel wrote into the accumulators, with the GEMMs for

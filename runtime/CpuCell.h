@@ -153,6 +153,20 @@ private:
                                 const std::vector<Array> &gradParams,
                                 const std::vector<Array> &gradInitialStates);
 
+  /// Runs a kernel over all batch rows, a tile per thread.
+  llvm::Error runKernel(JitKernels &kernels, llvm::StringRef suffix,
+                        std::vector<KernelArg> args, int64_t batch);
+  /// Runs the forward kernel over steps [t0, t0 + len): pointers to the
+  /// chunk's projections, start states, history, outputs and gates.
+  llvm::Error runForwardChunk(JitKernels &kernels, const Sequence &seq,
+                              int64_t t0, int64_t len, int64_t batch,
+                              const uint8_t *resets,
+                              const std::vector<void *> &projections,
+                              const std::vector<void *> &initial,
+                              const std::vector<void *> &start,
+                              const std::vector<void *> &history,
+                              const std::vector<void *> &outputs, void *gates);
+
   struct Impl;
   explicit CpuCell(std::unique_ptr<Impl> impl);
 
