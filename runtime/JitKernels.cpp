@@ -2,6 +2,7 @@
 
 #include "runtime/JitKernels.h"
 
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/ExecutionEngine/ExecutionEngine.h"
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
@@ -62,6 +63,17 @@ JitKernels::compile(mlir::ModuleOp module, std::string *object) {
   if (!engine)
     return engine.takeError();
   if (object) {
+    // Compile the module now, through one of its own functions: the object
+    // dump would otherwise look up every function, libm declarations too, and
+    // print an error for each.
+    for (auto func : module.getOps<mlir::LLVM::LLVMFuncOp>()) {
+      if (func.isExternal())
+        continue;
+      auto compiled = (*engine)->lookupPacked(func.getName());
+      if (!compiled)
+        return compiled.takeError();
+      break;
+    }
     llvm::SmallString<128> path;
     if (std::error_code ec =
             llvm::sys::fs::createTemporaryFile("cellc-kernels", "o", path))
