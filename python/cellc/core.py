@@ -202,6 +202,9 @@ class Cell:
     def __call__(self, x, params, states=None, *, save_gates=True, resets=None,
                  recompute=None, batch_first=False):
         names_in = [n for n, _ in self.inputs]
+        if not names_in:
+            raise ValueError("this cell declares no input; the Python API needs one to "
+                             "know T and B")
         if isinstance(x, dict):
             missing = [n for n in names_in if n not in x]
             if missing:

@@ -205,3 +205,9 @@ def test_recurrent_module_trains():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_a_cell_without_inputs_is_refused_clearly():
+    cell = cellc.compile("cell decay { state h: [H]\n param a: [H]\n h = a * h }")
+    with pytest.raises(ValueError, match="declares no input"):
+        cell({}, {"a": torch.ones(3)})
