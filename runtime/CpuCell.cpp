@@ -249,19 +249,15 @@ llvm::Expected<std::unique_ptr<CpuCell>>
 CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
                  const SizeBindings &sizes, DType dtype, Options options) {
   mlir::MLIRContext context;
-  std::string messages;
-  llvm::raw_string_ostream os(messages);
-  llvm::SourceMgr sourceMgr;
-  sourceMgr.AddNewSourceBuffer(
-      llvm::MemoryBuffer::getMemBufferCopy(source, fileName), llvm::SMLoc());
-  CellDiagnostics diag(sourceMgr, os);
+  CellSource src(source, fileName);
+  llvm::raw_string_ostream &os = src.os;
   mlir::FloatType element = dtype == DType::F32
                                 ? mlir::FloatType(mlir::Float32Type::get(&context))
                                 : mlir::FloatType(mlir::Float64Type::get(&context));
-  auto module = compileCellSource(context, sizes, element, diag);
+  auto module = compileCellSource(context, sizes, element, src.diag);
   if (!module)
-    return fail(os.str());
-  mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, os);
+    return fail(src.diagnostics());
+  mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, os);
 
   auto impl = std::make_unique<Impl>();
   std::unique_ptr<CpuCell> cell(new CpuCell(nullptr));

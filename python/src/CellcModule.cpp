@@ -113,16 +113,11 @@ struct PyCell {
 /// (coefficient, [size names]) terms. Raises ValueError with the front end's
 /// file:line:col message on a bad cell.
 py::list declarations(const std::string &source, const std::string &fileName) {
-  llvm::SourceMgr sm;
-  sm.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(source, fileName),
-                        llvm::SMLoc());
-  std::string messages;
-  llvm::raw_string_ostream os(messages);
-  CellDiagnostics diag(sm, os);
-  Parser parser(sm.getMemoryBuffer(sm.getMainFileID())->getBuffer(), diag);
+  CellSource src(source, fileName);
+  Parser parser(src.text(), src.diag);
   auto cell = parser.parseCell();
   if (!cell)
-    throw py::value_error(os.str());
+    throw py::value_error(src.diagnostics());
   py::list result;
   for (const Decl &decl : cell->decls) {
     py::list shape;
@@ -148,20 +143,16 @@ std::pair<std::string, std::string>
 emit(const std::string &source, const std::string &fileName,
      const std::map<std::string, int64_t> &sizes, const std::string &dtype,
      const std::string &stage, int saveGates) {
-  llvm::SourceMgr sm;
-  sm.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(source, fileName),
-                        llvm::SMLoc());
-  std::string messages;
-  llvm::raw_string_ostream os(messages);
-  CellDiagnostics diag(sm, os);
+  CellSource src(source, fileName);
+  llvm::raw_string_ostream &os = src.os;
   mlir::MLIRContext context;
   mlir::FloatType element = parseElementType(context, dtype);
   if (!element)
     throw py::type_error("unknown dtype " + dtype);
   SizeBindings bindings(sizes.begin(), sizes.end());
-  auto module = compileCellSource(context, bindings, element, diag);
+  auto module = compileCellSource(context, bindings, element, src.diag);
   if (!module)
-    throw py::value_error(os.str());
+    throw py::value_error(src.diagnostics());
   std::map<std::string, Stage> stages = {
       {"mlir", Stage::Cell},   {"split", Stage::Split},
       {"grad", Stage::Grad},   {"saves", Stage::Plan},
@@ -172,7 +163,7 @@ emit(const std::string &source, const std::string &fileName,
     throw py::value_error("unknown stage '" + stage +
                           "'; expected mlir, split, grad, saves, plan, "
                           "kernels or llvm (ptx needs the CUDA backend)");
-  mlir::SourceMgrDiagnosticHandler handler(sm, &context, os);
+  mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, os);
   PipelineOptions options;
   if (saveGates >= 0)
     options.saveGates = saveGates != 0;

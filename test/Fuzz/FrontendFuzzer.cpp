@@ -11,8 +11,6 @@
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
-#include "llvm/Support/MemoryBuffer.h"
-#include "llvm/Support/SourceMgr.h"
 
 #include <cstdlib>
 #include <memory>
@@ -30,15 +28,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     loadFrontendDialects(*context);
   }
 
-  llvm::SourceMgr sourceMgr;
-  sourceMgr.AddNewSourceBuffer(
-      llvm::MemoryBuffer::getMemBufferCopy(
-          llvm::StringRef(reinterpret_cast<const char *>(data), size),
-          "fuzz.cell"),
-      llvm::SMLoc());
-  std::string messages;
-  llvm::raw_string_ostream os(messages);
-  CellDiagnostics diag(sourceMgr, os);
+  CellSource src(llvm::StringRef(reinterpret_cast<const char *>(data), size),
+                 "fuzz.cell");
+  CellDiagnostics &diag = src.diag;
   SizeBindings sizes = {{"H", 4}, {"I", 3}, {"N", 2}};
   auto module = compileCellSource(
       *context, sizes, mlir::Float32Type::get(context.get()), diag);

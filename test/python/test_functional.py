@@ -126,9 +126,13 @@ def test_custom_cells_pass_gradcheck_in_double_precision(name, mode):
 
 def test_no_grad_keeps_nothing_and_needs_no_grad():
     cell = cellc.compile(LSTM)
+    x, params = torch.randn(3, 2, 4), _lstm_params(4, 5)
+    out, _ = cell(x, params)
+    assert out.requires_grad and cell.saved_bytes > 0
     with torch.no_grad():
-        out, final = cell(torch.randn(3, 2, 4), _lstm_params(4, 5))
+        out, final = cell(x, params)
     assert not out.requires_grad and out.shape == (3, 2, 5)
+    assert cell.saved_bytes == 0
 
 
 def test_names_and_shapes_are_reported():

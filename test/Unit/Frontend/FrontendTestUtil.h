@@ -6,38 +6,22 @@
 #include "compiler/Frontend/Diagnostics.h"
 #include "compiler/Frontend/Parser.h"
 
-#include "llvm/Support/MemoryBuffer.h"
-#include "llvm/Support/SourceMgr.h"
 
 #include <memory>
 #include <string>
 
 namespace cellc::testing {
 
-/// A source buffer named `test.cell` and a diagnostic engine that writes into
-/// `messages`.
-struct Source {
-  explicit Source(llvm::StringRef text)
-      : os(messages), diag(sourceMgr, os) {
-    sourceMgr.AddNewSourceBuffer(
-        llvm::MemoryBuffer::getMemBufferCopy(text, "test.cell"), llvm::SMLoc());
-  }
+/// A source buffer named `test.cell`, with its diagnostics collected.
+struct Source : CellSource {
+  explicit Source(llvm::StringRef text) : CellSource(text, "test.cell") {}
 
-  llvm::StringRef buffer() const {
-    return sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID())->getBuffer();
-  }
+  llvm::StringRef buffer() const { return text(); }
 
   std::unique_ptr<CellAST> parse() {
-    Parser parser(buffer(), diag);
+    Parser parser(text(), diag);
     return parser.parseCell();
   }
-
-  const std::string &diagnostics() { return os.str(); }
-
-  llvm::SourceMgr sourceMgr;
-  std::string messages;
-  llvm::raw_string_ostream os;
-  CellDiagnostics diag;
 };
 
 } // namespace cellc::testing

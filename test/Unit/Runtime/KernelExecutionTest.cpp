@@ -88,16 +88,11 @@ void checkKernels(const std::string &source, bool f32, bool saveGates) {
 
   // The kernels, for their signatures, and lowered to LLVM for the JIT.
   MLIRContext context;
-  llvm::SourceMgr sm;
-  sm.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(source, "t.cell"),
-                        llvm::SMLoc());
-  std::string messages;
-  llvm::raw_string_ostream os(messages);
-  CellDiagnostics diag(sm, os);
+  CellSource src(source, "t.cell");
   FloatType element = f32 ? FloatType(Float32Type::get(&context))
                           : FloatType(Float64Type::get(&context));
-  auto kernels = compileCellSource(context, sizes, element, diag);
-  ASSERT_TRUE(kernels) << messages;
+  auto kernels = compileCellSource(context, sizes, element, src.diag);
+  ASSERT_TRUE(kernels) << src.diagnostics();
   PipelineOptions options;
   options.saveGates = saveGates;
   PassManager toKernels(&context);

@@ -51,13 +51,10 @@ inline std::unique_ptr<Compiled>
 compile(const std::string &source, const SizeBindings &sizes,
         Stage stage = Stage::Plan, const PipelineOptions &options = {}) {
   auto c = std::make_unique<Compiled>();
-  llvm::SourceMgr sm;
-  sm.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(source, "t.cell"),
-                        llvm::SMLoc());
-  llvm::raw_string_ostream os(c->diagnostics);
-  CellDiagnostics diag(sm, os);
+  CellSource src(source, "t.cell");
   c->module = compileCellSource(c->context, sizes,
-                                Float64Type::get(&c->context), diag);
+                                Float64Type::get(&c->context), src.diag);
+  c->diagnostics = src.diagnostics();
   if (!c->module)
     return c;
   PassManager pm(&c->context);
