@@ -2,6 +2,8 @@
 
 #include "compiler/Conversion/Passes.h"
 
+#include "compiler/Conversion/Common/KernelABI.h"
+
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -10,59 +12,6 @@ namespace mlir::cell {
 #include "compiler/Conversion/Passes.h.inc"
 
 namespace {
-
-VectorType vectorOf(Type tensor) {
-  auto type = cast<RankedTensorType>(tensor);
-  return VectorType::get(type.getShape(), type.getElementType());
-}
-
-/// A memref `[?, ?, n]` (time, batch, features) or `[?, n]` (batch, features).
-MemRefType sequenceType(Type tensor, bool perStep) {
-  auto type = cast<RankedTensorType>(tensor);
-  SmallVector<int64_t> shape;
-  if (perStep)
-    shape.push_back(ShapedType::kDynamic);
-  shape.push_back(ShapedType::kDynamic);
-  shape.push_back(type.getDimSize(0));
-  return MemRefType::get(shape, type.getElementType());
-}
-
-/// Collects kernel arguments with their descriptions.
-struct KernelSignature {
-  SmallVector<Type> types;
-  SmallVector<Attribute> info;
-
-  unsigned add(MLIRContext *ctx, Type type, StringRef kind, StringRef name,
-               ArrayRef<NamedAttribute> extra = {}) {
-    types.push_back(type);
-    Builder b(ctx);
-    SmallVector<NamedAttribute> attrs = {
-        b.getNamedAttr("kind", b.getStringAttr(kind)),
-        b.getNamedAttr("name", b.getStringAttr(name))};
-    llvm::append_range(attrs, extra);
-    info.push_back(b.getDictionaryAttr(attrs));
-    return types.size() - 1;
-  }
-
-  /// One buffer per state of `def`; returns the first one's index.
-  unsigned addPerState(DefOp def, StringRef kind, bool perStep) {
-    unsigned first = types.size();
-    for (auto [name, arg] : llvm::zip(
-             def.getStateNames().getAsValueRange<StringAttr>(), def.getStates()))
-      add(def.getContext(), sequenceType(arg.getType(), perStep), kind, name);
-    return first;
-  }
-
-  /// One `[T, B, n]` buffer per output of `def`; returns the first's index.
-  unsigned addPerOutput(DefOp def, StringRef kind) {
-    unsigned first = types.size();
-    for (auto [name, out] :
-         llvm::zip(def.getOutputNames().getAsValueRange<StringAttr>(),
-                   def.getYield().getOutputs()))
-      add(def.getContext(), sequenceType(out.getType(), true), kind, name);
-    return first;
-  }
-};
 
 /// Lowers the ops of one step (forward or backward) to vector code, for the
 /// sample `b` at time `t`.
@@ -83,24 +32,8 @@ public:
   LogicalResult lowerBlock(OpBuilder &builder, Block &block);
   Value lookup(Value v) { return map.lookup(v); }
 
-  /// Offsets of the saved values in the gate buffer.
-  SmallVector<int64_t> gateOffsets(TypeRange types) {
-    SmallVector<int64_t> offsets;
-    int64_t offset = 0;
-    for (Type type : types) {
-      offsets.push_back(offset);
-      offset += cast<RankedTensorType>(type).getDimSize(0);
-    }
-    return offsets;
-  }
-
 private:
   LogicalResult lower(OpBuilder &builder, Operation *op);
-  Value constant(OpBuilder &builder, Location loc, VectorType type, double v) {
-    auto attr = FloatAttr::get(type.getElementType(), v);
-    return builder.create<arith::ConstantOp>(
-        loc, type, SplatElementsAttr::get(type, ArrayRef<Attribute>(attr)));
-  }
   Value index(OpBuilder &builder, Location loc, int64_t v) {
     return builder.create<arith::ConstantIndexOp>(loc, v);
   }
@@ -135,6 +68,13 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
           ? dyn_cast<VectorType>(vectorOf(op->getResult(0).getType()))
           : VectorType();
 
+  if (type)
+    if (Value v = buildElementwise(builder, op,
+                                   llvm::map_to_vector(op->getOperands(), [&](Value x) {
+                                     return map.lookup(x);
+                                   }),
+                                   type))
+      return result(v);
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
       .Case([&](ParamOp param) -> LogicalResult {
         Value memref = params.lookup(param.getName());
@@ -148,76 +88,8 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
                                                    ValueRange{zero}));
       })
       .Case([&](ConstantOp c) -> LogicalResult {
-        return result(constant(builder, loc, type,
+        return result(splat(builder, loc, type,
                                c.getValue().convertToDouble()));
-      })
-      .Case([&](AddOp) -> LogicalResult {
-        return result(builder.create<arith::AddFOp>(loc, operand(0), operand(1)));
-      })
-      .Case([&](SubOp) -> LogicalResult {
-        return result(builder.create<arith::SubFOp>(loc, operand(0), operand(1)));
-      })
-      .Case([&](MulOp) -> LogicalResult {
-        return result(builder.create<arith::MulFOp>(loc, operand(0), operand(1)));
-      })
-      .Case([&](DivOp) -> LogicalResult {
-        return result(builder.create<arith::DivFOp>(loc, operand(0), operand(1)));
-      })
-      .Case([&](MaxOp) -> LogicalResult {
-        return result(
-            builder.create<arith::MaximumFOp>(loc, operand(0), operand(1)));
-      })
-      .Case([&](MinOp) -> LogicalResult {
-        return result(
-            builder.create<arith::MinimumFOp>(loc, operand(0), operand(1)));
-      })
-      .Case([&](GreaterOp) -> LogicalResult {
-        Value gt = builder.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT,
-                                                 operand(0), operand(1));
-        return result(builder.create<arith::SelectOp>(
-            loc, gt, constant(builder, loc, type, 1.0),
-            constant(builder, loc, type, 0.0)));
-      })
-      .Case([&](NegOp) -> LogicalResult {
-        return result(builder.create<arith::NegFOp>(loc, operand(0)));
-      })
-      .Case([&](SigmoidOp) -> LogicalResult {
-        // 1 / (1 + exp(-x))
-        Value e = builder.create<math::ExpOp>(
-            loc, builder.create<arith::NegFOp>(loc, operand(0)));
-        Value one = constant(builder, loc, type, 1.0);
-        return result(builder.create<arith::DivFOp>(
-            loc, one, builder.create<arith::AddFOp>(loc, one, e)));
-      })
-      .Case([&](TanhOp) -> LogicalResult {
-        return result(builder.create<math::TanhOp>(loc, operand(0)));
-      })
-      .Case([&](ExpOp) -> LogicalResult {
-        return result(builder.create<math::ExpOp>(loc, operand(0)));
-      })
-      .Case([&](LogOp) -> LogicalResult {
-        return result(builder.create<math::LogOp>(loc, operand(0)));
-      })
-      .Case([&](ReluOp) -> LogicalResult {
-        return result(builder.create<arith::MaximumFOp>(
-            loc, operand(0), constant(builder, loc, type, 0.0)));
-      })
-      .Case([&](SoftplusOp) -> LogicalResult {
-        // max(x, 0) + log1p(exp(-|x|)) does not overflow for large x.
-        Value x = operand(0);
-        Value pos = builder.create<arith::MaximumFOp>(
-            loc, x, constant(builder, loc, type, 0.0));
-        Value negAbs = builder.create<arith::NegFOp>(
-            loc, builder.create<math::AbsFOp>(loc, x));
-        Value tail = builder.create<math::Log1pOp>(
-            loc, builder.create<math::ExpOp>(loc, negAbs));
-        return result(builder.create<arith::AddFOp>(loc, pos, tail));
-      })
-      .Case([&](AbsOp) -> LogicalResult {
-        return result(builder.create<math::AbsFOp>(loc, operand(0)));
-      })
-      .Case([&](SqrtOp) -> LogicalResult {
-        return result(builder.create<math::SqrtOp>(loc, operand(0)));
       })
       .Case([&](ChunkOp chunk) -> LogicalResult {
         int64_t part = cast<RankedTensorType>(chunk.getResult(0).getType())
@@ -229,7 +101,7 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
         return success();
       })
       .Case([&](ConcatOp concat) -> LogicalResult {
-        Value acc = constant(builder, loc, type, 0.0);
+        Value acc = splat(builder, loc, type, 0.0);
         int64_t offset = 0;
         for (Value input : concat.getInputs()) {
           acc = builder.create<vector::InsertStridedSliceOp>(
@@ -275,7 +147,7 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
                                         ValueRange{index(builder, loc, 0)});
         auto loop = builder.create<scf::ForOp>(
             loc, index(builder, loc, 0), index(builder, loc, rows),
-            index(builder, loc, 1), ValueRange{constant(builder, loc, type, 0.0)},
+            index(builder, loc, 1), ValueRange{splat(builder, loc, type, 0.0)},
             [&](OpBuilder &nb, Location l, Value i, ValueRange acc) {
               Value zero = nb.create<arith::ConstantIndexOp>(l, 0);
               Value gi = nb.create<memref::LoadOp>(l, buffer, ValueRange{i});
@@ -298,7 +170,7 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
         if (save.getValues().empty())
           return success();
         SmallVector<int64_t> offsets =
-            gateOffsets(save.getValues().getTypes());
+            packedOffsets(save.getValues().getTypes());
         builder.create<scf::IfOp>(
             loc, saveGates, [&](OpBuilder &nb, Location l) {
               for (auto [value, offset] : llvm::zip(save.getValues(), offsets)) {
@@ -313,7 +185,7 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
       .Case([&](RestoreOp restore) -> LogicalResult {
         if (restore.getNumResults() == 0)
           return success();
-        SmallVector<int64_t> offsets = gateOffsets(restore.getResultTypes());
+        SmallVector<int64_t> offsets = packedOffsets(restore.getResultTypes());
         LogicalResult status = success();
         auto ifOp = builder.create<scf::IfOp>(
             loc, saveGates,
@@ -365,52 +237,13 @@ struct ConvertCellToKernels
     }
   }
 
-  /// Common arguments: inputs, projections, resets, initial states, params.
-  void addCommonArgs(DefOp def, KernelSignature &sig,
-                     SmallVectorImpl<ProjectionOp> &projections);
   LogicalResult buildForward(DefOp def);
   LogicalResult buildBackward(DefOp def, func::FuncOp grad);
-  func::FuncOp createKernel(DefOp def, StringRef suffix, KernelSignature &sig);
 };
 
-void ConvertCellToKernels::addCommonArgs(
-    DefOp def, KernelSignature &sig, SmallVectorImpl<ProjectionOp> &projections) {
-  MLIRContext *ctx = def.getContext();
-  for (auto [name, arg] :
-       llvm::zip(def.getInputNames().getAsValueRange<StringAttr>(), def.getInputs()))
-    sig.add(ctx, sequenceType(arg.getType(), true), "input", name);
-  def.walk([&](ProjectionOp p) { projections.push_back(p); });
-  Builder b(ctx);
-  for (ProjectionOp p : projections) {
-    // What the runtime's GEMM computes: weight @ input + biases.
-    SmallVector<Attribute> biases;
-    for (Value bias : p.getBiases())
-      biases.push_back(bias.getDefiningOp<ParamOp>().getNameAttr());
-    auto input = cast<BlockArgument>(p.getVector());
-    sig.add(ctx, sequenceType(p.getType(), true), "projection",
-            p.getWeight().getDefiningOp<ParamOp>().getName(),
-            {b.getNamedAttr("input", def.getInputNames()[input.getArgNumber()]),
-             b.getNamedAttr("biases", b.getArrayAttr(biases))});
-  }
-  sig.add(ctx,
-          MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic},
-                          IntegerType::get(ctx, 8)),
-          "resets", "resets");
-  sig.addPerState(def, "initial_state", false);
-  sig.addPerState(def, "start_state", false);
-  for (ParamOp param : def.getBody().getOps<ParamOp>()) {
-    auto type = cast<RankedTensorType>(param.getType());
-    sig.add(ctx, MemRefType::get(type.getShape(), type.getElementType()),
-            "param", param.getName());
-  }
-}
-
-func::FuncOp ConvertCellToKernels::createKernel(DefOp def, StringRef suffix,
-                                                KernelSignature &sig) {
-  MLIRContext *ctx = def.getContext();
+func::FuncOp createKernel(DefOp def, StringRef suffix,
+                          const KernelSignature &sig) {
   OpBuilder builder(def);
-  sig.add(ctx, builder.getIndexType(), "batch_begin", "b_begin");
-  sig.add(ctx, builder.getIndexType(), "batch_end", "b_end");
   auto kernel = builder.create<func::FuncOp>(
       def.getLoc(), (def.getSymName() + suffix).str(),
       builder.getFunctionType(sig.types, {}));
@@ -419,40 +252,23 @@ func::FuncOp ConvertCellToKernels::createKernel(DefOp def, StringRef suffix,
   return kernel;
 }
 
-/// The gate buffer type of a cell: `[T, B, sum of the saved sizes]`.
-MemRefType gatesType(DefOp def) {
-  int64_t size = 0;
-  for (SaveOp save : def.getBody().getOps<SaveOp>())
-    for (Type type : save.getValues().getTypes())
-      size += cast<RankedTensorType>(type).getDimSize(0);
-  Type element = cast<RankedTensorType>(def.getStates()[0].getType())
-                     .getElementType();
-  return MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic, size},
-                         element);
-}
-
 /// What both kernels start with: the SAVE_GATES flag, the step lowering bound
 /// to the kernel's params, projections and gates, and the loop bounds.
 struct KernelFrame {
-  KernelFrame(func::FuncOp kernel, DefOp def, unsigned numProjections,
-              unsigned gatesArg)
+  KernelFrame(func::FuncOp kernel, DefOp def, const ForwardArgs &args)
       : entry(kernel.getBody().front()),
         builder(OpBuilder::atBlockEnd(&entry)), loc(def.getLoc()),
         step(kernel, builder.create<SaveGatesOp>(loc, builder.getI1Type())) {
-    unsigned numInputs = def.getInputNames().size();
-    unsigned resetsArg = numInputs + numProjections;
-    unsigned numStates = def.getStateNames().size();
-    firstInit = resetsArg + 1;
-    firstStart = firstInit + numStates;
-    unsigned firstParam = firstStart + numStates;
+    firstInit = args.firstInit;
+    firstStart = args.firstStart;
     for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
-      step.params[param.getName()] = entry.getArgument(firstParam + i);
-    for (unsigned p = 0; p < numProjections; ++p)
-      step.projections.push_back(entry.getArgument(numInputs + p));
-    step.gates = entry.getArgument(gatesArg);
+      step.params[param.getName()] = entry.getArgument(args.firstParam + i);
+    for (unsigned p = 0; p < args.numProjections; ++p)
+      step.projections.push_back(entry.getArgument(args.numInputs + p));
+    step.gates = entry.getArgument(args.gates);
     c0 = builder.create<arith::ConstantIndexOp>(loc, 0);
     c1 = builder.create<arith::ConstantIndexOp>(loc, 1);
-    resets = entry.getArgument(resetsArg);
+    resets = entry.getArgument(args.resets);
     steps = builder.create<memref::DimOp>(loc, resets, 0);
     zeroByte = builder.create<arith::ConstantIntOp>(loc, 0, 8);
     bBegin = entry.getArgument(entry.getNumArguments() - 2);
@@ -479,17 +295,14 @@ struct KernelFrame {
 };
 
 LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
-  MLIRContext *ctx = def.getContext();
-  KernelSignature sig;
-  SmallVector<ProjectionOp> projections;
-  addCommonArgs(def, sig, projections);
+  ForwardArgs args;
+  KernelSignature sig = forwardSignature(def, args);
   YieldOp yield = def.getYield();
-  unsigned firstOutput = sig.addPerOutput(def, "output");
-  unsigned firstHistory = sig.addPerState(def, "state_history", true);
-  unsigned gatesArg = sig.add(ctx, gatesType(def), "gates", "gates");
+  unsigned firstOutput = args.firstOutput;
+  unsigned firstHistory = args.firstHistory;
 
   func::FuncOp kernel = createKernel(def, "_fwd", sig);
-  KernelFrame frame(kernel, def, projections.size(), gatesArg);
+  KernelFrame frame(kernel, def, args);
   Block &entry = frame.entry;
   OpBuilder &builder = frame.builder;
   StepLowering &step = frame.step;
@@ -548,45 +361,22 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
 }
 
 LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) {
-  MLIRContext *ctx = def.getContext();
-  KernelSignature sig;
-  SmallVector<ProjectionOp> projections;
-  addCommonArgs(def, sig, projections);
+  BackwardArgs args;
+  FailureOr<KernelSignature> sig = backwardSignature(def, grad, args);
+  if (failed(sig))
+    return failure();
   YieldOp yield = def.getYield();
   unsigned numStates = def.getStateNames().size();
-  unsigned numProjections = projections.size();
-
-  unsigned firstHistory = sig.addPerState(def, "state_history", true);
-  unsigned gatesArg = sig.add(ctx, gatesType(def), "gates", "gates");
-  unsigned firstDOut = sig.addPerOutput(def, "output_grad");
-  unsigned firstDFinal = sig.addPerState(def, "final_state_grad", false);
-
-  // One buffer per result of the backward step.
-  auto resultInfo = grad->getAttrOfType<ArrayAttr>("cell.grad_results");
+  unsigned firstHistory = args.firstHistory;
+  unsigned firstDOut = args.firstDOut;
+  unsigned firstDFinal = args.firstDFinal;
+  unsigned firstResult = args.firstResult;
+  unsigned firstStartGrad = args.firstStartGrad;
+  ArrayRef<StringRef> kinds = args.kinds;
   auto resultTypes = grad.getFunctionType().getResults();
-  if (!resultInfo || resultInfo.size() != resultTypes.size())
-    return grad.emitOpError("expects cell.grad_results for every result");
-  unsigned firstResult = sig.types.size();
-  SmallVector<StringRef> kinds;
-  for (auto [attr, type] : llvm::zip(resultInfo, resultTypes)) {
-    auto dict = cast<DictionaryAttr>(attr);
-    StringRef kind = dict.getAs<StringAttr>("kind").getValue();
-    kinds.push_back(kind);
-    auto nameAttr = dict.getAs<StringAttr>("name");
-    StringRef name = nameAttr ? nameAttr.getValue()
-                              : dict.getAs<StringAttr>("weight").getValue();
-    bool perStep = kind != "state" && kind != "param";
-    StringRef argKind = kind == "state"   ? "initial_state_grad"
-                        : kind == "param" ? "param_grad"
-                        : kind == "input" ? "input_grad"
-                        : kind == "projection" ? "projection_grad"
-                                               : kind;
-    sig.add(ctx, sequenceType(type, perStep), argKind, name);
-  }
-  unsigned firstStartGrad = sig.addPerState(def, "start_state_grad", false);
 
-  func::FuncOp kernel = createKernel(def, "_bwd", sig);
-  KernelFrame frame(kernel, def, numProjections, gatesArg);
+  func::FuncOp kernel = createKernel(def, "_bwd", *sig);
+  KernelFrame frame(kernel, def, args);
   Block &entry = frame.entry;
   OpBuilder &builder = frame.builder;
   StepLowering &step = frame.step;

@@ -1,0 +1,81 @@
+//===- KernelABI.h - The argument lists the sequence kernels share -*- C++ -*-===//
+//
+// Every strategy (the CPU's per-sample kernels, the batch-tiled kernels for
+// CUDA and their CPU emulation) takes the same arguments in the same order,
+// described by `cell.kernel_args`, so one runtime calling convention serves
+// them all. The elementwise ops also lower the same way everywhere.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_COMPILER_CONVERSION_COMMON_KERNELABI_H
+#define CELLC_COMPILER_CONVERSION_COMMON_KERNELABI_H
+
+#include "dialects/Cell/IR/CellOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+
+namespace mlir::cell {
+
+/// The vector type of a static 1-D or 2-D cell tensor type.
+VectorType vectorOf(Type tensor);
+
+/// A memref `[?, ?, n]` (time, batch, features) or `[?, n]` (batch, features).
+MemRefType sequenceType(Type tensor, bool perStep);
+
+/// The gate buffer type of a cell: `[T, B, sum of the saved sizes]`.
+MemRefType gatesType(DefOp def);
+
+/// Offsets of values of `types`, laid end to end.
+SmallVector<int64_t> packedOffsets(TypeRange types);
+
+/// Collects kernel arguments with their descriptions.
+struct KernelSignature {
+  SmallVector<Type> types;
+  SmallVector<Attribute> info;
+
+  unsigned add(MLIRContext *ctx, Type type, StringRef kind, StringRef name,
+               ArrayRef<NamedAttribute> extra = {});
+  /// One buffer per state of `def`; returns the first one's index.
+  unsigned addPerState(DefOp def, StringRef kind, bool perStep);
+  /// One `[T, B, n]` buffer per output of `def`; returns the first's index.
+  unsigned addPerOutput(DefOp def, StringRef kind);
+  /// The trailing `b_begin`, `b_end`.
+  void addBatchRange(MLIRContext *ctx);
+};
+
+/// Where the arguments of a forward kernel are.
+struct ForwardArgs {
+  unsigned numInputs = 0, numProjections = 0;
+  unsigned resets = 0, firstInit = 0, firstStart = 0, firstParam = 0;
+  unsigned firstOutput = 0, firstHistory = 0, gates = 0;
+};
+
+/// Where the arguments of a backward kernel are. `kinds` has the kind of
+/// each result of the backward step (`cell.grad_results`).
+struct BackwardArgs : ForwardArgs {
+  unsigned firstDOut = 0, firstDFinal = 0, firstResult = 0, firstStartGrad = 0;
+  SmallVector<StringRef> kinds;
+};
+
+/// The forward kernel's signature, `b_begin` and `b_end` included.
+KernelSignature forwardSignature(DefOp def, ForwardArgs &args);
+/// The backward kernel's signature, `b_begin` and `b_end` included.
+FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
+                                             BackwardArgs &args);
+
+/// The projections of `def`, in the order their buffers are passed.
+SmallVector<ProjectionOp> projectionsOf(DefOp def);
+
+/// Builds an elementwise cell op (add, tanh, max, ...) on operands of
+/// `type`, a vector of the element type. Returns null for other ops.
+Value buildElementwise(OpBuilder &builder, Operation *op, ValueRange operands,
+                       VectorType type);
+
+/// A splat constant of `type`.
+Value splat(OpBuilder &builder, Location loc, VectorType type, double value);
+
+} // namespace mlir::cell
+
+#endif // CELLC_COMPILER_CONVERSION_COMMON_KERNELABI_H
