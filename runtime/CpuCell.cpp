@@ -298,6 +298,10 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
     mlir::PassManager pm(&context);
     PipelineOptions pipeline;
     pipeline.saveGates = saveGates;
+    if (options.batchTiled) {
+      pipeline.strategy = KernelStrategy::BatchTiled;
+      pipeline.batchTile = options.batchTile;
+    }
     buildPipeline(pm, Stage::Kernels, pipeline);
     if (mlir::failed(pm.run(*copy)))
       return fail("cellc: building the kernels failed:\n" + os.str());

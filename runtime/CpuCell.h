@@ -75,6 +75,11 @@ public:
     bool useCache = true;
     /// The cache directory; empty for the default.
     std::string cacheDir;
+    /// Runs the batch-tiled kernels built for CUDA, emulated on the host:
+    /// to test the GPU strategy's code here. Slower than the default.
+    bool batchTiled = false;
+    /// Rows per tile for the batch-tiled kernels; 0 chooses.
+    int64_t batchTile = 0;
   };
 
   ~CpuCell();

@@ -56,6 +56,58 @@ def ConvertCellToKernels : Pass<"convert-cell-to-kernels", "::mlir::ModuleOp"> {
   ];
 }
 
+def ConvertCellToTiledKernels
+    : Pass<"convert-cell-to-tiled-kernels", "::mlir::ModuleOp"> {
+  let summary = "Builds batch-tiled forward and backward kernels for GPUs";
+  let description = [{
+    Replaces each `cell.def @c` and its backward step `@c_grad` with kernels
+    `@c_fwd` and `@c_bwd` that take the same arguments, in the same order and
+    with the same `cell.kernel_args`, as `convert-cell-to-kernels`' kernels.
+    They are organized for a GPU: one program per tile of `batch-tile` batch
+    rows runs all the steps, and its `threads` threads split the elements of
+    every vector. Each element is computed as a `vector<BT>` across the rows
+    of the tile, so a recurrent weight is loaded once for the tile.
+
+    A value that a thread reads at other elements than its own (the vector of
+    a matvec or vecmat, and a value needed by two phases of the step) is
+    written to workgroup memory in one phase and read in a later one, with a
+    barrier between them. States and state gradients are kept in two
+    workgroup slots that alternate between steps. Everything else is computed
+    per element in registers. The forward stores the planned gates under the
+    `cell.save_gates` flag; the backward loads them or replays them per
+    element.
+
+    With `target=cuda` the kernels are `gpu.func`s in `gpu.module
+    @cellc_kernels`, one CTA per tile (`b_begin + block_id.x * batch-tile`),
+    with workgroup attributions for the buffers. With `target=cpu` they are
+    `func.func`s whose tiles run one after another with one thread and no
+    barriers: the same element code, for testing on the host. Each kernel
+    records `cell.batch_tile`, `cell.threads` and `cell.workgroup_bytes`.
+
+    `batch-tile=0` picks the largest tile of at most 8 rows whose workgroup
+    buffers fit in `shared-limit` bytes. A CUDA kernel that does not fit is an
+    error.
+
+    Expects `cell-split-projections`, `cell-autodiff` and `cell-plan-saves` to
+    have run.
+  }];
+  let options = [
+    Option<"target", "target", "std::string", "\"cuda\"",
+           "cuda (gpu.func kernels) or cpu (func.func kernels, for testing)">,
+    Option<"batchTile", "batch-tile", "int64_t", "0",
+           "Batch rows per program; 0 chooses by workgroup memory">,
+    Option<"threads", "threads", "int64_t", "256", "Threads per CTA">,
+    Option<"sharedLimit", "shared-limit", "int64_t", "49152",
+           "Workgroup memory per CTA, in bytes">,
+  ];
+  let dependentDialects = [
+    "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
+    "::mlir::gpu::GPUDialect", "::mlir::math::MathDialect",
+    "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect",
+    "::mlir::vector::VectorDialect", "::mlir::cell::CellDialect"
+  ];
+}
+
 def ConvertKernelsToLLVM : Pass<"convert-kernels-to-llvm", "::mlir::ModuleOp"> {
   let summary = "Lowers the sequence kernels to the LLVM dialect for the CPU";
   let description = [{

@@ -19,7 +19,15 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
   if (stage >= Stage::Plan)
     pm.addPass(cell::createCellPlanSaves());
   if (stage >= Stage::Kernels) {
-    pm.addPass(cell::createConvertCellToKernels());
+    if (options.strategy == KernelStrategy::BatchTiled) {
+      cell::ConvertCellToTiledKernelsOptions tiled;
+      tiled.target = options.target;
+      tiled.batchTile = options.batchTile;
+      tiled.threads = options.threads;
+      pm.addPass(cell::createConvertCellToTiledKernels(tiled));
+    } else {
+      pm.addPass(cell::createConvertCellToKernels());
+    }
     std::optional<bool> saveGates = options.saveGates;
     if (stage >= Stage::LLVM && !saveGates)
       saveGates = true;

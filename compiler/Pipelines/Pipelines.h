@@ -26,9 +26,25 @@ enum class Stage {
   LLVM,
 };
 
+/// How the sequence kernels are organized.
+enum class KernelStrategy {
+  /// convert-cell-to-kernels: one batch row at a time, whole vectors in
+  /// registers. The CPU's kernels.
+  PerRow,
+  /// convert-cell-to-tiled-kernels: a tile of rows per program, elements
+  /// across threads. The GPU's kernels; on the CPU, their emulation.
+  BatchTiled,
+};
+
 struct PipelineOptions {
   /// When set, the kernels are specialized for SAVE_GATES and canonicalized.
   std::optional<bool> saveGates;
+  KernelStrategy strategy = KernelStrategy::PerRow;
+  /// For batch-tiled kernels: "cuda" or "cpu", rows per tile (0: chosen by
+  /// workgroup memory) and threads per CTA.
+  std::string target = "cpu";
+  int64_t batchTile = 0;
+  int64_t threads = 256;
 };
 
 /// Adds the passes that take front-end cell IR to `stage`. This is the only

@@ -292,6 +292,30 @@ TEST_P(CpuCellTest, MatchesTheReferenceInSinglePrecision) {
   compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 3e-4);
 }
 
+/// The batch-tiled kernels that CUDA runs, emulated on the host: the same
+/// element code, phases and workgroup buffers, with the CTA's threads run
+/// one after another. Tiles of 2 and 4 rows over B = 5 leave a partial
+/// last tile.
+TEST_P(CpuCellTest, BatchTiledKernelsMatchTheReference) {
+  auto [name, modeText] = GetParam();
+  const int64_t T = 6, B = 5;
+  Problems s = makeProblems(source(name), kSizes, T, B);
+  auto mode = Recompute::parse(modeText);
+  ASSERT_TRUE(static_cast<bool>(mode));
+  for (int64_t tile : {2, 4}) {
+    SCOPED_TRACE("batch tile " + std::to_string(tile));
+    CpuCell::Options options;
+    options.threads = 2;
+    options.batchTiled = true;
+    options.batchTile = tile;
+    options.useCache = false;
+    auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
+    ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
+    compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cells, CpuCellTest,
     ::testing::Combine(::testing::Values("lstm", "gru", "elman", "peephole",

@@ -1,0 +1,1036 @@
+//===- CellToTiledKernels.cpp - Batch-tiled sequence kernels for GPUs -----===//
+//
+// One program (a CTA on CUDA) runs all T steps for a tile of batch rows. Its
+// threads split the hidden units: thread `tid` computes elements `tid`,
+// `tid + ntid`, ... of every vector, each element as a `vector<BT>` holding
+// it for the BT rows of the tile. Values that a thread needs at other
+// elements than its own (the vector of a matvec, a value read at another
+// offset through `chunk` after a barrier) live in workgroup memory; the rest
+// of the step is computed per element, in registers.
+//
+// The step is split into phases separated by barriers. A value that must be
+// in workgroup memory is written in the phase after the last workgroup value
+// it reads; the new states, outputs, saved gates and gradients are written in
+// the phase where they can be computed. A value needed by two phases is kept
+// in workgroup memory rather than computed twice.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/Passes.h"
+
+#include "compiler/Conversion/Common/KernelABI.h"
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "llvm/ADT/SetVector.h"
+
+#include <functional>
+#include <map>
+
+namespace mlir::cell {
+#define GEN_PASS_DEF_CONVERTCELLTOTILEDKERNELS
+#include "compiler/Conversion/Passes.h.inc"
+
+namespace {
+
+int64_t sizeOf(Value v) {
+  return cast<RankedTensorType>(v.getType()).getDimSize(0);
+}
+
+//===----------------------------------------------------------------------===//
+// Phase analysis
+//===----------------------------------------------------------------------===//
+
+/// Which values of a step live in workgroup memory, and in which phase each
+/// value that is written somewhere is computed.
+class PhasePlan {
+public:
+  /// `roots` are the values the step writes out. `isLeaf` says which values
+  /// are read from a buffer rather than computed; `isShared` which of those
+  /// are already in workgroup memory.
+  PhasePlan(Block &block, ArrayRef<Value> roots,
+            std::function<bool(Value)> isLeaf,
+            std::function<bool(Value)> isShared)
+      : isLeaf(std::move(isLeaf)), isShared(std::move(isShared)) {
+    block.walk([&](Operation *op) {
+      Value vec;
+      if (auto m = dyn_cast<MatvecOp>(op))
+        vec = m.getVector();
+      else if (auto m = dyn_cast<VecmatOp>(op))
+        vec = m.getVector();
+      if (vec && !this->isShared(vec))
+        materialized.insert(vec);
+    });
+    // Grow the set until no value is computed in two phases.
+    while (true) {
+      levels.clear();
+      numPhases = 0;
+      for (Value v : roots)
+        numPhases = std::max(numPhases, level(v));
+      for (Value v : materialized)
+        numPhases = std::max(numPhases, level(v));
+      DenseMap<Value, unsigned> firstPhase;
+      SetVector<Value> twice;
+      auto visitFrom = [&](Value item) {
+        unsigned phase = level(item);
+        DenseSet<Value> seen;
+        SmallVector<Value> stack = {item};
+        while (!stack.empty()) {
+          Value v = stack.pop_back_val();
+          if (!seen.insert(v).second)
+            continue;
+          if (v != item && (materialized.contains(v) || this->isLeaf(v)))
+            continue;
+          if (!isView(v) && v != item) {
+            auto [it, fresh] = firstPhase.try_emplace(v, phase);
+            if (!fresh && it->second != phase)
+              twice.insert(v);
+          }
+          for (Value operand : inlineOperands(v))
+            stack.push_back(operand);
+        }
+      };
+      for (Value v : roots)
+        visitFrom(v);
+      for (Value v : llvm::to_vector(materialized))
+        visitFrom(v);
+      if (twice.empty())
+        break;
+      for (Value v : twice)
+        materialized.insert(v);
+    }
+  }
+
+  /// The phase (from 1) in which `v` is computed when it is written out.
+  unsigned level(Value v) {
+    auto it = levels.find(v);
+    if (it != levels.end())
+      return it->second;
+    levels[v] = 1; // Cycles cannot happen in SSA; this guards the recursion.
+    unsigned deepest = 0;
+    DenseSet<Value> seen;
+    SmallVector<Value> stack(inlineOperands(v));
+    while (!stack.empty()) {
+      Value u = stack.pop_back_val();
+      if (!seen.insert(u).second)
+        continue;
+      if (materialized.contains(u)) {
+        deepest = std::max(deepest, level(u));
+        continue;
+      }
+      if (isLeaf(u))
+        continue;
+      for (Value operand : inlineOperands(u))
+        stack.push_back(operand);
+    }
+    return levels[v] = deepest + 1;
+  }
+
+  /// The values `v` is computed from, element by element.
+  static SmallVector<Value> inlineOperands(Value v) {
+    Operation *op = v.getDefiningOp();
+    if (!op)
+      return {};
+    if (auto m = dyn_cast<MatvecOp>(op))
+      return {m.getVector()};
+    if (auto m = dyn_cast<VecmatOp>(op))
+      return {m.getVector()};
+    if (auto restore = dyn_cast<RestoreOp>(op))
+      return llvm::to_vector(
+          restore.getBody().front().getTerminator()->getOperands());
+    if (isa<ParamOp, ConstantOp, ProjectionOp>(op))
+      return {};
+    return llvm::to_vector(op->getOperands());
+  }
+
+  static bool isView(Value v) { return v.getDefiningOp<ChunkOp>() != nullptr; }
+
+  SetVector<Value> materialized;
+  unsigned numPhases = 0;
+
+private:
+  std::function<bool(Value)> isLeaf, isShared;
+  DenseMap<Value, unsigned> levels;
+};
+
+//===----------------------------------------------------------------------===//
+// Element-wise evaluation
+//===----------------------------------------------------------------------===//
+
+/// An element index: `base + offset`, where `base` runs over `[0, extent)`.
+struct Index {
+  Value base;
+  int64_t offset = 0;
+  int64_t extent = 0;
+};
+
+/// Writes an evaluated element (`vector<BT>`) at element `j + offset`.
+using Sink = std::function<void(OpBuilder &, Location, Value, Value, int64_t)>;
+
+/// A value written out in some phase, with where it goes.
+struct Item {
+  Value value;
+  SmallVector<std::pair<Sink, int64_t>> sinks;
+  /// When set, the writes happen only where it is true.
+  Value guard;
+};
+
+/// Where a leaf value is read from.
+struct Source {
+  enum Kind { Shared, PerStep, PerRow } kind = Shared;
+  Value buffer;
+  /// Shared: the ping-pong slot, when the buffer has one.
+  Value slot;
+};
+
+/// Builds the batch-tiled kernels of one cell.
+class TiledBuilder {
+public:
+  TiledBuilder(OpBuilder &builder, Location loc, int64_t tile, Type element,
+               bool gpu)
+      : builder(builder), loc(loc), tile(tile), element(element), gpu(gpu),
+        lane(VectorType::get({tile}, element)) {}
+
+  OpBuilder &builder;
+  Location loc;
+  int64_t tile;
+  Type element;
+  bool gpu;
+  VectorType lane;
+
+  /// Set by the kernel before building the body.
+  Value tid, ntid, t, saveGates;
+  SmallVector<Value> rows, rowValid;
+  DenseMap<Value, Source> sources;
+  DenseMap<StringRef, Value> params;
+  SmallVector<Value> projections;
+  unsigned nextProjection = 0;
+  DenseMap<Operation *, Value> projectionBuffers;
+  Value gates;
+  DenseMap<Value, Value> sharedOf;
+  PhasePlan *plan = nullptr;
+  unsigned phase = 0;
+  /// Allocates a `[shape..., BT]` workgroup buffer.
+  std::function<Value(ArrayRef<int64_t>)> allocShared;
+  int64_t sharedElements = 0;
+
+  Value index(int64_t v) {
+    return builder.create<arith::ConstantIndexOp>(loc, v);
+  }
+  Value shifted(Value j, int64_t offset) {
+    if (offset == 0)
+      return j;
+    return builder.create<arith::AddIOp>(loc, j, index(offset));
+  }
+  Value at(const Index &i) { return shifted(i.base, i.offset); }
+
+  /// A `[shape..., BT]` buffer in workgroup memory.
+  Value shared(ArrayRef<int64_t> shape) {
+    int64_t n = tile;
+    for (int64_t d : shape)
+      n *= d;
+    sharedElements += n;
+    return allocShared(shape);
+  }
+
+  Value loadShared(Value buffer, Value slot, Value j) {
+    SmallVector<Value> indices;
+    if (slot)
+      indices.push_back(slot);
+    indices.push_back(j);
+    indices.push_back(index(0));
+    return builder.create<vector::LoadOp>(loc, lane, buffer, indices);
+  }
+  void storeShared(Value v, Value buffer, Value slot, Value j) {
+    SmallVector<Value> indices;
+    if (slot)
+      indices.push_back(slot);
+    indices.push_back(j);
+    indices.push_back(index(0));
+    builder.create<vector::StoreOp>(loc, v, buffer, indices);
+  }
+
+  /// Gathers element `j` of each row of the tile from a `[T, B, n]` buffer
+  /// (at step `t`) or a `[B, n]` buffer.
+  Value gather(Value buffer, bool perStep, Value j, Value step = {}) {
+    Value acc = splat(builder, loc, lane, 0.0);
+    for (int64_t s = 0; s < tile; ++s) {
+      SmallVector<Value> indices;
+      if (perStep)
+        indices.push_back(step ? step : t);
+      indices.push_back(rows[s]);
+      indices.push_back(j);
+      Value x = builder.create<memref::LoadOp>(loc, buffer, indices);
+      acc = builder.create<vector::InsertOp>(loc, x, acc, s);
+    }
+    return acc;
+  }
+  /// Scatters `v` to element `j` of each valid row of the tile.
+  void scatter(Value v, Value buffer, bool perStep, Value j) {
+    for (int64_t s = 0; s < tile; ++s) {
+      Value x = builder.create<vector::ExtractOp>(loc, v, s);
+      builder.create<scf::IfOp>(loc, rowValid[s], [&](OpBuilder &b, Location l) {
+        SmallVector<Value> indices;
+        if (perStep)
+          indices.push_back(t);
+        indices.push_back(rows[s]);
+        indices.push_back(j);
+        b.create<memref::StoreOp>(l, x, buffer, indices);
+        b.create<scf::YieldOp>(l);
+      });
+    }
+  }
+  /// A per-row flag as a `vector<BT x i1>`.
+  Value laneMask(function_ref<Value(Value row)> flag) {
+    auto type = VectorType::get({tile}, builder.getI1Type());
+    Value acc = builder.create<arith::ConstantOp>(
+        loc, type, DenseElementsAttr::get(type, false));
+    for (int64_t s = 0; s < tile; ++s)
+      acc = builder.create<vector::InsertOp>(loc, flag(rows[s]), acc, s);
+    return acc;
+  }
+
+  /// A loop over the elements `[0, n)` of this thread.
+  void forEachElement(int64_t n, function_ref<void(Value j)> body) {
+    builder.create<scf::ForOp>(
+        loc, tid, index(n), ntid, ValueRange(),
+        [&](OpBuilder &b, Location l, Value j, ValueRange) {
+          OpBuilder::InsertionGuard guard(builder);
+          builder.setInsertionPoint(b.create<scf::YieldOp>(l));
+          body(j);
+        });
+  }
+  void barrier() {
+    if (gpu)
+      builder.create<gpu::BarrierOp>(loc);
+  }
+
+  /// Evaluates `v` at element `i` for the rows of the tile.
+  Value eval(Value v, const Index &i);
+
+  /// Emits the phases that compute `items`.
+  LogicalResult emitPhases(ArrayRef<Item> items);
+
+  bool failedEval = false;
+
+private:
+  using Key = std::tuple<Value, Value, int64_t>;
+  SmallVector<DenseMap<Key, Value>> scopes = {{}};
+  Value lookup(const Key &key) {
+    for (auto &scope : llvm::reverse(scopes)) {
+      auto it = scope.find(key);
+      if (it != scope.end())
+        return it->second;
+    }
+    return {};
+  }
+  Value remember(Value v, const Index &i, Value result) {
+    scopes.back()[Key(v, i.base, i.offset)] = result;
+    return result;
+  }
+  Value evalOp(Operation *op, Value v, const Index &i);
+  Value evalRestore(RestoreOp restore, unsigned result, const Index &i);
+  Value evalConcat(ConcatOp concat, const Index &i);
+  Value sharedBuffer(Value v, Value &slot);
+};
+
+Value TiledBuilder::sharedBuffer(Value v, Value &slot) {
+  slot = Value();
+  auto it = sources.find(v);
+  if (it != sources.end() && it->second.kind == Source::Shared) {
+    slot = it->second.slot;
+    return it->second.buffer;
+  }
+  return sharedOf.lookup(v);
+}
+
+Value TiledBuilder::eval(Value v, const Index &i) {
+  if (Value hit = lookup(Key(v, i.base, i.offset)))
+    return hit;
+  // Written in an earlier phase: read it back.
+  if (plan && plan->materialized.contains(v) && plan->level(v) < phase) {
+    Value slot;
+    return remember(v, i, loadShared(sharedBuffer(v, slot), slot, at(i)));
+  }
+  auto it = sources.find(v);
+  if (it != sources.end()) {
+    const Source &src = it->second;
+    Value j = at(i);
+    switch (src.kind) {
+    case Source::Shared:
+      return remember(v, i, loadShared(src.buffer, src.slot, j));
+    case Source::PerStep:
+      return remember(v, i, gather(src.buffer, true, j));
+    case Source::PerRow:
+      return remember(v, i, gather(src.buffer, false, j));
+    }
+  }
+  Operation *op = v.getDefiningOp();
+  if (!op) {
+    failedEval = true;
+    emitError(loc) << "tiled kernels: a block argument has no buffer";
+    return splat(builder, loc, lane, 0.0);
+  }
+  return remember(v, i, evalOp(op, v, i));
+}
+
+Value TiledBuilder::evalOp(Operation *op, Value v, const Index &i) {
+  if (auto param = dyn_cast<ParamOp>(op)) {
+    Value scalar =
+        builder.create<memref::LoadOp>(loc, params.lookup(param.getName()), at(i));
+    return builder.create<vector::BroadcastOp>(loc, lane, scalar);
+  }
+  if (auto c = dyn_cast<ConstantOp>(op))
+    return splat(builder, loc, lane, c.getValue().convertToDouble());
+  if (auto chunk = dyn_cast<ChunkOp>(op)) {
+    unsigned k = cast<OpResult>(v).getResultNumber();
+    return eval(chunk.getInput(),
+                {i.base, i.offset + int64_t(k) * sizeOf(v), i.extent});
+  }
+  if (auto concat = dyn_cast<ConcatOp>(op))
+    return evalConcat(concat, i);
+  if (auto restore = dyn_cast<RestoreOp>(op))
+    return evalRestore(restore, cast<OpResult>(v).getResultNumber(), i);
+  if (auto proj = dyn_cast<ProjectionOp>(op))
+    return gather(projectionBuffers.lookup(op), true, at(i));
+  if (auto matvec = dyn_cast<MatvecOp>(op)) {
+    // result[row] = sum_k W[row, k] * u[k], u read from workgroup memory.
+    Value weight = params.lookup(matvec.getWeight().getDefiningOp<ParamOp>().getName());
+    Value slot;
+    Value u = sharedBuffer(matvec.getVector(), slot);
+    int64_t cols = sizeOf(matvec.getVector());
+    Value row = at(i);
+    auto loop = builder.create<scf::ForOp>(
+        loc, index(0), index(cols), index(1),
+        ValueRange{splat(builder, loc, lane, 0.0)},
+        [&](OpBuilder &b, Location l, Value k, ValueRange acc) {
+          OpBuilder::InsertionGuard guard(builder);
+          builder.setInsertionPointToStart(b.getInsertionBlock());
+          Value w = builder.create<memref::LoadOp>(l, weight, ValueRange{row, k});
+          Value ws = builder.create<vector::BroadcastOp>(l, lane, w);
+          Value next = builder.create<vector::FMAOp>(l, ws, loadShared(u, slot, k),
+                                                     acc[0]);
+          builder.create<scf::YieldOp>(l, next);
+        });
+    return loop.getResult(0);
+  }
+  if (auto vecmat = dyn_cast<VecmatOp>(op)) {
+    // result[col] = sum_r W[r, col] * g[r].
+    Value weight = params.lookup(vecmat.getWeight().getDefiningOp<ParamOp>().getName());
+    Value slot;
+    Value g = sharedBuffer(vecmat.getVector(), slot);
+    int64_t rowsN = sizeOf(vecmat.getVector());
+    Value col = at(i);
+    auto loop = builder.create<scf::ForOp>(
+        loc, index(0), index(rowsN), index(1),
+        ValueRange{splat(builder, loc, lane, 0.0)},
+        [&](OpBuilder &b, Location l, Value r, ValueRange acc) {
+          OpBuilder::InsertionGuard guard(builder);
+          builder.setInsertionPointToStart(b.getInsertionBlock());
+          Value w = builder.create<memref::LoadOp>(l, weight, ValueRange{r, col});
+          Value ws = builder.create<vector::BroadcastOp>(l, lane, w);
+          Value next = builder.create<vector::FMAOp>(l, ws, loadShared(g, slot, r),
+                                                     acc[0]);
+          builder.create<scf::YieldOp>(l, next);
+        });
+    return loop.getResult(0);
+  }
+  SmallVector<Value> operands;
+  for (Value operand : op->getOperands())
+    operands.push_back(eval(operand, i));
+  if (Value r = buildElementwise(builder, op, operands, lane))
+    return r;
+  failedEval = true;
+  op->emitOpError("cannot be lowered to a batch-tiled kernel");
+  return splat(builder, loc, lane, 0.0);
+}
+
+Value TiledBuilder::evalConcat(ConcatOp concat, const Index &i) {
+  // The part that holds the whole range of `i`, when there is one.
+  int64_t start = 0;
+  for (Value part : concat.getInputs()) {
+    int64_t n = sizeOf(part);
+    if (i.offset >= start && i.offset + i.extent <= start + n)
+      return eval(part, {i.base, i.offset - start, i.extent});
+    start += n;
+  }
+  // Otherwise choose the part at run time.
+  Value j = at(i);
+  std::function<Value(unsigned, int64_t)> select = [&](unsigned k,
+                                                       int64_t begin) -> Value {
+    Value part = concat.getInputs()[k];
+    int64_t n = sizeOf(part);
+    auto inPart = [&]() {
+      scopes.emplace_back();
+      Value local = builder.create<arith::SubIOp>(loc, j, index(begin));
+      Value r = eval(part, {local, 0, n});
+      scopes.pop_back();
+      return r;
+    };
+    if (k + 1 == concat.getInputs().size())
+      return inPart();
+    Value below = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult,
+                                                j, index(begin + n));
+    auto ifOp = builder.create<scf::IfOp>(loc, TypeRange{lane}, below, true, true);
+    {
+      OpBuilder::InsertionGuard guard(builder);
+      builder.setInsertionPointToStart(ifOp.thenBlock());
+      builder.create<scf::YieldOp>(loc, inPart());
+      builder.setInsertionPointToStart(ifOp.elseBlock());
+      builder.create<scf::YieldOp>(loc, select(k + 1, begin + n));
+    }
+    return ifOp.getResult(0);
+  };
+  return select(0, 0);
+}
+
+Value TiledBuilder::evalRestore(RestoreOp restore, unsigned result,
+                                const Index &i) {
+  // All results of this size at once: one branch on SAVE_GATES for them.
+  int64_t n = sizeOf(restore.getResult(result));
+  SmallVector<unsigned> group;
+  for (unsigned r = 0; r < restore.getNumResults(); ++r)
+    if (sizeOf(restore.getResult(r)) == n)
+      group.push_back(r);
+  SmallVector<int64_t> offsets = packedOffsets(restore.getResultTypes());
+  Operation *yield = restore.getBody().front().getTerminator();
+  SmallVector<Type> types(group.size(), lane);
+  auto ifOp = builder.create<scf::IfOp>(loc, types, saveGates, true, true);
+  {
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointToStart(ifOp.thenBlock());
+    SmallVector<Value> loaded;
+    for (unsigned r : group)
+      loaded.push_back(gather(gates, true, at({i.base, i.offset + offsets[r], i.extent})));
+    builder.create<scf::YieldOp>(loc, loaded);
+    builder.setInsertionPointToStart(ifOp.elseBlock());
+    scopes.emplace_back();
+    SmallVector<Value> replayed;
+    for (unsigned r : group)
+      replayed.push_back(eval(yield->getOperand(r), i));
+    scopes.pop_back();
+    builder.create<scf::YieldOp>(loc, replayed);
+  }
+  Value mine;
+  for (auto [k, r] : llvm::enumerate(group)) {
+    remember(restore.getResult(r), i, ifOp.getResult(k));
+    if (r == result)
+      mine = ifOp.getResult(k);
+  }
+  return mine;
+}
+
+LogicalResult TiledBuilder::emitPhases(ArrayRef<Item> roots) {
+  // Materialized values are written to their workgroup buffers; a concat is
+  // written part by part.
+  SmallVector<Item> items(roots.begin(), roots.end());
+  for (Value m : plan->materialized) {
+    Value buffer = shared({sizeOf(m)});
+    sharedOf[m] = buffer;
+    Item item;
+    item.value = m;
+    Sink sink = [this, buffer](OpBuilder &, Location, Value v, Value j,
+                               int64_t offset) {
+      storeShared(v, buffer, Value(), shifted(j, offset));
+    };
+    item.sinks.push_back({sink, 0});
+    // Replay values are only needed when the gates were not saved.
+    if (isa<RestoreOp>(m.getParentRegion()->getParentOp()))
+      item.guard = builder.create<arith::XOrIOp>(
+          loc, saveGates,
+          builder.create<arith::ConstantIntOp>(loc, 1, 1));
+    items.push_back(item);
+  }
+  // Split concats into their parts, each written at its offset. A value
+  // that is both written out and materialized appears twice; the second
+  // evaluation is a cache hit in the same loop.
+  SmallVector<std::pair<Item, unsigned>> flat;
+  std::function<void(const Item &, unsigned)> split = [&](const Item &item,
+                                                          unsigned level) {
+    auto concat = item.value.getDefiningOp<ConcatOp>();
+    if (!concat) {
+      flat.push_back({item, level});
+      return;
+    }
+    int64_t start = 0;
+    for (Value part : concat.getInputs()) {
+      Item sub = item;
+      sub.value = part;
+      for (auto &sink : sub.sinks)
+        sink.second += start;
+      split(sub, level);
+      start += sizeOf(part);
+    }
+  };
+  for (const Item &item : items)
+    split(item, plan->level(item.value));
+
+  for (unsigned p = 1; p <= plan->numPhases; ++p) {
+    phase = p;
+    // One loop per size: the items of a loop share what they compute.
+    std::map<int64_t, SmallVector<unsigned>> bySize;
+    for (auto [k, entry] : llvm::enumerate(flat))
+      if (entry.second == p)
+        bySize[sizeOf(entry.first.value)].push_back(k);
+    for (auto &[n, members] : bySize) {
+      forEachElement(n, [&](Value j) {
+        scopes.emplace_back();
+        for (unsigned k : members) {
+          Item &item = flat[k].first;
+          Value v = eval(item.value, {j, 0, n});
+          auto write = [&]() {
+            for (auto &[sink, offset] : item.sinks)
+              sink(builder, loc, v, j, offset);
+          };
+          if (!item.guard) {
+            write();
+            continue;
+          }
+          auto ifOp = builder.create<scf::IfOp>(loc, item.guard, false);
+          OpBuilder::InsertionGuard guard(builder);
+          builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+          write();
+        }
+        scopes.pop_back();
+      });
+    }
+    barrier();
+  }
+  phase = 0;
+  return failure(failedEval);
+}
+
+//===----------------------------------------------------------------------===//
+// The pass
+//===----------------------------------------------------------------------===//
+
+struct ConvertCellToTiledKernels
+    : public impl::ConvertCellToTiledKernelsBase<ConvertCellToTiledKernels> {
+  using ConvertCellToTiledKernelsBase::ConvertCellToTiledKernelsBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (target != "cuda" && target != "cpu") {
+      module.emitError("convert-cell-to-tiled-kernels: unknown target '")
+          << target << "'; expected cuda or cpu";
+      return signalPassFailure();
+    }
+    bool gpu = target == "cuda";
+    OpBuilder builder(module.getBodyRegion());
+    gpu::GPUModuleOp gpuModule;
+    if (gpu) {
+      module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                      builder.getUnitAttr());
+      builder.setInsertionPointToEnd(module.getBody());
+      gpuModule = builder.create<gpu::GPUModuleOp>(module.getLoc(), "cellc_kernels");
+    }
+    for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
+      auto grad = module.lookupSymbol<func::FuncOp>(
+          (def.getSymName() + "_grad").str());
+      if (!grad) {
+        def.emitOpError("has no backward step; run cell-autodiff first");
+        return signalPassFailure();
+      }
+      if (failed(buildKernel(def, grad, /*backward=*/false, gpuModule)) ||
+          failed(buildKernel(def, grad, /*backward=*/true, gpuModule)))
+        return signalPassFailure();
+      grad->erase();
+      def->erase();
+    }
+  }
+
+  LogicalResult buildKernel(DefOp def, func::FuncOp grad, bool backward,
+                            gpu::GPUModuleOp gpuModule);
+};
+
+LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
+                                                     func::FuncOp grad,
+                                                     bool backward,
+                                                     gpu::GPUModuleOp gpuModule) {
+  MLIRContext *ctx = def.getContext();
+  Location loc = def.getLoc();
+  bool gpu = static_cast<bool>(gpuModule);
+  BackwardArgs args;
+  KernelSignature sig;
+  if (backward) {
+    FailureOr<KernelSignature> s = backwardSignature(def, grad, args);
+    if (failed(s))
+      return failure();
+    sig = *s;
+  } else {
+    sig = forwardSignature(def, args);
+  }
+  Type element = cast<RankedTensorType>(def.getStates()[0].getType())
+                     .getElementType();
+  std::string name = (def.getSymName() + (backward ? "_bwd" : "_fwd")).str();
+
+  // The step's block and what it writes out.
+  Block &body = backward ? grad.getBody().front() : def.getBody().front();
+  SmallVector<Value> roots;
+  if (backward) {
+    llvm::append_range(roots, body.getTerminator()->getOperands());
+  } else {
+    YieldOp yield = def.getYield();
+    llvm::append_range(roots, yield.getStates());
+    llvm::append_range(roots, yield.getOutputs());
+    for (SaveOp save : def.getBody().getOps<SaveOp>())
+      llvm::append_range(roots, save.getValues());
+  }
+  unsigned numStates = def.getStateNames().size();
+  // Backward block arguments: inputs, previous states, output gradients,
+  // next-state gradients. Previous and next-state gradients are shared.
+  unsigned numInputs = def.getInputNames().size();
+  auto isSharedArg = [&](Value v) {
+    auto arg = dyn_cast<BlockArgument>(v);
+    if (!arg || arg.getOwner() != &body)
+      return false;
+    unsigned n = arg.getArgNumber();
+    if (!backward)
+      return n >= numInputs;
+    unsigned numOutputs = def.getOutputNames().size();
+    return (n >= numInputs && n < numInputs + numStates) ||
+           n >= numInputs + numStates + numOutputs;
+  };
+  auto isLeaf = [&](Value v) {
+    if (auto arg = dyn_cast<BlockArgument>(v))
+      return arg.getOwner() == &body;
+    return isa_and_nonnull<ParamOp, ConstantOp, ProjectionOp>(v.getDefiningOp());
+  };
+  PhasePlan plan(body, roots, isLeaf, isSharedArg);
+
+  // Workgroup memory per row: states (two slots), and in backward the
+  // previous states, the state gradients (two slots) and the accumulators.
+  int64_t perRow = 0;
+  for (Value m : plan.materialized)
+    perRow += sizeOf(m);
+  for (Value s : def.getStates())
+    perRow += (backward ? 5 : 2) * sizeOf(s);
+  if (backward)
+    for (auto [r, kind] : llvm::enumerate(args.kinds))
+      if (kind == "param")
+        perRow += sizeOf(body.getTerminator()->getOperand(r));
+  int64_t bytes = cast<FloatType>(element).getWidth() / 8;
+  int64_t tile = batchTile;
+  if (tile <= 0) {
+    // The largest tile of at most 8 rows that fits the static limit.
+    tile = 8;
+    while (tile > 1 && perRow * tile * bytes > sharedLimit)
+      tile /= 2;
+  }
+  if (gpu && perRow * tile * bytes > sharedLimit)
+    return def.emitOpError("needs ")
+           << perRow * tile * bytes << " bytes of workgroup memory per CTA for "
+           << (backward ? "its backward" : "its forward")
+           << " kernel with a batch tile of " << tile << ", over the limit of "
+           << sharedLimit << "; use a smaller batch tile";
+
+  // The kernel.
+  OpBuilder outer(def);
+  Block *entry;
+  Operation *kernelOp;
+  auto memSpace = gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
+  gpu::GPUFuncOp gpuFunc;
+  if (gpu) {
+    outer.setInsertionPointToEnd(gpuModule.getBody());
+    gpuFunc = outer.create<gpu::GPUFuncOp>(loc, name,
+                                           outer.getFunctionType(sig.types, {}));
+    gpuFunc->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), outer.getUnitAttr());
+    gpuFunc.setKnownBlockSize(
+        ArrayRef<int32_t>{int32_t(threads), 1, 1});
+    kernelOp = gpuFunc;
+    entry = &gpuFunc.getBody().front();
+  } else {
+    auto func = outer.create<func::FuncOp>(loc, name,
+                                           outer.getFunctionType(sig.types, {}));
+    func.addEntryBlock();
+    kernelOp = func;
+    entry = &func.getBody().front();
+  }
+  kernelOp->setAttr("cell.kernel_args", outer.getArrayAttr(sig.info));
+  kernelOp->setAttr("cell.batch_tile", outer.getI64IntegerAttr(tile));
+  kernelOp->setAttr("cell.threads", outer.getI64IntegerAttr(gpu ? threads : 1));
+
+  OpBuilder builder = OpBuilder::atBlockEnd(entry);
+  TiledBuilder tb(builder, loc, tile, element, gpu);
+  tb.plan = &plan;
+  tb.allocShared = [&](ArrayRef<int64_t> shape) -> Value {
+    SmallVector<int64_t> full(shape.begin(), shape.end());
+    full.push_back(tile);
+    if (gpu)
+      return gpuFunc.addWorkgroupAttribution(
+          MemRefType::get(full, element, MemRefLayoutAttrInterface(), memSpace),
+          loc);
+    OpBuilder at = OpBuilder::atBlockBegin(entry);
+    return at.create<memref::AllocaOp>(loc, MemRefType::get(full, element));
+  };
+  auto arg = [&](unsigned i) { return entry->getArgument(i); };
+  for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
+    tb.params[param.getName()] = arg(args.firstParam + i);
+  // The backward step's projections are in its replay: match them in order.
+  SmallVector<ProjectionOp> bodyProjections;
+  body.walk([&](ProjectionOp p) { bodyProjections.push_back(p); });
+  for (auto [k, p] : llvm::enumerate(bodyProjections))
+    tb.projectionBuffers[p] = arg(args.numInputs + k);
+  tb.gates = arg(args.gates);
+  tb.saveGates = builder.create<SaveGatesOp>(loc, builder.getI1Type());
+  Value c0 = tb.index(0), c1 = tb.index(1), c2 = tb.index(2);
+  Value resets = arg(args.resets);
+  Value steps = builder.create<memref::DimOp>(loc, resets, 0);
+  Value bBegin = arg(sig.types.size() - 2), bEnd = arg(sig.types.size() - 1);
+  Value zeroByte = builder.create<arith::ConstantIntOp>(loc, 0, 8);
+
+  // The tile: a CTA per tile on the GPU, a loop over tiles on the CPU.
+  auto buildTile = [&](Value b0) -> LogicalResult {
+    Value last = builder.create<arith::SubIOp>(loc, bEnd, c1);
+    tb.rows.clear();
+    tb.rowValid.clear();
+    for (int64_t s = 0; s < tile; ++s) {
+      Value b = builder.create<arith::AddIOp>(loc, b0, tb.index(s));
+      tb.rowValid.push_back(builder.create<arith::CmpIOp>(
+          loc, arith::CmpIPredicate::slt, b, bEnd));
+      tb.rows.push_back(builder.create<arith::MinSIOp>(loc, b, last));
+    }
+    auto resetMask = [&](Value t) {
+      return tb.laneMask([&](Value row) {
+        Value flag = builder.create<memref::LoadOp>(loc, resets, ValueRange{t, row});
+        return builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne, flag,
+                                             zeroByte);
+      });
+    };
+    SmallVector<Value> stateBufs;
+    for (Value s : def.getStates())
+      stateBufs.push_back(tb.shared({2, sizeOf(s)}));
+
+    if (!backward) {
+      // Slot 0 starts with the start states.
+      for (auto [k, s] : llvm::enumerate(def.getStates()))
+        tb.forEachElement(sizeOf(s), [&](Value j) {
+          tb.storeShared(tb.gather(arg(args.firstStart + k), false, j),
+                         stateBufs[k], c0, j);
+        });
+      tb.barrier();
+      auto loop = builder.create<scf::ForOp>(loc, c0, steps, c1);
+      OpBuilder::InsertionGuard guard(builder);
+      builder.setInsertionPointToStart(loop.getBody());
+      Value t = loop.getInductionVar();
+      tb.t = t;
+      Value slot = builder.create<arith::RemUIOp>(loc, t, c2);
+      Value next = builder.create<arith::SubIOp>(loc, c1, slot);
+      // Resets, in place.
+      Value reset = resetMask(t);
+      for (auto [k, s] : llvm::enumerate(def.getStates()))
+        tb.forEachElement(sizeOf(s), [&](Value j) {
+          Value cur = tb.loadShared(stateBufs[k], slot, j);
+          Value init = tb.gather(arg(args.firstInit + k), false, j);
+          tb.storeShared(builder.create<arith::SelectOp>(loc, reset, init, cur),
+                         stateBufs[k], slot, j);
+        });
+      tb.barrier();
+      tb.sources.clear();
+      for (auto [k, s] : llvm::enumerate(def.getStates()))
+        tb.sources[s] = {Source::Shared, stateBufs[k], slot};
+      for (auto [k, x] : llvm::enumerate(def.getInputs()))
+        tb.sources[x] = {Source::PerStep, arg(k), {}};
+      // Items: next states (workgroup slot and history), outputs, gates.
+      SmallVector<Item> items;
+      YieldOp yield = def.getYield();
+      auto global = [&](Value buffer, bool perStep) -> Sink {
+        return [&tb, buffer, perStep](OpBuilder &, Location, Value v, Value j,
+                                      int64_t offset) {
+          tb.scatter(v, buffer, perStep, tb.shifted(j, offset));
+        };
+      };
+      for (auto [k, s] : llvm::enumerate(yield.getStates())) {
+        Item item;
+        item.value = s;
+        Value buf = stateBufs[k];
+        item.sinks.push_back({[&tb, buf, next](OpBuilder &, Location, Value v,
+                                               Value j, int64_t offset) {
+                                tb.storeShared(v, buf, next,
+                                               tb.shifted(j, offset));
+                              },
+                              0});
+        item.sinks.push_back({global(arg(args.firstHistory + k), true), 0});
+        items.push_back(item);
+      }
+      for (auto [k, o] : llvm::enumerate(yield.getOutputs()))
+        items.push_back({o, {{global(arg(args.firstOutput + k), true), 0}}, {}});
+      for (SaveOp save : def.getBody().getOps<SaveOp>()) {
+        SmallVector<int64_t> offsets = packedOffsets(save.getValues().getTypes());
+        for (auto [v, offset] : llvm::zip(save.getValues(), offsets))
+          items.push_back({v, {{global(tb.gates, true), offset}}, tb.saveGates});
+      }
+      return tb.emitPhases(items);
+    }
+
+    // Backward.
+    SmallVector<Value> prevBufs, accInit, accStart;
+    for (Value s : def.getStates()) {
+      prevBufs.push_back(tb.shared({sizeOf(s)}));
+      accInit.push_back(tb.shared({sizeOf(s)}));
+      accStart.push_back(tb.shared({sizeOf(s)}));
+    }
+    Operation *ret = body.getTerminator();
+    DenseMap<unsigned, Value> accParam;
+    for (auto [r, kind] : llvm::enumerate(args.kinds))
+      if (kind == "param")
+        accParam[r] = tb.shared({sizeOf(ret->getOperand(r))});
+    Value zero = splat(builder, loc, tb.lane, 0.0);
+    // The state gradients start from the final-state gradients.
+    for (auto [k, s] : llvm::enumerate(def.getStates()))
+      tb.forEachElement(sizeOf(s), [&](Value j) {
+        tb.storeShared(tb.gather(arg(args.firstDFinal + k), false, j),
+                       stateBufs[k], c0, j);
+        tb.storeShared(zero, accInit[k], Value(), j);
+        tb.storeShared(zero, accStart[k], Value(), j);
+      });
+    for (auto [r, buf] : accParam) {
+      Value b = buf;
+      tb.forEachElement(sizeOf(ret->getOperand(r)),
+                        [&](Value j) { tb.storeShared(zero, b, Value(), j); });
+    }
+    tb.barrier();
+    Value lastStep = builder.create<arith::SubIOp>(loc, steps, c1);
+    auto loop = builder.create<scf::ForOp>(loc, c0, steps, c1);
+    {
+      OpBuilder::InsertionGuard guard(builder);
+      builder.setInsertionPointToStart(loop.getBody());
+      Value iv = loop.getInductionVar();
+      Value t = builder.create<arith::SubIOp>(loc, lastStep, iv);
+      tb.t = t;
+      Value slot = builder.create<arith::RemUIOp>(loc, iv, c2);
+      Value next = builder.create<arith::SubIOp>(loc, c1, slot);
+      Value isFirst = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, t, c0);
+      Value tm1 = builder.create<arith::SelectOp>(
+          loc, isFirst, c0, builder.create<arith::SubIOp>(loc, t, c1));
+      auto maskType = VectorType::get({tile}, builder.getI1Type());
+      Value reset = resetMask(t);
+      Value first = builder.create<vector::BroadcastOp>(loc, maskType, isFirst);
+      Value ones = builder.create<arith::ConstantOp>(
+          loc, maskType, DenseElementsAttr::get(maskType, true));
+      Value fromStart = builder.create<arith::AndIOp>(
+          loc, first, builder.create<arith::XOrIOp>(loc, reset, ones));
+      Value fromOutside = builder.create<arith::OrIOp>(loc, reset, first);
+      // The states before step t.
+      for (auto [k, s] : llvm::enumerate(def.getStates()))
+        tb.forEachElement(sizeOf(s), [&](Value j) {
+          Value hist = tb.gather(arg(args.firstHistory + k), true, j, tm1);
+          Value start = tb.gather(arg(args.firstStart + k), false, j);
+          Value init = tb.gather(arg(args.firstInit + k), false, j);
+          Value before = builder.create<arith::SelectOp>(
+              loc, builder.create<vector::BroadcastOp>(loc, maskType, isFirst),
+              start, hist);
+          tb.storeShared(builder.create<arith::SelectOp>(loc, reset, init, before),
+                         prevBufs[k], Value(), j);
+        });
+      tb.barrier();
+      tb.sources.clear();
+      unsigned a = 0;
+      for (unsigned k = 0; k < numInputs; ++k)
+        tb.sources[body.getArgument(a++)] = {Source::PerStep, arg(k), {}};
+      for (unsigned k = 0; k < numStates; ++k)
+        tb.sources[body.getArgument(a++)] = {Source::Shared, prevBufs[k], {}};
+      for (unsigned k = 0; k < def.getOutputNames().size(); ++k)
+        tb.sources[body.getArgument(a++)] = {Source::PerStep, arg(args.firstDOut + k), {}};
+      for (unsigned k = 0; k < numStates; ++k)
+        tb.sources[body.getArgument(a++)] = {Source::Shared, stateBufs[k], slot};
+
+      SmallVector<Item> items;
+      unsigned stateResult = 0;
+      for (auto [r, value] : llvm::enumerate(ret->getOperands())) {
+        StringRef kind = args.kinds[r];
+        Value buffer = arg(args.firstResult + r);
+        Item item;
+        item.value = value;
+        if (kind == "state") {
+          unsigned k = stateResult++;
+          Value sbuf = stateBufs[k], ai = accInit[k], as = accStart[k];
+          item.sinks.push_back(
+              {[&tb, sbuf, ai, as, next, reset, fromStart, fromOutside,
+                zero](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+                 j = tb.shifted(j, offset);
+                 OpBuilder &b = tb.builder;
+                 Location l = tb.loc;
+                 tb.storeShared(b.create<arith::SelectOp>(l, fromOutside, zero, v),
+                                sbuf, next, j);
+                 Value oldInit = tb.loadShared(ai, Value(), j);
+                 tb.storeShared(b.create<arith::AddFOp>(
+                                    l, oldInit,
+                                    b.create<arith::SelectOp>(l, reset, v, zero)),
+                                ai, Value(), j);
+                 Value oldStart = tb.loadShared(as, Value(), j);
+                 tb.storeShared(b.create<arith::AddFOp>(
+                                    l, oldStart,
+                                    b.create<arith::SelectOp>(l, fromStart, v, zero)),
+                                as, Value(), j);
+               },
+               0});
+        } else if (kind == "param") {
+          Value acc = accParam[r];
+          item.sinks.push_back({[&tb, acc](OpBuilder &, Location, Value v,
+                                           Value j, int64_t offset) {
+                                  j = tb.shifted(j, offset);
+                                  Value old = tb.loadShared(acc, Value(), j);
+                                  tb.storeShared(tb.builder.create<arith::AddFOp>(
+                                                     tb.loc, old, v),
+                                                 acc, Value(), j);
+                                },
+                                0});
+        } else {
+          item.sinks.push_back({[&tb, buffer](OpBuilder &, Location, Value v,
+                                              Value j, int64_t offset) {
+                                  tb.scatter(v, buffer, true,
+                                             tb.shifted(j, offset));
+                                },
+                                0});
+        }
+        items.push_back(item);
+      }
+      if (failed(tb.emitPhases(items)))
+        return failure();
+    }
+    // The accumulated gradients, written once.
+    for (auto [k, s] : llvm::enumerate(def.getStates()))
+      tb.forEachElement(sizeOf(s), [&](Value j) {
+        tb.scatter(tb.loadShared(accInit[k], Value(), j),
+                   arg(args.firstResult + k), false, j);
+        tb.scatter(tb.loadShared(accStart[k], Value(), j),
+                   arg(args.firstStartGrad + k), false, j);
+      });
+    for (auto [r, buf] : accParam) {
+      Value b = buf;
+      unsigned result = r;
+      tb.forEachElement(sizeOf(ret->getOperand(r)), [&](Value j) {
+        tb.scatter(tb.loadShared(b, Value(), j), arg(args.firstResult + result),
+                   false, j);
+      });
+    }
+    return success();
+  };
+
+  LogicalResult status = success();
+  if (gpu) {
+    tb.tid = builder.create<gpu::ThreadIdOp>(loc, gpu::Dimension::x);
+    tb.ntid = tb.index(threads);
+    Value bid = builder.create<gpu::BlockIdOp>(loc, gpu::Dimension::x);
+    Value b0 = builder.create<arith::AddIOp>(
+        loc, bBegin, builder.create<arith::MulIOp>(loc, bid, tb.index(tile)));
+    status = buildTile(b0);
+    builder.create<gpu::ReturnOp>(loc);
+  } else {
+    tb.tid = c0;
+    tb.ntid = c1;
+    auto tiles = builder.create<scf::ForOp>(loc, bBegin, bEnd, tb.index(tile));
+    {
+      OpBuilder::InsertionGuard guard(builder);
+      builder.setInsertionPointToStart(tiles.getBody());
+      status = buildTile(tiles.getInductionVar());
+    }
+    builder.create<func::ReturnOp>(loc);
+  }
+  kernelOp->setAttr("cell.workgroup_bytes",
+                    outer.getI64IntegerAttr(tb.sharedElements * bytes));
+  return status;
+}
+
+} // namespace
+} // namespace mlir::cell
