@@ -84,9 +84,10 @@ def ConvertCellToTiledKernels
     barriers: the same element code, for testing on the host. Each kernel
     records `cell.batch_tile`, `cell.threads` and `cell.workgroup_bytes`.
 
-    `batch-tile=0` picks the largest tile of at most 8 rows whose workgroup
-    buffers fit in `shared-limit` bytes. A CUDA kernel that does not fit is an
-    error.
+    Each kernel takes the largest tile of at most `batch-tile` rows (4 when
+    0) whose workgroup buffers fit in `shared-limit` bytes, so the forward and
+    backward tiles may differ. A CUDA kernel that does not fit with one row
+    is an error.
 
     Expects `cell-split-projections`, `cell-autodiff` and `cell-plan-saves` to
     have run.
@@ -95,7 +96,8 @@ def ConvertCellToTiledKernels
     Option<"target", "target", "std::string", "\"cuda\"",
            "cuda (gpu.func kernels) or cpu (func.func kernels, for testing)">,
     Option<"batchTile", "batch-tile", "int64_t", "0",
-           "Batch rows per program; 0 chooses by workgroup memory">,
+           "At most this many batch rows per program (0: 4), fewer where "
+           "workgroup memory is short">,
     Option<"threads", "threads", "int64_t", "256", "Threads per CTA">,
     Option<"sharedLimit", "shared-limit", "int64_t", "49152",
            "Workgroup memory per CTA, in bytes">,
@@ -123,6 +125,26 @@ def ConvertKernelsToLLVM : Pass<"convert-kernels-to-llvm", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::LLVM::LLVMDialect",
                            "::mlir::cf::ControlFlowDialect",
                            "::mlir::func::FuncDialect"];
+}
+
+def ConvertKernelsToNVVM : Pass<"convert-kernels-to-nvvm", "::mlir::ModuleOp"> {
+  let summary = "Lowers the batch-tiled CUDA kernels to the LLVM and NVVM dialects";
+  let description = [{
+    Takes the `gpu.module` that `convert-cell-to-tiled-kernels{target=cuda}`
+    builds, specialized (no `cell.save_gates` left), to `llvm.func` kernels
+    with NVVM intrinsics: f32 `tanh`, `exp`, `log` and `log1p` become MLIR's
+    polynomial approximations, as on the CPU (about 1e-7 relative error, no
+    libdevice); `sqrt`, `abs` and `fma` become LLVM intrinsics that NVPTX
+    selects; workgroup buffers go to address space 3, thread and block ids
+    and barriers to NVVM. Memref arguments are passed as expanded descriptors
+    (allocated and aligned pointer, offset, sizes, strides), indices as i64.
+
+    Runs after `cell-specialize` and canonicalization. `cellc::serializeToPTX`
+    then attaches an NVVM target and runs LLVM's NVPTX backend.
+  }];
+  let dependentDialects = ["::mlir::LLVM::LLVMDialect",
+                           "::mlir::NVVM::NVVMDialect",
+                           "::mlir::cf::ControlFlowDialect"];
 }
 
 #endif // CELLC_CONVERSION_PASSES_TD

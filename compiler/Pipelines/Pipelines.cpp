@@ -39,8 +39,10 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
     pm.addPass(createCanonicalizerPass());
     pm.addPass(createCSEPass());
   }
-  if (stage >= Stage::LLVM)
+  if (stage == Stage::LLVM)
     pm.addPass(cell::createConvertKernelsToLLVM());
+  if (stage == Stage::NVVM)
+    pm.addPass(cell::createConvertKernelsToNVVM());
 }
 
 namespace {

@@ -3,7 +3,9 @@
 #ifndef CELLC_COMPILER_PIPELINES_PIPELINES_H
 #define CELLC_COMPILER_PIPELINES_PIPELINES_H
 
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/Support/Error.h"
 
 #include <optional>
 
@@ -24,6 +26,9 @@ enum class Stage {
   /// After convert-kernels-to-llvm: the kernels in the LLVM dialect, for the
   /// CPU. Needs SAVE_GATES fixed; it defaults to 1.
   LLVM,
+  /// After convert-kernels-to-nvvm: the CUDA kernels (batch-tiled, target
+  /// cuda) in the LLVM and NVVM dialects. SAVE_GATES defaults to 1.
+  NVVM,
 };
 
 /// How the sequence kernels are organized.
@@ -51,6 +56,11 @@ struct PipelineOptions {
 /// place where pass order is written down.
 void buildPipeline(mlir::OpPassManager &pm, Stage stage,
                    const PipelineOptions &options = {});
+
+/// Runs LLVM's NVPTX backend on the `gpu.module`s of `module` (at Stage::NVVM)
+/// and returns their PTX for `chip` (sm_80, sm_90, ...).
+llvm::Expected<std::string> serializeToPTX(mlir::ModuleOp module,
+                                           llvm::StringRef chip);
 
 /// Registers the pipelines with the pass registry, for cellc-opt.
 void registerPipelines();

@@ -25,7 +25,19 @@ using namespace cellc;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Emit { AST, MLIR, Summary, Split, Grad, Saves, Plan, Kernels, LLVM };
+enum class Emit {
+  AST,
+  MLIR,
+  Summary,
+  Split,
+  Grad,
+  Saves,
+  Plan,
+  Kernels,
+  LLVM,
+  NVVM,
+  PTX
+};
 } // namespace
 
 static cl::opt<std::string> inputFilename(cl::Positional,
@@ -59,7 +71,30 @@ static cl::opt<Emit> emitAction(
                clEnumValN(Emit::Kernels, "kernels",
                           "the forward and backward sequence kernels"),
                clEnumValN(Emit::LLVM, "llvm",
-                          "the kernels in the LLVM dialect, for the CPU")));
+                          "the kernels in the LLVM dialect, for the CPU"),
+               clEnumValN(Emit::NVVM, "nvvm",
+                          "the CUDA kernels in the LLVM and NVVM dialects"),
+               clEnumValN(Emit::PTX, "ptx", "the CUDA kernels' PTX")));
+
+static cl::opt<std::string>
+    targetName("target",
+               cl::desc("cpu (per-row kernels, the default) or cuda "
+                        "(batch-tiled kernels); --emit=nvvm and ptx imply cuda"),
+               cl::init(""));
+
+static cl::opt<std::string> arch("arch",
+                                 cl::desc("CUDA architecture for --emit=ptx"),
+                                 cl::init("sm_90"));
+
+static cl::opt<int64_t> batchTile(
+    "batch-tile",
+    cl::desc("Batch rows per CTA of the CUDA kernels; 0 (the default) "
+             "chooses the largest that fits in 48 KiB of shared memory"),
+    cl::init(0));
+
+static cl::opt<int64_t> threadsPerCta("cta-threads",
+                                      cl::desc("Threads per CTA (CUDA)"),
+                                      cl::init(256));
 
 static cl::opt<int> saveGatesFlag(
     "save-gates",
@@ -142,19 +177,38 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
     return true;
   }
   if (emitAction != Emit::MLIR) {
+    bool cuda = emitAction == Emit::NVVM || emitAction == Emit::PTX ||
+                targetName == "cuda";
     Stage stage = emitAction == Emit::Split  ? Stage::Split
                   : emitAction == Emit::Grad ? Stage::Grad
                   : emitAction == Emit::Kernels ? Stage::Kernels
                   : emitAction == Emit::LLVM    ? Stage::LLVM
-                                                : Stage::Plan;
+                  : emitAction == Emit::NVVM || emitAction == Emit::PTX
+                      ? Stage::NVVM
+                      : Stage::Plan;
     PipelineOptions options;
     if (saveGatesFlag >= 0)
       options.saveGates = saveGatesFlag != 0;
+    if (cuda) {
+      options.strategy = KernelStrategy::BatchTiled;
+      options.target = "cuda";
+      options.batchTile = batchTile;
+      options.threads = threadsPerCta;
+    }
     mlir::PassManager pm(&context);
     buildPipeline(pm, stage, options);
     mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
     if (mlir::failed(pm.run(*module)))
       return false;
+  }
+  if (emitAction == Emit::PTX) {
+    auto ptx = serializeToPTX(*module, arch);
+    if (!ptx) {
+      llvm::errs() << llvm::toString(ptx.takeError()) << "\n";
+      return false;
+    }
+    os << *ptx;
+    return true;
   }
   if (emitAction == Emit::Plan)
     mlir::cell::printSavePlan(*module, os);
@@ -234,6 +288,28 @@ int main(int argc, char **argv) {
   if (!elementType) {
     llvm::errs() << "cellc: error: unknown dtype '" << dtype
                  << "'; expected f32, f64, f16 or bf16\n";
+    return 1;
+  }
+  if (!targetName.empty() && targetName != "cpu" && targetName != "cuda") {
+    llvm::errs() << "cellc: error: unknown target '" << targetName
+                 << "'; expected cpu or cuda\n";
+    return 1;
+  }
+  bool cuda = targetName == "cuda" || emitAction == Emit::NVVM ||
+              emitAction == Emit::PTX;
+  if (targetName == "cpu" && (emitAction == Emit::NVVM || emitAction == Emit::PTX)) {
+    llvm::errs() << "cellc: error: --emit=nvvm and --emit=ptx are for "
+                    "--target=cuda\n";
+    return 1;
+  }
+  if (cuda && emitAction == Emit::LLVM) {
+    llvm::errs() << "cellc: error: --emit=llvm is the CPU's lowering; use "
+                    "--emit=nvvm or --emit=ptx with --target=cuda\n";
+    return 1;
+  }
+  if (cuda && dtype != "f32") {
+    llvm::errs() << "cellc: error: --target=cuda compiles f32 cells for now, "
+                    "not " << dtype << "\n";
     return 1;
   }
 
