@@ -31,3 +31,9 @@ llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 tool_dirs = [config.cellc_tools_dir, config.llvm_tools_dir]
 tools = ["cellc", "cellc-opt", "cellc-bench", "FileCheck", "not", "count"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
+
+# The CUDA toolkit's assembler checks the generated PTX where it is installed.
+ptxas = os.environ.get("CELLC_PTXAS", "/usr/local/cuda/bin/ptxas")
+if os.access(ptxas, os.X_OK):
+    config.available_features.add("ptxas")
+    config.substitutions.append(("%ptxas", ptxas))

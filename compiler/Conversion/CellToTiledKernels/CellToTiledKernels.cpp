@@ -90,7 +90,8 @@ public:
               break;
             }
           }
-          for (Value operand : llvm::reverse(inlineOperands(v)))
+          SmallVector<Value> operands = inlineOperands(v);
+          for (Value operand : llvm::reverse(operands))
             stack.push_back(operand);
         }
       };
