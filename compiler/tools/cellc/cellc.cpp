@@ -12,7 +12,11 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Support/FileUtilities.h"
+#include "compiler/Conversion/Passes.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/SourceMgr.h"
@@ -36,7 +40,8 @@ enum class Emit {
   Kernels,
   LLVM,
   NVVM,
-  PTX
+  PTX,
+  Package
 };
 } // namespace
 
@@ -74,7 +79,11 @@ static cl::opt<Emit> emitAction(
                           "the kernels in the LLVM dialect, for the CPU"),
                clEnumValN(Emit::NVVM, "nvvm",
                           "the CUDA kernels in the LLVM and NVVM dialects"),
-               clEnumValN(Emit::PTX, "ptx", "the CUDA kernels' PTX")));
+               clEnumValN(Emit::PTX, "ptx", "the CUDA kernels' PTX"),
+               clEnumValN(Emit::Package, "package",
+                          "an AOT package for the CUDA runtime: the PTX of "
+                          "both SAVE_GATES variants and kernels.json, in the "
+                          "directory -o names")));
 
 static cl::opt<std::string>
     targetName("target",
@@ -150,6 +159,105 @@ static void printSummary(mlir::ModuleOp module, llvm::raw_ostream &os) {
   }
 }
 
+/// Writes `<dir>/kernels.json`, `<dir>/save.ptx` and `<dir>/replay.ptx`: the
+/// CUDA kernels for both SAVE_GATES variants, and what the runtime needs to
+/// call them without MLIR (arguments, tiles, threads, workgroup bytes).
+static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
+                         llvm::SourceMgr &sourceMgr) {
+  mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
+  llvm::StringRef dir = outputFilename;
+  if (std::error_code ec = llvm::sys::fs::create_directories(dir)) {
+    llvm::errs() << "cellc: error: cannot create '" << dir << "': " << ec.message() << "\n";
+    return false;
+  }
+  auto def = *cell.getOps<mlir::cell::DefOp>().begin();
+  llvm::json::Object meta;
+  meta["format"] = 1;
+  meta["cell"] = def.getSymName().str();
+  meta["arch"] = arch.getValue();
+  meta["dtype"] = dtype.getValue();
+  llvm::json::Object sizeObj;
+  if (auto sizes = def->getAttrOfType<mlir::DictionaryAttr>("sizes"))
+    for (auto entry : sizes)
+      sizeObj[entry.getName().str()] =
+          llvm::cast<mlir::IntegerAttr>(entry.getValue()).getInt();
+  meta["sizes"] = std::move(sizeObj);
+  llvm::json::Object variants, kernels;
+  for (bool saveGates : {true, false}) {
+    mlir::OwningOpRef<mlir::ModuleOp> module = cell.clone();
+    PipelineOptions options;
+    options.saveGates = saveGates;
+    options.strategy = KernelStrategy::BatchTiled;
+    options.target = "cuda";
+    options.batchTile = batchTile;
+    options.threads = threadsPerCta;
+    mlir::PassManager pm(&context);
+    buildPipeline(pm, Stage::Kernels, options);
+    if (mlir::failed(pm.run(*module)))
+      return false;
+    module->walk([&](mlir::gpu::GPUFuncOp func) {
+      llvm::json::Object k;
+      k["batch_tile"] = func->getAttrOfType<mlir::IntegerAttr>("cell.batch_tile").getInt();
+      k["threads"] = func->getAttrOfType<mlir::IntegerAttr>("cell.threads").getInt();
+      k["workgroup_bytes"] =
+          func->getAttrOfType<mlir::IntegerAttr>("cell.workgroup_bytes").getInt();
+      llvm::json::Array args;
+      auto info = func->getAttrOfType<mlir::ArrayAttr>("cell.kernel_args");
+      for (auto [attr, type] : llvm::zip(info, func.getArgumentTypes())) {
+        llvm::json::Object a;
+        for (auto entry : llvm::cast<mlir::DictionaryAttr>(attr)) {
+          if (auto str = llvm::dyn_cast<mlir::StringAttr>(entry.getValue()))
+            a[entry.getName().str()] = str.str();
+          else if (auto list = llvm::dyn_cast<mlir::ArrayAttr>(entry.getValue())) {
+            llvm::json::Array names;
+            for (auto n : list.getAsValueRange<mlir::StringAttr>())
+              names.push_back(n.str());
+            a[entry.getName().str()] = std::move(names);
+          }
+        }
+        llvm::json::Array shape;
+        if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type))
+          for (int64_t d : memref.getShape())
+            shape.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
+        a["shape"] = std::move(shape);
+        a["memref"] = llvm::isa<mlir::MemRefType>(type);
+        args.push_back(std::move(a));
+      }
+      k["args"] = std::move(args);
+      kernels[func.getName().str()] = std::move(k);
+    });
+    // The kernels are built and specialized; the NVVM lowering is left.
+    mlir::PassManager nvvm(&context);
+    nvvm.addPass(mlir::cell::createConvertKernelsToNVVM());
+    if (mlir::failed(nvvm.run(*module)))
+      return false;
+    auto ptx = serializeToPTX(*module, arch);
+    if (!ptx) {
+      llvm::errs() << llvm::toString(ptx.takeError()) << "\n";
+      return false;
+    }
+    std::string name = saveGates ? "save.ptx" : "replay.ptx";
+    std::error_code ec;
+    llvm::raw_fd_ostream out((dir + "/" + name).str(), ec);
+    if (ec) {
+      llvm::errs() << "cellc: error: cannot write " << name << ": " << ec.message() << "\n";
+      return false;
+    }
+    out << *ptx;
+    variants[saveGates ? "save" : "replay"] = name;
+  }
+  meta["ptx"] = std::move(variants);
+  meta["kernels"] = std::move(kernels);
+  std::error_code ec;
+  llvm::raw_fd_ostream out((dir + "/kernels.json").str(), ec);
+  if (ec) {
+    llvm::errs() << "cellc: error: cannot write kernels.json: " << ec.message() << "\n";
+    return false;
+  }
+  out << llvm::formatv("{0:2}", llvm::json::Value(std::move(meta))) << "\n";
+  return true;
+}
+
 /// Compiles one source buffer and prints the requested stage. Returns false
 /// after reporting an error.
 static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
@@ -176,9 +284,11 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
     printSummary(*module, os);
     return true;
   }
+  if (emitAction == Emit::Package)
+    return writePackage(*module, context, sourceMgr);
   if (emitAction != Emit::MLIR) {
     bool cuda = emitAction == Emit::NVVM || emitAction == Emit::PTX ||
-                targetName == "cuda";
+                emitAction == Emit::Package || targetName == "cuda";
     Stage stage = emitAction == Emit::Split  ? Stage::Split
                   : emitAction == Emit::Grad ? Stage::Grad
                   : emitAction == Emit::Kernels ? Stage::Kernels
@@ -278,7 +388,9 @@ int main(int argc, char **argv) {
   }
 
   std::string errorMessage;
-  auto output = mlir::openOutputFile(outputFilename, &errorMessage);
+  auto output = mlir::openOutputFile(
+      emitAction == Emit::Package ? std::string("-") : std::string(outputFilename),
+      &errorMessage);
   if (!output) {
     llvm::errs() << "cellc: error: " << errorMessage << "\n";
     return 1;
@@ -296,9 +408,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   bool cuda = targetName == "cuda" || emitAction == Emit::NVVM ||
-              emitAction == Emit::PTX;
-  if (targetName == "cpu" && (emitAction == Emit::NVVM || emitAction == Emit::PTX)) {
-    llvm::errs() << "cellc: error: --emit=nvvm and --emit=ptx are for "
+              emitAction == Emit::PTX || emitAction == Emit::Package;
+  if (emitAction == Emit::Package && (outputFilename == "-" || splitInputFile)) {
+    llvm::errs() << "cellc: error: --emit=package writes a directory: give it "
+                    "with -o DIR\n";
+    return 1;
+  }
+  if (targetName == "cpu" && cuda) {
+    llvm::errs() << "cellc: error: --emit=nvvm, ptx and package are for "
                     "--target=cuda\n";
     return 1;
   }

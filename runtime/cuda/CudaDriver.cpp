@@ -1,0 +1,199 @@
+//===- CudaDriver.cpp - The CUDA driver, loaded at run time ---------------===//
+
+#include "runtime/cuda/CudaDriver.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <dlfcn.h>
+#include <type_traits>
+#include <mutex>
+
+namespace cellc::cuda {
+
+// The few driver types and signatures used, as in cuda.h; cellc does not
+// need the toolkit's headers to build.
+using CUresult = int;
+using CUdevice = int;
+using CUcontext = void *;
+using CUmodule = void *;
+using CUfunction = void *;
+using CUstream = void *;
+
+struct Driver::Api {
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuDeviceGetCount)(int *);
+  CUresult (*cuDeviceGet)(CUdevice *, int);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuModuleLoadDataEx)(CUmodule *, const void *, unsigned, int *,
+                                 void **);
+  CUresult (*cuModuleUnload)(CUmodule);
+  CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+  CUresult (*cuFuncGetAttribute)(int *, int, CUfunction);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, unsigned, unsigned, CUstream,
+                             void **, void **);
+  CUresult (*cuGetErrorName)(CUresult, const char **);
+  CUresult (*cuGetErrorString)(CUresult, const char **);
+};
+
+Driver::Driver() : table(std::make_unique<Api>()) {
+  const char *path = std::getenv("CELLC_LIBCUDA");
+  handle = dlopen(path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!handle)
+    throw CudaError(std::string("no CUDA driver/GPU: cannot load libcuda (") +
+                    dlerror() + ")");
+  auto resolve = [&](auto &fn, const char *name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name));
+    if (!fn)
+      throw CudaError(std::string("no CUDA driver/GPU: libcuda has no ") + name);
+  };
+  Api &a = *table;
+  resolve(a.cuInit, "cuInit");
+  resolve(a.cuDeviceGetCount, "cuDeviceGetCount");
+  resolve(a.cuDeviceGet, "cuDeviceGet");
+  resolve(a.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  resolve(a.cuCtxSetCurrent, "cuCtxSetCurrent");
+  resolve(a.cuModuleLoadDataEx, "cuModuleLoadDataEx");
+  resolve(a.cuModuleUnload, "cuModuleUnload");
+  resolve(a.cuModuleGetFunction, "cuModuleGetFunction");
+  resolve(a.cuFuncGetAttribute, "cuFuncGetAttribute");
+  resolve(a.cuLaunchKernel, "cuLaunchKernel");
+  resolve(a.cuGetErrorName, "cuGetErrorName");
+  resolve(a.cuGetErrorString, "cuGetErrorString");
+  CUresult init = a.cuInit(0);
+  int count = 0;
+  if (init != 0 || a.cuDeviceGetCount(&count) != 0 || count == 0)
+    throw CudaError("no CUDA driver/GPU: libcuda loaded but found no device");
+}
+
+Driver &Driver::get() {
+  // A failed load is retried on the next call rather than cached.
+  static std::mutex lock;
+  static std::unique_ptr<Driver> driver;
+  std::lock_guard<std::mutex> guard(lock);
+  if (!driver)
+    driver.reset(new Driver());
+  return *driver;
+}
+
+void Driver::check(int result, const std::string &what) const {
+  if (result == 0)
+    return;
+  const char *name = "CUDA_ERROR_UNKNOWN", *message = "unknown error";
+  table->cuGetErrorName(result, &name);
+  table->cuGetErrorString(result, &message);
+  throw CudaError(what + ": " + name + " (" + message + ")");
+}
+
+void Driver::useDevice(int device) {
+  CUdevice dev;
+  check(table->cuDeviceGet(&dev, device), "cuDeviceGet");
+  CUcontext ctx;
+  check(table->cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  check(table->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+}
+
+Module::Module(const std::string &ptx) {
+  Driver &d = Driver::get();
+  // CU_JIT_ERROR_LOG_BUFFER (5) and its size (6).
+  std::vector<char> log(8192, '\0');
+  int options[] = {5, 6};
+  void *values[] = {log.data(), reinterpret_cast<void *>(log.size())};
+  int result = d.api().cuModuleLoadDataEx(&module, ptx.c_str(), 2, options, values);
+  if (result != 0) {
+    try {
+      d.check(result, "loading the PTX (cuModuleLoadDataEx)");
+    } catch (CudaError &e) {
+      throw CudaError(std::string(e.what()) + "\n" + log.data());
+    }
+  }
+}
+
+Module::~Module() {
+  if (module)
+    Driver::get().api().cuModuleUnload(module);
+}
+
+void *Module::function(const std::string &kernel) {
+  CUfunction fn = nullptr;
+  Driver::get().check(
+      Driver::get().api().cuModuleGetFunction(&fn, module, kernel.c_str()),
+      "kernel " + kernel + ": cuModuleGetFunction");
+  return fn;
+}
+
+void Module::launch(const std::string &kernel, unsigned grid, unsigned block,
+                    unsigned sharedBytes, void *stream, void **params) {
+  void *fn = function(kernel);
+  Driver::get().check(Driver::get().api().cuLaunchKernel(
+                          fn, grid, 1, 1, block, 1, 1, sharedBytes, stream,
+                          params, nullptr),
+                      "kernel " + kernel + ": cuLaunchKernel");
+}
+
+int Module::registers(const std::string &kernel) {
+  int n = 0;
+  // CU_FUNC_ATTRIBUTE_NUM_REGS = 4.
+  Driver::get().check(Driver::get().api().cuFuncGetAttribute(&n, 4, function(kernel)),
+                      "kernel " + kernel + ": cuFuncGetAttribute");
+  return n;
+}
+
+} // namespace cellc::cuda
+
+//===----------------------------------------------------------------------===//
+// C API, for ctypes: errors are returned as text, never thrown across it.
+//===----------------------------------------------------------------------===//
+
+namespace {
+template <typename F> int guarded(char *error, size_t size, F &&body) {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception &e) {
+    if (error && size) {
+      std::snprintf(error, size, "%s", e.what());
+    }
+    return 1;
+  }
+}
+} // namespace
+
+extern "C" {
+
+/// Whether a driver and a device are there; `error` says why not.
+int cellc_cuda_available(char *error, size_t size) {
+  return guarded(error, size, [] { cellc::cuda::Driver::get(); }) == 0;
+}
+
+/// Loads `ptx` on `device`; `*module` is the handle.
+int cellc_cuda_load(int device, const char *ptx, void **module, char *error,
+                    size_t size) {
+  return guarded(error, size, [&] {
+    cellc::cuda::Driver::get().useDevice(device);
+    *module = new cellc::cuda::Module(ptx);
+  });
+}
+
+void cellc_cuda_unload(void *module) {
+  delete static_cast<cellc::cuda::Module *>(module);
+}
+
+/// Launches `kernel` of `module` on `stream` with `params`.
+int cellc_cuda_launch(void *module, const char *kernel, unsigned grid,
+                      unsigned block, unsigned sharedBytes, void *stream,
+                      void **params, char *error, size_t size) {
+  return guarded(error, size, [&] {
+    static_cast<cellc::cuda::Module *>(module)->launch(kernel, grid, block,
+                                                       sharedBytes, stream, params);
+  });
+}
+
+int cellc_cuda_registers(void *module, const char *kernel, int *registers,
+                         char *error, size_t size) {
+  return guarded(error, size, [&] {
+    *registers = static_cast<cellc::cuda::Module *>(module)->registers(kernel);
+  });
+}
+}

@@ -1,0 +1,75 @@
+//===- CudaDriver.h - The CUDA driver, loaded at run time -------*- C++ -*-===//
+//
+// libcuda is opened with dlopen, so this library builds, links and loads on
+// machines without a driver or GPU; calls there fail with a clear message.
+// It needs neither MLIR nor LLVM: it runs kernels compiled ahead of time to
+// PTX. It allocates nothing and never synchronizes inside a launch.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_RUNTIME_CUDA_CUDADRIVER_H
+#define CELLC_RUNTIME_CUDA_CUDADRIVER_H
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cellc::cuda {
+
+/// A CUDA failure: what was being done, the kernel when there is one, and the
+/// driver's error name and message.
+class CudaError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The driver entry points cellc uses, resolved from libcuda.
+class Driver {
+public:
+  /// The process-wide driver. Throws CudaError("no CUDA driver/GPU: ...")
+  /// when libcuda cannot be opened or has no device.
+  static Driver &get();
+
+  /// Makes the primary context of `device` current (the one PyTorch uses).
+  void useDevice(int device);
+
+  /// Throws a CudaError for a non-zero CUresult.
+  void check(int result, const std::string &what) const;
+
+  struct Api;
+  const Api &api() const { return *table; }
+
+private:
+  Driver();
+  void *handle = nullptr;
+  std::unique_ptr<Api> table;
+};
+
+/// A loaded PTX module and its kernels.
+class Module {
+public:
+  /// JIT-compiles `ptx` for the current device (cuModuleLoadDataEx) and keeps
+  /// the driver's log for errors.
+  explicit Module(const std::string &ptx);
+  ~Module();
+  Module(const Module &) = delete;
+  Module &operator=(const Module &) = delete;
+
+  /// Launches `kernel` on `stream` with `params` (pointers to each argument's
+  /// value, as cuLaunchKernel takes them).
+  void launch(const std::string &kernel, unsigned grid, unsigned block,
+              unsigned sharedBytes, void *stream, void **params);
+
+  /// Registers used by `kernel`, from the driver.
+  int registers(const std::string &kernel);
+
+private:
+  void *function(const std::string &kernel);
+  void *module = nullptr;
+};
+
+} // namespace cellc::cuda
+
+#endif // CELLC_RUNTIME_CUDA_CUDADRIVER_H
