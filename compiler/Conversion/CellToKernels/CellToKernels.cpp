@@ -224,13 +224,8 @@ struct ConvertCellToKernels
   void runOnOperation() override {
     ModuleOp module = getOperation();
     for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
-      auto grad = module.lookupSymbol<func::FuncOp>(
-          (def.getSymName() + "_grad").str());
-      if (!grad) {
-        def.emitOpError("has no backward step; run cell-autodiff first");
-        return signalPassFailure();
-      }
-      if (failed(buildForward(def)) || failed(buildBackward(def, grad)))
+      func::FuncOp grad = backwardStepOf(def);
+      if (!grad || failed(buildForward(def)) || failed(buildBackward(def, grad)))
         return signalPassFailure();
       grad->erase();
       def->erase();

@@ -183,7 +183,7 @@ struct Item {
 
 /// Where a leaf value is read from.
 struct Source {
-  enum Kind { Shared, PerStep, PerRow } kind = Shared;
+  enum Kind { Shared, PerStep } kind = Shared;
   Value buffer;
   /// Shared: the ping-pong slot, when the buffer has one.
   Value slot;
@@ -209,8 +209,6 @@ public:
   SmallVector<Value> rows, rowValid;
   DenseMap<Value, Source> sources;
   DenseMap<StringRef, Value> params;
-  SmallVector<Value> projections;
-  unsigned nextProjection = 0;
   DenseMap<Operation *, Value> projectionBuffers;
   Value gates;
   DenseMap<Value, Value> sharedOf;
@@ -296,6 +294,29 @@ public:
     return acc;
   }
 
+  /// Whether any row of the tile has its `mask` lane set. All threads of a
+  /// CTA branch the same way on it.
+  Value any(Value mask) {
+    // Lane by lane: the extracts fold into the flags the mask was built from.
+    Value acc = builder.create<vector::ExtractOp>(loc, mask, 0);
+    for (int64_t s = 1; s < tile; ++s)
+      acc = builder.create<arith::OrIOp>(
+          loc, acc, builder.create<vector::ExtractOp>(loc, mask, s));
+    return acc;
+  }
+  /// `then()` where `cond` holds and `otherwise()` elsewhere, building only
+  /// the side taken: the loads of the other side are not issued.
+  Value choose(Value cond, function_ref<Value()> then,
+               function_ref<Value()> otherwise) {
+    auto ifOp = builder.create<scf::IfOp>(loc, TypeRange{lane}, cond, true, true);
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointToStart(ifOp.thenBlock());
+    builder.create<scf::YieldOp>(loc, then());
+    builder.setInsertionPointToStart(ifOp.elseBlock());
+    builder.create<scf::YieldOp>(loc, otherwise());
+    return ifOp.getResult(0);
+  }
+
   /// A loop over the elements `[0, n)` of this thread.
   void forEachElement(int64_t n, function_ref<void(Value j)> body) {
     builder.create<scf::ForOp>(
@@ -321,7 +342,7 @@ public:
 
 private:
   using Key = std::tuple<Value, Value, int64_t>;
-  SmallVector<DenseMap<Key, Value>> scopes = {{}};
+  SmallVector<DenseMap<Key, Value>> scopes = SmallVector<DenseMap<Key, Value>>(1);
   Value lookup(const Key &key) {
     for (auto &scope : llvm::reverse(scopes)) {
       auto it = scope.find(key);
@@ -367,8 +388,6 @@ Value TiledBuilder::eval(Value v, const Index &i) {
       return remember(v, i, loadShared(src.buffer, src.slot, j));
     case Source::PerStep:
       return remember(v, i, gather(src.buffer, true, j));
-    case Source::PerRow:
-      return remember(v, i, gather(src.buffer, false, j));
     }
   }
   Operation *op = v.getDefiningOp();
@@ -399,44 +418,26 @@ Value TiledBuilder::evalOp(Operation *op, Value v, const Index &i) {
     return evalRestore(restore, cast<OpResult>(v).getResultNumber(), i);
   if (auto proj = dyn_cast<ProjectionOp>(op))
     return gather(projectionBuffers.lookup(op), true, at(i));
-  if (auto matvec = dyn_cast<MatvecOp>(op)) {
-    // result[row] = sum_k W[row, k] * u[k], u read from workgroup memory.
-    Value weight = params.lookup(matvec.getWeight().getDefiningOp<ParamOp>().getName());
-    Value slot;
-    Value u = sharedBuffer(matvec.getVector(), slot);
-    int64_t cols = sizeOf(matvec.getVector());
-    Value row = at(i);
+  // matvec: result[row] = sum_k W[row, k] * u[k]; vecmat: result[col] =
+  // sum_r W[r, col] * g[r]. The vector is read from workgroup memory.
+  if (isa<MatvecOp, VecmatOp>(op)) {
+    bool transposed = isa<VecmatOp>(op);
+    Value weight = params.lookup(
+        op->getOperand(0).getDefiningOp<ParamOp>().getName());
+    Value vec = op->getOperand(1), slot;
+    Value buffer = sharedBuffer(vec, slot);
+    Value fixed = at(i);
     auto loop = builder.create<scf::ForOp>(
-        loc, index(0), index(cols), index(1),
+        loc, index(0), index(sizeOf(vec)), index(1),
         ValueRange{splat(builder, loc, lane, 0.0)},
         [&](OpBuilder &b, Location l, Value k, ValueRange acc) {
           OpBuilder::InsertionGuard guard(builder);
           builder.setInsertionPointToStart(b.getInsertionBlock());
-          Value w = builder.create<memref::LoadOp>(l, weight, ValueRange{row, k});
+          Value w = builder.create<memref::LoadOp>(
+              l, weight, transposed ? ValueRange{k, fixed} : ValueRange{fixed, k});
           Value ws = builder.create<vector::BroadcastOp>(l, lane, w);
-          Value next = builder.create<vector::FMAOp>(l, ws, loadShared(u, slot, k),
-                                                     acc[0]);
-          builder.create<scf::YieldOp>(l, next);
-        });
-    return loop.getResult(0);
-  }
-  if (auto vecmat = dyn_cast<VecmatOp>(op)) {
-    // result[col] = sum_r W[r, col] * g[r].
-    Value weight = params.lookup(vecmat.getWeight().getDefiningOp<ParamOp>().getName());
-    Value slot;
-    Value g = sharedBuffer(vecmat.getVector(), slot);
-    int64_t rowsN = sizeOf(vecmat.getVector());
-    Value col = at(i);
-    auto loop = builder.create<scf::ForOp>(
-        loc, index(0), index(rowsN), index(1),
-        ValueRange{splat(builder, loc, lane, 0.0)},
-        [&](OpBuilder &b, Location l, Value r, ValueRange acc) {
-          OpBuilder::InsertionGuard guard(builder);
-          builder.setInsertionPointToStart(b.getInsertionBlock());
-          Value w = builder.create<memref::LoadOp>(l, weight, ValueRange{r, col});
-          Value ws = builder.create<vector::BroadcastOp>(l, lane, w);
-          Value next = builder.create<vector::FMAOp>(l, ws, loadShared(g, slot, r),
-                                                     acc[0]);
+          Value next = builder.create<vector::FMAOp>(
+              l, ws, loadShared(buffer, slot, k), acc[0]);
           builder.create<scf::YieldOp>(l, next);
         });
     return loop.getResult(0);
@@ -631,13 +632,9 @@ struct ConvertCellToTiledKernels
       gpuModule = builder.create<gpu::GPUModuleOp>(module.getLoc(), "cellc_kernels");
     }
     for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
-      auto grad = module.lookupSymbol<func::FuncOp>(
-          (def.getSymName() + "_grad").str());
-      if (!grad) {
-        def.emitOpError("has no backward step; run cell-autodiff first");
-        return signalPassFailure();
-      }
-      if (failed(buildKernel(def, grad, /*backward=*/false, gpuModule)) ||
+      func::FuncOp grad = backwardStepOf(def);
+      if (!grad ||
+          failed(buildKernel(def, grad, /*backward=*/false, gpuModule)) ||
           failed(buildKernel(def, grad, /*backward=*/true, gpuModule)))
         return signalPassFailure();
       grad->erase();
@@ -824,7 +821,9 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
       tb.t = t;
       Value slot = builder.create<arith::RemUIOp>(loc, t, c2);
       Value next = builder.create<arith::SubIOp>(loc, c1, slot);
-      // Resets, in place.
+      // Resets, in place. Branching on whether any row resets would save
+      // a few loads per element beside the matvec's hundreds, and tips the
+      // LSTM forward at H=256 into spills on sm_90 (ptxas -v), so it does not.
       Value reset = resetMask(t);
       for (auto [k, s] : llvm::enumerate(def.getStates()))
         tb.forEachElement(sizeOf(s), [&](Value j) {
@@ -909,8 +908,6 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
       Value slot = builder.create<arith::RemUIOp>(loc, iv, c2);
       Value next = builder.create<arith::SubIOp>(loc, c1, slot);
       Value isFirst = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, t, c0);
-      Value tm1 = builder.create<arith::SelectOp>(
-          loc, isFirst, c0, builder.create<arith::SubIOp>(loc, t, c1));
       auto maskType = VectorType::get({tile}, builder.getI1Type());
       Value reset = resetMask(t);
       Value first = builder.create<vector::BroadcastOp>(loc, maskType, isFirst);
@@ -919,17 +916,26 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
       Value fromStart = builder.create<arith::AndIOp>(
           loc, first, builder.create<arith::XOrIOp>(loc, reset, ones));
       Value fromOutside = builder.create<arith::OrIOp>(loc, reset, first);
-      // The states before step t.
+      // The states before step t: the start state at t = 0, the history
+      // otherwise, the initial state in the rows that reset.
+      Value anyReset = tb.any(reset);
       for (auto [k, s] : llvm::enumerate(def.getStates()))
         tb.forEachElement(sizeOf(s), [&](Value j) {
-          Value hist = tb.gather(arg(args.firstHistory + k), true, j, tm1);
-          Value start = tb.gather(arg(args.firstStart + k), false, j);
-          Value init = tb.gather(arg(args.firstInit + k), false, j);
-          Value before = builder.create<arith::SelectOp>(
-              loc, builder.create<vector::BroadcastOp>(loc, maskType, isFirst),
-              start, hist);
-          tb.storeShared(builder.create<arith::SelectOp>(loc, reset, init, before),
-                         prevBufs[k], Value(), j);
+          Value before = tb.choose(
+              isFirst,
+              [&] { return tb.gather(arg(args.firstStart + k), false, j); },
+              [&] {
+                Value tm1 = builder.create<arith::SubIOp>(loc, t, c1);
+                return tb.gather(arg(args.firstHistory + k), true, j, tm1);
+              });
+          Value prev = tb.choose(
+              anyReset,
+              [&]() -> Value {
+                Value init = tb.gather(arg(args.firstInit + k), false, j);
+                return builder.create<arith::SelectOp>(loc, reset, init, before);
+              },
+              [&] { return before; });
+          tb.storeShared(prev, prevBufs[k], Value(), j);
         });
       tb.barrier();
       tb.sources.clear();

@@ -4,6 +4,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 namespace mlir::cell {
@@ -77,6 +78,14 @@ void KernelSignature::addBatchRange(MLIRContext *ctx) {
   Builder b(ctx);
   add(ctx, b.getIndexType(), "batch_begin", "b_begin");
   add(ctx, b.getIndexType(), "batch_end", "b_end");
+}
+
+func::FuncOp backwardStepOf(DefOp def) {
+  auto module = def->getParentOfType<ModuleOp>();
+  auto grad = module.lookupSymbol<func::FuncOp>((def.getSymName() + "_grad").str());
+  if (!grad)
+    def.emitOpError("has no backward step; run cell-autodiff first");
+  return grad;
 }
 
 SmallVector<ProjectionOp> projectionsOf(DefOp def) {

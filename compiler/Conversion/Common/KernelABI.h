@@ -65,6 +65,10 @@ KernelSignature forwardSignature(DefOp def, ForwardArgs &args);
 FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
                                              BackwardArgs &args);
 
+/// The backward step `@<cell>_grad` that cell-autodiff built for `def`; null,
+/// with an error on `def`, when there is none.
+func::FuncOp backwardStepOf(DefOp def);
+
 /// The projections of `def`, in the order their buffers are passed.
 SmallVector<ProjectionOp> projectionsOf(DefOp def);
 
