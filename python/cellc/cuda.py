@@ -207,8 +207,8 @@ class CudaCell:
                 history[name] = torch.empty(T, B, shape[-1], device=device, dtype=dtype)
                 tensors.append(history[name])
             elif kind == "gates":
-                width = shape[-1] if save_gates else 0
-                gates = torch.empty(T if save_gates else 0, B, width or shape[-1],
+                # The replaying variant never touches it: an empty buffer.
+                gates = torch.empty(T if save_gates else 0, B, shape[-1],
                                     device=device, dtype=dtype)
                 tensors.append(gates)
             elif kind == "batch_begin":

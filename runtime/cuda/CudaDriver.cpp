@@ -116,27 +116,31 @@ Module::~Module() {
 }
 
 void *Module::function(const std::string &kernel) {
+  auto it = functions.find(kernel);
+  if (it != functions.end())
+    return it->second;
+  Driver &d = Driver::get();
   CUfunction fn = nullptr;
-  Driver::get().check(
-      Driver::get().api().cuModuleGetFunction(&fn, module, kernel.c_str()),
-      "kernel " + kernel + ": cuModuleGetFunction");
-  return fn;
+  d.check(d.api().cuModuleGetFunction(&fn, module, kernel.c_str()),
+          "kernel " + kernel + ": cuModuleGetFunction");
+  return functions[kernel] = fn;
 }
 
 void Module::launch(const std::string &kernel, unsigned grid, unsigned block,
                     unsigned sharedBytes, void *stream, void **params) {
   void *fn = function(kernel);
-  Driver::get().check(Driver::get().api().cuLaunchKernel(
-                          fn, grid, 1, 1, block, 1, 1, sharedBytes, stream,
-                          params, nullptr),
-                      "kernel " + kernel + ": cuLaunchKernel");
+  Driver &d = Driver::get();
+  d.check(d.api().cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, sharedBytes,
+                                 stream, params, nullptr),
+          "kernel " + kernel + ": cuLaunchKernel");
 }
 
 int Module::registers(const std::string &kernel) {
   int n = 0;
+  Driver &d = Driver::get();
   // CU_FUNC_ATTRIBUTE_NUM_REGS = 4.
-  Driver::get().check(Driver::get().api().cuFuncGetAttribute(&n, 4, function(kernel)),
-                      "kernel " + kernel + ": cuFuncGetAttribute");
+  d.check(d.api().cuFuncGetAttribute(&n, 4, function(kernel)),
+          "kernel " + kernel + ": cuFuncGetAttribute");
   return n;
 }
 

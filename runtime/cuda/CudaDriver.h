@@ -11,6 +11,7 @@
 #define CELLC_RUNTIME_CUDA_CUDADRIVER_H
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -66,8 +67,10 @@ public:
   int registers(const std::string &kernel);
 
 private:
+  /// The kernel's handle, looked up once and kept: launches do not search.
   void *function(const std::string &kernel);
   void *module = nullptr;
+  std::map<std::string, void *> functions;
 };
 
 } // namespace cellc::cuda

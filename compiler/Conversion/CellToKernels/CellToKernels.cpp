@@ -254,8 +254,6 @@ struct KernelFrame {
       : entry(kernel.getBody().front()),
         builder(OpBuilder::atBlockEnd(&entry)), loc(def.getLoc()),
         step(kernel, builder.create<SaveGatesOp>(loc, builder.getI1Type())) {
-    firstInit = args.firstInit;
-    firstStart = args.firstStart;
     for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
       step.params[param.getName()] = entry.getArgument(args.firstParam + i);
     for (unsigned p = 0; p < args.numProjections; ++p)
@@ -270,7 +268,6 @@ struct KernelFrame {
     bEnd = entry.getArgument(entry.getNumArguments() - 1);
   }
 
-  Value arg(unsigned i) { return entry.getArgument(i); }
   /// Whether the state at (t, b) restarts from its initial value.
   Value isReset(OpBuilder &b, Location l, Value t, Value batch) {
     Value flagByte = b.create<memref::LoadOp>(l, resets, ValueRange{t, batch});
@@ -282,10 +279,6 @@ struct KernelFrame {
   OpBuilder builder;
   Location loc;
   StepLowering step;
-  /// The first initial state (the value at a reset) and the first start
-  /// state (the value before step 0 of this call; the previous chunk's last
-  /// state when a sequence runs in chunks).
-  unsigned firstInit, firstStart;
   Value c0, c1, resets, steps, zeroByte, bBegin, bEnd;
 };
 
@@ -293,8 +286,6 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
   ForwardArgs args;
   KernelSignature sig = forwardSignature(def, args);
   YieldOp yield = def.getYield();
-  unsigned firstOutput = args.firstOutput;
-  unsigned firstHistory = args.firstHistory;
 
   func::FuncOp kernel = createKernel(def, "_fwd", sig);
   KernelFrame frame(kernel, def, args);
@@ -303,7 +294,6 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
   StepLowering &step = frame.step;
   Location loc = frame.loc;
   Value c0 = frame.c0, c1 = frame.c1, steps = frame.steps;
-  unsigned firstInit = frame.firstInit;
   LogicalResult status = success();
 
   builder.create<scf::ForOp>(
@@ -312,10 +302,10 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
         SmallVector<Value> initial, start;
         for (auto [i, arg] : llvm::enumerate(def.getStates())) {
           initial.push_back(bb.create<vector::LoadOp>(
-              l, vectorOf(arg.getType()), entry.getArgument(firstInit + i),
+              l, vectorOf(arg.getType()), entry.getArgument(args.firstInit + i),
               ValueRange{b, c0}));
           start.push_back(bb.create<vector::LoadOp>(
-              l, vectorOf(arg.getType()), frame.arg(frame.firstStart + i),
+              l, vectorOf(arg.getType()), entry.getArgument(args.firstStart + i),
               ValueRange{b, c0}));
         }
         bb.create<scf::ForOp>(
@@ -338,13 +328,13 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
               }
               for (auto [i, out] : llvm::enumerate(yield.getOutputs()))
                 tb.create<vector::StoreOp>(l2, step.lookup(out),
-                                           entry.getArgument(firstOutput + i),
+                                           entry.getArgument(args.firstOutput + i),
                                            ValueRange{t, b, c0});
               SmallVector<Value> next;
               for (auto [i, s] : llvm::enumerate(yield.getStates())) {
                 next.push_back(step.lookup(s));
                 tb.create<vector::StoreOp>(l2, next.back(),
-                                           entry.getArgument(firstHistory + i),
+                                           entry.getArgument(args.firstHistory + i),
                                            ValueRange{t, b, c0});
               }
               tb.create<scf::YieldOp>(l2, next);
@@ -362,12 +352,6 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
     return failure();
   YieldOp yield = def.getYield();
   unsigned numStates = def.getStateNames().size();
-  unsigned firstHistory = args.firstHistory;
-  unsigned firstDOut = args.firstDOut;
-  unsigned firstDFinal = args.firstDFinal;
-  unsigned firstResult = args.firstResult;
-  unsigned firstStartGrad = args.firstStartGrad;
-  ArrayRef<StringRef> kinds = args.kinds;
   auto resultTypes = grad.getFunctionType().getResults();
 
   func::FuncOp kernel = createKernel(def, "_bwd", *sig);
@@ -377,7 +361,6 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
   StepLowering &step = frame.step;
   Location loc = frame.loc;
   Value c0 = frame.c0, c1 = frame.c1, steps = frame.steps;
-  unsigned firstInit = frame.firstInit;
   Value last = builder.create<arith::SubIOp>(loc, steps, c1);
   Block &gradBody = grad.getBody().front();
   auto ret = cast<func::ReturnOp>(gradBody.getTerminator());
@@ -386,7 +369,7 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
   // Accumulators carried over time: the next-state gradients, the initial-
   // and start-state gradients, and the vector-param gradients.
   SmallVector<unsigned> paramResults;
-  for (auto [i, kind] : llvm::enumerate(kinds))
+  for (auto [i, kind] : llvm::enumerate(args.kinds))
     if (kind == "param")
       paramResults.push_back(i);
 
@@ -397,11 +380,11 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
         for (auto [i, arg] : llvm::enumerate(def.getStates())) {
           VectorType type = vectorOf(arg.getType());
           initial.push_back(bb.create<vector::LoadOp>(
-              l, type, entry.getArgument(firstInit + i), ValueRange{b, c0}));
+              l, type, entry.getArgument(args.firstInit + i), ValueRange{b, c0}));
           start.push_back(bb.create<vector::LoadOp>(
-              l, type, frame.arg(frame.firstStart + i), ValueRange{b, c0}));
+              l, type, entry.getArgument(args.firstStart + i), ValueRange{b, c0}));
           carried.push_back(bb.create<vector::LoadOp>(
-              l, type, entry.getArgument(firstDFinal + i), ValueRange{b, c0}));
+              l, type, entry.getArgument(args.firstDFinal + i), ValueRange{b, c0}));
         }
         auto zerosLike = [&](OpBuilder &ob, Type tensor) -> Value {
           VectorType type = vectorOf(tensor);
@@ -443,7 +426,7 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
               for (auto [k, arg] : llvm::enumerate(def.getStates())) {
                 Value stored = tb.create<vector::LoadOp>(
                     l2, vectorOf(arg.getType()),
-                    entry.getArgument(firstHistory + k), ValueRange{tm1, b, c0});
+                    entry.getArgument(args.firstHistory + k), ValueRange{tm1, b, c0});
                 Value before =
                     tb.create<arith::SelectOp>(l2, isFirst, start[k], stored);
                 step.map[gradBody.getArgument(a++)] = tb.create<arith::SelectOp>(
@@ -451,7 +434,7 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
               }
               for (auto [k, out] : llvm::enumerate(yield.getOutputs()))
                 step.map[gradBody.getArgument(a++)] = tb.create<vector::LoadOp>(
-                    l2, vectorOf(out.getType()), entry.getArgument(firstDOut + k),
+                    l2, vectorOf(out.getType()), entry.getArgument(args.firstDOut + k),
                     ValueRange{t, b, c0});
               for (unsigned k = 0; k < numStates; ++k)
                 step.map[gradBody.getArgument(a++)] = acc[k];
@@ -466,8 +449,8 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
               unsigned p = 0;
               for (auto [r, value] : llvm::enumerate(ret.getOperands())) {
                 Value lowered = step.lookup(value);
-                Value buffer = entry.getArgument(firstResult + r);
-                StringRef kind = kinds[r];
+                Value buffer = entry.getArgument(args.firstResult + r);
+                StringRef kind = args.kinds[r];
                 if (kind == "state") {
                   // At a reset the gradient goes to the initial state, at
                   // t = 0 to the start state, and otherwise on to step t - 1.
@@ -499,15 +482,15 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
 
         for (unsigned k = 0; k < numStates; ++k) {
           bb.create<vector::StoreOp>(l, loop.getResult(numStates + k),
-                                     entry.getArgument(firstResult + k),
+                                     entry.getArgument(args.firstResult + k),
                                      ValueRange{b, c0});
           bb.create<vector::StoreOp>(l, loop.getResult(2 * numStates + k),
-                                     entry.getArgument(firstStartGrad + k),
+                                     entry.getArgument(args.firstStartGrad + k),
                                      ValueRange{b, c0});
         }
         for (auto [p, r] : llvm::enumerate(paramResults))
           bb.create<vector::StoreOp>(l, loop.getResult(3 * numStates + p),
-                                     entry.getArgument(firstResult + r),
+                                     entry.getArgument(args.firstResult + r),
                                      ValueRange{b, c0});
         bb.create<scf::YieldOp>(l);
       });

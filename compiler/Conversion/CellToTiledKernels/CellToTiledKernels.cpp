@@ -1042,6 +1042,12 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
     }
     builder.create<func::ReturnOp>(loc);
   }
+  // The tile was chosen from `perRow` before the buffers existed; the
+  // buffers allocated must be what it counted.
+  if (succeeded(status) && tb.sharedElements != perRow * tile)
+    return emitError(loc) << "internal error: " << name << " allocated "
+                          << tb.sharedElements << " workgroup elements, planned "
+                          << perRow * tile;
   kernelOp->setAttr("cell.workgroup_bytes",
                     outer.getI64IntegerAttr(tb.sharedElements * bytes));
   return status;

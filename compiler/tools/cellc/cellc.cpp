@@ -121,6 +121,12 @@ static cl::opt<std::string> dtype("dtype",
                                   cl::desc("Element type: f32, f64, f16, bf16"),
                                   cl::init("f32"));
 
+/// Whether the kernels are built for CUDA: asked for, or implied by the stage.
+static bool targetsCuda() {
+  return targetName == "cuda" || emitAction == Emit::NVVM ||
+         emitAction == Emit::PTX || emitAction == Emit::Package;
+}
+
 /// Prints what the cell declares and what its step computes.
 static void printSummary(mlir::ModuleOp module, llvm::raw_ostream &os) {
   for (auto def : module.getOps<mlir::cell::DefOp>()) {
@@ -287,8 +293,7 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
   if (emitAction == Emit::Package)
     return writePackage(*module, context, sourceMgr);
   if (emitAction != Emit::MLIR) {
-    bool cuda = emitAction == Emit::NVVM || emitAction == Emit::PTX ||
-                emitAction == Emit::Package || targetName == "cuda";
+    bool cuda = targetsCuda();
     Stage stage = emitAction == Emit::Split  ? Stage::Split
                   : emitAction == Emit::Grad ? Stage::Grad
                   : emitAction == Emit::Kernels ? Stage::Kernels
@@ -407,8 +412,7 @@ int main(int argc, char **argv) {
                  << "'; expected cpu or cuda\n";
     return 1;
   }
-  bool cuda = targetName == "cuda" || emitAction == Emit::NVVM ||
-              emitAction == Emit::PTX || emitAction == Emit::Package;
+  bool cuda = targetsCuda();
   if (emitAction == Emit::Package && (outputFilename == "-" || splitInputFile)) {
     llvm::errs() << "cellc: error: --emit=package writes a directory: give it "
                     "with -o DIR\n";
