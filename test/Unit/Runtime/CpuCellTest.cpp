@@ -308,7 +308,6 @@ TEST_P(CpuCellTest, BatchTiledKernelsMatchTheReference) {
     options.threads = 2;
     options.batchTiled = true;
     options.batchTile = tile;
-    options.useCache = false;
     auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
     ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
     Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
