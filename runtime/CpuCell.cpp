@@ -302,6 +302,8 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
       pipeline.strategy = KernelStrategy::BatchTiled;
       pipeline.batchTile = options.batchTile;
     }
+    pipeline.matvecWidth = options.matvecWidth;
+    pipeline.matvecUnroll = options.matvecUnroll;
     buildPipeline(pm, Stage::Kernels, pipeline);
     if (mlir::failed(pm.run(*copy)))
       return fail("cellc: building the kernels failed:\n" + os.str());

@@ -80,6 +80,10 @@ public:
     bool batchTiled = false;
     /// Rows per tile for the batch-tiled kernels; 0 chooses.
     int64_t batchTile = 0;
+    /// The per-row kernels' recurrent matvec: lanes per FMA (0: whole rows)
+    /// and rows per iteration. Must divide the weights' dimensions.
+    int64_t matvecWidth = 0;
+    int64_t matvecUnroll = 1;
   };
 
   ~CpuCell();

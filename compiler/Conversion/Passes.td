@@ -45,9 +45,20 @@ def ConvertCellToKernels : Pass<"convert-cell-to-kernels", "::mlir::ModuleOp"> {
     `scf.if` on the same flag that loads the gates or replays the step.
     `cell-specialize` then fixes the flag.
 
+    The recurrent matvec runs `matvec-unroll` weight rows per iteration, each
+    row in pieces of `matvec-width` lanes (0: the whole row) accumulated with
+    FMAs and reduced once; both must divide the weight's dimensions. They are
+    autotuning knobs (cellc-tune).
+
     Expects `cell-split-projections`, `cell-autodiff` and `cell-plan-saves` to
     have run.
   }];
+  let options = [
+    Option<"matvecWidth", "matvec-width", "int64_t", "0",
+           "Lanes per FMA of the recurrent matvec (0: the whole row)">,
+    Option<"matvecUnroll", "matvec-unroll", "int64_t", "1",
+           "Weight rows per iteration of the recurrent matvec">,
+  ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
     "::mlir::math::MathDialect", "::mlir::memref::MemRefDialect",

@@ -26,7 +26,10 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
       tiled.threads = options.threads;
       pm.addPass(cell::createConvertCellToTiledKernels(tiled));
     } else {
-      pm.addPass(cell::createConvertCellToKernels());
+      cell::ConvertCellToKernelsOptions perRow;
+      perRow.matvecWidth = options.matvecWidth;
+      perRow.matvecUnroll = options.matvecUnroll;
+      pm.addPass(cell::createConvertCellToKernels(perRow));
     }
     std::optional<bool> saveGates = options.saveGates;
     if (stage >= Stage::LLVM && !saveGates)

@@ -50,6 +50,10 @@ struct PipelineOptions {
   std::string target = "cpu";
   int64_t batchTile = 0;
   int64_t threads = 256;
+  /// For per-row kernels: the recurrent matvec's lanes per FMA (0: whole
+  /// rows) and rows per iteration.
+  int64_t matvecWidth = 0;
+  int64_t matvecUnroll = 1;
 };
 
 /// Adds the passes that take front-end cell IR to `stage`. This is the only

@@ -21,6 +21,11 @@ public:
     entry = OpBuilder::atBlockBegin(&kernel.getBody().front());
   }
 
+  /// The recurrent matvec's shape: `width` lanes per FMA (0: the whole row)
+  /// and `unroll` rows per iteration. Both divide the weight's dimensions;
+  /// the pass checks that.
+  int64_t matvecWidth = 0, matvecUnroll = 1;
+
   /// The memrefs and indices a step reads from.
   DenseMap<StringRef, Value> params;
   SmallVector<Value> projections;
@@ -112,25 +117,50 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
         return result(acc);
       })
       .Case([&](MatvecOp matvec) -> LogicalResult {
-        // result[i] = dot(W[i, :], v), one row at a time, through scratch.
+        // result[i] = dot(W[i, :], v): `unroll` rows at a time, each row in
+        // `width`-lane pieces accumulated by FMA and reduced once. The vector
+        // goes through scratch so that pieces load at a loop index.
         auto weightType = cast<RankedTensorType>(matvec.getWeight().getType());
         int64_t rows = weightType.getDimSize(0), cols = weightType.getDimSize(1);
+        int64_t width = matvecWidth > 0 ? matvecWidth : cols;
+        int64_t unroll = matvecUnroll;
         Type element = weightType.getElementType();
         Value buffer = scratch(loc, rows, element);
-        Value weight = operand(0), vec = operand(1);
-        auto rowType = VectorType::get({cols}, element);
+        Value vector = scratch(loc, cols, element);
+        Value weight = operand(0);
+        builder.create<vector::StoreOp>(loc, operand(1), vector,
+                                        ValueRange{index(builder, loc, 0)});
+        auto pieceType = VectorType::get({width}, element);
         builder.create<scf::ForOp>(
             loc, index(builder, loc, 0), index(builder, loc, rows),
-            index(builder, loc, 1), ValueRange(),
+            index(builder, loc, unroll), ValueRange(),
             [&](OpBuilder &nb, Location l, Value i, ValueRange) {
-              Value zero = nb.create<arith::ConstantIndexOp>(l, 0);
-              Value row = nb.create<vector::LoadOp>(l, rowType, weight,
-                                                    ValueRange{i, zero});
-              Value prod = nb.create<arith::MulFOp>(l, row, vec);
-              Value dot = nb.create<vector::ReductionOp>(
-                  l, vector::CombiningKind::ADD, prod,
-                  arith::FastMathFlags::reassoc);
-              nb.create<memref::StoreOp>(l, dot, buffer, ValueRange{i});
+              SmallVector<Value> rowIndex, zeros;
+              for (int64_t r = 0; r < unroll; ++r) {
+                rowIndex.push_back(
+                    r == 0 ? i
+                           : nb.create<arith::AddIOp>(l, i, index(nb, l, r)).getResult());
+                zeros.push_back(splat(nb, l, pieceType, 0.0));
+              }
+              auto pieces = nb.create<scf::ForOp>(
+                  l, index(nb, l, 0), index(nb, l, cols), index(nb, l, width),
+                  zeros, [&](OpBuilder &kb, Location kl, Value k, ValueRange acc) {
+                    Value v = kb.create<vector::LoadOp>(kl, pieceType, vector,
+                                                        ValueRange{k});
+                    SmallVector<Value> next;
+                    for (int64_t r = 0; r < unroll; ++r) {
+                      Value w = kb.create<vector::LoadOp>(
+                          kl, pieceType, weight, ValueRange{rowIndex[r], k});
+                      next.push_back(kb.create<vector::FMAOp>(kl, w, v, acc[r]));
+                    }
+                    kb.create<scf::YieldOp>(kl, next);
+                  });
+              for (int64_t r = 0; r < unroll; ++r) {
+                Value dot = nb.create<vector::ReductionOp>(
+                    l, vector::CombiningKind::ADD, pieces.getResult(r),
+                    arith::FastMathFlags::reassoc);
+                nb.create<memref::StoreOp>(l, dot, buffer, ValueRange{rowIndex[r]});
+              }
               nb.create<scf::YieldOp>(l);
             });
         return result(builder.create<vector::LoadOp>(
@@ -221,8 +251,30 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
 
 struct ConvertCellToKernels
     : public impl::ConvertCellToKernelsBase<ConvertCellToKernels> {
+  using ConvertCellToKernelsBase::ConvertCellToKernelsBase;
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (matvecWidth < 0 || matvecUnroll < 1) {
+      module.emitError("convert-cell-to-kernels: matvec-width must be >= 0 "
+                       "and matvec-unroll >= 1");
+      return signalPassFailure();
+    }
+    // Every matvec's weight must split into whole pieces and row groups.
+    WalkResult shapes = module.walk([&](MatvecOp matvec) {
+      auto type = cast<RankedTensorType>(matvec.getWeight().getType());
+      int64_t rows = type.getDimSize(0), cols = type.getDimSize(1);
+      if ((matvecWidth > 0 && cols % matvecWidth) || rows % matvecUnroll) {
+        matvec.emitError() << "matvec-width=" << int64_t(matvecWidth)
+                           << " and matvec-unroll=" << int64_t(matvecUnroll)
+                           << " must divide the weight's columns (" << cols
+                           << ") and rows (" << rows << ")";
+        return WalkResult::interrupt();
+      }
+      return WalkResult::advance();
+    });
+    if (shapes.wasInterrupted())
+      return signalPassFailure();
     for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
       func::FuncOp grad = backwardStepOf(def);
       if (!grad || failed(buildForward(def)) || failed(buildBackward(def, grad)))
@@ -289,6 +341,8 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
 
   func::FuncOp kernel = createKernel(def, "_fwd", sig);
   KernelFrame frame(kernel, def, args);
+  frame.step.matvecWidth = matvecWidth;
+  frame.step.matvecUnroll = matvecUnroll;
   Block &entry = frame.entry;
   OpBuilder &builder = frame.builder;
   StepLowering &step = frame.step;
@@ -356,6 +410,8 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
 
   func::FuncOp kernel = createKernel(def, "_bwd", *sig);
   KernelFrame frame(kernel, def, args);
+  frame.step.matvecWidth = matvecWidth;
+  frame.step.matvecUnroll = matvecUnroll;
   Block &entry = frame.entry;
   OpBuilder &builder = frame.builder;
   StepLowering &step = frame.step;

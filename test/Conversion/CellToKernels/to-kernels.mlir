@@ -1,5 +1,7 @@
 // RUN: cellc-opt %s --convert-cell-to-kernels | FileCheck %s
 // RUN: cellc-opt %s --convert-cell-to-kernels --cell-specialize --canonicalize | FileCheck %s --check-prefix=CANON
+// RUN: cellc-opt %s --convert-cell-to-kernels="matvec-width=2 matvec-unroll=2" --cell-specialize --canonicalize | FileCheck %s --check-prefix=TUNED
+// RUN: not cellc-opt %s --convert-cell-to-kernels="matvec-width=3" 2>&1 | FileCheck %s --check-prefix=BADWIDTH
 // The Elman cell (after split-projections, autodiff and plan-saves) becomes
 // a forward and a backward sequence kernel. Cell ops are gone; only the
 // SAVE_GATES flag remains, for cell-specialize.
@@ -20,10 +22,14 @@
 // CHECK:             %[[R:.*]] = memref.load %[[RESETS]][%[[S]], %[[B]]]
 // CHECK:             %[[ISR:.*]] = arith.cmpi ne, %[[R]]
 // CHECK:             %[[PREV:.*]] = arith.select %[[ISR]], %[[INIT]], %[[H]]
-// The recurrent matvec on the previous state, the projection read per step.
+// The recurrent matvec on the previous state (through scratch), a row at a
+// time, the projection read per step.
+// CHECK:             vector.store %[[PREV]], %[[VEC:.*]][
 // CHECK:             scf.for
-// CHECK:               vector.load %[[WHH]]
-// CHECK:               arith.mulf %{{.*}}, %[[PREV]]
+// CHECK:               scf.for %[[K:[^ ]+]] =
+// CHECK:                 vector.load %[[VEC]][%[[K]]]
+// CHECK:                 vector.load %[[WHH]]
+// CHECK:                 vector.fma
 // CHECK:               vector.reduction <add>
 // CHECK:             %[[XP:.*]] = vector.load %[[P]][%[[S]], %[[B]], %{{.*}}]
 // CHECK:             %[[SUM:.*]] = arith.addf %[[XP]]
@@ -118,3 +124,15 @@ func.func @elman_grad(%arg0: tensor<3xf32>, %arg1: tensor<4xf32>, %arg2: tensor<
   %11 = cell.constant 0.000000e+00 : tensor<3xf32>
   return %10, %11, %9, %9, %arg1 : tensor<4xf32>, tensor<3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
 }
+
+// The tuned matvec: two rows per iteration (step 2), each in two pieces of
+// two lanes accumulated by FMA, then reduced once per row.
+// TUNED-LABEL: func.func @elman_fwd
+// TUNED:         %[[C2:.*]] = arith.constant 2 : index
+// TUNED:         scf.for %{{.*}} = %{{.*}} to %{{.*}} step %[[C2]]
+// TUNED:           scf.for %{{.*}} = %{{.*}} to %{{.*}} step %[[C2]] iter_args(%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}) -> (vector<2xf32>, vector<2xf32>)
+// TUNED-COUNT-2:     vector.fma {{.*}} : vector<2xf32>
+// TUNED:           vector.reduction <add>, %{{.*}} : vector<2xf32> into f32
+// TUNED:           vector.reduction <add>, %{{.*}} : vector<2xf32> into f32
+
+// BADWIDTH: error: matvec-width=3 and matvec-unroll=1 must divide the weight's columns (4) and rows (4)

@@ -321,6 +321,42 @@ INSTANTIATE_TEST_SUITE_P(
                                          "mgu", "two", "indrnn"),
                        ::testing::Values("none", "full", "chunk:2", "chunk:4")));
 
+/// The autotuner's per-row knobs: the recurrent matvec in pieces of 2 and 4
+/// lanes, 2 and 4 rows at a time, forward and replaying backward.
+TEST(CpuCellKnobs, MatvecWidthAndUnrollMatchTheReference) {
+  const int64_t T = 5, B = 3;
+  const SizeBindings sizes = {{"H", 4}, {"I", 3}};
+  for (const char *name : {"lstm", "gru", "elman", "peephole", "mgu", "two", "indrnn"}) {
+    Problems s = makeProblems(source(name), sizes, T, B);
+    for (int64_t knob : {2, 4}) {
+      SCOPED_TRACE(std::string(name) + " width/unroll " + std::to_string(knob));
+      CpuCell::Options options;
+      options.threads = 2;
+      options.matvecWidth = knob;
+      options.matvecUnroll = knob;
+      auto cell = CpuCell::compile(source(name), "t.cell", sizes, DType::F64, options);
+      ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+      for (const char *modeText : {"none", "full"}) {
+        auto mode = Recompute::parse(modeText);
+        ASSERT_TRUE(static_cast<bool>(mode));
+        Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
+        compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
+      }
+    }
+  }
+}
+
+/// A knob that does not divide the weights is an error that names it.
+TEST(CpuCellKnobs, AWidthThatDoesNotDivideIsAnError) {
+  CpuCell::Options options;
+  options.matvecWidth = 3;
+  auto cell = CpuCell::compile(source("lstm"), "t.cell", {{"H", 4}, {"I", 3}},
+                               DType::F32, options);
+  ASSERT_FALSE(static_cast<bool>(cell));
+  std::string message = llvm::toString(cell.takeError());
+  EXPECT_NE(message.find("matvec-width=3"), std::string::npos) << message;
+}
+
 TEST(CpuCellModes, AllModesGiveTheSameGradients) {
   const int64_t T = 9, B = 3;
   Problems s = makeProblems(source("lstm"), kSizes, T, B);
