@@ -1,6 +1,7 @@
 //===- CpuCell.cpp - Run a cell on the CPU: forward, backward, modes ------===//
 
 #include "runtime/CpuCell.h"
+#include "runtime/Tuning.h"
 #include "runtime/KernelCache.h"
 
 #include "compiler/Conversion/Passes.h"
@@ -262,7 +263,24 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
   auto impl = std::make_unique<Impl>();
   std::unique_ptr<CpuCell> cell(new CpuCell(nullptr));
   cell->elementType = dtype;
+  // A tuned config for this cell, machine and batch bucket replaces the
+  // knobs given.
+  if (options.useTuned && options.batchHint > 0) {
+    std::string key = tuningKey(source, sizes, dtype, options.batchHint,
+                                TuneTarget::Cpu, deviceName(TuneTarget::Cpu));
+    if (auto tuned = lookupTuned(key, TuneTarget::Cpu, options.cacheDir)) {
+      applyConfig(*tuned, options);
+      cell->configOrigin = "tuned";
+    }
+  }
   cell->setThreads(options.threads);
+  cell->configText = str(KernelConfig{{"threads", cell->numThreads},
+                                      {"batch_tile", options.batchTiled ? options.batchTile : 0},
+                                      {"matvec_width", options.matvecWidth},
+                                      {"matvec_unroll", options.matvecUnroll}});
+  if (const char *log = std::getenv("CELLC_LOG"); log && llvm::StringRef(log).contains("tune"))
+    llvm::errs() << "cellc: " << fileName << ": " << cell->configOrigin
+                 << " config " << cell->configText << "\n";
   auto def = *module->getOps<mlir::cell::DefOp>().begin();
   impl->name = def.getSymName().str();
   auto vectorSize = [](mlir::Value v) {

@@ -84,6 +84,11 @@ public:
     /// and rows per iteration. Must divide the weights' dimensions.
     int64_t matvecWidth = 0;
     int64_t matvecUnroll = 1;
+    /// The batch size the cell will run at, when known. With `useTuned`, a
+    /// tuning-cache entry for it (cellc-tune, in `cacheDir`'s `tuning`)
+    /// replaces the knobs above.
+    int64_t batchHint = 0;
+    bool useTuned = true;
   };
 
   ~CpuCell();
@@ -147,6 +152,11 @@ public:
   /// Whether both kernel sets came from the kernel cache, with no compile.
   bool loadedFromCache() const { return fromCache; }
 
+  /// The knobs the kernels were built with, as `name=value,...`, and whether
+  /// they came from the tuning cache ("tuned") or not ("default").
+  const std::string &config() const { return configText; }
+  const std::string &configSource() const { return configOrigin; }
+
   /// Bytes per element of the cell's dtype.
   int64_t elementBytes() const { return elementType == DType::F32 ? 4 : 8; }
 
@@ -183,6 +193,7 @@ private:
   DType elementType = DType::F32;
   int numThreads = 1;
   bool fromCache = false;
+  std::string configText, configOrigin = "default";
   std::vector<Slot> inputSlots, stateSlots, paramSlots, outputSlots;
 };
 

@@ -112,6 +112,9 @@ def ConvertCellToTiledKernels
     Option<"threads", "threads", "int64_t", "256", "Threads per CTA">,
     Option<"sharedLimit", "shared-limit", "int64_t", "49152",
            "Workgroup memory per CTA, in bytes">,
+    Option<"maxRegisters", "max-registers", "int64_t", "0",
+           "CUDA: registers per thread that ptxas may use (nvvm.maxnreg; "
+           "0: no cap)">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",

@@ -24,6 +24,7 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
       tiled.target = options.target;
       tiled.batchTile = options.batchTile;
       tiled.threads = options.threads;
+      tiled.maxRegisters = options.maxRegisters;
       pm.addPass(cell::createConvertCellToTiledKernels(tiled));
     } else {
       cell::ConvertCellToKernelsOptions perRow;

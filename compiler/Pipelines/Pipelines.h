@@ -54,6 +54,8 @@ struct PipelineOptions {
   /// rows) and rows per iteration.
   int64_t matvecWidth = 0;
   int64_t matvecUnroll = 1;
+  /// For CUDA kernels: the register cap per thread (0: none).
+  int64_t maxRegisters = 0;
 };
 
 /// Adds the passes that take front-end cell IR to `stage`. This is the only

@@ -8,11 +8,13 @@ with fused forward and backward kernels::
     out, final = cell(x, params, states, save_gates=False, resets=is_init)
 
 `cellc.nn.LSTM` and `cellc.nn.GRU` are drop-ins for `torch.nn.LSTM`/`GRU`.
-Compiled kernels are cached in `$CELLC_CACHE_DIR` (default `~/.cache/cellc`).
+Compiled kernels are cached in `$CELLC_CACHE_DIR` (default `~/.cache/cellc`);
+`cellc.autotune` (or the `cellc-tune` tool) tunes the kernel config of a cell
+for this machine and the JIT uses the result.
 """
 
 from ._cellc import cache_dir
-from .core import Cell, compile
+from .core import Cell, autotune, compile
 from . import nn
 
-__all__ = ["Cell", "compile", "cache_dir", "nn"]
+__all__ = ["Cell", "autotune", "compile", "cache_dir", "nn"]

@@ -1,6 +1,7 @@
 """The functional API: compile a cell, bind its sizes from tensors, run it
 under autograd."""
 
+import json
 import os
 import warnings
 
@@ -178,14 +179,25 @@ class Cell:
             raise ValueError(f"cannot bind the sizes {', '.join(names)} from the tensors given")
         return sizes
 
-    def jit(self, sizes, dtype):
-        """The compiled cell for `sizes` and a torch dtype (cached)."""
+    def jit(self, sizes, dtype, batch=0, seq_len=100):
+        """The compiled cell for `sizes` and a torch dtype (cached). With the
+        `batch` it will run at, a tuned config for that batch's power-of-two
+        bucket (cellc-tune, `cellc.autotune`) is used; with CELLC_AUTOTUNE=1 a
+        missing one is tuned first (budget: CELLC_AUTOTUNE_BUDGET seconds,
+        default 30)."""
         if dtype not in _DTYPES:
             raise TypeError(f"cellc runs float32 and float64 tensors on the CPU, not {dtype}")
-        key = (tuple(sorted(sizes.items())), dtype)
+        bucket = _bucket(batch) if batch and self.threads == 0 else 0
+        key = (tuple(sorted(sizes.items())), dtype, bucket)
         if key not in self._compiled:
+            if (bucket and os.environ.get("CELLC_AUTOTUNE") == "1"
+                    and _cellc.tuned_config(self.source, sizes, _DTYPES[dtype], batch) is None):
+                budget = float(os.environ.get("CELLC_AUTOTUNE_BUDGET", "30"))
+                autotune(self, sizes, batch=batch, seq_len=seq_len, dtype=dtype,
+                         budget=budget)
             self._compiled[key] = _cellc.compile(self.source, self.file_name, sizes,
-                                                 _DTYPES[dtype], self.threads)
+                                                 _DTYPES[dtype], self.threads, True,
+                                                 batch if bucket else 0)
         return self._compiled[key]
 
     def emit(self, stage, sizes=None, dtype=torch.float32, save_gates=None):
@@ -258,7 +270,7 @@ class Cell:
                     raise ValueError(f"state '{n}' must be [B, n] with B={B}, got {list(t.shape)}")
                 shapes[n] = (t.shape[1],)
         sizes = self.bind_sizes(shapes)
-        compiled = self.jit(sizes, dtype)
+        compiled = self.jit(sizes, dtype, batch=B, seq_len=T)
         state_list = []
         if states is not None:
             for (n, shape) in compiled.states:
@@ -282,6 +294,48 @@ class Cell:
         out = outs[0] if n_out == 1 else {n: t for (n, _), t in zip(compiled.outputs, outs)}
         final = {n: t for (n, _), t in zip(compiled.states, finals)}
         return out, final
+
+
+def _bucket(batch):
+    bucket = 1
+    while bucket < batch:
+        bucket *= 2
+    return bucket
+
+
+def autotune(cell, sizes, *, batch, seq_len=100, target="cpu", dtype=torch.float32,
+             save_gates=True, budget=60.0, store=True, compile_only=False,
+             progress=True, json_path=None):
+    """Tunes the kernel config of `cell` (a Cell, cell text or .cell path) at
+    `sizes` (e.g. {"I": 256, "H": 256}) for a training step of `seq_len` x
+    `batch`, as `cellc-tune` does: each candidate is checked against the
+    default config and timed; the winner goes to the tuning cache, which the
+    JIT then reads for this batch's power-of-two bucket. Returns the results:
+    a dict with "candidates", "winner_config", "seconds", "key" and "table"
+    (the printed table). Progress goes to stderr."""
+    if not isinstance(cell, Cell):
+        cell = compile(cell)
+    if dtype not in _DTYPES:
+        raise TypeError(f"cellc autotunes float32 and float64 cells, not {dtype}")
+    if not isinstance(batch, int) or batch < 1 or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"batch and seq_len must be positive integers, got {batch!r} "
+                         f"and {seq_len!r}")
+    try:
+        text, table = _cellc.autotune(cell.source, cell.file_name, dict(sizes), _DTYPES[dtype],
+                                      batch, seq_len, bool(save_gates), target, float(budget),
+                                      bool(store), bool(compile_only), bool(progress))
+    except TypeError as e:
+        if "no CUDA driver/GPU" in str(e):
+            raise RuntimeError(str(e)) from None
+        raise
+    result = json.loads(text)
+    result["table"] = table
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    # The JIT compiles again for a new config.
+    cell._compiled.clear()
+    return result
 
 
 def _output_names(text):

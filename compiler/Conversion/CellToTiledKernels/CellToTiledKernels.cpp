@@ -21,6 +21,7 @@
 #include "compiler/Conversion/Common/KernelABI.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "llvm/ADT/SetVector.h"
 
 #include <functional>
@@ -742,6 +743,9 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
     gpuFunc->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), outer.getUnitAttr());
     gpuFunc.setKnownBlockSize(
         ArrayRef<int32_t>{int32_t(threads), 1, 1});
+    if (maxRegisters > 0)
+      gpuFunc->setAttr(NVVM::NVVMDialect::getMaxnregAttrName(),
+                       outer.getI32IntegerAttr(maxRegisters));
     kernelOp = gpuFunc;
     entry = &gpuFunc.getBody().front();
   } else {

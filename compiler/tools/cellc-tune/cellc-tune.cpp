@@ -1,0 +1,192 @@
+//===- cellc-tune.cpp - Autotune a cell's kernel config ---------------------===//
+//
+// Times the candidate kernel configs of a cell at a problem size, checks
+// each against the default config, prints a table and writes the winner to
+// the tuning cache, where the JIT finds it.
+//
+// Exit codes: 0 tuned (or compiled, with --compile-only); 1 bad input (the
+// cell, a size, an option); 3 the target is not there (no GPU); 4 no
+// candidate ran correctly.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/KernelCache.h"
+#include "runtime/Tuning.h"
+
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace cellc;
+using namespace cellc::runtime;
+namespace cl = llvm::cl;
+
+static cl::opt<std::string> cellFile(cl::Positional, cl::desc("<cell file>"));
+static cl::list<std::string> sizeArgs("D", cl::Prefix,
+                                      cl::desc("Bind a size, as in -D H=256"),
+                                      cl::value_desc("NAME=VALUE"));
+static cl::opt<int64_t> batch("batch", cl::desc("Batch size B (tunes are "
+                                                "shared by the B of one power-of-two bucket)"),
+                              cl::init(64));
+static cl::opt<int64_t> seqLen("seq-len", cl::desc("Sequence length T"),
+                               cl::init(100));
+static cl::opt<std::string> target("target", cl::desc("cpu or cuda"),
+                                   cl::init("cpu"));
+static cl::opt<std::string> dtype("dtype", cl::desc("f32 or f64"), cl::init("f32"));
+static cl::opt<int> saveGates("save-gates",
+                              cl::desc("Time the training step with SAVE_GATES=1 "
+                                       "(recompute none) or 0 (full)"),
+                              cl::init(1));
+static cl::opt<std::string> budget("budget",
+                                   cl::desc("Time for the whole tune: 60s, 2m, 90"),
+                                   cl::init("60s"));
+static cl::opt<std::string> jsonFile("json", cl::desc("Write the results as JSON"),
+                                     cl::value_desc("file"));
+static cl::opt<bool> compileOnly(
+    "compile-only",
+    cl::desc("Compile and prune the candidates without timing them (CUDA "
+             "without a GPU)"),
+    cl::init(false));
+static cl::opt<bool> noStore("no-store",
+                             cl::desc("Do not write the winner to the tuning cache"),
+                             cl::init(false));
+static cl::opt<bool> listKnobs("list-knobs",
+                               cl::desc("Print the target's knobs and their values"),
+                               cl::init(false));
+
+static int usage(const llvm::Twine &message) {
+  llvm::errs() << "cellc-tune: error: " << message << "\n";
+  return 1;
+}
+
+/// "60s", "2m", "1.5m" or "90" (seconds).
+static std::optional<double> parseSeconds(llvm::StringRef text) {
+  double scale = 1;
+  if (text.consume_back("s"))
+    scale = 1;
+  else if (text.consume_back("m"))
+    scale = 60;
+  double v;
+  if (text.getAsDouble(v) || v <= 0)
+    return std::nullopt;
+  return v * scale;
+}
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM init(argc, argv);
+  cl::ParseCommandLineOptions(argc, argv,
+                              "cellc-tune: autotune the kernel config of a cell\n");
+  auto parsedTarget = parseTuneTarget(target);
+  if (!parsedTarget)
+    return usage(llvm::toString(parsedTarget.takeError()));
+  if (listKnobs) {
+    for (const Knob &k : knobsOf(*parsedTarget)) {
+      std::string values;
+      for (int64_t v : k.values)
+        values += (values.empty() ? "" : " ") + std::to_string(v);
+      llvm::outs() << llvm::formatv("{0,-14} {1,-18} {2}\n", k.name, values, k.help);
+    }
+    return 0;
+  }
+  if (cellFile.empty())
+    return usage("no cell file given");
+  TuneProblem problem;
+  problem.target = *parsedTarget;
+  auto file = llvm::MemoryBuffer::getFile(cellFile);
+  if (!file)
+    return usage("cannot read " + cellFile + ": " + file.getError().message());
+  problem.source = (*file)->getBuffer().str();
+  problem.fileName = cellFile;
+  for (const std::string &s : sizeArgs) {
+    auto b = parseSizeBinding(s);
+    if (!b)
+      return usage(llvm::toString(b.takeError()));
+    problem.sizes[b->first] = b->second;
+  }
+  if (dtype == "f32")
+    problem.dtype = DType::F32;
+  else if (dtype == "f64")
+    problem.dtype = DType::F64;
+  else if (dtype == "bf16")
+    return usage("--dtype=bf16 is not supported yet: the kernels run f32 (and "
+                 "f64 on the CPU)");
+  else
+    return usage("unknown --dtype '" + dtype + "'; expected f32 or f64");
+  if (saveGates != 0 && saveGates != 1)
+    return usage("--save-gates takes 0 or 1");
+  problem.saveGates = saveGates == 1;
+  if (batch < 1)
+    return usage(llvm::formatv("--batch must be at least 1, not {0}", int64_t(batch)));
+  if (seqLen < 1)
+    return usage(llvm::formatv("--seq-len must be at least 1, not {0}", int64_t(seqLen)));
+  problem.batch = batch;
+  problem.steps = seqLen;
+
+  TuneOptions options;
+  std::optional<double> seconds = parseSeconds(budget);
+  if (!seconds)
+    return usage("--budget takes a positive time such as 60s, 2m or 90, not '" +
+                 budget + "'");
+  options.budgetSeconds = *seconds;
+  options.compileOnly = compileOnly;
+  options.store = !noStore && !compileOnly;
+  options.progress = [](const Candidate &c, size_t i, size_t n, bool done) {
+    if (!done) {
+      llvm::errs() << llvm::formatv("[{0}/{1}] {2} ...", i + 1, n, str(c.config));
+      llvm::errs().flush();
+      return;
+    }
+    llvm::errs() << " " << nameOf(c.status);
+    if (c.status == Candidate::Status::Ok)
+      llvm::errs() << llvm::formatv(" {0:F2} ms", c.medianMs);
+    llvm::errs() << "\n";
+  };
+
+  llvm::outs() << llvm::formatv("cellc-tune: {0} on {1}, {2}, B={3} (bucket {4}), "
+                                "T={5}, SAVE_GATES={6}, budget {7:F0} s\n",
+                                cellFile, nameOf(problem.target), dtype, batch,
+                                batchBucket(batch), seqLen, int(saveGates),
+                                options.budgetSeconds);
+  llvm::outs().flush();
+  auto result = tune(problem, options);
+  if (!result) {
+    std::string message = llvm::toString(result.takeError());
+    llvm::errs() << "cellc-tune: error: " << message << "\n";
+    return llvm::StringRef(message).contains("no CUDA driver/GPU") ? 3 : 1;
+  }
+  llvm::outs() << formatTable(*result);
+  if (!jsonFile.empty()) {
+    std::error_code ec;
+    llvm::raw_fd_ostream os(jsonFile, ec);
+    if (ec)
+      return usage("cannot write " + jsonFile + ": " + ec.message());
+    os << llvm::formatv("{0:2}", toJSON(*result, problem)) << "\n";
+  }
+  if (compileOnly) {
+    size_t fit = 0;
+    for (const Candidate &c : result->candidates)
+      fit += c.status == Candidate::Status::Untried;
+    llvm::outs() << llvm::formatv("{0} of {1} candidates compiled within the "
+                                  "budgets, in {2:F1} s; not timed (--compile-only)\n",
+                                  fit, result->candidates.size(), result->seconds);
+    return 0;
+  }
+  if (result->winner < 0) {
+    llvm::errs() << "cellc-tune: error: no candidate ran correctly\n";
+    return 4;
+  }
+  const Candidate &w = result->candidates[result->winner];
+  const Candidate &d = result->candidates[0];
+  llvm::outs() << llvm::formatv("winner: {0}: {1:F2} ms", str(w.config), w.medianMs);
+  if (d.status == Candidate::Status::Ok)
+    llvm::outs() << llvm::formatv(", {0:F2}x the default ({1:F2} ms)",
+                                  d.medianMs / w.medianMs, d.medianMs);
+  llvm::outs() << llvm::formatv("; tuned in {0:F1} s\n", result->seconds);
+  if (result->stored)
+    llvm::outs() << "stored in " << tuningCacheDir() << " under key " << result->key
+                 << "\n";
+  return 0;
+}

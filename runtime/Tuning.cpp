@@ -1,0 +1,786 @@
+//===- Tuning.cpp - Kernel configs, their knobs, and the autotuner --------===//
+
+#include "runtime/Tuning.h"
+
+#include "compiler/Frontend/Diagnostics.h"
+#include "compiler/Frontend/IRGen.h"
+#include "compiler/Pipelines/Pipelines.h"
+#include "dialects/Cell/IR/CellDialect.h"
+#include "dialects/Cell/IR/CellOps.h"
+#include "runtime/KernelCache.h"
+#include "runtime/Workload.h"
+
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+#include "llvm/TargetParser/Host.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <poll.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+extern "C" int cellc_cuda_available(char *error, size_t size);
+
+using namespace cellc;
+using namespace cellc::runtime;
+
+namespace {
+
+llvm::Error fail(const llvm::Twine &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
+}
+
+int cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Knobs and configs
+//===----------------------------------------------------------------------===//
+
+llvm::Expected<TuneTarget> cellc::runtime::parseTuneTarget(llvm::StringRef text) {
+  if (text == "cpu")
+    return TuneTarget::Cpu;
+  if (text == "cuda")
+    return TuneTarget::Cuda;
+  return fail("unknown target '" + text + "'; expected cpu or cuda");
+}
+
+llvm::StringRef cellc::runtime::nameOf(TuneTarget target) {
+  return target == TuneTarget::Cpu ? "cpu" : "cuda";
+}
+
+std::vector<Knob> cellc::runtime::knobsOf(TuneTarget target) {
+  if (target == TuneTarget::Cpu) {
+    std::vector<int64_t> threads;
+    for (int t = 1; t < cores(); t *= 2)
+      threads.push_back(t);
+    threads.push_back(cores());
+    return {
+        {"threads", "threads running the recurrent kernels, each on its own "
+                    "batch rows (up to the cores)",
+         threads},
+        {"batch_tile", "0: per-row kernels (one row at a time, whole vectors "
+                       "in registers); n: batch-tiled kernels, n rows as vector "
+                       "lanes so that a weight is loaded once per tile",
+         {0, 2, 4, 8}},
+        {"matvec_width", "per-row kernels: lanes per FMA of the recurrent "
+                         "matvec (0: whole rows); divides the weights' columns",
+         {0, 4, 8, 16, 32}},
+        {"matvec_unroll", "per-row kernels: weight rows per iteration of the "
+                          "recurrent matvec; divides the weights' rows",
+         {1, 2, 4}},
+    };
+  }
+  return {
+      {"batch_tile", "batch rows per CTA (batch-tiled strategy); fewer where "
+                     "shared memory is short",
+       {1, 2, 4, 8}},
+      {"warps", "warps per CTA", {2, 4, 8}},
+      {"max_registers", "register cap per thread passed to ptxas (0: none)",
+       {0, 96, 128, 168}},
+  };
+}
+
+std::string cellc::runtime::str(const KernelConfig &config) {
+  std::string text;
+  for (const auto &[name, value] : config)
+    text += (text.empty() ? "" : ",") + name + "=" + std::to_string(value);
+  return text;
+}
+
+llvm::json::Object cellc::runtime::toJSON(const KernelConfig &config) {
+  llvm::json::Object object;
+  for (const auto &[name, value] : config)
+    object[name] = value;
+  return object;
+}
+
+llvm::Expected<KernelConfig>
+cellc::runtime::configFromJSON(const llvm::json::Value &value, TuneTarget target) {
+  const llvm::json::Object *object = value.getAsObject();
+  if (!object)
+    return fail("a kernel config must be a JSON object");
+  KernelConfig config;
+  for (const Knob &knob : knobsOf(target)) {
+    std::optional<int64_t> v = object->getInteger(knob.name);
+    if (!v)
+      return fail("the kernel config has no integer '" + knob.name + "'");
+    config[knob.name] = *v;
+  }
+  return config;
+}
+
+KernelConfig cellc::runtime::defaultConfig(TuneTarget target, int64_t batch) {
+  if (target == TuneTarget::Cpu)
+    return {{"threads", std::min<int64_t>(cores(), std::max<int64_t>(1, batch))},
+            {"batch_tile", 0},
+            {"matvec_width", 0},
+            {"matvec_unroll", 1}};
+  return {{"batch_tile", 4}, {"warps", 8}, {"max_registers", 0}};
+}
+
+void cellc::runtime::applyConfig(const KernelConfig &config,
+                                 CpuCell::Options &options) {
+  auto get = [&](const char *name, int64_t fallback) {
+    auto it = config.find(name);
+    return it == config.end() ? fallback : it->second;
+  };
+  options.threads = get("threads", options.threads);
+  int64_t tile = get("batch_tile", 0);
+  options.batchTiled = tile > 0;
+  options.batchTile = tile;
+  options.matvecWidth = get("matvec_width", 0);
+  options.matvecUnroll = get("matvec_unroll", 1);
+}
+
+//===----------------------------------------------------------------------===//
+// The tuning cache
+//===----------------------------------------------------------------------===//
+
+int64_t cellc::runtime::batchBucket(int64_t batch) {
+  int64_t bucket = 1;
+  while (bucket < batch)
+    bucket *= 2;
+  return bucket;
+}
+
+std::string cellc::runtime::deviceName(TuneTarget target) {
+  if (target == TuneTarget::Cuda)
+    return "cuda:0";
+  std::string host = llvm::sys::getHostCPUName().str();
+  for (const auto &feature : llvm::sys::getHostCPUFeatures())
+    if (feature.second)
+      host += "," + feature.first().str();
+  return host;
+}
+
+std::string cellc::runtime::tuningKey(llvm::StringRef source,
+                                      const SizeBindings &sizes, DType dtype,
+                                      int64_t batch, TuneTarget target,
+                                      llvm::StringRef device) {
+  std::string sizeText;
+  for (const auto &[name, value] : sizes)
+    sizeText += name + "=" + std::to_string(value) + ";";
+  std::string bucket = "B<=" + std::to_string(batchBucket(batch));
+  return KernelCache::key({"tune", source, nameOf(target), device,
+                           dtype == DType::F32 ? "f32" : "f64", sizeText, bucket,
+                           compilerVersion()});
+}
+
+std::string cellc::runtime::tuningCacheDir(llvm::StringRef kernelCacheDir) {
+  llvm::SmallString<256> dir(kernelCacheDir.empty() ? KernelCache::defaultDir()
+                                                    : kernelCacheDir.str());
+  llvm::sys::path::append(dir, "tuning");
+  return dir.str().str();
+}
+
+std::optional<KernelConfig> cellc::runtime::lookupTuned(llvm::StringRef key,
+                                                        TuneTarget target,
+                                                        llvm::StringRef kernelCacheDir) {
+  KernelCache cache(tuningCacheDir(kernelCacheDir));
+  std::unique_ptr<llvm::MemoryBuffer> entry = cache.load(key);
+  if (!entry)
+    return std::nullopt;
+  llvm::Expected<llvm::json::Value> json = llvm::json::parse(entry->getBuffer());
+  if (!json) {
+    llvm::consumeError(json.takeError());
+    return std::nullopt;
+  }
+  const llvm::json::Object *object = json->getAsObject();
+  const llvm::json::Value *config = object ? object->get("config") : nullptr;
+  if (!config)
+    return std::nullopt;
+  llvm::Expected<KernelConfig> parsed = configFromJSON(*config, target);
+  if (!parsed) {
+    llvm::consumeError(parsed.takeError());
+    return std::nullopt;
+  }
+  return *parsed;
+}
+
+//===----------------------------------------------------------------------===//
+// Candidates
+//===----------------------------------------------------------------------===//
+
+llvm::StringRef cellc::runtime::nameOf(Candidate::Status status) {
+  switch (status) {
+  case Candidate::Status::Untried:
+    return "untried";
+  case Candidate::Status::Ok:
+    return "ok";
+  case Candidate::Status::Pruned:
+    return "pruned";
+  case Candidate::Status::CompileError:
+    return "compile error";
+  case Candidate::Status::Crashed:
+    return "crashed";
+  case Candidate::Status::Wrong:
+    return "wrong results";
+  case Candidate::Status::OverBudget:
+    return "over budget";
+  }
+  return "?";
+}
+
+namespace {
+
+/// The [rows, cols] of every recurrent matvec weight of the cell.
+llvm::Expected<std::vector<std::pair<int64_t, int64_t>>>
+matvecShapes(const TuneProblem &problem) {
+  mlir::MLIRContext context;
+  CellSource src(problem.source, problem.fileName);
+  mlir::FloatType element =
+      problem.dtype == DType::F32
+          ? mlir::FloatType(mlir::Float32Type::get(&context))
+          : mlir::FloatType(mlir::Float64Type::get(&context));
+  auto module = compileCellSource(context, problem.sizes, element, src.diag);
+  if (!module)
+    return fail(src.diagnostics());
+  mlir::PassManager pm(&context);
+  buildPipeline(pm, Stage::Split);
+  if (mlir::failed(pm.run(*module)))
+    return fail("cellc: splitting the projections failed");
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  module->walk([&](mlir::cell::MatvecOp matvec) {
+    auto type = llvm::cast<mlir::RankedTensorType>(matvec.getWeight().getType());
+    shapes.push_back({type.getDimSize(0), type.getDimSize(1)});
+  });
+  return shapes;
+}
+
+/// Why a CPU config cannot run the problem, or empty.
+std::string cpuPruneReason(const KernelConfig &c, const TuneProblem &problem,
+                           const std::vector<std::pair<int64_t, int64_t>> &shapes) {
+  int64_t width = c.at("matvec_width"), unroll = c.at("matvec_unroll");
+  for (auto [rows, cols] : shapes) {
+    if (width > 0 && cols % width)
+      return llvm::formatv("matvec_width {0} does not divide {1} columns", width, cols);
+    if (rows % unroll)
+      return llvm::formatv("matvec_unroll {0} does not divide {1} rows", unroll, rows);
+  }
+  if (c.at("batch_tile") > problem.batch)
+    return "batch_tile is over the batch";
+  if (c.at("threads") > problem.batch)
+    return "more threads than batch rows";
+  return "";
+}
+
+/// The kernel-shape candidates of stage one (threads fixed at the default).
+std::vector<KernelConfig> cpuShapeCandidates(const KernelConfig &base) {
+  std::vector<KernelConfig> out = {base};
+  auto add = [&](KernelConfig c) {
+    if (std::find(out.begin(), out.end(), c) == out.end())
+      out.push_back(c);
+  };
+  std::vector<Knob> knobs = knobsOf(TuneTarget::Cpu);
+  auto values = [&](llvm::StringRef name) {
+    for (const Knob &k : knobs)
+      if (k.name == name)
+        return k.values;
+    return std::vector<int64_t>();
+  };
+  for (int64_t width : values("matvec_width"))
+    for (int64_t unroll : values("matvec_unroll")) {
+      KernelConfig c = base;
+      c["batch_tile"] = 0;
+      c["matvec_width"] = width;
+      c["matvec_unroll"] = unroll;
+      add(c);
+    }
+  for (int64_t tile : values("batch_tile"))
+    if (tile > 0) {
+      KernelConfig c = base;
+      c["batch_tile"] = tile;
+      c["matvec_width"] = 0;
+      c["matvec_unroll"] = 1;
+      add(c);
+    }
+  return out;
+}
+
+/// The test hook: `CELLC_TUNE_BREAK=kind:index,...` breaks candidate `index`
+/// (as numbered in the table, from 1) by `kind`: compile, crash or wrong.
+std::string injectedBreak(size_t index) {
+  const char *spec = std::getenv("CELLC_TUNE_BREAK");
+  if (!spec)
+    return "";
+  llvm::SmallVector<llvm::StringRef> parts;
+  llvm::StringRef(spec).split(parts, ',');
+  for (llvm::StringRef part : parts) {
+    auto [kind, at] = part.split(':');
+    size_t n;
+    if (!at.getAsInteger(10, n) && n == index)
+      return kind.str();
+  }
+  return "";
+}
+
+/// What a child process reports about one candidate.
+struct Report {
+  int status;
+  int repeats;
+  double medianMs;
+  double error;
+  char note[480];
+};
+
+/// Runs one CPU candidate: compiles, checks against `reference` and times.
+Report runCandidate(const TuneProblem &problem, const KernelConfig &config,
+                    const std::string &cacheDir, const Workload::Results &reference,
+                    double seconds, const std::string &broken) {
+  Report report{};
+  auto note = [&](const std::string &text) {
+    std::strncpy(report.note, text.c_str(), sizeof(report.note) - 1);
+  };
+  CpuCell::Options options;
+  options.cacheDir = cacheDir;
+  applyConfig(config, options);
+  if (broken == "compile") {
+    report.status = int(Candidate::Status::CompileError);
+    note("injected compile failure (CELLC_TUNE_BREAK)");
+    return report;
+  }
+  auto cell = CpuCell::compile(problem.source, problem.fileName, problem.sizes,
+                               problem.dtype, options);
+  if (!cell) {
+    report.status = int(Candidate::Status::CompileError);
+    note(llvm::toString(cell.takeError()));
+    return report;
+  }
+  if (broken == "crash")
+    std::raise(SIGSEGV);
+  Recompute mode;
+  mode.kind = problem.saveGates ? Recompute::Kind::None : Recompute::Kind::Full;
+  Workload work(**cell, problem.steps, problem.batch, /*seed=*/1);
+  if (auto kept = work.run(**cell, mode, true); !kept) {
+    report.status = int(Candidate::Status::Crashed);
+    note(llvm::toString(kept.takeError()));
+    return report;
+  }
+  Workload::Results results = work.results();
+  if (broken == "wrong")
+    results[0][0] += 1.0;
+  report.error = Workload::relativeError(results, reference);
+  double tolerance = problem.dtype == DType::F32 ? 1e-3 : 1e-9;
+  if (!(report.error <= tolerance)) {
+    report.status = int(Candidate::Status::Wrong);
+    note(llvm::formatv("differs from the default config by {0:e2} (relative)",
+                       report.error)
+             .str());
+    return report;
+  }
+  std::vector<double> times;
+  Clock::time_point start = Clock::now();
+  while (times.size() < 3 || (since(start) < seconds && times.size() < 25)) {
+    Clock::time_point t0 = Clock::now();
+    if (auto kept = work.run(**cell, mode, true); !kept) {
+      report.status = int(Candidate::Status::Crashed);
+      note(llvm::toString(kept.takeError()));
+      return report;
+    }
+    times.push_back(since(t0) * 1000);
+  }
+  std::sort(times.begin(), times.end());
+  report.status = int(Candidate::Status::Ok);
+  report.repeats = times.size();
+  report.medianMs = times[times.size() / 2];
+  return report;
+}
+
+/// Runs `work` in a child process and returns its report; a child that dies
+/// or hangs is reported as crashed.
+Report isolated(std::function<Report()> work, double timeoutSeconds) {
+  Report report{};
+  report.status = int(Candidate::Status::Crashed);
+  int fds[2];
+  if (pipe(fds) != 0) {
+    std::strcpy(report.note, "cannot create a pipe");
+    return report;
+  }
+  llvm::outs().flush();
+  llvm::errs().flush();
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    std::strcpy(report.note, "cannot fork");
+    return report;
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    Report r = work();
+    ssize_t ignored = write(fds[1], &r, sizeof(r));
+    (void)ignored;
+    _exit(0);
+  }
+  close(fds[1]);
+  pollfd p{fds[0], POLLIN, 0};
+  int ready = poll(&p, 1, int(timeoutSeconds * 1000));
+  bool got = false;
+  if (ready > 0)
+    got = read(fds[0], &report, sizeof(report)) == ssize_t(sizeof(report));
+  close(fds[0]);
+  if (ready == 0)
+    kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (got)
+    return report;
+  report.status = int(Candidate::Status::Crashed);
+  std::string why = ready == 0 ? llvm::formatv("no result within {0:F0} s", timeoutSeconds).str()
+                    : WIFSIGNALED(status)
+                        ? std::string("killed by signal ") + std::to_string(WTERMSIG(status)) +
+                              " (" + strsignal(WTERMSIG(status)) + ")"
+                        : "exited with status " + std::to_string(WEXITSTATUS(status));
+  std::strncpy(report.note, why.c_str(), sizeof(report.note) - 1);
+  return report;
+}
+
+/// Compiles a CUDA candidate to PTX and reads ptxas -v; fills the
+/// candidate's registers, spills and shared memory, or prunes it.
+void compileCudaCandidate(const TuneProblem &problem, Candidate &candidate) {
+  mlir::MLIRContext context;
+  CellSource src(problem.source, problem.fileName);
+  auto module = compileCellSource(context, problem.sizes,
+                                  mlir::Float32Type::get(&context), src.diag);
+  if (!module) {
+    candidate.status = Candidate::Status::CompileError;
+    candidate.note = src.diagnostics();
+    return;
+  }
+  mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
+  PipelineOptions options;
+  options.saveGates = problem.saveGates;
+  options.strategy = KernelStrategy::BatchTiled;
+  options.target = "cuda";
+  options.batchTile = candidate.config.at("batch_tile");
+  options.threads = 32 * candidate.config.at("warps");
+  options.maxRegisters = candidate.config.at("max_registers");
+  mlir::PassManager pm(&context);
+  buildPipeline(pm, Stage::NVVM, options);
+  if (mlir::failed(pm.run(*module))) {
+    candidate.status = Candidate::Status::Pruned;
+    candidate.note = llvm::StringRef(src.diagnostics()).trim().str();
+    size_t cut = candidate.note.find('\n');
+    if (cut != std::string::npos)
+      candidate.note.resize(cut);
+    return;
+  }
+  llvm::Expected<std::string> ptx = serializeToPTX(*module, "sm_90");
+  if (!ptx) {
+    candidate.status = Candidate::Status::CompileError;
+    candidate.note = llvm::toString(ptx.takeError());
+    return;
+  }
+  // ptxas -v: registers, spills and shared memory of each kernel.
+  const char *env = std::getenv("CELLC_PTXAS");
+  std::string ptxas = env ? env : "/usr/local/cuda/bin/ptxas";
+  if (!llvm::sys::fs::can_execute(ptxas)) {
+    candidate.note = "compiled to PTX; ptxas not found, budgets not checked";
+    return;
+  }
+  llvm::SmallString<128> in, out, log;
+  llvm::sys::fs::createTemporaryFile("cellc-tune", "ptx", in);
+  llvm::sys::fs::createTemporaryFile("cellc-tune", "cubin", out);
+  llvm::sys::fs::createTemporaryFile("cellc-tune", "log", log);
+  {
+    std::error_code ec;
+    llvm::raw_fd_ostream os(in, ec);
+    os << *ptx;
+  }
+  std::optional<llvm::StringRef> redirects[] = {std::nullopt, log.str(), log.str()};
+  int rc = llvm::sys::ExecuteAndWait(
+      ptxas, {ptxas, "-v", "-arch=sm_90", in.str(), "-o", out.str()}, std::nullopt,
+      redirects);
+  auto text = llvm::MemoryBuffer::getFile(log);
+  llvm::sys::fs::remove(in);
+  llvm::sys::fs::remove(out);
+  llvm::sys::fs::remove(log);
+  if (rc != 0 || !text) {
+    candidate.status = Candidate::Status::CompileError;
+    candidate.note = "ptxas rejected the PTX";
+    return;
+  }
+  int registers = 0, spills = 0, shared = 0;
+  llvm::SmallVector<llvm::StringRef> lines;
+  (*text)->getBuffer().split(lines, '\n');
+  for (llvm::StringRef line : lines) {
+    auto number = [&](llvm::StringRef before) {
+      size_t at = line.find(before);
+      if (at == llvm::StringRef::npos)
+        return 0;
+      llvm::StringRef head = line.substr(0, at).rtrim();
+      llvm::StringRef digits = head.substr(head.find_last_of(' ') + 1);
+      int v = 0;
+      digits.getAsInteger(10, v);
+      return v;
+    };
+    registers = std::max(registers, number("registers"));
+    spills = std::max(spills, number("bytes spill stores"));
+    shared = std::max(shared, number("bytes smem"));
+  }
+  candidate.registers = registers;
+  candidate.spillBytes = spills;
+  candidate.sharedBytes = shared;
+  int64_t threads = 32 * candidate.config.at("warps");
+  if (spills > 0) {
+    candidate.status = Candidate::Status::Pruned;
+    candidate.note = llvm::formatv("spills {0} bytes", spills).str();
+  } else if (registers * threads > 65536) {
+    candidate.status = Candidate::Status::Pruned;
+    candidate.note = llvm::formatv("{0} registers x {1} threads is over the "
+                                   "65536 of an SM",
+                                   registers, threads)
+                         .str();
+  } else {
+    candidate.note = "compiled; fits the register and shared-memory budgets";
+  }
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// The tune
+//===----------------------------------------------------------------------===//
+
+llvm::Expected<TuneResult> cellc::runtime::tune(const TuneProblem &problem,
+                                                const TuneOptions &options) {
+  if (problem.batch < 1 || problem.steps < 1)
+    return fail(llvm::formatv("the batch ({0}) and the sequence length ({1}) "
+                              "must be at least 1",
+                              problem.batch, problem.steps));
+  Clock::time_point start = Clock::now();
+  TuneResult result;
+  result.device = deviceName(problem.target);
+  result.key = tuningKey(problem.source, problem.sizes, problem.dtype,
+                         problem.batch, problem.target, result.device);
+  auto report = [&](size_t index, bool done) {
+    if (options.progress)
+      options.progress(result.candidates[index], index, result.candidates.size(), done);
+  };
+
+  if (problem.target == TuneTarget::Cuda) {
+    if (problem.dtype != DType::F32)
+      return fail("the CUDA kernels are f32 only");
+    if (!options.compileOnly) {
+      char error[512] = {0};
+      if (!cellc_cuda_available(error, sizeof(error)))
+        return fail(llvm::Twine(error) +
+                    "; --compile-only compiles and prunes the CUDA candidates "
+                    "without timing them");
+      return fail("timing CUDA candidates is not built yet; --compile-only "
+                  "compiles and prunes them");
+    }
+    // Every combination of the knobs, pruned by ptxas's budgets.
+    std::vector<Knob> knobs = knobsOf(TuneTarget::Cuda);
+    KernelConfig base = defaultConfig(TuneTarget::Cuda, problem.batch);
+    result.candidates.push_back({base});
+    for (int64_t tile : knobs[0].values)
+      for (int64_t warps : knobs[1].values)
+        for (int64_t cap : knobs[2].values) {
+          KernelConfig c = {{"batch_tile", tile}, {"warps", warps}, {"max_registers", cap}};
+          if (c != base)
+            result.candidates.push_back({c});
+        }
+    for (size_t i = 0; i < result.candidates.size(); ++i) {
+      report(i, false);
+      compileCudaCandidate(problem, result.candidates[i]);
+      if (i == 0 && result.candidates[0].status == Candidate::Status::CompileError)
+        return fail(result.candidates[0].note);
+      report(i, true);
+    }
+    result.seconds = since(start);
+    return result;
+  }
+
+  // CPU. The default config runs here, in process: it is the reference, and
+  // a bad cell or size fails it with the front end's message.
+  auto shapes = matvecShapes(problem);
+  if (!shapes)
+    return shapes.takeError();
+  KernelConfig base = defaultConfig(TuneTarget::Cpu, problem.batch);
+  CpuCell::Options baseOptions;
+  baseOptions.cacheDir = options.cacheDir;
+  applyConfig(base, baseOptions);
+  auto reference = CpuCell::compile(problem.source, problem.fileName,
+                                    problem.sizes, problem.dtype, baseOptions);
+  if (!reference)
+    return reference.takeError();
+  Recompute mode;
+  mode.kind = problem.saveGates ? Recompute::Kind::None : Recompute::Kind::Full;
+  Workload work(**reference, problem.steps, problem.batch, /*seed=*/1);
+  if (auto kept = work.run(**reference, mode, true); !kept)
+    return kept.takeError();
+  Workload::Results want = work.results();
+
+  std::vector<KernelConfig> shapesToTry = cpuShapeCandidates(base);
+  // Time per candidate: a share of the budget, within [0.2 s, 2 s].
+  size_t expected = shapesToTry.size() + knobsOf(TuneTarget::Cpu)[0].values.size();
+  double perCandidate =
+      std::clamp(options.budgetSeconds / double(2 * expected), 0.2, 2.0);
+  auto runAll = [&](const std::vector<KernelConfig> &configs) {
+    size_t first = result.candidates.size();
+    for (const KernelConfig &c : configs)
+      result.candidates.push_back({c});
+    for (size_t i = first; i < result.candidates.size(); ++i) {
+      Candidate &cand = result.candidates[i];
+      std::string why = cpuPruneReason(cand.config, problem, *shapes);
+      if (!why.empty()) {
+        cand.status = Candidate::Status::Pruned;
+        cand.note = why;
+        continue;
+      }
+      if (i > 0 && since(start) > options.budgetSeconds) {
+        cand.status = Candidate::Status::OverBudget;
+        continue;
+      }
+      report(i, false);
+      std::string broken = i > 0 ? injectedBreak(i) : "";
+      Report r = isolated(
+          [&] {
+            return runCandidate(problem, cand.config, options.cacheDir, want,
+                                perCandidate, broken);
+          },
+          std::max(120.0, 4 * options.budgetSeconds));
+      cand.status = Candidate::Status(r.status);
+      cand.note = r.note;
+      cand.medianMs = r.medianMs;
+      cand.repeats = r.repeats;
+      cand.error = r.error;
+      report(i, true);
+    }
+  };
+  auto best = [&]() -> int {
+    int winner = -1;
+    for (auto [i, c] : llvm::enumerate(result.candidates))
+      if (c.status == Candidate::Status::Ok &&
+          (winner < 0 || c.medianMs < result.candidates[winner].medianMs))
+        winner = i;
+    return winner;
+  };
+  // Stage one: the kernels' shape at the default threads; stage two: the
+  // threads for the fastest shape.
+  runAll(shapesToTry);
+  int shapeWinner = best();
+  if (shapeWinner >= 0) {
+    std::vector<KernelConfig> threads;
+    std::vector<Knob> knobs = knobsOf(TuneTarget::Cpu);
+    for (int64_t t : knobs[0].values) {
+      KernelConfig c = result.candidates[shapeWinner].config;
+      if (c["threads"] == t)
+        continue;
+      c["threads"] = t;
+      threads.push_back(c);
+    }
+    runAll(threads);
+  }
+  result.winner = best();
+  result.seconds = since(start);
+
+  if (options.store && result.winner >= 0) {
+    const Candidate &w = result.candidates[result.winner];
+    llvm::json::Object entry;
+    entry["config"] = toJSON(w.config);
+    entry["median_ms"] = w.medianMs;
+    if (result.candidates[0].status == Candidate::Status::Ok)
+      entry["default_ms"] = result.candidates[0].medianMs;
+    entry["target"] = nameOf(problem.target);
+    entry["device"] = result.device;
+    entry["batch_bucket"] = batchBucket(problem.batch);
+    entry["compiler"] = compilerVersion();
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << llvm::json::Value(std::move(entry));
+    KernelCache cache(tuningCacheDir(options.cacheDir));
+    if (llvm::Error e = cache.store(result.key, os.str()))
+      return std::move(e);
+    result.stored = true;
+  }
+  return result;
+}
+
+std::string cellc::runtime::formatTable(const TuneResult &result) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  bool cuda = !result.candidates.empty() &&
+              result.candidates[0].config.count("warps");
+  double base = result.candidates.empty() ? 0 : result.candidates[0].medianMs;
+  os << llvm::formatv("{0,4}  {1,-58} {2,-14} {3,10} {4,8}  {5}\n", "#", "config",
+                      "status", cuda ? "regs/smem" : "median ms",
+                      cuda ? "spills" : "speedup", "note");
+  for (auto [i, c] : llvm::enumerate(result.candidates)) {
+    std::string mark = int(i) == result.winner ? " *" : i == 0 ? " d" : "  ";
+    std::string time, speed;
+    if (cuda) {
+      if (c.registers >= 0) {
+        time = llvm::formatv("{0}/{1}K", c.registers, c.sharedBytes / 1024).str();
+        speed = std::to_string(c.spillBytes);
+      }
+    } else if (c.status == Candidate::Status::Ok) {
+      time = llvm::formatv("{0:F2}", c.medianMs).str();
+      if (base > 0)
+        speed = llvm::formatv("{0:F2}x", base / c.medianMs).str();
+    }
+    os << llvm::formatv("{0,4}{1} {2,-58} {3,-14} {4,10} {5,8}  {6}\n", i, mark,
+                        str(c.config), nameOf(c.status), time, speed, c.note);
+  }
+  os << "(d: the default config; *: the winner)\n";
+  return os.str();
+}
+
+llvm::json::Value cellc::runtime::toJSON(const TuneResult &result,
+                                         const TuneProblem &problem) {
+  llvm::json::Array candidates;
+  for (const Candidate &c : result.candidates) {
+    llvm::json::Object o;
+    o["config"] = toJSON(c.config);
+    o["status"] = nameOf(c.status);
+    o["note"] = c.note;
+    if (c.status == Candidate::Status::Ok) {
+      o["median_ms"] = c.medianMs;
+      o["repeats"] = c.repeats;
+      o["error"] = c.error;
+    }
+    if (c.registers >= 0) {
+      o["registers"] = c.registers;
+      o["spill_bytes"] = c.spillBytes;
+      o["shared_bytes"] = c.sharedBytes;
+    }
+    candidates.push_back(std::move(o));
+  }
+  llvm::json::Object sizes;
+  for (const auto &[name, value] : problem.sizes)
+    sizes[name] = value;
+  llvm::json::Object out;
+  out["cell"] = problem.fileName;
+  out["target"] = nameOf(problem.target);
+  out["device"] = result.device;
+  out["dtype"] = problem.dtype == DType::F32 ? "f32" : "f64";
+  out["sizes"] = std::move(sizes);
+  out["batch"] = problem.batch;
+  out["seq_len"] = problem.steps;
+  out["save_gates"] = problem.saveGates;
+  out["key"] = result.key;
+  out["seconds"] = result.seconds;
+  out["stored"] = result.stored;
+  out["winner"] = result.winner;
+  if (result.winner >= 0)
+    out["winner_config"] = toJSON(result.candidates[result.winner].config);
+  out["candidates"] = std::move(candidates);
+  return out;
+}
