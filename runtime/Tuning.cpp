@@ -220,7 +220,7 @@ std::optional<KernelConfig> cellc::runtime::lookupTuned(llvm::StringRef key,
 llvm::StringRef cellc::runtime::nameOf(Candidate::Status status) {
   switch (status) {
   case Candidate::Status::Untried:
-    return "untried";
+    return "not timed";
   case Candidate::Status::Ok:
     return "ok";
   case Candidate::Status::Pruned:
@@ -362,8 +362,12 @@ Report runCandidate(const TuneProblem &problem, const KernelConfig &config,
     note(llvm::toString(cell.takeError()));
     return report;
   }
-  if (broken == "crash")
+  if (broken == "crash") {
+    // As a segfault in the kernels would end: handlers (Python's, LLVM's)
+    // print and re-raise; the default action ends the process.
+    std::signal(SIGSEGV, SIG_DFL);
     std::raise(SIGSEGV);
+  }
   Recompute mode;
   mode.kind = problem.saveGates ? Recompute::Kind::None : Recompute::Kind::Full;
   Workload work(**cell, problem.steps, problem.batch, /*seed=*/1);

@@ -29,7 +29,7 @@ llvm_config.use_default_substitutions()
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 
 tool_dirs = [config.cellc_tools_dir, config.llvm_tools_dir]
-tools = ["cellc", "cellc-opt", "cellc-bench", "FileCheck", "not", "count"]
+tools = ["cellc", "cellc-opt", "cellc-bench", "cellc-tune", "FileCheck", "not", "count"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 
 # The CUDA toolkit's assembler checks the generated PTX where it is installed.

@@ -154,7 +154,11 @@ int main(int argc, char **argv) {
   auto result = tune(problem, options);
   if (!result) {
     std::string message = llvm::toString(result.takeError());
-    llvm::errs() << "cellc-tune: error: " << message << "\n";
+    // The front end's messages already say file:line:col: error.
+    if (llvm::StringRef(message).contains(": error: "))
+      llvm::errs() << message << (llvm::StringRef(message).ends_with("\n") ? "" : "\n");
+    else
+      llvm::errs() << "cellc-tune: error: " << message << "\n";
     return llvm::StringRef(message).contains("no CUDA driver/GPU") ? 3 : 1;
   }
   llvm::outs() << formatTable(*result);

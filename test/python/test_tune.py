@@ -1,0 +1,125 @@
+"""Autotuning: cellc.autotune and cellc-tune write a tuning-cache entry that
+the JIT then uses; broken candidates are skipped; keys bucket the batch."""
+
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+import cellc
+from cellc import _cellc
+from conftest import BUILD
+
+TUNE = os.path.join(os.path.abspath(BUILD), "bin", "cellc-tune")
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+LSTM = os.path.join(EXAMPLES, "lstm.cell")
+SIZES = {"I": 8, "H": 8}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh kernel and tuning cache for one test."""
+    monkeypatch.setenv("CELLC_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def lstm_params(H, I, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"W_ih": (4 * H, I), "W_hh": (4 * H, H), "b_ih": (4 * H,), "b_hh": (4 * H,)}
+    return {n: torch.randn(*s, generator=g) * 0.3 for n, s in shapes.items()}
+
+
+def test_a_short_tune_writes_an_entry_that_the_jit_uses(cache):
+    cell = cellc.compile(LSTM)
+    result = cellc.autotune(cell, SIZES, batch=4, seq_len=5, budget=3, progress=False)
+    assert result["stored"] and result["winner"] >= 0
+    winner = result["winner_config"]
+    assert os.listdir(cache / "tuning"), "no tuning-cache entry written"
+    assert _cellc.tuned_config(cell.source, SIZES, "f32", 3) == winner
+    # Batch 3 is in the bucket tuned (4); batch 5 is not.
+    tuned = cell.jit(SIZES, torch.float32, batch=3)
+    assert tuned.config_source == "tuned"
+    assert tuned.config == ",".join(f"{k}={v}" for k, v in sorted(winner.items()))
+    assert cell.jit(SIZES, torch.float32, batch=5).config_source == "default"
+    # The tuned kernels agree with the untuned ones (an explicit thread count
+    # opts out of tuning) on a training step.
+    x = torch.randn(5, 3, 8, generator=torch.Generator().manual_seed(1))
+    params = lstm_params(8, 8)
+    outs = []
+    for c in (cell, cellc.compile(LSTM, threads=1)):
+        p = {n: t.clone().requires_grad_() for n, t in params.items()}
+        xi = x.clone().requires_grad_()
+        out, final = c(xi, p, save_gates=False)
+        (out.square().sum() + final["c"].sum()).backward()
+        outs.append([out, xi.grad] + [p[n].grad for n in sorted(p)])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_broken_candidates_are_reported_and_skipped(cache, monkeypatch):
+    monkeypatch.setenv("CELLC_TUNE_BREAK", "crash:1,wrong:2,compile:3")
+    result = cellc.autotune(LSTM, SIZES, batch=4, seq_len=5, budget=4, progress=False,
+                            store=False)
+    status = [c["status"] for c in result["candidates"]]
+    assert status[1:4] == ["crashed", "wrong results", "compile error"], status
+    assert "signal 11" in result["candidates"][1]["note"]
+    assert result["winner"] not in (1, 2, 3) and result["winner"] >= 0
+    assert "crashed" in result["table"] and "wrong results" in result["table"]
+    assert not result["stored"] and not (cache / "tuning").exists()
+
+
+def test_keys_bucket_the_batch_and_hold_the_problem():
+    source = open(LSTM).read()
+    key = lambda sizes=SIZES, dtype="f32", batch=64, src=source: _cellc.tuning_key(
+        src, sizes, dtype, batch)
+    assert key(batch=33) == key(batch=64)  # one bucket: 33..64
+    assert key(batch=65) != key(batch=64)  # same H, next bucket
+    assert key(batch=1) != key(batch=2)
+    assert key(sizes={"I": 8, "H": 16}) != key()
+    assert key(sizes={"I": 16, "H": 8}) != key()
+    assert key(dtype="f64") != key()
+    assert key(src=source + "\n") != key()
+
+
+def test_autotune_on_first_use(cache, monkeypatch):
+    monkeypatch.setenv("CELLC_AUTOTUNE", "1")
+    monkeypatch.setenv("CELLC_AUTOTUNE_BUDGET", "2")
+    cell = cellc.compile(LSTM)
+    x = torch.randn(4, 2, 8)
+    cell(x, lstm_params(8, 8))
+    assert _cellc.tuned_config(cell.source, SIZES, "f32", 2) is not None
+    assert cell.jit(SIZES, torch.float32, batch=2).config_source == "tuned"
+
+
+def test_python_errors(cache):
+    with pytest.raises(ValueError, match="unknown target 'tpu'"):
+        cellc.autotune(LSTM, SIZES, batch=4, target="tpu")
+    with pytest.raises(ValueError, match="batch and seq_len must be positive"):
+        cellc.autotune(LSTM, SIZES, batch=0)
+    with pytest.raises(ValueError, match="unbound size 'H'"):
+        cellc.autotune(LSTM, {"I": 8}, batch=4, budget=1)
+    with pytest.raises(TypeError, match="float32 and float64"):
+        cellc.autotune(LSTM, SIZES, batch=4, dtype=torch.float16)
+
+
+def run_tune(*args, env=None):
+    return subprocess.run([TUNE, LSTM, "-D", "I=8", "-D", "H=8", *args],
+                          capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def test_cli_exit_codes_and_json(cache, tmp_path):
+    ok = run_tune("--batch", "4", "--seq-len", "5", "--budget", "3s", "--json",
+                  str(tmp_path / "out.json"))
+    assert ok.returncode == 0, ok.stderr
+    assert "winner: " in ok.stdout and "stored in " in ok.stdout
+    assert "[1/" in ok.stderr  # progress
+    out = json.load(open(tmp_path / "out.json"))
+    assert out["batch"] == 4 and out["sizes"] == SIZES and out["stored"]
+    assert out["candidates"][0]["status"] == "ok"
+    assert run_tune("--target", "tpu").returncode == 1
+    assert run_tune("-D", "H=0").returncode == 1
+    nogpu = run_tune("--target", "cuda", env={"CELLC_LIBCUDA": "/nonexistent/libcuda.so"})
+    assert nogpu.returncode == 3 and "no CUDA driver/GPU" in nogpu.stderr
