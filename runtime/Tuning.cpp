@@ -694,6 +694,43 @@ llvm::Expected<TuneResult> cellc::runtime::tune(const TuneProblem &problem,
     runAll(threads);
   }
   result.winner = best();
+  // Confirmation: the winner and the default again, alternating, so that a
+  // win inside this machine's noise does not replace the default.
+  if (result.winner > 0 && result.candidates[0].status == Candidate::Status::Ok) {
+    Candidate &w = result.candidates[result.winner];
+    Candidate &d = result.candidates[0];
+    double sums[2] = {0, 0};
+    bool sound = true;
+    for (int round = 0; round < 2 && sound; ++round)
+      for (int k = 0; k < 2 && sound; ++k) {
+        Candidate &c = k == 0 ? d : w;
+        if (options.progress && k == 0 && round == 0)
+          llvm::errs() << "rerunning the winner and the default, alternating\n";
+        Report r = isolated(
+            [&] {
+              return runCandidate(problem, c.config, options.cacheDir, want,
+                                  perCandidate, "");
+            },
+            std::max(120.0, 4 * options.budgetSeconds));
+        sound = r.status == int(Candidate::Status::Ok);
+        sums[k] += r.medianMs;
+      }
+    if (sound) {
+      double speedup = sums[0] / sums[1];
+      result.confirmedSpeedup = speedup;
+      w.note = llvm::formatv("confirmed {0:F2}x over the default, alternating", speedup).str();
+      if (speedup < 1.03) {
+        w.note = llvm::formatv("{0:F2}x over the default when rerun alternating: "
+                               "inside the noise, so the default wins",
+                               speedup)
+                     .str();
+        result.winner = 0;
+      }
+    } else {
+      w.note = "failed when rerun; the default wins";
+      result.winner = 0;
+    }
+  }
   result.seconds = since(start);
 
   if (options.store && result.winner >= 0) {
@@ -783,6 +820,8 @@ llvm::json::Value cellc::runtime::toJSON(const TuneResult &result,
   out["seconds"] = result.seconds;
   out["stored"] = result.stored;
   out["winner"] = result.winner;
+  if (result.confirmedSpeedup > 0)
+    out["confirmed_speedup"] = result.confirmedSpeedup;
   if (result.winner >= 0)
     out["winner_config"] = toJSON(result.candidates[result.winner].config);
   out["candidates"] = std::move(candidates);

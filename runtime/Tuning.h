@@ -114,6 +114,9 @@ struct TuneResult {
   std::vector<Candidate> candidates;
   /// The fastest correct candidate, or -1.
   int winner = -1;
+  /// The winner's speedup over the default when both were rerun alternating
+  /// (0: not rerun, the default won in the first pass).
+  double confirmedSpeedup = 0;
   double seconds = 0;
   std::string key;
   std::string device;

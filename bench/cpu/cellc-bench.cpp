@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/CpuCell.h"
+#include "runtime/Workload.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -15,7 +16,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <random>
 
 using namespace cellc;
 using namespace cellc::runtime;
@@ -33,6 +33,10 @@ static cl::opt<int> repeats("repeats", cl::desc("timed runs per figure"),
 static cl::list<std::string> modes("mode", cl::desc("recompute modes"),
                                    cl::CommaSeparated);
 static cl::opt<bool> f64("f64", cl::desc("double precision"), cl::init(false));
+static cl::opt<bool> tuned("tuned",
+                           cl::desc("use the tuned config for this batch when "
+                                    "the tuning cache has one (cellc-tune)"),
+                           cl::init(false));
 
 static double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -57,8 +61,12 @@ int main(int argc, char **argv) {
   }
   DType dtype = f64 ? DType::F64 : DType::F32;
   auto start = std::chrono::steady_clock::now();
+  CpuCell::Options options;
+  options.threads = threads;
+  options.batchHint = batch;
+  options.useTuned = tuned;
   auto compiled = CpuCell::compile((*file)->getBuffer(), cellFile, sizes, dtype,
-                                   {threads});
+                                   options);
   if (!compiled) {
     llvm::errs() << llvm::toString(compiled.takeError()) << "\n";
     return 1;
@@ -66,55 +74,16 @@ int main(int argc, char **argv) {
   CpuCell &cell = **compiled;
   double compileSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  int64_t T = steps, B = batch, eb = cell.elementBytes();
-
-  std::mt19937 rng(0);
-  std::uniform_real_distribution<double> dist(-0.1, 0.1);
-  std::vector<std::vector<double>> storage;
-  auto array = [&](std::vector<int64_t> shape) {
-    int64_t n = 1;
-    for (int64_t d : shape)
-      n *= d;
-    storage.emplace_back((n * eb + 7) / 8);
-    if (eb == 4) {
-      auto *p = reinterpret_cast<float *>(storage.back().data());
-      for (int64_t i = 0; i < n; ++i)
-        p[i] = dist(rng);
-    } else {
-      for (double &v : storage.back())
-        v = dist(rng);
-    }
-    return Array{storage.back().data(), shape};
-  };
-  CpuCell::Sequence seq;
-  seq.steps = T;
-  seq.batch = B;
-  for (const Slot &s : cell.inputs())
-    seq.inputs.push_back(array({T, B, s.shape[0]}));
-  for (const Slot &s : cell.params())
-    seq.params.push_back(array(s.shape));
-  std::vector<Array> outs, finals, dOuts, dFinals, dIns, dPars, dInits;
-  for (const Slot &s : cell.states()) {
-    seq.initialStates.push_back(array({B, s.shape[0]}));
-    finals.push_back(array({B, s.shape[0]}));
-    dFinals.push_back(array({B, s.shape[0]}));
-    dInits.push_back(array({B, s.shape[0]}));
-  }
-  for (const Slot &s : cell.outputs()) {
-    outs.push_back(array({T, B, s.shape[0]}));
-    dOuts.push_back(array({T, B, s.shape[0]}));
-  }
-  for (const Slot &s : cell.inputs())
-    dIns.push_back(array({T, B, s.shape[0]}));
-  for (const Slot &s : cell.params())
-    dPars.push_back(array(s.shape));
+  int64_t T = steps, B = batch;
+  Workload work(cell, T, B);
 
   std::vector<std::string> modeList(modes.begin(), modes.end());
   if (modeList.empty())
     modeList = {"none", "full", "chunk:16"};
   llvm::outs() << llvm::formatv(
-      "cell {0}, {1}, T={2}, B={3}, threads={4}, compiled in {5:F2} s\n",
-      cellFile, f64 ? "f64" : "f32", T, B, cell.threads(), compileSeconds);
+      "cell {0}, {1}, T={2}, B={3}, {4} config {5}, compiled in {6:F2} s\n",
+      cellFile, f64 ? "f64" : "f32", T, B, cell.configSource(), cell.config(),
+      compileSeconds);
   llvm::outs() << llvm::formatv("{0,-10} {1,12} {2,16} {3,14}\n", "mode",
                                 "forward ms", "fwd+bwd ms", "kept MiB");
   for (const std::string &m : modeList) {
@@ -127,22 +96,22 @@ int main(int argc, char **argv) {
     int64_t kept = 0;
     for (int r = 0; r <= repeats; ++r) {
       auto t0 = std::chrono::steady_clock::now();
-      SavedPtr saved;
-      if (auto e = cell.forward(seq, outs, finals, *mode, &saved)) {
-        llvm::errs() << llvm::toString(std::move(e)) << "\n";
+      if (auto e = work.run(cell, *mode, false); !e) {
+        llvm::errs() << llvm::toString(e.takeError()) << "\n";
         return 1;
       }
       auto t1 = std::chrono::steady_clock::now();
-      if (auto e = cell.backward(seq, *saved, dOuts, dFinals, dIns, dPars, dInits)) {
-        llvm::errs() << llvm::toString(std::move(e)) << "\n";
+      auto e = work.run(cell, *mode, true);
+      if (!e) {
+        llvm::errs() << llvm::toString(e.takeError()) << "\n";
         return 1;
       }
       auto t2 = std::chrono::steady_clock::now();
-      kept = CpuCell::savedBytes(*saved);
+      kept = *e;
       if (r == 0)
         continue; // warm-up
       fwd.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      both.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+      both.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     }
     llvm::outs() << llvm::formatv("{0,-10} {1,12:F2} {2,16:F2} {3,14:F2}\n", m,
                                   median(fwd), median(both),

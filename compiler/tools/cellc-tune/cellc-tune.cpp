@@ -184,8 +184,12 @@ int main(int argc, char **argv) {
   }
   const Candidate &w = result->candidates[result->winner];
   const Candidate &d = result->candidates[0];
-  llvm::outs() << llvm::formatv("winner: {0}: {1:F2} ms", str(w.config), w.medianMs);
-  if (d.status == Candidate::Status::Ok)
+  llvm::outs() << llvm::formatv("winner: {0}{1}: {2:F2} ms", str(w.config),
+                                result->winner == 0 ? " (the default)" : "", w.medianMs);
+  if (result->confirmedSpeedup > 0)
+    llvm::outs() << llvm::formatv(", {0:F2}x the default when rerun alternating with it",
+                                  result->confirmedSpeedup);
+  else if (d.status == Candidate::Status::Ok && result->winner != 0)
     llvm::outs() << llvm::formatv(", {0:F2}x the default ({1:F2} ms)",
                                   d.medianMs / w.medianMs, d.medianMs);
   llvm::outs() << llvm::formatv("; tuned in {0:F1} s\n", result->seconds);

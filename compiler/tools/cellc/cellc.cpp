@@ -101,6 +101,12 @@ static cl::opt<int64_t> batchTile(
              "chooses the largest that fits in 48 KiB of shared memory"),
     cl::init(0));
 
+static cl::opt<int64_t> maxRegisters(
+    "max-registers",
+    cl::desc("Registers per thread that ptxas may use in the CUDA kernels (0: "
+             "no cap); a knob of cellc-tune"),
+    cl::init(0));
+
 static cl::opt<int64_t> threadsPerCta("cta-threads",
                                       cl::desc("Threads per CTA (CUDA)"),
                                       cl::init(256));
@@ -197,6 +203,7 @@ static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
     options.target = "cuda";
     options.batchTile = batchTile;
     options.threads = threadsPerCta;
+    options.maxRegisters = maxRegisters;
     mlir::PassManager pm(&context);
     buildPipeline(pm, Stage::Kernels, options);
     if (mlir::failed(pm.run(*module)))
@@ -309,6 +316,8 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
       options.target = "cuda";
       options.batchTile = batchTile;
       options.threads = threadsPerCta;
+      options.maxRegisters = maxRegisters;
+    options.maxRegisters = maxRegisters;
     }
     mlir::PassManager pm(&context);
     buildPipeline(pm, stage, options);
