@@ -302,10 +302,13 @@ func::FuncOp createKernel(DefOp def, StringRef suffix,
 /// What both kernels start with: the SAVE_GATES flag, the step lowering bound
 /// to the kernel's params, projections and gates, and the loop bounds.
 struct KernelFrame {
-  KernelFrame(func::FuncOp kernel, DefOp def, const ForwardArgs &args)
+  KernelFrame(func::FuncOp kernel, DefOp def, const ForwardArgs &args,
+              int64_t matvecWidth, int64_t matvecUnroll)
       : entry(kernel.getBody().front()),
         builder(OpBuilder::atBlockEnd(&entry)), loc(def.getLoc()),
         step(kernel, builder.create<SaveGatesOp>(loc, builder.getI1Type())) {
+    step.matvecWidth = matvecWidth;
+    step.matvecUnroll = matvecUnroll;
     for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
       step.params[param.getName()] = entry.getArgument(args.firstParam + i);
     for (unsigned p = 0; p < args.numProjections; ++p)
@@ -340,9 +343,7 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
   YieldOp yield = def.getYield();
 
   func::FuncOp kernel = createKernel(def, "_fwd", sig);
-  KernelFrame frame(kernel, def, args);
-  frame.step.matvecWidth = matvecWidth;
-  frame.step.matvecUnroll = matvecUnroll;
+  KernelFrame frame(kernel, def, args, matvecWidth, matvecUnroll);
   Block &entry = frame.entry;
   OpBuilder &builder = frame.builder;
   StepLowering &step = frame.step;
@@ -409,9 +410,7 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
   auto resultTypes = grad.getFunctionType().getResults();
 
   func::FuncOp kernel = createKernel(def, "_bwd", *sig);
-  KernelFrame frame(kernel, def, args);
-  frame.step.matvecWidth = matvecWidth;
-  frame.step.matvecUnroll = matvecUnroll;
+  KernelFrame frame(kernel, def, args, matvecWidth, matvecUnroll);
   Block &entry = frame.entry;
   OpBuilder &builder = frame.builder;
   StepLowering &step = frame.step;
