@@ -17,7 +17,6 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Config/llvm-config.h"
-#include "llvm/TargetParser/Host.h"
 
 #include <cblas.h>
 
@@ -274,10 +273,7 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
     }
   }
   cell->setThreads(options.threads);
-  cell->configText = str(KernelConfig{{"threads", cell->numThreads},
-                                      {"batch_tile", options.batchTiled ? options.batchTile : 0},
-                                      {"matvec_width", options.matvecWidth},
-                                      {"matvec_unroll", options.matvecUnroll}});
+  cell->configText = str(configOf(options, cell->numThreads));
   if (const char *log = std::getenv("CELLC_LOG"); log && llvm::StringRef(log).contains("tune"))
     llvm::errs() << "cellc: " << fileName << ": " << cell->configOrigin
                  << " config " << cell->configText << "\n";
@@ -303,10 +299,7 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
   // change in the cell, its sizes, dtype or variant, or in this compiler's
   // lowering changes it), LLVM's version (which generates the code) and the
   // host CPU (which it generates the code for).
-  std::string host = llvm::sys::getHostCPUName().str();
-  for (const auto &feature : llvm::sys::getHostCPUFeatures())
-    if (feature.second)
-      host += "," + feature.first().str();
+  std::string host = deviceName(TuneTarget::Cpu);
   KernelCache cache(options.cacheDir);
   cell->fromCache = options.useCache;
 

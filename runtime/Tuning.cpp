@@ -148,6 +148,14 @@ void cellc::runtime::applyConfig(const KernelConfig &config,
   options.matvecUnroll = get("matvec_unroll", 1);
 }
 
+KernelConfig cellc::runtime::configOf(const CpuCell::Options &options,
+                                      int threads) {
+  return {{"threads", threads},
+          {"batch_tile", options.batchTiled ? options.batchTile : 0},
+          {"matvec_width", options.matvecWidth},
+          {"matvec_unroll", options.matvecUnroll}};
+}
+
 //===----------------------------------------------------------------------===//
 // The tuning cache
 //===----------------------------------------------------------------------===//
@@ -704,8 +712,8 @@ llvm::Expected<TuneResult> cellc::runtime::tune(const TuneProblem &problem,
     for (int round = 0; round < 2 && sound; ++round)
       for (int k = 0; k < 2 && sound; ++k) {
         Candidate &c = k == 0 ? d : w;
-        if (options.progress && k == 0 && round == 0)
-          llvm::errs() << "rerunning the winner and the default, alternating\n";
+        if (options.stage && k == 0 && round == 0)
+          options.stage("rerunning the winner and the default, alternating");
         Report r = isolated(
             [&] {
               return runCandidate(problem, c.config, options.cacheDir, want,

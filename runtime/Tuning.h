@@ -50,6 +50,8 @@ KernelConfig defaultConfig(TuneTarget target, int64_t batch);
 
 /// Sets the knobs of a CPU config in `options`.
 void applyConfig(const KernelConfig &config, CpuCell::Options &options);
+/// The CPU config that `options` describe, with `threads` resolved.
+KernelConfig configOf(const CpuCell::Options &options, int threads);
 
 /// What a tune is for.
 struct TuneProblem {
@@ -107,6 +109,8 @@ struct TuneOptions {
   /// Called before (`done` false) and after each candidate.
   std::function<void(const Candidate &, size_t index, size_t total, bool done)>
       progress;
+  /// Called when the tune starts a stage that is not a candidate.
+  std::function<void(llvm::StringRef)> stage;
 };
 
 struct TuneResult {

@@ -265,6 +265,10 @@ PYBIND11_MODULE(_cellc, m) {
         options.store = store && !compileOnly;
         options.compileOnly = compileOnly;
         if (progress)
+          options.stage = [](llvm::StringRef what) {
+            llvm::errs() << "cellc.autotune: " << what << "\n";
+          };
+        if (progress)
           options.progress = [](const Candidate &c, size_t i, size_t n, bool done) {
             if (!done)
               llvm::errs() << "cellc.autotune [" << (i + 1) << "/" << n << "] "

@@ -145,6 +145,8 @@ int main(int argc, char **argv) {
     llvm::errs() << "\n";
   };
 
+  options.stage = [](llvm::StringRef what) { llvm::errs() << what << "\n"; };
+
   llvm::outs() << llvm::formatv("cellc-tune: {0} on {1}, {2}, B={3} (bucket {4}), "
                                 "T={5}, SAVE_GATES={6}, budget {7:F0} s\n",
                                 cellFile, nameOf(problem.target), dtype, batch,
