@@ -95,6 +95,16 @@ def ConvertCellToTiledKernels
     barriers: the same element code, for testing on the host. Each kernel
     records `cell.batch_tile`, `cell.threads` and `cell.workgroup_bytes`.
 
+    With `precision=tf32` or `bf16` (CUDA, f32 cells) each recurrent matvec
+    and vecmat whose rows are a multiple of 16 and whose depth is a multiple
+    of the MMA's k (8 for tf32, 16 for bf16) runs on tensor cores: in the
+    first phase where its vector is in workgroup memory, the CTA's warps
+    compute the whole `[rows, BT]` product with `mma.sync` (m16n8k8 tf32 or
+    m16n8k16 bf16, fp32 accumulators) into a workgroup buffer, and the
+    elements read it from there after a barrier. The weights are rounded to
+    the precision as they are loaded (tf32: the tensor core ignores the low
+    13 mantissa bits; bf16: round to nearest even), and so are the vectors.
+
     Each kernel takes the largest tile of at most `batch-tile` rows (4 when
     0) whose workgroup buffers fit in `shared-limit` bytes, so the forward and
     backward tiles may differ. A CUDA kernel that does not fit with one row
@@ -115,12 +125,16 @@ def ConvertCellToTiledKernels
     Option<"maxRegisters", "max-registers", "int64_t", "0",
            "CUDA: registers per thread that ptxas may use (nvvm.maxnreg; "
            "0: no cap)">,
+    Option<"precision", "precision", "std::string", "\"ieee\"",
+           "CUDA: the recurrent matvecs' multiplies: ieee (fp32 FMAs), tf32 "
+           "or bf16 (tensor cores, mma.sync, fp32 accumulation)">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
     "::mlir::gpu::GPUDialect", "::mlir::math::MathDialect",
     "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect",
-    "::mlir::vector::VectorDialect", "::mlir::cell::CellDialect"
+    "::mlir::vector::VectorDialect", "::mlir::cell::CellDialect",
+    "::mlir::LLVM::LLVMDialect", "::mlir::NVVM::NVVMDialect"
   ];
 }
 

@@ -25,6 +25,7 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
       tiled.batchTile = options.batchTile;
       tiled.threads = options.threads;
       tiled.maxRegisters = options.maxRegisters;
+      tiled.precision = options.precision;
       pm.addPass(cell::createConvertCellToTiledKernels(tiled));
     } else {
       cell::ConvertCellToKernelsOptions perRow;

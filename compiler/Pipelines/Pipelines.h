@@ -56,6 +56,9 @@ struct PipelineOptions {
   int64_t matvecUnroll = 1;
   /// For CUDA kernels: the register cap per thread (0: none).
   int64_t maxRegisters = 0;
+  /// For CUDA kernels: the recurrent matvecs' multiplies, "ieee", "tf32" or
+  /// "bf16" (tensor cores).
+  std::string precision = "ieee";
 };
 
 /// Adds the passes that take front-end cell IR to `stage`. This is the only

@@ -51,7 +51,7 @@ public:
   PhasePlan(Block &block, ArrayRef<Value> roots,
             std::function<bool(Value)> isLeaf,
             std::function<bool(Value)> isShared)
-      : isLeaf(std::move(isLeaf)), isShared(std::move(isShared)) {
+      : block(block), isLeaf(std::move(isLeaf)), isShared(std::move(isShared)) {
     block.walk([&](Operation *op) {
       Value vec;
       if (auto m = dyn_cast<MatvecOp>(op))
@@ -152,6 +152,7 @@ public:
 
   static bool isView(Value v) { return v.getDefiningOp<ChunkOp>() != nullptr; }
 
+  Block &block;
   SetVector<Value> materialized;
   unsigned numPhases = 0;
 
@@ -159,6 +160,15 @@ private:
   std::function<bool(Value)> isLeaf, isShared;
   DenseMap<Value, unsigned> levels;
 };
+
+/// Whether `op` (a matvec or vecmat) runs on tensor cores at `precision`:
+/// its rows must fill 16-row MMA tiles and its depth the MMA's k.
+bool onTensorCores(Operation *op, StringRef precision) {
+  if (precision == "ieee" || !isa<MatvecOp, VecmatOp>(op))
+    return false;
+  int64_t k = precision == "bf16" ? 16 : 8;
+  return sizeOf(op->getResult(0)) % 16 == 0 && sizeOf(op->getOperand(1)) % k == 0;
+}
 
 //===----------------------------------------------------------------------===//
 // Element-wise evaluation
@@ -207,6 +217,7 @@ public:
 
   /// Set by the kernel before building the body.
   Value tid, ntid, t, saveGates;
+  int64_t ntidStatic = 1;
   SmallVector<Value> rows, rowValid;
   DenseMap<Value, Source> sources;
   DenseMap<StringRef, Value> params;
@@ -218,6 +229,10 @@ public:
   /// Allocates a `[shape..., BT]` workgroup buffer.
   std::function<Value(ArrayRef<int64_t>)> allocShared;
   int64_t sharedElements = 0;
+  /// CUDA: "tf32" or "bf16" runs the matvecs that `onTensorCores` accepts
+  /// with mma.sync; their results are read from `mmaResults`.
+  StringRef precision = "ieee";
+  DenseMap<Operation *, Value> mmaResults;
 
   Value index(int64_t v) {
     return builder.create<arith::ConstantIndexOp>(loc, v);
@@ -338,6 +353,9 @@ public:
 
   /// Emits the phases that compute `items`.
   LogicalResult emitPhases(ArrayRef<Item> items);
+  /// Computes the whole product of `op` into the workgroup buffer `out`
+  /// (`[rows, BT]`) with the CTA's warps on tensor cores.
+  void emitTensorCoreMatvec(Operation *op, Value out);
 
   bool failedEval = false;
 
@@ -421,6 +439,8 @@ Value TiledBuilder::evalOp(Operation *op, Value v, const Index &i) {
     return gather(projectionBuffers.lookup(op), true, at(i));
   // matvec: result[row] = sum_k W[row, k] * u[k]; vecmat: result[col] =
   // sum_r W[r, col] * g[r]. The vector is read from workgroup memory.
+  if (Value product = mmaResults.lookup(op))
+    return loadShared(product, Value(), at(i));
   if (isa<MatvecOp, VecmatOp>(op)) {
     bool transposed = isa<VecmatOp>(op);
     Value weight = params.lookup(
@@ -528,7 +548,149 @@ Value TiledBuilder::evalRestore(RestoreOp restore, unsigned result,
   return mine;
 }
 
+void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out) {
+  // The fragments of mma.sync.m16n8k16 (bf16) and m16n8k8 (tf32), PTX ISA
+  // "Matrix Fragments for mma.m16n8k*": with g = lane / 4 and q = lane % 4,
+  // A holds rows g and g + 8 at columns 2q, 2q + 1, 2q + 8, 2q + 9 (bf16, two
+  // per register) or q, q + 4 (tf32); B holds column g at rows 2q, 2q + 1,
+  // 2q + 8, 2q + 9 or q, q + 4; C holds rows g and g + 8 at columns 2q and
+  // 2q + 1. A is the weight (transposed for a vecmat), B the vector with the
+  // tile's rows as its 8 columns.
+  bool bf16 = precision == "bf16";
+  bool transposed = isa<VecmatOp>(op);
+  int64_t kStep = bf16 ? 16 : 8;
+  int64_t rows = sizeOf(op->getResult(0));
+  Value vec = op->getOperand(1), slot;
+  int64_t depth = sizeOf(vec);
+  Value vecBuffer = sharedBuffer(vec, slot);
+  Value weight =
+      params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
+  Type f32 = builder.getF32Type(), i32 = builder.getI32Type();
+  auto remui = [&](Value a, int64_t b) {
+    return builder.create<arith::RemUIOp>(loc, a, index(b)).getResult();
+  };
+  auto divui = [&](Value a, int64_t b) {
+    return builder.create<arith::DivUIOp>(loc, a, index(b)).getResult();
+  };
+  Value laneId = remui(tid, 32);
+  Value warp = divui(tid, 32);
+  Value g = divui(laneId, 4), q = remui(laneId, 4);
+
+  auto loadWeight = [&](Value r, Value c) -> Value {
+    return builder.create<memref::LoadOp>(
+        loc, weight, transposed ? ValueRange{c, r} : ValueRange{r, c});
+  };
+  // Two values as one register of bf16x2, the first in the low half.
+  auto pack = [&](Value lo, Value hi) -> Value {
+    auto pair = builder.create<vector::FromElementsOp>(
+        loc, VectorType::get({2}, f32), ValueRange{lo, hi});
+    Value narrow = builder.create<arith::TruncFOp>(
+        loc, VectorType::get({2}, builder.getBF16Type()), pair);
+    Value word = builder.create<vector::BitCastOp>(
+        loc, VectorType::get({1}, i32), narrow);
+    return builder.create<vector::ExtractOp>(loc, word, 0);
+  };
+  auto bits = [&](Value x) -> Value {
+    return builder.create<arith::BitcastOp>(loc, i32, x);
+  };
+  auto accType = LLVM::LLVMStructType::getLiteral(
+      builder.getContext(), SmallVector<Type>(4, f32));
+  auto mma = [&](ArrayRef<Value> a, ArrayRef<Value> b,
+                 ValueRange c) -> Value {
+    if (!bf16)
+      return builder.create<NVVM::MmaOp>(
+          loc, accType, a, b, c, ArrayRef<int64_t>{16, 8, 8}, std::nullopt,
+          std::nullopt,
+          std::array<NVVM::MMATypes, 2>{NVVM::MMATypes::tf32,
+                                        NVVM::MMATypes::tf32},
+          std::array<NVVM::MMALayout, 2>{NVVM::MMALayout::row,
+                                         NVVM::MMALayout::col});
+    // LLVM 19's nvvm.mma.sync verifier rejects bf16 operands in i32
+    // registers, the form its intrinsic takes; the instruction is written
+    // out instead.
+    SmallVector<Value> operands(a);
+    llvm::append_range(operands, b);
+    llvm::append_range(operands, c);
+    return builder
+        .create<LLVM::InlineAsmOp>(
+            loc, accType, operands,
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", /*has_side_effects=*/false,
+            /*is_align_stack=*/false, LLVM::AsmDialectAttr(), ArrayAttr())
+        .getResult(0);
+  };
+
+  Value zero = builder.create<arith::ConstantOp>(loc, builder.getF32FloatAttr(0));
+  // The tile's rows are B's columns, 8 at a time. Columns past the tile read
+  // its last row; their products are not stored.
+  for (int64_t n0 = 0; n0 < tile; n0 += 8) {
+    Value col = builder.create<arith::MinUIOp>(
+        loc, builder.create<arith::AddIOp>(loc, g, index(n0)), index(tile - 1));
+    auto loadVector = [&](Value k) -> Value {
+      SmallVector<Value> indices;
+      if (slot)
+        indices.push_back(slot);
+      indices.append({k, col});
+      return builder.create<memref::LoadOp>(loc, vecBuffer, indices);
+    };
+    auto tiles = builder.create<scf::ForOp>(loc, warp, index(rows / 16),
+                                            index(ntidStatic / 32));
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointToStart(tiles.getBody());
+    Value r0 = builder.create<arith::AddIOp>(
+        loc, builder.create<arith::MulIOp>(loc, tiles.getInductionVar(), index(16)), g);
+    Value r1 = shifted(r0, 8);
+    auto steps = builder.create<scf::ForOp>(
+        loc, index(0), index(depth / kStep), index(1),
+        ValueRange{zero, zero, zero, zero},
+        [&](OpBuilder &b, Location l, Value kt, ValueRange acc) {
+          OpBuilder::InsertionGuard inner(builder);
+          builder.setInsertionPointToStart(b.getInsertionBlock());
+          Value k0 = builder.create<arith::MulIOp>(loc, kt, index(kStep));
+          SmallVector<Value> a, bFrag;
+          if (bf16) {
+            Value c = builder.create<arith::AddIOp>(
+                loc, k0, builder.create<arith::MulIOp>(loc, q, index(2)));
+            for (int64_t dc : {0, 8})
+              for (Value r : {r0, r1})
+                a.push_back(pack(loadWeight(r, shifted(c, dc)),
+                                 loadWeight(r, shifted(c, dc + 1))));
+            for (int64_t dc : {0, 8})
+              bFrag.push_back(pack(loadVector(shifted(c, dc)),
+                                   loadVector(shifted(c, dc + 1))));
+          } else {
+            Value c = builder.create<arith::AddIOp>(loc, k0, q);
+            for (int64_t dc : {0, 4})
+              for (Value r : {r0, r1})
+                a.push_back(bits(loadWeight(r, shifted(c, dc))));
+            for (int64_t dc : {0, 4})
+              bFrag.push_back(bits(loadVector(shifted(c, dc))));
+          }
+          Value d = mma(a, bFrag, acc);
+          SmallVector<Value> next;
+          for (int64_t e = 0; e < 4; ++e)
+            next.push_back(builder.create<LLVM::ExtractValueOp>(loc, d, e));
+          builder.create<scf::YieldOp>(loc, next);
+        });
+    for (int64_t e = 0; e < 4; ++e) {
+      Value row = e < 2 ? r0 : r1;
+      Value outCol = shifted(builder.create<arith::MulIOp>(loc, q, index(2)),
+                             n0 + (e & 1));
+      Value inTile = builder.create<arith::CmpIOp>(
+          loc, arith::CmpIPredicate::ult, outCol, index(tile));
+      auto ifOp = builder.create<scf::IfOp>(loc, inTile, false);
+      OpBuilder::InsertionGuard store(builder);
+      builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+      builder.create<memref::StoreOp>(loc, steps.getResult(e), out,
+                                      ValueRange{row, outCol});
+    }
+  }
+}
+
 LogicalResult TiledBuilder::emitPhases(ArrayRef<Item> roots) {
+  Value replaying = builder.create<arith::XOrIOp>(
+      loc, saveGates, builder.create<arith::ConstantIntOp>(loc, 1, 1));
   // Materialized values are written to their workgroup buffers; a concat is
   // written part by part.
   SmallVector<Item> items(roots.begin(), roots.end());
@@ -544,9 +706,7 @@ LogicalResult TiledBuilder::emitPhases(ArrayRef<Item> roots) {
     item.sinks.push_back({sink, 0});
     // Replay values are only needed when the gates were not saved.
     if (isa<RestoreOp>(m.getParentRegion()->getParentOp()))
-      item.guard = builder.create<arith::XOrIOp>(
-          loc, saveGates,
-          builder.create<arith::ConstantIntOp>(loc, 1, 1));
+      item.guard = replaying;
     items.push_back(item);
   }
   // Split concats into their parts, each written at its offset. A value
@@ -573,8 +733,42 @@ LogicalResult TiledBuilder::emitPhases(ArrayRef<Item> roots) {
   for (const Item &item : items)
     split(item, plan->level(item.value));
 
+  // Tensor-core products, each computed in the first phase whose start has
+  // its vector in workgroup memory.
+  SmallVector<Operation *> pending;
+  plan->block.walk([&](Operation *op) {
+    if (gpu && onTensorCores(op, precision))
+      pending.push_back(op);
+  });
+  auto vectorReady = [&](Value vec, unsigned p) {
+    auto it = sources.find(vec);
+    if (it != sources.end())
+      return it->second.kind == Source::Shared;
+    return plan->materialized.contains(vec) && plan->level(vec) < p;
+  };
+
   for (unsigned p = 1; p <= plan->numPhases; ++p) {
     phase = p;
+    bool anyProduct = false;
+    for (Operation *&op : pending) {
+      if (!op || !vectorReady(op->getOperand(1), p))
+        continue;
+      Value out = shared({sizeOf(op->getResult(0))});
+      mmaResults[op] = out;
+      // A replayed product is only needed when the gates were not saved.
+      if (op->getParentOfType<RestoreOp>()) {
+        auto ifOp = builder.create<scf::IfOp>(loc, replaying, false);
+        OpBuilder::InsertionGuard guard(builder);
+        builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+        emitTensorCoreMatvec(op, out);
+      } else {
+        emitTensorCoreMatvec(op, out);
+      }
+      op = nullptr;
+      anyProduct = true;
+    }
+    if (anyProduct)
+      barrier();
     // One loop per size: the items of a loop share what they compute.
     std::map<int64_t, SmallVector<unsigned>> bySize;
     for (auto [k, entry] : llvm::enumerate(flat))
@@ -624,6 +818,21 @@ struct ConvertCellToTiledKernels
       return signalPassFailure();
     }
     bool gpu = target == "cuda";
+    if (precision != "ieee" && precision != "tf32" && precision != "bf16") {
+      module.emitError("convert-cell-to-tiled-kernels: unknown precision '")
+          << precision << "'; expected ieee, tf32 or bf16";
+      return signalPassFailure();
+    }
+    if (precision != "ieee" && !gpu) {
+      module.emitError("convert-cell-to-tiled-kernels: precision=")
+          << precision << " needs tensor cores, so target=cuda";
+      return signalPassFailure();
+    }
+    if (gpu && threads % 32 != 0) {
+      module.emitError("convert-cell-to-tiled-kernels: threads=")
+          << threads << " is not a whole number of warps";
+      return signalPassFailure();
+    }
     OpBuilder builder(module.getBodyRegion());
     gpu::GPUModuleOp gpuModule;
     if (gpu) {
@@ -667,6 +876,9 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   Type element = cast<RankedTensorType>(def.getStates()[0].getType())
                      .getElementType();
   std::string name = (def.getSymName() + (backward ? "_bwd" : "_fwd")).str();
+  if (precision != "ieee" && !element.isF32())
+    return emitError(loc) << "precision=" << precision << " needs an f32 cell; '"
+                          << def.getSymName() << "' is " << element;
 
   // The step's block and what it writes out.
   Block &body = backward ? grad.getBody().front() : def.getBody().front();
@@ -707,6 +919,11 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   int64_t perRow = 0;
   for (Value m : plan.materialized)
     perRow += sizeOf(m);
+  if (gpu)
+    body.walk([&](Operation *op) {
+      if (onTensorCores(op, precision))
+        perRow += sizeOf(op->getResult(0));
+    });
   for (Value s : def.getStates())
     perRow += (backward ? 5 : 2) * sizeOf(s);
   if (backward)
@@ -762,6 +979,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   OpBuilder builder = OpBuilder::atBlockEnd(entry);
   TiledBuilder tb(builder, loc, tile, element, gpu);
   tb.plan = &plan;
+  tb.precision = precision;
   tb.allocShared = [&](ArrayRef<int64_t> shape) -> Value {
     SmallVector<int64_t> full(shape.begin(), shape.end());
     full.push_back(tile);
@@ -1030,6 +1248,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   if (gpu) {
     tb.tid = builder.create<gpu::ThreadIdOp>(loc, gpu::Dimension::x);
     tb.ntid = tb.index(threads);
+    tb.ntidStatic = threads;
     Value bid = builder.create<gpu::BlockIdOp>(loc, gpu::Dimension::x);
     Value b0 = builder.create<arith::AddIOp>(
         loc, bBegin, builder.create<arith::MulIOp>(loc, bid, tb.index(tile)));

@@ -111,6 +111,12 @@ static cl::opt<int64_t> threadsPerCta("cta-threads",
                                       cl::desc("Threads per CTA (CUDA)"),
                                       cl::init(256));
 
+static cl::opt<std::string> precision(
+    "precision",
+    cl::desc("The CUDA recurrent matvecs' multiplies: ieee (fp32 FMAs, the "
+             "default), tf32 or bf16 (tensor cores, fp32 accumulation)"),
+    cl::init("ieee"));
+
 static cl::opt<int> saveGatesFlag(
     "save-gates",
     cl::desc("With --emit=kernels or llvm: specialize SAVE_GATES to 0 or 1 (by "
@@ -131,6 +137,18 @@ static cl::opt<std::string> dtype("dtype",
 static bool targetsCuda() {
   return targetName == "cuda" || emitAction == Emit::NVVM ||
          emitAction == Emit::PTX || emitAction == Emit::Package;
+}
+
+/// The options of the CUDA kernels the command line asks for.
+static PipelineOptions cudaOptions() {
+  PipelineOptions options;
+  options.strategy = KernelStrategy::BatchTiled;
+  options.target = "cuda";
+  options.batchTile = batchTile;
+  options.threads = threadsPerCta;
+  options.maxRegisters = maxRegisters;
+  options.precision = precision;
+  return options;
 }
 
 /// Prints what the cell declares and what its step computes.
@@ -188,6 +206,7 @@ static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
   meta["cell"] = def.getSymName().str();
   meta["arch"] = arch.getValue();
   meta["dtype"] = dtype.getValue();
+  meta["precision"] = precision.getValue();
   llvm::json::Object sizeObj;
   if (auto sizes = def->getAttrOfType<mlir::DictionaryAttr>("sizes"))
     for (auto entry : sizes)
@@ -197,13 +216,8 @@ static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
   llvm::json::Object variants, kernels;
   for (bool saveGates : {true, false}) {
     mlir::OwningOpRef<mlir::ModuleOp> module = cell.clone();
-    PipelineOptions options;
+    PipelineOptions options = cudaOptions();
     options.saveGates = saveGates;
-    options.strategy = KernelStrategy::BatchTiled;
-    options.target = "cuda";
-    options.batchTile = batchTile;
-    options.threads = threadsPerCta;
-    options.maxRegisters = maxRegisters;
     mlir::PassManager pm(&context);
     buildPipeline(pm, Stage::Kernels, options);
     if (mlir::failed(pm.run(*module)))
@@ -308,17 +322,9 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
                   : emitAction == Emit::NVVM || emitAction == Emit::PTX
                       ? Stage::NVVM
                       : Stage::Plan;
-    PipelineOptions options;
+    PipelineOptions options = cuda ? cudaOptions() : PipelineOptions();
     if (saveGatesFlag >= 0)
       options.saveGates = saveGatesFlag != 0;
-    if (cuda) {
-      options.strategy = KernelStrategy::BatchTiled;
-      options.target = "cuda";
-      options.batchTile = batchTile;
-      options.threads = threadsPerCta;
-      options.maxRegisters = maxRegisters;
-    options.maxRegisters = maxRegisters;
-    }
     mlir::PassManager pm(&context);
     buildPipeline(pm, stage, options);
     mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
@@ -425,6 +431,16 @@ int main(int argc, char **argv) {
   if (emitAction == Emit::Package && (outputFilename == "-" || splitInputFile)) {
     llvm::errs() << "cellc: error: --emit=package writes a directory: give it "
                     "with -o DIR\n";
+    return 1;
+  }
+  if (precision != "ieee" && precision != "tf32" && precision != "bf16") {
+    llvm::errs() << "cellc: error: unknown precision '" << precision
+                 << "'; expected ieee, tf32 or bf16\n";
+    return 1;
+  }
+  if (precision != "ieee" && !cuda) {
+    llvm::errs() << "cellc: error: --precision=" << precision
+                 << " runs the matvecs on tensor cores; it needs --target=cuda\n";
     return 1;
   }
   if (targetName == "cpu" && cuda) {
