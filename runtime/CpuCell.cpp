@@ -310,8 +310,10 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
     PipelineOptions pipeline;
     pipeline.saveGates = saveGates;
     if (options.batchTiled) {
-      pipeline.strategy = KernelStrategy::BatchTiled;
+      pipeline.strategy = options.persistent ? KernelStrategy::Persistent
+                                             : KernelStrategy::BatchTiled;
       pipeline.batchTile = options.batchTile;
+      pipeline.ctas = options.ctas;
     }
     pipeline.matvecWidth = options.matvecWidth;
     pipeline.matvecUnroll = options.matvecUnroll;

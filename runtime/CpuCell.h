@@ -80,6 +80,11 @@ public:
     bool batchTiled = false;
     /// Rows per tile for the batch-tiled kernels; 0 chooses.
     int64_t batchTile = 0;
+    /// With `batchTiled`: the persistent strategy's kernels instead, with
+    /// `ctas` CTAs per tile (0 chooses), emulated one CTA after another in
+    /// each phase.
+    bool persistent = false;
+    int64_t ctas = 0;
     /// The per-row kernels' recurrent matvec: lanes per FMA (0: whole rows)
     /// and rows per iteration. Must divide the weights' dimensions.
     int64_t matvecWidth = 0;

@@ -105,6 +105,23 @@ def ConvertCellToTiledKernels
     the precision as they are loaded (tf32: the tensor core ignores the low
     13 mantissa bits; bf16: round to nearest even), and so are the vectors.
 
+    With `strategy=persistent` the CTAs of a tile split every step: CTA `c`
+    (block x; the tile is block y) takes the `c`-th slice of each element
+    loop and of each matvec's rows. Before the time loop it copies its slice
+    of every recurrent weight into workgroup memory (one row padded by one
+    element against bank conflicts), and in the loop it computes its rows of
+    each product from that copy, its threads splitting rows and depth. The
+    buffers that were in workgroup memory (states, materialized values,
+    products, accumulators) are in a global workspace argument of
+    `cell.workspace_bytes` per tile, and each barrier is grid-wide over the
+    tile's CTAs: an arrival count and a generation word per tile in the
+    `grid_barrier` argument (zero before the first launch; each launch
+    leaves them so), with gpu-scope fences. The CTAs per tile are `ctas`, or
+    the fewest whose weight slices and partial products fit in
+    `shared-limit` with no more rows than threads; `cell.ctas` records them.
+    All CTAs must be resident at once: the runtime launches them
+    cooperatively. On the CPU the CTAs run one after another in each phase.
+
     Each kernel takes the largest tile of at most `batch-tile` rows (4 when
     0) whose workgroup buffers fit in `shared-limit` bytes, so the forward and
     backward tiles may differ. A CUDA kernel that does not fit with one row
@@ -125,6 +142,12 @@ def ConvertCellToTiledKernels
     Option<"maxRegisters", "max-registers", "int64_t", "0",
            "CUDA: registers per thread that ptxas may use (nvvm.maxnreg; "
            "0: no cap)">,
+    Option<"strategy", "strategy", "std::string", "\"batch-tiled\"",
+           "batch-tiled (a CTA per tile runs all steps) or persistent (CTAs "
+           "split each step of a tile, weights kept on chip, grid barriers)">,
+    Option<"ctas", "ctas", "int64_t", "0",
+           "Persistent: CTAs per tile (0: the fewest whose weight slices fit "
+           "in shared-limit)">,
     Option<"precision", "precision", "std::string", "\"ieee\"",
            "CUDA: the recurrent matvecs' multiplies: ieee (fp32 FMAs), tf32 "
            "or bf16 (tensor cores, mma.sync, fp32 accumulation)">,

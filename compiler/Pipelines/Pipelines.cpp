@@ -19,8 +19,12 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
   if (stage >= Stage::Plan)
     pm.addPass(cell::createCellPlanSaves());
   if (stage >= Stage::Kernels) {
-    if (options.strategy == KernelStrategy::BatchTiled) {
+    if (options.strategy != KernelStrategy::PerRow) {
       cell::ConvertCellToTiledKernelsOptions tiled;
+      tiled.strategy = options.strategy == KernelStrategy::Persistent
+                           ? "persistent"
+                           : "batch-tiled";
+      tiled.ctas = options.ctas;
       tiled.target = options.target;
       tiled.batchTile = options.batchTile;
       tiled.threads = options.threads;

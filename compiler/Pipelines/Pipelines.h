@@ -39,6 +39,10 @@ enum class KernelStrategy {
   /// convert-cell-to-tiled-kernels: a tile of rows per program, elements
   /// across threads. The GPU's kernels; on the CPU, their emulation.
   BatchTiled,
+  /// convert-cell-to-tiled-kernels with strategy=persistent: CTAs split each
+  /// step of a tile, keep their slices of the recurrent weights on chip, and
+  /// meet at grid barriers. On the CPU, its emulation.
+  Persistent,
 };
 
 struct PipelineOptions {
@@ -50,6 +54,8 @@ struct PipelineOptions {
   std::string target = "cpu";
   int64_t batchTile = 0;
   int64_t threads = 256;
+  /// For persistent kernels: CTAs per tile (0: the fewest that fit).
+  int64_t ctas = 0;
   /// For per-row kernels: the recurrent matvec's lanes per FMA (0: whole
   /// rows) and rows per iteration.
   int64_t matvecWidth = 0;

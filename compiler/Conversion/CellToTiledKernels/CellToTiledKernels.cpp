@@ -228,11 +228,27 @@ public:
   unsigned phase = 0;
   /// Allocates a `[shape..., BT]` workgroup buffer.
   std::function<Value(ArrayRef<int64_t>)> allocShared;
+  /// Allocates a `[shape...]` buffer in workgroup memory (CUDA) or on the
+  /// heap (CPU), for the persistent strategy's weights.
+  std::function<Value(ArrayRef<int64_t>)> allocCache;
+  Value tileIndex;
   int64_t sharedElements = 0;
   /// CUDA: "tf32" or "bf16" runs the matvecs that `onTensorCores` accepts
-  /// with mma.sync; their results are read from `mmaResults`.
+  /// with mma.sync.
   StringRef precision = "ieee";
-  DenseMap<Operation *, Value> mmaResults;
+  /// The persistent strategy: `slices` CTAs split every step of a tile, the
+  /// CTA `cta` taking a slice of each loop's elements and of each matvec's
+  /// rows, whose weights it keeps in `weightCache` from before the time
+  /// loop. Its buffers are in global memory (`allocShared` takes them from
+  /// the workspace) and its barriers are grid-wide. 0: batch-tiled.
+  int64_t slices = 0;
+  Value cta, barrierWords;
+  DenseMap<Operation *, Value> weightCache;
+  /// Per thread partial products of the persistent strategy (CUDA).
+  Value partials;
+  /// The products computed before the element loops of a phase (tensor
+  /// cores, or the persistent strategy's slices), read from here.
+  DenseMap<Operation *, Value> products;
 
   Value index(int64_t v) {
     return builder.create<arith::ConstantIndexOp>(loc, v);
@@ -333,18 +349,32 @@ public:
     return ifOp.getResult(0);
   }
 
-  /// A loop over the elements `[0, n)` of this thread.
+  /// A loop over the elements `[0, n)` of this thread: with the persistent
+  /// strategy, over its CTA's slice of them.
   void forEachElement(int64_t n, function_ref<void(Value j)> body) {
-    builder.create<scf::ForOp>(
-        loc, tid, index(n), ntid, ValueRange(),
-        [&](OpBuilder &b, Location l, Value j, ValueRange) {
-          OpBuilder::InsertionGuard guard(builder);
-          builder.setInsertionPoint(b.create<scf::YieldOp>(l));
-          body(j);
-        });
+    forEachCta([&] {
+      Value begin = tid, end = index(n);
+      if (slices > 0) {
+        Value first = builder.create<arith::MulIOp>(loc, cta, index(sliceOf(n)));
+        begin = builder.create<arith::AddIOp>(loc, first, tid);
+        end = builder.create<arith::MinUIOp>(
+            loc, shifted(first, sliceOf(n)), index(n));
+      }
+      builder.create<scf::ForOp>(
+          loc, begin, end, ntid, ValueRange(),
+          [&](OpBuilder &b, Location l, Value j, ValueRange) {
+            OpBuilder::InsertionGuard guard(builder);
+            builder.setInsertionPoint(b.create<scf::YieldOp>(l));
+            body(j);
+          });
+    });
   }
   void barrier() {
-    if (gpu)
+    if (!gpu)
+      return;
+    if (slices > 0)
+      gridBarrier();
+    else
       builder.create<gpu::BarrierOp>(loc);
   }
 
@@ -353,9 +383,52 @@ public:
 
   /// Emits the phases that compute `items`.
   LogicalResult emitPhases(ArrayRef<Item> items);
+  /// Whether the matvec or vecmat `op` is computed whole before the element
+  /// loops that read it, rather than per element.
+  bool computesProduct(Operation *op) {
+    if (!isa<MatvecOp, VecmatOp>(op))
+      return false;
+    return slices > 0 || (gpu && onTensorCores(op, precision));
+  }
+  void emitProduct(Operation *op, Value out) {
+    if (slices > 0)
+      emitSlicedProduct(op, out);
+    else
+      emitTensorCoreMatvec(op, out);
+  }
   /// Computes the whole product of `op` into the workgroup buffer `out`
   /// (`[rows, BT]`) with the CTA's warps on tensor cores.
   void emitTensorCoreMatvec(Operation *op, Value out);
+  /// The persistent strategy: computes this CTA's slice of the rows of `op`
+  /// into `out` from the weights in `weightCache`.
+  void emitSlicedProduct(Operation *op, Value out);
+  /// The persistent strategy: fills `weightCache` with this CTA's slice of
+  /// every recurrent weight the step reads, before the time loop.
+  void cacheWeights(Block &step);
+
+  /// The rows of a persistent CTA's slice of `n`.
+  int64_t sliceOf(int64_t n) const { return (n + slices - 1) / slices; }
+  /// A loop over the CTAs of a persistent tile, on the CPU; on CUDA, the
+  /// body once for this CTA.
+  void forEachCta(function_ref<void()> body) {
+    if (slices == 0 || gpu) {
+      body();
+      return;
+    }
+    builder.create<scf::ForOp>(
+        loc, index(0), index(slices), index(1), ValueRange(),
+        [&](OpBuilder &b, Location l, Value c, ValueRange) {
+          OpBuilder::InsertionGuard guard(builder);
+          builder.setInsertionPoint(b.create<scf::YieldOp>(l));
+          cta = c;
+          body();
+        });
+  }
+  /// A barrier across the CTAs of a persistent tile: every CTA arrives at
+  /// `barrierWords[2 * tile]` (a count) and waits until the last one bumps
+  /// `barrierWords[2 * tile + 1]` (a generation). The count goes back to 0,
+  /// so the words need zeroing once, not per launch.
+  void gridBarrier();
 
   bool failedEval = false;
 
@@ -439,7 +512,7 @@ Value TiledBuilder::evalOp(Operation *op, Value v, const Index &i) {
     return gather(projectionBuffers.lookup(op), true, at(i));
   // matvec: result[row] = sum_k W[row, k] * u[k]; vecmat: result[col] =
   // sum_r W[r, col] * g[r]. The vector is read from workgroup memory.
-  if (Value product = mmaResults.lookup(op))
+  if (Value product = products.lookup(op))
     return loadShared(product, Value(), at(i));
   if (isa<MatvecOp, VecmatOp>(op)) {
     bool transposed = isa<VecmatOp>(op);
@@ -688,6 +761,179 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out) {
   }
 }
 
+void TiledBuilder::gridBarrier() {
+  builder.create<gpu::BarrierOp>(loc);
+  auto fence = [&] {
+    builder.create<LLVM::InlineAsmOp>(
+        loc, TypeRange(), ValueRange(), "fence.acq_rel.gpu;", "",
+        /*has_side_effects=*/true, /*is_align_stack=*/false,
+        LLVM::AsmDialectAttr(), ArrayAttr());
+  };
+  auto rmw = [&](arith::AtomicRMWKind kind, int64_t value, Value word) {
+    Value v = builder.create<arith::ConstantIntOp>(loc, value, 32);
+    return builder
+        .create<memref::AtomicRMWOp>(loc, kind, v, barrierWords, ValueRange{word})
+        .getResult();
+  };
+  Value first = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
+                                              tid, index(0));
+  auto leader = builder.create<scf::IfOp>(loc, first, false);
+  {
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPoint(leader.thenBlock()->getTerminator());
+    Value count = builder.create<arith::MulIOp>(loc, tileIndex, index(2));
+    Value generation = shifted(count, 1);
+    fence();
+    // An atomic add of 0 reads the word where all CTAs meet, in L2.
+    Value seen = rmw(arith::AtomicRMWKind::addi, 0, generation);
+    Value arrived = rmw(arith::AtomicRMWKind::addi, 1, count);
+    Value last = builder.create<arith::CmpIOp>(
+        loc, arith::CmpIPredicate::eq, arrived,
+        builder.create<arith::ConstantIntOp>(loc, slices - 1, 32));
+    auto ifLast = builder.create<scf::IfOp>(loc, last, true);
+    builder.setInsertionPoint(ifLast.thenBlock()->getTerminator());
+    rmw(arith::AtomicRMWKind::assign, 0, count);
+    fence();
+    rmw(arith::AtomicRMWKind::addi, 1, generation);
+    builder.setInsertionPoint(ifLast.elseBlock()->getTerminator());
+    auto spin = builder.create<scf::WhileOp>(loc, TypeRange(), ValueRange());
+    Block *before = builder.createBlock(&spin.getBefore());
+    Value now = rmw(arith::AtomicRMWKind::addi, 0, generation);
+    builder.create<scf::ConditionOp>(
+        loc,
+        builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, now, seen),
+        ValueRange());
+    builder.createBlock(&spin.getAfter());
+    builder.create<scf::YieldOp>(loc);
+    (void)before;
+    builder.setInsertionPointAfter(ifLast);
+    fence();
+  }
+  builder.create<gpu::BarrierOp>(loc);
+}
+
+void TiledBuilder::cacheWeights(Block &step) {
+  step.walk([&](Operation *op) {
+    if (!computesProduct(op) || weightCache.count(op))
+      return;
+    bool transposed = isa<VecmatOp>(op);
+    int64_t rows = sizeOf(op->getResult(0)), depth = sizeOf(op->getOperand(1));
+    int64_t slice = sliceOf(rows);
+    // One row more than the depth keeps the threads of a product, which read
+    // consecutive rows at the same k, off one bank.
+    SmallVector<int64_t> shape = {slice, depth + 1};
+    if (!gpu)
+      shape.insert(shape.begin(), slices);
+    Value cache = allocCache(shape);
+    weightCache[op] = cache;
+    Value weight =
+        params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
+    forEachCta([&] {
+      Value first = builder.create<arith::MulIOp>(loc, cta, index(slice));
+      builder.create<scf::ForOp>(
+          loc, tid, index(slice * depth), ntid, ValueRange(),
+          [&](OpBuilder &b, Location l, Value e, ValueRange) {
+            OpBuilder::InsertionGuard guard(builder);
+            builder.setInsertionPoint(b.create<scf::YieldOp>(l));
+            Value local = builder.create<arith::DivUIOp>(l, e, index(depth));
+            Value k = builder.create<arith::RemUIOp>(l, e, index(depth));
+            Value row = builder.create<arith::AddIOp>(l, first, local);
+            Value inside = builder.create<arith::CmpIOp>(
+                l, arith::CmpIPredicate::ult, row, index(rows));
+            auto ifOp = builder.create<scf::IfOp>(l, inside, false);
+            builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+            Value w = builder.create<memref::LoadOp>(
+                l, weight, transposed ? ValueRange{k, row} : ValueRange{row, k});
+            SmallVector<Value> at = {local, k};
+            if (!gpu)
+              at.insert(at.begin(), cta);
+            builder.create<memref::StoreOp>(l, w, cache, at);
+          });
+    });
+  });
+  if (gpu)
+    builder.create<gpu::BarrierOp>(loc);
+}
+
+void TiledBuilder::emitSlicedProduct(Operation *op, Value out) {
+  int64_t rows = sizeOf(op->getResult(0));
+  Value vec = op->getOperand(1), slot;
+  int64_t depth = sizeOf(vec);
+  Value vecBuffer = sharedBuffer(vec, slot);
+  Value cache = weightCache.lookup(op);
+  int64_t slice = sliceOf(rows);
+  // Threads split the slice's rows and, where there are threads to spare,
+  // each row's depth into `split` parts, which are then summed.
+  int64_t split = 1;
+  if (gpu)
+    while (split * 2 * slice <= ntidStatic && depth % (split * 2) == 0)
+      split *= 2;
+  int64_t part = depth / split;
+  auto partial = [&](Value local, Value kBegin) -> Value {
+    auto loop = builder.create<scf::ForOp>(
+        loc, kBegin, builder.create<arith::AddIOp>(loc, kBegin, index(part)),
+        index(1), ValueRange{splat(builder, loc, lane, 0.0)},
+        [&](OpBuilder &b, Location l, Value k, ValueRange acc) {
+          OpBuilder::InsertionGuard guard(builder);
+          builder.setInsertionPointToStart(b.getInsertionBlock());
+          SmallVector<Value> at = {local, k};
+          if (!gpu)
+            at.insert(at.begin(), cta);
+          Value w = builder.create<memref::LoadOp>(l, cache, at);
+          Value next = builder.create<vector::FMAOp>(
+              l, builder.create<vector::BroadcastOp>(l, lane, w),
+              loadShared(vecBuffer, slot, k), acc[0]);
+          builder.create<scf::YieldOp>(l, next);
+        });
+    return loop.getResult(0);
+  };
+  auto when = [&](Value cond, function_ref<void()> body) {
+    auto ifOp = builder.create<scf::IfOp>(loc, cond, false);
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+    body();
+  };
+  auto ult = [&](Value a, Value b) {
+    return builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, a, b);
+  };
+  forEachCta([&] {
+    Value first = builder.create<arith::MulIOp>(loc, cta, index(slice));
+    if (!gpu) {
+      builder.create<scf::ForOp>(
+          loc, index(0), index(slice), index(1), ValueRange(),
+          [&](OpBuilder &b, Location l, Value local, ValueRange) {
+            OpBuilder::InsertionGuard guard(builder);
+            builder.setInsertionPoint(b.create<scf::YieldOp>(l));
+            Value row = builder.create<arith::AddIOp>(l, first, local);
+            when(ult(row, index(rows)), [&] {
+              storeShared(partial(local, index(0)), out, Value(), row);
+            });
+          });
+      return;
+    }
+    Value local = builder.create<arith::DivUIOp>(loc, tid, index(split));
+    Value piece = builder.create<arith::RemUIOp>(loc, tid, index(split));
+    when(ult(tid, index(slice * split)), [&] {
+      Value kBegin = builder.create<arith::MulIOp>(loc, piece, index(part));
+      storeShared(partial(local, kBegin), partials, Value(), tid);
+    });
+    builder.create<gpu::BarrierOp>(loc);
+    Value row = builder.create<arith::AddIOp>(loc, first, tid);
+    when(builder.create<arith::AndIOp>(loc, ult(tid, index(slice)),
+                                       ult(row, index(rows))),
+         [&] {
+           Value base = builder.create<arith::MulIOp>(loc, tid, index(split));
+           Value sum = loadShared(partials, Value(), base);
+           for (int64_t p = 1; p < split; ++p)
+             sum = builder.create<arith::AddFOp>(
+                 loc, sum, loadShared(partials, Value(), shifted(base, p)));
+           storeShared(sum, out, Value(), row);
+         });
+    // The next product of the phase writes the partials again.
+    builder.create<gpu::BarrierOp>(loc);
+  });
+}
+
 LogicalResult TiledBuilder::emitPhases(ArrayRef<Item> roots) {
   Value replaying = builder.create<arith::XOrIOp>(
       loc, saveGates, builder.create<arith::ConstantIntOp>(loc, 1, 1));
@@ -733,11 +979,11 @@ LogicalResult TiledBuilder::emitPhases(ArrayRef<Item> roots) {
   for (const Item &item : items)
     split(item, plan->level(item.value));
 
-  // Tensor-core products, each computed in the first phase whose start has
-  // its vector in workgroup memory.
+  // Whole products, each computed in the first phase whose start has its
+  // vector in workgroup memory.
   SmallVector<Operation *> pending;
   plan->block.walk([&](Operation *op) {
-    if (gpu && onTensorCores(op, precision))
+    if (computesProduct(op))
       pending.push_back(op);
   });
   auto vectorReady = [&](Value vec, unsigned p) {
@@ -754,15 +1000,15 @@ LogicalResult TiledBuilder::emitPhases(ArrayRef<Item> roots) {
       if (!op || !vectorReady(op->getOperand(1), p))
         continue;
       Value out = shared({sizeOf(op->getResult(0))});
-      mmaResults[op] = out;
+      products[op] = out;
       // A replayed product is only needed when the gates were not saved.
       if (op->getParentOfType<RestoreOp>()) {
         auto ifOp = builder.create<scf::IfOp>(loc, replaying, false);
         OpBuilder::InsertionGuard guard(builder);
         builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
-        emitTensorCoreMatvec(op, out);
+        emitProduct(op, out);
       } else {
-        emitTensorCoreMatvec(op, out);
+        emitProduct(op, out);
       }
       op = nullptr;
       anyProduct = true;
@@ -826,6 +1072,17 @@ struct ConvertCellToTiledKernels
     if (precision != "ieee" && !gpu) {
       module.emitError("convert-cell-to-tiled-kernels: precision=")
           << precision << " needs tensor cores, so target=cuda";
+      return signalPassFailure();
+    }
+    if (strategy != "batch-tiled" && strategy != "persistent") {
+      module.emitError("convert-cell-to-tiled-kernels: unknown strategy '")
+          << strategy << "'; expected batch-tiled or persistent";
+      return signalPassFailure();
+    }
+    if (strategy == "persistent" && precision != "ieee") {
+      module.emitError("convert-cell-to-tiled-kernels: the persistent strategy "
+                       "runs its matvecs with fp32 FMAs; precision=")
+          << precision << " is for the batch-tiled strategy for now";
       return signalPassFailure();
     }
     if (gpu && threads % 32 != 0) {
@@ -916,14 +1173,20 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
 
   // Workgroup memory per row: states (two slots), and in backward the
   // previous states, the state gradients (two slots) and the accumulators.
+  // With the persistent strategy these buffers are in global memory, the
+  // workspace, and every matvec's product is one of them.
+  bool persistent = strategy == "persistent";
   int64_t perRow = 0;
   for (Value m : plan.materialized)
     perRow += sizeOf(m);
-  if (gpu)
-    body.walk([&](Operation *op) {
-      if (onTensorCores(op, precision))
-        perRow += sizeOf(op->getResult(0));
-    });
+  SmallVector<Operation *> matvecs;
+  body.walk([&](Operation *op) {
+    if (isa<MatvecOp, VecmatOp>(op))
+      matvecs.push_back(op);
+  });
+  for (Operation *op : matvecs)
+    if (persistent || (gpu && onTensorCores(op, precision)))
+      perRow += sizeOf(op->getResult(0));
   for (Value s : def.getStates())
     perRow += (backward ? 5 : 2) * sizeOf(s);
   if (backward)
@@ -935,9 +1198,9 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   // fit. Past 4 rows the per-row accumulators and addresses spill registers
   // on sm_80 and sm_90 (ptxas -v, LSTM and GRU at H=256).
   int64_t tile = batchTile > 0 ? int64_t(batchTile) : 4;
-  while (tile > 1 && perRow * tile * bytes > sharedLimit)
+  while (!persistent && tile > 1 && perRow * tile * bytes > sharedLimit)
     tile /= 2;
-  if (gpu && perRow * tile * bytes > sharedLimit)
+  if (gpu && !persistent && perRow * tile * bytes > sharedLimit)
     return emitError(def.getLoc())
            << "'" << def.getSymName() << "' needs " << perRow * tile * bytes
            << " bytes of workgroup memory per CTA for "
@@ -946,6 +1209,52 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
            << int64_t(sharedLimit)
            << "; this size needs the per-step strategy, which does not exist "
               "yet";
+
+  // The persistent strategy's CTAs per tile: the fewest whose slices of the
+  // recurrent weights, with the per-thread partial products, fit in
+  // workgroup memory, each slice with no more rows than threads.
+  int64_t slices = 0, sharedBytes = 0;
+  if (persistent) {
+    int64_t partialBytes = gpu ? threads * tile * bytes : 0;
+    auto sharedFor = [&](int64_t g) -> std::optional<int64_t> {
+      int64_t total = partialBytes;
+      for (Operation *op : matvecs) {
+        int64_t slice = (sizeOf(op->getResult(0)) + g - 1) / g;
+        if (slice > threads)
+          return std::nullopt;
+        total += slice * (sizeOf(op->getOperand(1)) + 1) * bytes;
+      }
+      if (total > sharedLimit)
+        return std::nullopt;
+      return total;
+    };
+    for (int64_t g = ctas > 0 ? int64_t(ctas) : 1; g <= 4096; ++g) {
+      if (auto fit = sharedFor(g)) {
+        slices = g;
+        sharedBytes = *fit;
+        break;
+      }
+      if (ctas > 0)
+        break;
+    }
+    if (slices == 0)
+      return emitError(loc)
+             << "'" << def.getSymName() << "': the persistent strategy cannot "
+             << "fit " << (backward ? "its backward" : "its forward")
+             << " kernel's recurrent weights in "
+             << (ctas > 0 ? llvm::Twine(int64_t(ctas)).str() + " CTAs"
+                          : std::string("4096 CTAs or fewer"))
+             << " of " << int64_t(sharedLimit)
+             << " bytes of workgroup memory each";
+  }
+  unsigned batchBeginArg = sig.types.size() - 2;
+  unsigned workspaceArg = 0;
+  if (persistent && gpu) {
+    workspaceArg = sig.add(ctx, MemRefType::get({ShapedType::kDynamic}, element),
+                           "workspace", "workspace");
+    sig.add(ctx, MemRefType::get({ShapedType::kDynamic}, IntegerType::get(ctx, 32)),
+            "grid_barrier", "grid_barrier");
+  }
 
   // The kernel.
   OpBuilder outer(def);
@@ -975,14 +1284,64 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   kernelOp->setAttr("cell.kernel_args", outer.getArrayAttr(sig.info));
   kernelOp->setAttr("cell.batch_tile", outer.getI64IntegerAttr(tile));
   kernelOp->setAttr("cell.threads", outer.getI64IntegerAttr(gpu ? threads : 1));
+  kernelOp->setAttr("cell.strategy",
+                    outer.getStringAttr(persistent ? "persistent" : "batch-tiled"));
+  if (persistent) {
+    kernelOp->setAttr("cell.ctas", outer.getI64IntegerAttr(slices));
+    kernelOp->setAttr("cell.workspace_bytes",
+                      outer.getI64IntegerAttr(perRow * tile * bytes));
+  }
 
   OpBuilder builder = OpBuilder::atBlockEnd(entry);
   TiledBuilder tb(builder, loc, tile, element, gpu);
   tb.plan = &plan;
   tb.precision = precision;
+  tb.slices = slices;
+  // The persistent strategy's workspace: `perRow * tile` elements per tile,
+  // an argument on CUDA, one buffer for the tiles in turn on the CPU.
+  Value workspace;
+  int64_t workspaceUsed = 0;
+  if (persistent) {
+    if (gpu) {
+      workspace = entry->getArgument(workspaceArg);
+      tb.barrierWords = entry->getArgument(workspaceArg + 1);
+    } else {
+      OpBuilder at = OpBuilder::atBlockBegin(entry);
+      workspace = at.create<memref::AllocOp>(
+          loc, MemRefType::get({std::max<int64_t>(perRow * tile, 1)}, element));
+    }
+  }
+  tb.allocCache = [&](ArrayRef<int64_t> shape) -> Value {
+    if (gpu)
+      return gpuFunc.addWorkgroupAttribution(
+          MemRefType::get(shape, element, MemRefLayoutAttrInterface(), memSpace),
+          loc);
+    OpBuilder at = OpBuilder::atBlockBegin(entry);
+    return at.create<memref::AllocOp>(loc, MemRefType::get(shape, element));
+  };
   tb.allocShared = [&](ArrayRef<int64_t> shape) -> Value {
     SmallVector<int64_t> full(shape.begin(), shape.end());
     full.push_back(tile);
+    if (persistent) {
+      SmallVector<int64_t> strides(full.size(), 1);
+      for (int64_t d = int64_t(full.size()) - 2; d >= 0; --d)
+        strides[d] = strides[d + 1] * full[d + 1];
+      Value offset = builder.create<arith::AddIOp>(
+          loc, builder.create<arith::MulIOp>(loc, tb.tileIndex,
+                                             tb.index(perRow * tile)),
+          tb.index(workspaceUsed));
+      workspaceUsed += strides[0] * full[0];
+      auto type = MemRefType::get(
+          full, element, StridedLayoutAttr::get(ctx, ShapedType::kDynamic, strides));
+      SmallVector<OpFoldResult> sizes, steps;
+      for (auto [n, st] : llvm::zip(full, strides)) {
+        sizes.push_back(builder.getIndexAttr(n));
+        steps.push_back(builder.getIndexAttr(st));
+      }
+      return builder.create<memref::ReinterpretCastOp>(loc, type, workspace,
+                                                       OpFoldResult(offset),
+                                                       sizes, steps);
+    }
     if (gpu)
       return gpuFunc.addWorkgroupAttribution(
           MemRefType::get(full, element, MemRefLayoutAttrInterface(), memSpace),
@@ -1003,7 +1362,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   Value c0 = tb.index(0), c1 = tb.index(1), c2 = tb.index(2);
   Value resets = arg(args.resets);
   Value steps = builder.create<memref::DimOp>(loc, resets, 0);
-  Value bBegin = arg(sig.types.size() - 2), bEnd = arg(sig.types.size() - 1);
+  Value bBegin = arg(batchBeginArg), bEnd = arg(batchBeginArg + 1);
   Value zeroByte = builder.create<arith::ConstantIntOp>(loc, 0, 8);
 
   // The tile: a CTA per tile on the GPU, a loop over tiles on the CPU.
@@ -1024,6 +1383,8 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
                                              zeroByte);
       });
     };
+    if (persistent)
+      tb.cacheWeights(body);
     SmallVector<Value> stateBufs;
     for (Value s : def.getStates())
       stateBufs.push_back(tb.shared({2, sizeOf(s)}));
@@ -1249,7 +1610,18 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
     tb.tid = builder.create<gpu::ThreadIdOp>(loc, gpu::Dimension::x);
     tb.ntid = tb.index(threads);
     tb.ntidStatic = threads;
-    Value bid = builder.create<gpu::BlockIdOp>(loc, gpu::Dimension::x);
+    // Batch-tiled: a CTA per tile along x. Persistent: the CTAs of a tile
+    // along x, the tiles along y.
+    Value bid = builder.create<gpu::BlockIdOp>(
+        loc, persistent ? gpu::Dimension::y : gpu::Dimension::x);
+    if (persistent) {
+      tb.cta = builder.create<gpu::BlockIdOp>(loc, gpu::Dimension::x);
+      tb.tileIndex = bid;
+      tb.partials = gpuFunc.addWorkgroupAttribution(
+          MemRefType::get({int64_t(threads), tile}, element,
+                          MemRefLayoutAttrInterface(), memSpace),
+          loc);
+    }
     Value b0 = builder.create<arith::AddIOp>(
         loc, bBegin, builder.create<arith::MulIOp>(loc, bid, tb.index(tile)));
     status = buildTile(b0);
@@ -1257,12 +1629,17 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   } else {
     tb.tid = c0;
     tb.ntid = c1;
+    tb.tileIndex = c0;
     auto tiles = builder.create<scf::ForOp>(loc, bBegin, bEnd, tb.index(tile));
     {
       OpBuilder::InsertionGuard guard(builder);
       builder.setInsertionPointToStart(tiles.getBody());
       status = buildTile(tiles.getInductionVar());
     }
+    if (workspace)
+      builder.create<memref::DeallocOp>(loc, workspace);
+    for (auto &[op, cache] : tb.weightCache)
+      builder.create<memref::DeallocOp>(loc, cache);
     builder.create<func::ReturnOp>(loc);
   }
   // The tile was chosen from `perRow` before the buffers existed; the
@@ -1272,7 +1649,8 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
                           << tb.sharedElements << " workgroup elements, planned "
                           << perRow * tile;
   kernelOp->setAttr("cell.workgroup_bytes",
-                    outer.getI64IntegerAttr(tb.sharedElements * bytes));
+                    outer.getI64IntegerAttr(persistent ? sharedBytes
+                                                       : tb.sharedElements * bytes));
   return status;
 }
 

@@ -111,6 +111,18 @@ static cl::opt<int64_t> threadsPerCta("cta-threads",
                                       cl::desc("Threads per CTA (CUDA)"),
                                       cl::init(256));
 
+static cl::opt<std::string> strategy(
+    "strategy",
+    cl::desc("The CUDA kernels' strategy: batch-tiled (the default: a CTA per "
+             "batch tile runs all steps) or persistent (CTAs split each step, "
+             "keep the recurrent weights on chip and meet at grid barriers)"),
+    cl::init("batch-tiled"));
+
+static cl::opt<int64_t> ctas(
+    "ctas", cl::desc("Persistent: CTAs per batch tile (0: the fewest whose "
+                     "weight slices fit in shared memory)"),
+    cl::init(0));
+
 static cl::opt<std::string> precision(
     "precision",
     cl::desc("The CUDA recurrent matvecs' multiplies: ieee (fp32 FMAs, the "
@@ -142,8 +154,10 @@ static bool targetsCuda() {
 /// The options of the CUDA kernels the command line asks for.
 static PipelineOptions cudaOptions() {
   PipelineOptions options;
-  options.strategy = KernelStrategy::BatchTiled;
+  options.strategy = strategy == "persistent" ? KernelStrategy::Persistent
+                                               : KernelStrategy::BatchTiled;
   options.target = "cuda";
+  options.ctas = ctas;
   options.batchTile = batchTile;
   options.threads = threadsPerCta;
   options.maxRegisters = maxRegisters;
@@ -207,6 +221,7 @@ static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
   meta["arch"] = arch.getValue();
   meta["dtype"] = dtype.getValue();
   meta["precision"] = precision.getValue();
+  meta["strategy"] = strategy.getValue();
   llvm::json::Object sizeObj;
   if (auto sizes = def->getAttrOfType<mlir::DictionaryAttr>("sizes"))
     for (auto entry : sizes)
@@ -228,6 +243,11 @@ static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
       k["threads"] = func->getAttrOfType<mlir::IntegerAttr>("cell.threads").getInt();
       k["workgroup_bytes"] =
           func->getAttrOfType<mlir::IntegerAttr>("cell.workgroup_bytes").getInt();
+      k["strategy"] = func->getAttrOfType<mlir::StringAttr>("cell.strategy").str();
+      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.ctas"))
+        k["ctas"] = n.getInt();
+      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.workspace_bytes"))
+        k["workspace_bytes"] = n.getInt();
       llvm::json::Array args;
       auto info = func->getAttrOfType<mlir::ArrayAttr>("cell.kernel_args");
       for (auto [attr, type] : llvm::zip(info, func.getArgumentTypes())) {
@@ -431,6 +451,16 @@ int main(int argc, char **argv) {
   if (emitAction == Emit::Package && (outputFilename == "-" || splitInputFile)) {
     llvm::errs() << "cellc: error: --emit=package writes a directory: give it "
                     "with -o DIR\n";
+    return 1;
+  }
+  if (strategy != "batch-tiled" && strategy != "persistent") {
+    llvm::errs() << "cellc: error: unknown strategy '" << strategy
+                 << "'; expected batch-tiled or persistent\n";
+    return 1;
+  }
+  if (strategy == "persistent" && !cuda) {
+    llvm::errs() << "cellc: error: --strategy=persistent is a CUDA strategy; "
+                    "it needs --target=cuda\n";
     return 1;
   }
   if (precision != "ieee" && precision != "tf32" && precision != "bf16") {

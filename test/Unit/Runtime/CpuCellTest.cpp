@@ -315,6 +315,32 @@ TEST_P(CpuCellTest, BatchTiledKernelsMatchTheReference) {
   }
 }
 
+/// The persistent strategy's kernels, emulated on the host: 3 CTAs per tile
+/// split every loop and every matvec's rows unevenly (for H = 4: slices of
+/// 2, 2 and 0 elements; of 6, 6 and 4 gate rows), read their weights from
+/// slices cached before the time loop, and exchange states and products
+/// through the workspace.
+TEST_P(CpuCellTest, PersistentKernelsMatchTheReference) {
+  auto [name, modeText] = GetParam();
+  const int64_t T = 6, B = 5;
+  Problems s = makeProblems(source(name), kSizes, T, B);
+  auto mode = Recompute::parse(modeText);
+  ASSERT_TRUE(static_cast<bool>(mode));
+  for (int64_t ctas : {1, 3}) {
+    SCOPED_TRACE("CTAs per tile " + std::to_string(ctas));
+    CpuCell::Options options;
+    options.threads = 2;
+    options.batchTiled = true;
+    options.persistent = true;
+    options.batchTile = 2;
+    options.ctas = ctas;
+    auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
+    ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
+    compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cells, CpuCellTest,
     ::testing::Combine(::testing::Values("lstm", "gru", "elman", "peephole",
