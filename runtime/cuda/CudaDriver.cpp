@@ -33,6 +33,13 @@ struct Driver::Api {
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned,
                              unsigned, unsigned, unsigned, unsigned, CUstream,
                              void **, void **);
+  CUresult (*cuLaunchCooperativeKernel)(CUfunction, unsigned, unsigned,
+                                        unsigned, unsigned, unsigned, unsigned,
+                                        unsigned, CUstream, void **);
+  CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *, CUfunction,
+                                                          int, size_t);
+  CUresult (*cuCtxGetDevice)(CUdevice *);
+  CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
   CUresult (*cuGetErrorName)(CUresult, const char **);
   CUresult (*cuGetErrorString)(CUresult, const char **);
 };
@@ -59,6 +66,11 @@ Driver::Driver() : table(std::make_unique<Api>()) {
   resolve(a.cuModuleGetFunction, "cuModuleGetFunction");
   resolve(a.cuFuncGetAttribute, "cuFuncGetAttribute");
   resolve(a.cuLaunchKernel, "cuLaunchKernel");
+  resolve(a.cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel");
+  resolve(a.cuOccupancyMaxActiveBlocksPerMultiprocessor,
+          "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  resolve(a.cuCtxGetDevice, "cuCtxGetDevice");
+  resolve(a.cuDeviceGetAttribute, "cuDeviceGetAttribute");
   resolve(a.cuGetErrorName, "cuGetErrorName");
   resolve(a.cuGetErrorString, "cuGetErrorString");
   CUresult init = a.cuInit(0);
@@ -126,13 +138,40 @@ void *Module::function(const std::string &kernel) {
   return functions[kernel] = fn;
 }
 
-void Module::launch(const std::string &kernel, unsigned grid, unsigned block,
-                    unsigned sharedBytes, void *stream, void **params) {
+void Module::launch(const std::string &kernel, unsigned gridX, unsigned gridY,
+                    unsigned block, unsigned sharedBytes, bool cooperative,
+                    void *stream, void **params) {
   void *fn = function(kernel);
   Driver &d = Driver::get();
-  d.check(d.api().cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, sharedBytes,
-                                 stream, params, nullptr),
-          "kernel " + kernel + ": cuLaunchKernel");
+  if (!cooperative) {
+    d.check(d.api().cuLaunchKernel(fn, gridX, gridY, 1, block, 1, 1, sharedBytes,
+                                   stream, params, nullptr),
+            "kernel " + kernel + ": cuLaunchKernel");
+    return;
+  }
+  // Every CTA of a grid barrier must be resident at once; say so plainly
+  // rather than pass on the driver's "cooperative launch too large".
+  CUdevice dev;
+  d.check(d.api().cuCtxGetDevice(&dev), "cuCtxGetDevice");
+  int sms = 0, perSm = 0;
+  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT (16).
+  d.check(d.api().cuDeviceGetAttribute(&sms, 16, dev), "cuDeviceGetAttribute");
+  d.check(d.api().cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, block,
+                                                              sharedBytes),
+          "kernel " + kernel + ": cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  long long resident = static_cast<long long>(perSm) * sms;
+  long long wanted = static_cast<long long>(gridX) * gridY;
+  if (wanted > resident)
+    throw CudaError("kernel " + kernel + ": the persistent strategy needs all " +
+                    std::to_string(wanted) + " CTAs (" + std::to_string(gridX) +
+                    " per batch tile x " + std::to_string(gridY) +
+                    " tiles) resident at once, and this GPU holds " +
+                    std::to_string(resident) + " (" + std::to_string(perSm) +
+                    " per SM x " + std::to_string(sms) +
+                    " SMs); use a smaller batch or the batch-tiled strategy");
+  d.check(d.api().cuLaunchCooperativeKernel(fn, gridX, gridY, 1, block, 1, 1,
+                                            sharedBytes, stream, params),
+          "kernel " + kernel + ": cuLaunchCooperativeKernel");
 }
 
 int Module::registers(const std::string &kernel) {
@@ -185,12 +224,13 @@ void cellc_cuda_unload(void *module) {
 }
 
 /// Launches `kernel` of `module` on `stream` with `params`.
-int cellc_cuda_launch(void *module, const char *kernel, unsigned grid,
-                      unsigned block, unsigned sharedBytes, void *stream,
-                      void **params, char *error, size_t size) {
+int cellc_cuda_launch(void *module, const char *kernel, unsigned gridX,
+                      unsigned gridY, unsigned block, unsigned sharedBytes,
+                      int cooperative, void *stream, void **params, char *error,
+                      size_t size) {
   return guarded(error, size, [&] {
-    static_cast<cellc::cuda::Module *>(module)->launch(kernel, grid, block,
-                                                       sharedBytes, stream, params);
+    static_cast<cellc::cuda::Module *>(module)->launch(
+        kernel, gridX, gridY, block, sharedBytes, cooperative != 0, stream, params);
   });
 }
 

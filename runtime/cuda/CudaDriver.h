@@ -59,9 +59,12 @@ public:
   Module &operator=(const Module &) = delete;
 
   /// Launches `kernel` on `stream` with `params` (pointers to each argument's
-  /// value, as cuLaunchKernel takes them).
-  void launch(const std::string &kernel, unsigned grid, unsigned block,
-              unsigned sharedBytes, void *stream, void **params);
+  /// value, as cuLaunchKernel takes them). A `cooperative` launch (the
+  /// persistent strategy's grid barriers) first checks that the whole grid
+  /// fits on the GPU at once.
+  void launch(const std::string &kernel, unsigned gridX, unsigned gridY,
+              unsigned block, unsigned sharedBytes, bool cooperative,
+              void *stream, void **params);
 
   /// Registers used by `kernel`, from the driver.
   int registers(const std::string &kernel);

@@ -61,3 +61,96 @@ def test_no_driver_is_a_clear_error(tmp_path):
         cuda.CudaCell(pkg)
     # Asking again gives the same answer: a failed load is not cached broken.
     assert cuda.available() == (ok, why)
+
+
+def test_persistent_and_tensor_core_packages(tmp_path):
+    pkg = cuda.Package(str(make_package(tmp_path, "gru", "--strategy=persistent")))
+    assert pkg.meta["strategy"] == "persistent" and pkg.meta["precision"] == "ieee"
+    for name in ("gru_fwd", "gru_bwd"):
+        k = pkg.kernels[name]
+        assert k["strategy"] == "persistent" and k["ctas"] >= 1
+        assert k["workspace_bytes"] > 0
+        kinds = [a["kind"] for a in k["args"]]
+        assert kinds[-4:] == ["batch_begin", "batch_end", "workspace", "grid_barrier"]
+    for variant in ("save", "replay"):
+        assert "fence.acq_rel.gpu" in pkg.ptx[variant]
+    mma = cuda.Package(str(make_package(tmp_path / "mma", "lstm", "--precision=bf16")))
+    assert mma.meta["precision"] == "bf16"
+    assert mma.kernels["lstm_fwd"]["strategy"] == "batch-tiled"
+    assert "mma.sync.aligned.m16n8k16" in mma.ptx["save"]
+
+
+class _Recorder(cuda.CudaCell):
+    """A CudaCell whose launches are recorded instead of run: the host side
+    (arguments, workspace, chunks, gradient GEMMs) without a GPU."""
+
+    def __init__(self, package):
+        self.package = package
+        self.modules = {}
+        self.launches = []
+
+    def _check_tensors(self, tensors):
+        pass  # CPU tensors stand in for CUDA ones
+
+    def launch(self, kernel, variant, tensors, batch, stream=None):
+        info = self.package.kernels[kernel]
+        for arg, t in zip(info["args"], tensors):
+            if arg["memref"]:
+                assert t.dim() == len(arg["shape"]), (kernel, arg)
+                assert all(s in (-1, d) for s, d in zip(arg["shape"], t.shape)), (kernel, arg)
+        self.launches.append((kernel, variant, tensors, batch))
+        if info.get("strategy") == "persistent":
+            assert tensors[-1].dtype == torch.int32 and not tensors[-1].any()
+        # What a kernel writes: the history's last step is the final state.
+        for arg, t in zip(info["args"], tensors):
+            if arg["memref"] and arg["kind"] not in (
+                    "input", "projection", "resets", "initial_state", "start_state",
+                    "param", "workspace", "grid_barrier", "output_grad",
+                    "final_state_grad", "gates") and t.numel():
+                t.copy_(torch.rand_like(t))
+
+
+import torch  # noqa: E402
+
+
+@pytest.mark.parametrize("recompute", ["none", "full", "chunk:3"])
+def test_cuda_cell_host_side(tmp_path, recompute):
+    pkg = cuda.Package(str(make_package(tmp_path, "lstm", "--strategy=persistent")))
+    cell = _Recorder(pkg)
+    T, B = 7, 5
+    x = torch.randn(T, B, 16, requires_grad=True)
+    params = {"W_ih": torch.randn(128, 16, requires_grad=True),
+              "W_hh": torch.randn(128, 32, requires_grad=True),
+              "b_ih": torch.randn(128, requires_grad=True),
+              "b_hh": torch.randn(128, requires_grad=True)}
+    # The real CudaCell insists on CUDA tensors; the recorder takes CPU ones.
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        cuda.CudaCell._check_tensors(cell, [x])
+    with pytest.raises(TypeError, match="float32"):
+        cuda.CudaCell._check_tensors(cell, [x.double()])
+    out, final = cell({"x": x}, params, recompute=recompute)
+    assert out["h"].shape == (T, B, 32) and final["c"].shape == (B, 32)
+    fwd = [l for l in cell.launches if l[0] == "lstm_fwd"]
+    chunks = 3 if recompute == "chunk:3" else 1
+    assert len(fwd) == chunks
+    assert [l[1] for l in fwd] == ["save" if recompute == "none" else "replay"] * chunks
+    info = pkg.kernels["lstm_fwd"]
+    ws, words = fwd[0][2][-2], fwd[0][2][-1]
+    tiles = -(-B // info["batch_tile"])
+    assert ws.numel() * 4 == tiles * info["workspace_bytes"]
+    assert words.dtype == torch.int32 and words.numel() == 2 * tiles and not words.any()
+    (out["h"].sum() + final["c"].sum()).backward()
+    bwd = [l for l in cell.launches if l[0] == "lstm_bwd"]
+    assert len(bwd) == chunks
+    # chunk:K replays each chunk's forward, saving its gates, before its backward.
+    assert len([l for l in cell.launches if l[0] == "lstm_fwd"]) == chunks * (
+        2 if recompute == "chunk:3" else 1)
+    assert x.grad.shape == x.shape and params["W_hh"].grad.shape == (128, 32)
+    assert torch.isfinite(params["W_hh"].grad).all() and params["W_hh"].grad.abs().sum() > 0
+
+
+def test_recompute_modes_are_checked():
+    assert cuda.parse_recompute("chunk:16") == ("chunk", 16)
+    for bad in ("chunk:0", "chunk:x", "some", None):
+        with pytest.raises(ValueError, match="recompute must be"):
+            cuda.parse_recompute(bad)
