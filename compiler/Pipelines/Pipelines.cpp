@@ -25,6 +25,8 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
                            ? "persistent"
                            : "batch-tiled";
       tiled.ctas = options.ctas;
+      if (options.strategy == KernelStrategy::Persistent)
+        tiled.sharedLimit = options.sharedLimit;
       tiled.target = options.target;
       tiled.batchTile = options.batchTile;
       tiled.threads = options.threads;

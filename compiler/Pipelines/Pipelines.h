@@ -54,8 +54,10 @@ struct PipelineOptions {
   std::string target = "cpu";
   int64_t batchTile = 0;
   int64_t threads = 256;
-  /// For persistent kernels: CTAs per tile (0: the fewest that fit).
+  /// For persistent kernels: CTAs per tile (0: the fewest that fit), and
+  /// the dynamic shared memory a CTA may use for its slice of the weights.
   int64_t ctas = 0;
+  int64_t sharedLimit = 49152;
   /// For per-row kernels: the recurrent matvec's lanes per FMA (0: whole
   /// rows) and rows per iteration.
   int64_t matvecWidth = 0;

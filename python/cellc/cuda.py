@@ -193,7 +193,8 @@ class CudaCell:
             stream = torch.cuda.current_stream().cuda_stream
         buf = ctypes.create_string_buffer(1024)
         _check(self._lib.cellc_cuda_launch(self.modules[variant], kernel.encode(),
-                                           grid[0], grid[1], info["threads"], 0,
+                                           grid[0], grid[1], info["threads"],
+                                           info.get("dynamic_shared_bytes", 0),
                                            cooperative, ctypes.c_void_p(stream),
                                            params, buf, len(buf)), buf)
 

@@ -39,6 +39,7 @@ struct Driver::Api {
   CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *, CUfunction,
                                                           int, size_t);
   CUresult (*cuCtxGetDevice)(CUdevice *);
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
   CUresult (*cuGetErrorName)(CUresult, const char **);
   CUresult (*cuGetErrorString)(CUresult, const char **);
@@ -70,6 +71,7 @@ Driver::Driver() : table(std::make_unique<Api>()) {
   resolve(a.cuOccupancyMaxActiveBlocksPerMultiprocessor,
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
   resolve(a.cuCtxGetDevice, "cuCtxGetDevice");
+  resolve(a.cuFuncSetAttribute, "cuFuncSetAttribute");
   resolve(a.cuDeviceGetAttribute, "cuDeviceGetAttribute");
   resolve(a.cuGetErrorName, "cuGetErrorName");
   resolve(a.cuGetErrorString, "cuGetErrorString");
@@ -143,6 +145,12 @@ void Module::launch(const std::string &kernel, unsigned gridX, unsigned gridY,
                     void *stream, void **params) {
   void *fn = function(kernel);
   Driver &d = Driver::get();
+  // Past 48 KiB, dynamic shared memory must be asked for per kernel:
+  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8).
+  if (sharedBytes > 48 * 1024)
+    d.check(d.api().cuFuncSetAttribute(fn, 8, static_cast<int>(sharedBytes)),
+            "kernel " + kernel + ": asking for " + std::to_string(sharedBytes) +
+                " bytes of shared memory (cuFuncSetAttribute)");
   if (!cooperative) {
     d.check(d.api().cuLaunchKernel(fn, gridX, gridY, 1, block, 1, 1, sharedBytes,
                                    stream, params, nullptr),

@@ -70,6 +70,7 @@ def test_persistent_and_tensor_core_packages(tmp_path):
         k = pkg.kernels[name]
         assert k["strategy"] == "persistent" and k["ctas"] >= 1
         assert k["workspace_bytes"] > 0
+        assert 0 < k["dynamic_shared_bytes"] <= 49152
         kinds = [a["kind"] for a in k["args"]]
         assert kinds[-4:] == ["batch_begin", "batch_end", "workspace", "grid_barrier"]
     for variant in ("save", "replay"):

@@ -1215,14 +1215,15 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   // workgroup memory, each slice with no more rows than threads.
   int64_t slices = 0, sharedBytes = 0;
   if (persistent) {
-    int64_t partialBytes = gpu ? threads * tile * bytes : 0;
+    auto padded = [](int64_t n) { return (n + 15) / 16 * 16; };
+    int64_t partialBytes = gpu ? padded(threads * tile * bytes) : 0;
     auto sharedFor = [&](int64_t g) -> std::optional<int64_t> {
       int64_t total = partialBytes;
       for (Operation *op : matvecs) {
         int64_t slice = (sizeOf(op->getResult(0)) + g - 1) / g;
         if (slice > threads)
           return std::nullopt;
-        total += slice * (sizeOf(op->getOperand(1)) + 1) * bytes;
+        total += padded(slice * (sizeOf(op->getOperand(1)) + 1) * bytes);
       }
       if (total > sharedLimit)
         return std::nullopt;
@@ -1311,11 +1312,31 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
           loc, MemRefType::get({std::max<int64_t>(perRow * tile, 1)}, element));
     }
   }
+  // On CUDA the persistent strategy's workgroup buffers are views of the
+  // dynamic shared memory, which may exceed the 48 KiB of static shared
+  // memory (up to `shared-limit`; the runtime raises the kernel's limit).
+  Value dynamicShared;
+  int64_t dynamicUsed = 0;
+  auto allocDynamic = [&](ArrayRef<int64_t> shape) -> Value {
+    OpBuilder at = OpBuilder::atBlockBegin(entry);
+    if (!dynamicShared)
+      dynamicShared = at.create<gpu::DynamicSharedMemoryOp>(
+          loc, MemRefType::get({ShapedType::kDynamic}, at.getI8Type(),
+                               MemRefLayoutAttrInterface(), memSpace));
+    at.setInsertionPointAfterValue(dynamicShared);
+    int64_t n = bytes;
+    for (int64_t d : shape)
+      n *= d;
+    Value view = at.create<memref::ViewOp>(
+        loc, MemRefType::get(shape, element, MemRefLayoutAttrInterface(), memSpace),
+        dynamicShared, at.create<arith::ConstantIndexOp>(loc, dynamicUsed),
+        ValueRange());
+    dynamicUsed += (n + 15) / 16 * 16;
+    return view;
+  };
   tb.allocCache = [&](ArrayRef<int64_t> shape) -> Value {
     if (gpu)
-      return gpuFunc.addWorkgroupAttribution(
-          MemRefType::get(shape, element, MemRefLayoutAttrInterface(), memSpace),
-          loc);
+      return allocDynamic(shape);
     OpBuilder at = OpBuilder::atBlockBegin(entry);
     return at.create<memref::AllocOp>(loc, MemRefType::get(shape, element));
   };
@@ -1617,10 +1638,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
     if (persistent) {
       tb.cta = builder.create<gpu::BlockIdOp>(loc, gpu::Dimension::x);
       tb.tileIndex = bid;
-      tb.partials = gpuFunc.addWorkgroupAttribution(
-          MemRefType::get({int64_t(threads), tile}, element,
-                          MemRefLayoutAttrInterface(), memSpace),
-          loc);
+      tb.partials = allocDynamic({int64_t(threads), tile});
     }
     Value b0 = builder.create<arith::AddIOp>(
         loc, bBegin, builder.create<arith::MulIOp>(loc, bid, tb.index(tile)));
@@ -1651,6 +1669,11 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   kernelOp->setAttr("cell.workgroup_bytes",
                     outer.getI64IntegerAttr(persistent ? sharedBytes
                                                        : tb.sharedElements * bytes));
+  // The bytes of dynamic shared memory a launch must give the kernel.
+  kernelOp->setAttr("cell.dynamic_shared_bytes", outer.getI64IntegerAttr(dynamicUsed));
+  if (gpu && dynamicUsed != sharedBytes)
+    return emitError(loc) << "internal error: " << name << " uses " << dynamicUsed
+                          << " bytes of dynamic shared memory, planned " << sharedBytes;
   return status;
 }
 

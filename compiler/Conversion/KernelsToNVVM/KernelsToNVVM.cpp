@@ -109,6 +109,17 @@ struct ConvertKernelsToNVVM
         return signalPassFailure();
     }
 
+    // LLVM 19 declares gpu.dynamic_shared_memory as an internal zero-length
+    // array, which NVPTX prints as a 1-byte static `.shared` variable; the
+    // dynamic shared memory of a launch is `.extern .shared ... []`.
+    module.walk([](LLVM::GlobalOp global) {
+      auto array = dyn_cast<LLVM::LLVMArrayType>(global.getGlobalType());
+      if (global.getAddrSpace() ==
+              static_cast<unsigned>(NVVM::NVVMMemorySpace::kSharedMemorySpace) &&
+          array && array.getNumElements() == 0)
+        global.setLinkage(LLVM::Linkage::External);
+    });
+
     OpPassManager cleanup(ModuleOp::getOperationName());
     OpPassManager &inner = cleanup.nest<gpu::GPUModuleOp>();
     inner.addPass(createCanonicalizerPass());

@@ -123,6 +123,13 @@ static cl::opt<int64_t> ctas(
                      "weight slices fit in shared memory)"),
     cl::init(0));
 
+static cl::opt<int64_t> sharedLimit(
+    "shared-limit",
+    cl::desc("Persistent: bytes of dynamic shared memory per CTA for its slice "
+             "of the weights (default 49152; an H100 allows 232448, an A100 "
+             "166912)"),
+    cl::init(49152));
+
 static cl::opt<std::string> precision(
     "precision",
     cl::desc("The CUDA recurrent matvecs' multiplies: ieee (fp32 FMAs, the "
@@ -158,6 +165,7 @@ static PipelineOptions cudaOptions() {
                                                : KernelStrategy::BatchTiled;
   options.target = "cuda";
   options.ctas = ctas;
+  options.sharedLimit = sharedLimit;
   options.batchTile = batchTile;
   options.threads = threadsPerCta;
   options.maxRegisters = maxRegisters;
@@ -248,6 +256,8 @@ static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
         k["ctas"] = n.getInt();
       if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.workspace_bytes"))
         k["workspace_bytes"] = n.getInt();
+      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.dynamic_shared_bytes"))
+        k["dynamic_shared_bytes"] = n.getInt();
       llvm::json::Array args;
       auto info = func->getAttrOfType<mlir::ArrayAttr>("cell.kernel_args");
       for (auto [attr, type] : llvm::zip(info, func.getArgumentTypes())) {
@@ -461,6 +471,12 @@ int main(int argc, char **argv) {
   if (strategy == "persistent" && !cuda) {
     llvm::errs() << "cellc: error: --strategy=persistent is a CUDA strategy; "
                     "it needs --target=cuda\n";
+    return 1;
+  }
+  if (sharedLimit != 49152 && strategy != "persistent") {
+    llvm::errs() << "cellc: error: --shared-limit sizes the persistent "
+                    "strategy's dynamic shared memory; the batch-tiled kernels "
+                    "use 48 KiB of static shared memory\n";
     return 1;
   }
   if (precision != "ieee" && precision != "tf32" && precision != "bf16") {
