@@ -47,8 +47,10 @@ package)
   ;;
 wheels)
   mkdir -p .whl
-  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >>.git/info/exclude
-  for w in torchrl==0.14.1 tensordict pyvers hoptorch cloudpickle; do
+  exclude=$(git rev-parse --git-path info/exclude)
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx '/.whl/' "$exclude" 2>/dev/null || echo /.whl/ >>"$exclude"
+  for w in torchrl==0.14.1 "tensordict>=0.14.3,<0.15" pyvers hoptorch importlib_metadata zipp orjson; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 -d .whl "$w" || python3 -m pip download -q --no-deps \
