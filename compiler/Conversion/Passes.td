@@ -148,6 +148,10 @@ def ConvertCellToTiledKernels
     Option<"ctas", "ctas", "int64_t", "0",
            "Persistent: CTAs per tile (0: the fewest whose weight slices fit "
            "in shared-limit)">,
+    Option<"storage", "storage", "std::string", "\"f32\"",
+           "CUDA: the element type in memory of the per-step sequences "
+           "(inputs, projections, outputs, state history, gates and their "
+           "gradients): f32, or bf16 (computed in f32)">,
     Option<"precision", "precision", "std::string", "\"ieee\"",
            "CUDA: the recurrent matvecs' multiplies: ieee (fp32 FMAs), tf32 "
            "or bf16 (tensor cores, mma.sync, fp32 accumulation)">,

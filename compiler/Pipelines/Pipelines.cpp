@@ -32,6 +32,7 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
       tiled.threads = options.threads;
       tiled.maxRegisters = options.maxRegisters;
       tiled.precision = options.precision;
+      tiled.storage = options.storage;
       pm.addPass(cell::createConvertCellToTiledKernels(tiled));
     } else {
       cell::ConvertCellToKernelsOptions perRow;

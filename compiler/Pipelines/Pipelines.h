@@ -67,6 +67,9 @@ struct PipelineOptions {
   /// For CUDA kernels: the recurrent matvecs' multiplies, "ieee", "tf32" or
   /// "bf16" (tensor cores).
   std::string precision = "ieee";
+  /// For CUDA kernels: the per-step sequences' element type in memory, "f32"
+  /// or "bf16".
+  std::string storage = "f32";
 };
 
 /// Adds the passes that take front-end cell IR to `stage`. This is the only

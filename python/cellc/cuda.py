@@ -105,6 +105,13 @@ def parse_recompute(recompute):
                      f"not {recompute!r}")
 
 
+def _torch_dtype(arg):
+    """The torch dtype of a package argument's buffer."""
+    import torch
+    return {"f32": torch.float32, "bf16": torch.bfloat16, "i8": torch.uint8, "i32": torch.int32,
+            "f64": torch.float64}[arg.get("element", "f32")]
+
+
 def _check(status, buf):
     if status != 0:
         message = buf.value.decode()
@@ -176,6 +183,9 @@ class CudaCell:
             if not t.is_cuda or not t.is_contiguous():
                 raise ValueError(f"{kernel}: argument {arg['name']} must be a "
                                  "contiguous CUDA tensor")
+            if t.dtype != _torch_dtype(arg):
+                raise TypeError(f"{kernel}: argument {arg['kind']} {arg['name']} "
+                                f"must be {_torch_dtype(arg)}, got {t.dtype}")
             push(ctypes.c_void_p(t.data_ptr()))
             push(ctypes.c_void_p(t.data_ptr()))
             push(ctypes.c_int64(0))
@@ -198,14 +208,21 @@ class CudaCell:
                                            cooperative, ctypes.c_void_p(stream),
                                            params, buf, len(buf)), buf)
 
-    def _check_tensors(self, tensors):
+    @property
+    def storage(self):
+        """The dtype of x, h and the gates in memory: float32 or bfloat16."""
+        import torch
+        return torch.bfloat16 if self.package.meta.get("storage") == "bf16" else torch.float32
+
+    def _check_tensors(self, tensors, inputs=()):
         import torch
         device = tensors[0].device
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"expected tensors, got {type(t).__name__}")
-            if t.dtype != torch.float32:
-                raise TypeError(f"CudaCell's kernels take float32 tensors, got {t.dtype}")
+            if t.dtype not in (torch.float32, torch.bfloat16):
+                raise TypeError(f"CudaCell's kernels take float32 or bfloat16 tensors, "
+                                f"got {t.dtype}")
             if not t.is_cuda:
                 raise ValueError(f"CudaCell runs on CUDA tensors; got a tensor on {t.device}")
             if t.device != device:
@@ -235,10 +252,10 @@ class CudaCell:
 
     def _projection(self, arg, inputs, params):
         x = inputs[arg["input"]]
-        p = x @ params[arg["name"]].t()
+        p = x @ params[arg["name"]].t().to(x.dtype)
         for bias in arg.get("biases", []):
-            p = p + params[bias]
-        return p.contiguous()
+            p = p + params[bias].to(x.dtype)
+        return p.to(_torch_dtype(arg)).contiguous()
 
     # The sequence, without autograd --------------------------------------------
 
@@ -273,19 +290,22 @@ class CudaCell:
                 return r.to(torch.uint8).contiguous()
             if kind in ("initial_state", "start_state"):
                 s = (initial if kind == "initial_state" else states).get(name)
-                return s.contiguous() if s is not None else zeros(shape[-1])
+                return (s.to(_torch_dtype(arg)).contiguous() if s is not None
+                        else zeros(shape[-1]).to(_torch_dtype(arg)))
             if kind == "param":
-                return params[name].contiguous()
+                return params[name].to(_torch_dtype(arg)).contiguous()
             if kind == "output":
-                outputs[name] = torch.empty(T, B, shape[-1], device=device, dtype=dtype)
+                outputs[name] = torch.empty(T, B, shape[-1], device=device,
+                                            dtype=_torch_dtype(arg))
                 return outputs[name]
             if kind == "state_history":
-                history[name] = torch.empty(T, B, shape[-1], device=device, dtype=dtype)
+                history[name] = torch.empty(T, B, shape[-1], device=device,
+                                            dtype=_torch_dtype(arg))
                 return history[name]
             if kind == "gates":
                 # The replaying variant never touches it: an empty buffer.
                 gates = torch.empty(T if save_gates else 0, B, shape[-1],
-                                    device=device, dtype=dtype)
+                                    device=device, dtype=_torch_dtype(arg))
                 return gates
             raise ValueError(f"{kernel}: unexpected argument kind {kind}")
 
@@ -316,39 +336,46 @@ class CudaCell:
                 return inputs[name].contiguous()
             if kind == "projection":
                 if save_gates:  # read only by the replay
-                    return torch.empty(0, B, shape[-1], device=device, dtype=dtype)
+                    return torch.empty(0, B, shape[-1], device=device,
+                                       dtype=_torch_dtype(arg))
                 return self._projection(arg, inputs, params)
             if kind == "resets":
                 r = resets if resets is not None else torch.zeros(T, B, dtype=torch.bool,
                                                                   device=device)
                 return r.to(torch.uint8).contiguous()
+            want = _torch_dtype(arg)
             if kind in ("initial_state", "start_state"):
-                return (initial if kind == "initial_state" else start)[name].contiguous()
+                s = (initial if kind == "initial_state" else start)[name]
+                return s.to(want).contiguous()
             if kind == "param":
-                return params[name].contiguous()
+                return params[name].to(want).contiguous()
             if kind == "state_history":
                 return history[name].contiguous()
             if kind == "gates":
                 return gates if save_gates else torch.empty(0, B, shape[-1], device=device,
-                                                            dtype=dtype)
+                                                            dtype=want)
             if kind == "output_grad":
                 g = grad_outputs.get(name)
-                return g.contiguous() if g is not None else zeros(T, B, shape[-1])
+                return (g.to(want).contiguous() if g is not None
+                        else zeros(T, B, shape[-1]).to(want))
             if kind == "final_state_grad":
                 g = grad_final.get(name)
-                return g.contiguous() if g is not None else zeros(B, shape[-1])
+                return (g.to(want).contiguous() if g is not None
+                        else zeros(B, shape[-1]).to(want))
             # Something the kernel writes.
             dims = [T if (len(shape) == 3 and d == 0) else B if n < 0 else n
                     for d, n in enumerate(shape)]
-            t = torch.empty(*dims, device=device, dtype=dtype)
+            t = torch.empty(*dims, device=device, dtype=want)
             written.append((kind, name, t))
             return t
 
         tensors = self._arguments(kernel, value, B, device)
         self.launch(kernel, "save" if save_gates else "replay", tensors, B)
 
-        d_inputs = {n: torch.zeros_like(t) for n, t in inputs.items()}
-        d_params = {n: torch.zeros_like(t) for n, t in params.items()}
+        # Accumulated in float32, whatever the storage; GEMMs in the storage's
+        # dtype (bf16 GEMMs accumulate in float32).
+        d_inputs = {n: torch.zeros_like(t, dtype=torch.float32) for n, t in inputs.items()}
+        d_params = {n: torch.zeros_like(t, dtype=torch.float32) for n, t in params.items()}
         d_initial, d_start = {}, {}
         projections = [a for a in self.package.args(kernel) if a["kind"] == "projection"]
         k = 0
@@ -364,19 +391,21 @@ class CudaCell:
                 p = next(a for a in projections if a["name"] == name)
                 x = inputs[p["input"]]
                 rows = r.reshape(-1, r.shape[-1])
-                d_params[name] += rows.t() @ x.reshape(-1, x.shape[-1])
-                d_inputs[p["input"]] += r @ params[name]
+                d_params[name] += rows.t() @ x.reshape(-1, x.shape[-1]).to(r.dtype)
+                d_inputs[p["input"]] += r @ params[name].to(r.dtype)
                 for bias in p.get("biases", []):
-                    d_params[bias] += rows.sum(0)
+                    d_params[bias] += rows.float().sum(0)
             elif kind == "weight_rows":
                 # The next written buffer holds the matching vectors.
                 vectors = written[k + 1][2]
                 d_params[name] += (r.reshape(-1, r.shape[-1]).t()
-                                   @ vectors.reshape(-1, vectors.shape[-1]))
+                                   @ vectors.reshape(-1, vectors.shape[-1]).to(r.dtype))
                 k += 1
             elif kind == "param_grad":
                 d_params[name] += r.sum(0)
             k += 1
+        d_inputs = {n: g.to(inputs[n].dtype) for n, g in d_inputs.items()}
+        d_params = {n: g.to(params[n].dtype) for n, g in d_params.items()}
         return d_inputs, d_params, d_initial, d_start
 
     # The sequence, under autograd -----------------------------------------------
@@ -397,6 +426,10 @@ class CudaCell:
         T, B = first.shape[:2]
         self._check_tensors(list(inputs.values()) + list(params.values())
                             + list((states or {}).values()))
+        for n, x in inputs.items():
+            if x.dtype != self.storage:
+                raise TypeError(f"input {n!r} is {x.dtype}, but this package stores "
+                                f"its sequences as {self.storage} (cellc --storage)")
         state_names = [a["name"] for a in self.package.args(self.package.cell + "_fwd")
                        if a["kind"] == "start_state"]
         sizes = {a["name"]: a["shape"][-1]
@@ -448,7 +481,7 @@ def _sequence_class():
                 starts.append(start)
                 for n in out_names:
                     outputs[n].append(outs[n])
-                start = {n: hist[n][-1] for n in state_names}
+                start = {n: hist[n][-1].to(initial[n].dtype) for n in state_names}
                 if kind != "chunk":
                     kept = {"history": hist, "gates": gates}
             finals = start
@@ -498,10 +531,10 @@ def _sequence_class():
                 for n in par_names:
                     d_params[n] += dp[n]
                 for n in state_names:
-                    d_initial[n] += dinit[n].reshape(d_initial[n].shape)
+                    d_initial[n] += dinit[n].reshape(d_initial[n].shape).to(d_initial[n].dtype)
                 carry = dstart
             for n in state_names:
-                d_initial[n] += carry[n]
+                d_initial[n] += carry[n].to(d_initial[n].dtype)
             grads_in = [torch.cat(d_inputs[n]) if len(d_inputs[n]) > 1 else d_inputs[n][0]
                         for n in in_names]
             return ((None, None, None, None) + tuple(grads_in)

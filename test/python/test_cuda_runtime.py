@@ -66,6 +66,7 @@ def test_no_driver_is_a_clear_error(tmp_path):
 def test_persistent_and_tensor_core_packages(tmp_path):
     pkg = cuda.Package(str(make_package(tmp_path, "gru", "--strategy=persistent")))
     assert pkg.meta["strategy"] == "persistent" and pkg.meta["precision"] == "ieee"
+    assert pkg.meta["storage"] == "f32"
     for name in ("gru_fwd", "gru_bwd"):
         k = pkg.kernels[name]
         assert k["strategy"] == "persistent" and k["ctas"] >= 1
@@ -99,6 +100,7 @@ class _Recorder(cuda.CudaCell):
             if arg["memref"]:
                 assert t.dim() == len(arg["shape"]), (kernel, arg)
                 assert all(s in (-1, d) for s, d in zip(arg["shape"], t.shape)), (kernel, arg)
+                assert t.dtype == cuda._torch_dtype(arg), (kernel, arg, t.dtype)
         self.launches.append((kernel, variant, tensors, batch))
         if info.get("strategy") == "persistent":
             assert tensors[-1].dtype == torch.int32 and not tensors[-1].any()
@@ -114,12 +116,16 @@ class _Recorder(cuda.CudaCell):
 import torch  # noqa: E402
 
 
-@pytest.mark.parametrize("recompute", ["none", "full", "chunk:3"])
-def test_cuda_cell_host_side(tmp_path, recompute):
-    pkg = cuda.Package(str(make_package(tmp_path, "lstm", "--strategy=persistent")))
+@pytest.mark.parametrize("recompute,storage", [("none", "f32"), ("full", "f32"),
+                                               ("chunk:3", "f32"), ("none", "bf16"),
+                                               ("chunk:3", "bf16")])
+def test_cuda_cell_host_side(tmp_path, recompute, storage):
+    pkg = cuda.Package(str(make_package(tmp_path, "lstm", "--strategy=persistent",
+                                        "--storage=" + storage)))
     cell = _Recorder(pkg)
     T, B = 7, 5
-    x = torch.randn(T, B, 16, requires_grad=True)
+    dtype = torch.bfloat16 if storage == "bf16" else torch.float32
+    x = torch.randn(T, B, 16).to(dtype).requires_grad_()
     params = {"W_ih": torch.randn(128, 16, requires_grad=True),
               "W_hh": torch.randn(128, 32, requires_grad=True),
               "b_ih": torch.randn(128, requires_grad=True),
@@ -131,6 +137,10 @@ def test_cuda_cell_host_side(tmp_path, recompute):
         cuda.CudaCell._check_tensors(cell, [x.double()])
     out, final = cell({"x": x}, params, recompute=recompute)
     assert out["h"].shape == (T, B, 32) and final["c"].shape == (B, 32)
+    assert out["h"].dtype == dtype
+    if storage == "f32":
+        with pytest.raises(TypeError, match="stores its sequences as torch.float32"):
+            cell({"x": x.detach().bfloat16()}, params)
     fwd = [l for l in cell.launches if l[0] == "lstm_fwd"]
     chunks = 3 if recompute == "chunk:3" else 1
     assert len(fwd) == chunks
@@ -146,7 +156,8 @@ def test_cuda_cell_host_side(tmp_path, recompute):
     # chunk:K replays each chunk's forward, saving its gates, before its backward.
     assert len([l for l in cell.launches if l[0] == "lstm_fwd"]) == chunks * (
         2 if recompute == "chunk:3" else 1)
-    assert x.grad.shape == x.shape and params["W_hh"].grad.shape == (128, 32)
+    assert x.grad.shape == x.shape and x.grad.dtype == dtype
+    assert params["W_hh"].grad.shape == (128, 32)
     assert torch.isfinite(params["W_hh"].grad).all() and params["W_hh"].grad.abs().sum() > 0
 
 

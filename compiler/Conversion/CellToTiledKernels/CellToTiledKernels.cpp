@@ -297,6 +297,9 @@ public:
       indices.push_back(rows[s]);
       indices.push_back(j);
       Value x = builder.create<memref::LoadOp>(loc, buffer, indices);
+      // bf16 storage: computed in the cell's type.
+      if (x.getType() != element)
+        x = builder.create<arith::ExtFOp>(loc, element, x);
       acc = builder.create<vector::InsertOp>(loc, x, acc, s);
     }
     return acc;
@@ -305,6 +308,9 @@ public:
   void scatter(Value v, Value buffer, bool perStep, Value j) {
     for (int64_t s = 0; s < tile; ++s) {
       Value x = builder.create<vector::ExtractOp>(loc, v, s);
+      Type stored = cast<MemRefType>(buffer.getType()).getElementType();
+      if (stored != element)
+        x = builder.create<arith::TruncFOp>(loc, stored, x);
       builder.create<scf::IfOp>(loc, rowValid[s], [&](OpBuilder &b, Location l) {
         SmallVector<Value> indices;
         if (perStep)
@@ -1074,6 +1080,16 @@ struct ConvertCellToTiledKernels
           << precision << " needs tensor cores, so target=cuda";
       return signalPassFailure();
     }
+    if (storage != "f32" && storage != "bf16") {
+      module.emitError("convert-cell-to-tiled-kernels: unknown storage '")
+          << storage << "'; expected f32 or bf16";
+      return signalPassFailure();
+    }
+    if (storage == "bf16" && !gpu) {
+      module.emitError("convert-cell-to-tiled-kernels: storage=bf16 is for "
+                       "target=cuda");
+      return signalPassFailure();
+    }
     if (strategy != "batch-tiled" && strategy != "persistent") {
       module.emitError("convert-cell-to-tiled-kernels: unknown strategy '")
           << strategy << "'; expected batch-tiled or persistent";
@@ -1133,9 +1149,11 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   Type element = cast<RankedTensorType>(def.getStates()[0].getType())
                      .getElementType();
   std::string name = (def.getSymName() + (backward ? "_bwd" : "_fwd")).str();
-  if (precision != "ieee" && !element.isF32())
-    return emitError(loc) << "precision=" << precision << " needs an f32 cell; '"
-                          << def.getSymName() << "' is " << element;
+  if ((precision != "ieee" || storage != "f32") && !element.isF32())
+    return emitError(loc) << (precision != "ieee" ? "precision=" + precision.getValue()
+                                                  : "storage=" + storage.getValue())
+                          << " needs an f32 cell; '" << def.getSymName() << "' is "
+                          << element;
 
   // The step's block and what it writes out.
   Block &body = backward ? grad.getBody().front() : def.getBody().front();
@@ -1248,6 +1266,14 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
              << " of " << int64_t(sharedLimit)
              << " bytes of workgroup memory each";
   }
+  // bf16 storage: the per-step sequences ([T, B, n]: inputs, projections,
+  // outputs, state history, gates and their gradients) are bf16 in memory;
+  // states, params and their gradients stay in the cell's type.
+  if (storage == "bf16")
+    for (Type &type : sig.types)
+      if (auto memref = dyn_cast<MemRefType>(type);
+          memref && memref.getRank() == 3 && memref.getElementType() == element)
+        type = MemRefType::get(memref.getShape(), BFloat16Type::get(ctx));
   unsigned batchBeginArg = sig.types.size() - 2;
   unsigned workspaceArg = 0;
   if (persistent && gpu) {
@@ -1285,6 +1311,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   kernelOp->setAttr("cell.kernel_args", outer.getArrayAttr(sig.info));
   kernelOp->setAttr("cell.batch_tile", outer.getI64IntegerAttr(tile));
   kernelOp->setAttr("cell.threads", outer.getI64IntegerAttr(gpu ? threads : 1));
+  kernelOp->setAttr("cell.storage", outer.getStringAttr(storage.getValue()));
   kernelOp->setAttr("cell.strategy",
                     outer.getStringAttr(persistent ? "persistent" : "batch-tiled"));
   if (persistent) {

@@ -130,6 +130,12 @@ static cl::opt<int64_t> sharedLimit(
              "166912)"),
     cl::init(49152));
 
+static cl::opt<std::string> storage(
+    "storage",
+    cl::desc("CUDA: the element type in memory of x, h, the gates and the other "
+             "per-step sequences: f32 (default) or bf16 (computed in f32)"),
+    cl::init("f32"));
+
 static cl::opt<std::string> precision(
     "precision",
     cl::desc("The CUDA recurrent matvecs' multiplies: ieee (fp32 FMAs, the "
@@ -170,6 +176,7 @@ static PipelineOptions cudaOptions() {
   options.threads = threadsPerCta;
   options.maxRegisters = maxRegisters;
   options.precision = precision;
+  options.storage = storage;
   return options;
 }
 
@@ -230,6 +237,7 @@ static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
   meta["dtype"] = dtype.getValue();
   meta["precision"] = precision.getValue();
   meta["strategy"] = strategy.getValue();
+  meta["storage"] = storage.getValue();
   llvm::json::Object sizeObj;
   if (auto sizes = def->getAttrOfType<mlir::DictionaryAttr>("sizes"))
     for (auto entry : sizes)
@@ -273,9 +281,14 @@ static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
           }
         }
         llvm::json::Array shape;
-        if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type))
+        if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type)) {
           for (int64_t d : memref.getShape())
             shape.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
+          std::string element;
+          llvm::raw_string_ostream os(element);
+          os << memref.getElementType();
+          a["element"] = element;
+        }
         a["shape"] = std::move(shape);
         a["memref"] = llvm::isa<mlir::MemRefType>(type);
         args.push_back(std::move(a));
@@ -477,6 +490,16 @@ int main(int argc, char **argv) {
     llvm::errs() << "cellc: error: --shared-limit sizes the persistent "
                     "strategy's dynamic shared memory; the batch-tiled kernels "
                     "use 48 KiB of static shared memory\n";
+    return 1;
+  }
+  if (storage != "f32" && storage != "bf16") {
+    llvm::errs() << "cellc: error: unknown storage '" << storage
+                 << "'; expected f32 or bf16\n";
+    return 1;
+  }
+  if (storage != "f32" && !cuda) {
+    llvm::errs() << "cellc: error: --storage=" << storage
+                 << " is for the CUDA kernels; it needs --target=cuda\n";
     return 1;
   }
   if (precision != "ieee" && precision != "tf32" && precision != "bf16") {
