@@ -17,9 +17,10 @@ SHAPES=("4096 32 32 256" "64 256 512 512" "16 1024 768 768")
 # The persistent kernels take an H100's 227 KiB of shared memory per CTA for
 # their weight slices and one tile of 16 rows, so that the CTAs of B=16 at
 # H=768 (44 forward, 91 backward) are all resident on its 132 SMs.
-VARIANTS=("tiled:" "persistent:--strategy=persistent --shared-limit=232448 --batch-tile=16"
-          "tf32:--precision=tf32"
-          "bf16:--precision=bf16")
+PERSISTENT="--strategy=persistent --shared-limit=232448 --batch-tile=16"
+VARIANTS=("tiled:" "persistent:$PERSISTENT" "tf32:--precision=tf32"
+          "bf16:--precision=bf16 --storage=bf16"
+          "persistent-bf16:$PERSISTENT --storage=bf16")
 case "${1:-run}" in
 package)
   out=bench/gpu/packages
@@ -30,7 +31,6 @@ package)
       build/bin/cellc examples/$cell.cell -D I=24 -D H=64 --emit=package --arch=sm_90 \
         $flags -o "$out/check-$cell-$name"
     done
-    [ "$name" = bf16 ] && continue
     for s in "${SHAPES[@]}"; do
       read -r B T I H <<<"$s"
       # Some configs do not fit (the batch-tiled backward past H=256 needs

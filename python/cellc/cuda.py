@@ -481,7 +481,8 @@ def _sequence_class():
                 starts.append(start)
                 for n in out_names:
                     outputs[n].append(outs[n])
-                start = {n: hist[n][-1].to(initial[n].dtype) for n in state_names}
+                # Copies: the chunk's history may go, and outputs must not be views.
+                start = {n: hist[n][-1].to(initial[n].dtype, copy=True) for n in state_names}
                 if kind != "chunk":
                     kept = {"history": hist, "gates": gates}
             finals = start

@@ -23,6 +23,9 @@ DEV = torch.device("cuda")
 # Relative tolerances (max |error| / max |reference|) per precision: fp32
 # FMAs, tf32 (10-bit mantissa) and bf16 (7-bit) tensor-core matvecs.
 TOL = {"ieee": 1e-4, "tf32": 5e-3, "bf16": 3e-2}
+# With x, h and the gates stored as bf16 (8-bit mantissa) too.
+TOL_BF16_STORAGE = 5e-2
+VARIANTS = ("tiled", "persistent", "tf32", "bf16", "persistent-bf16")
 
 
 def load(pkg_dir):
@@ -72,11 +75,13 @@ def check(pkg_root):
     failed = False
     B, T, I, H = 37, 19, 24, 64
     for kind in ("lstm", "gru"):
-        for variant in ("tiled", "persistent", "tf32", "bf16"):
+        for variant in VARIANTS:
             path = os.path.join(pkg_root, f"check-{kind}-{variant}")
             cell = load(path)
             precision = cell.package.meta.get("precision", "ieee")
             tol = TOL[precision]
+            if cell.storage == torch.bfloat16:
+                tol = TOL_BF16_STORAGE
             _, params = torch_params(kind, I, H)
             params = {n: t.detach().clone().requires_grad_() for n, t in params.items()}
             torch.manual_seed(1)
@@ -106,7 +111,8 @@ def check(pkg_root):
                 for mode in ("none", "full", "chunk:5"):
                     for t in [x, h0, c0] + list(params.values()):
                         t.grad = None
-                    out, final = cell({"x": x}, params, states, resets, mode)
+                    xs = x.to(cell.storage)  # the graph goes through the cast to x
+                    out, final = cell({"x": xs}, params, states, resets, mode)
                     loss = (out["h"] * g_out.float()).sum() + (final["h"] * g_h.float()).sum()
                     if kind == "lstm":
                         loss = loss + (final["c"] * g_c.float()).sum()
@@ -129,9 +135,10 @@ def check(pkg_root):
             ref, rp = torch_params(kind, I, H)
             with torch.no_grad():
                 want, _ = ref(x, (h0[None], c0[None]) if kind == "lstm" else h0[None])
-                out, _ = cell({"x": x.detach()}, {n: t.detach() for n, t in rp.items()},
+                out, _ = cell({"x": x.detach().to(cell.storage)},
+                              {n: t.detach() for n, t in rp.items()},
                               {n: t.detach() for n, t in states.items()})
-            print(f"{kind} {variant:10} vs cuDNN forward: {rel(out['h'], want):.1e}")
+            print(f"{kind} {variant:10} vs cuDNN forward: {rel(out['h'].float(), want):.1e}")
     return failed
 
 
@@ -165,7 +172,7 @@ def bench(pkg_root):
     print("| shape | impl | fwd ms | fwd+bwd ms | peak MiB |")
     print("|---|---|---|---|---|")
     for B, T, I, H in ((4096, 32, 32, 256), (64, 256, 512, 512), (16, 1024, 768, 768)):
-        shape = f"B={B} T={T} I={I} H={H} fp32"
+        shape = f"B={B} T={T} I={I} H={H}"
         ref, params = torch_params("lstm", I, H)
         x = torch.randn(T, B, I, device=DEV, requires_grad=True)
         h0 = torch.zeros(B, H, device=DEV)
@@ -185,8 +192,16 @@ def bench(pkg_root):
         def cudnn_train():
             out, _ = ref(x, (h0[None], c0[None]))
             out.sum().backward()
-        row("cuDNN", lambda: ref(x, (h0[None], c0[None])), cudnn_train)
-        for variant in ("tiled", "persistent", "tf32"):
+        row("cuDNN fp32", lambda: ref(x, (h0[None], c0[None])), cudnn_train)
+        ref16 = (torch.nn.LSTM(I, H).to(DEV).to(torch.bfloat16))
+        x16 = x.detach().to(torch.bfloat16).requires_grad_()
+        h16, c16 = h0.to(torch.bfloat16), c0.to(torch.bfloat16)
+
+        def cudnn16_train():
+            out, _ = ref16(x16, (h16[None], c16[None]))
+            out.sum().backward()
+        row("cuDNN bf16", lambda: ref16(x16, (h16[None], c16[None])), cudnn16_train)
+        for variant in ("tiled", "persistent", "tf32", "bf16", "persistent-bf16"):
             path = os.path.join(pkg_root, f"lstm-I{I}-H{H}-{variant}")
             why = os.path.join(path, "not-built.txt")
             if os.path.exists(why):
@@ -197,24 +212,28 @@ def bench(pkg_root):
             except Exception as e:  # noqa: BLE001
                 print(f"| {shape} | cellc {variant} | error: {e} | | |")
                 continue
+            xv = x16 if cell.storage == torch.bfloat16 else x
             for mode in ("none", "full"):
-                def train(cell=cell, mode=mode):
-                    out, _ = cell({"x": x}, params, {"h": h0, "c": c0}, None, mode)
-                    out["h"].sum().backward()
+                def train(cell=cell, mode=mode, xv=xv):
+                    out, _ = cell({"x": xv}, params, {"h": h0, "c": c0}, None, mode)
+                    out["h"].float().sum().backward()
                 row(f"cellc {variant} {mode}",
-                    lambda cell=cell: cell({"x": x}, params, {"h": h0, "c": c0}, None, "full"),
+                    lambda cell=cell, xv=xv: cell({"x": xv}, params, {"h": h0, "c": c0},
+                                                  None, "full"),
                     train)
         if lstm_triton is not None:
             xb = x.detach().transpose(0, 1).contiguous().requires_grad_()
             hb = torch.zeros(B, T, H, device=DEV)
             is_init = torch.zeros(B, T, dtype=torch.bool, device=DEV)
             args = (params["W_ih"], params["W_hh"], params["b_ih"], params["b_hh"], is_init)
-            for recompute in (False, True):
-                def tr(recompute=recompute):
-                    out = lstm_triton(xb, hb, hb, *args, recompute=recompute)[0]
-                    out.sum().backward()
-                row(f"torchrl triton recompute={recompute}",
-                    lambda: lstm_triton(xb, hb, hb, *args, recompute=True), tr)
+            for compute in (torch.float32, torch.bfloat16):
+                for recompute in (False, True):
+                    def tr(recompute=recompute, compute=compute):
+                        out = lstm_triton(xb, hb, hb, *args, compute, recompute=recompute)[0]
+                        out.sum().backward()
+                    row(f"torchrl triton {str(compute)[6:]} recompute={recompute}",
+                        lambda compute=compute: lstm_triton(xb, hb, hb, *args, compute,
+                                                            recompute=True), tr)
 
 
 if __name__ == "__main__":
