@@ -82,6 +82,14 @@ void buildPipeline(mlir::OpPassManager &pm, Stage stage,
 llvm::Expected<std::string> serializeToPTX(mlir::ModuleOp module,
                                            llvm::StringRef chip);
 
+/// Writes an AOT package of `cell` (front-end cell IR, sizes bound) to `dir`:
+/// the PTX for `arch` of both SAVE_GATES variants built with the CUDA
+/// `options`, and kernels.json. Pass errors are reported to the context's
+/// diagnostic handler too.
+llvm::Error writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
+                         const PipelineOptions &options, llvm::StringRef arch,
+                         llvm::StringRef dtype);
+
 /// Registers the pipelines with the pass registry, for cellc-opt.
 void registerPipelines();
 

@@ -1,8 +1,10 @@
 """The functional API: compile a cell, bind its sizes from tensors, run it
 under autograd."""
 
+import hashlib
 import json
 import os
+import shutil
 import warnings
 
 import torch
@@ -117,6 +119,7 @@ class Cell:
                 warnings.warn(messages, stacklevel=3)
             self.outputs = _output_names(text)
         self._compiled = {}
+        self._cuda = {}
         #: Bytes the last call keeps for its backward (0 without autograd).
         self.saved_bytes = 0
 
@@ -201,10 +204,13 @@ class Cell:
         return self._compiled[key]
 
     def emit(self, stage, sizes=None, dtype=torch.float32, save_gates=None):
-        """The IR at `stage`: "mlir", "split", "grad", "saves", "plan", "kernels"
-        or "llvm". `sizes` binds the symbolic sizes."""
+        """The IR at `stage`: "mlir", "split", "grad", "saves", "plan", "kernels",
+        "llvm" or "ptx" (the CUDA kernels for sm_90, gates saved unless
+        `save_gates` is False). `sizes` binds the symbolic sizes."""
         if stage == "ptx":
-            raise NotImplementedError("PTX needs the CUDA backend, which is not built yet")
+            path = self.cuda_package(sizes or {})
+            with open(os.path.join(path, "replay.ptx" if save_gates is False else "save.ptx")) as f:
+                return f.read()
         text, _ = _cellc.emit(self.source, self.file_name, sizes or {}, _DTYPES.get(dtype, "f32"),
                               stage, -1 if save_gates is None else int(bool(save_gates)))
         return text
@@ -250,9 +256,15 @@ class Cell:
         for t in tensors + list((states or {}).values()):
             if t.dtype != dtype:
                 raise TypeError(f"all tensors must have one dtype; got {dtype} and {t.dtype}")
-            if t.device.type != "cpu" or self.target == "cuda":
-                raise RuntimeError("cellc: the CUDA backend is not built yet; this build runs "
-                                   "cells on CPU tensors only")
+        devices = {t.device for t in tensors + list((states or {}).values())}
+        if len(devices) > 1:
+            raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}")
+        device = devices.pop()
+        if device.type not in ("cpu", "cuda"):
+            raise RuntimeError(f"cellc runs cells on CPU and CUDA tensors, not {device.type}")
+        if (device.type == "cuda") != (self.target == "cuda") and self.target is not None:
+            raise ValueError(f"this cell was compiled with target={self.target!r}, "
+                             f"but the tensors are on {device}")
         for name, t in zip(names_in, inputs):
             if t.dim() != 3:
                 layout = "[B, T, n]" if batch_first else "[T, B, n]"
@@ -270,6 +282,9 @@ class Cell:
                     raise ValueError(f"state '{n}' must be [B, n] with B={B}, got {list(t.shape)}")
                 shapes[n] = (t.shape[1],)
         sizes = self.bind_sizes(shapes)
+        if device.type == "cuda":
+            return self._call_cuda(sizes, names_in, inputs, names_par, params, states, resets,
+                                   save_gates, recompute, batch_first, device)
         compiled = self.jit(sizes, dtype, batch=B, seq_len=T)
         state_list = []
         if states is not None:
@@ -293,6 +308,62 @@ class Cell:
         outs, finals = results[:n_out], results[n_out:]
         out = outs[0] if n_out == 1 else {n: t for (n, _), t in zip(compiled.outputs, outs)}
         final = {n: t for (n, _), t in zip(compiled.states, finals)}
+        return out, final
+
+
+    # CUDA --------------------------------------------------------------------
+
+    def cuda_package(self, sizes, *, arch="sm_90", strategy="batch-tiled", precision="ieee",
+                     storage="f32", batch_tile=0, ctas=0, shared_limit=49152):
+        """Compiles the cell for CUDA at `sizes` into an AOT package (PTX of both
+        SAVE_GATES variants and kernels.json, as `cellc --emit=package` writes)
+        in the cache directory, once per cell, sizes, options and compiler
+        version, and returns its directory."""
+        options = [arch, strategy, precision, storage, batch_tile, ctas, shared_limit]
+        key = hashlib.sha256(json.dumps(
+            [_cellc.compiler_version(), self.source, sorted(sizes.items()), options]
+        ).encode()).hexdigest()[:32]
+        root = os.path.join(_cellc.cache_dir(), "cuda")
+        path = os.path.join(root, key)
+        if not os.path.exists(os.path.join(path, "kernels.json")):
+            os.makedirs(root, exist_ok=True)
+            tmp = f"{path}.tmp-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                _cellc.package(self.source, self.file_name, sizes, tmp, arch, strategy,
+                               precision, storage, batch_tile, ctas, shared_limit)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            try:
+                os.rename(tmp, path)  # atomic; a concurrent writer may have won
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return path
+
+    def _call_cuda(self, sizes, names_in, inputs, names_par, params, states, resets,
+                   save_gates, recompute, batch_first, device):
+        from . import cuda
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        storage = "bf16" if inputs[0].dtype == torch.bfloat16 else "f32"
+        key = (tuple(sorted(sizes.items())), storage, index)
+        cell = self._cuda.get(key)
+        if cell is None:
+            path = self.cuda_package(sizes, arch=f"sm_{major}{minor}", storage=storage)
+            cell = cuda.CudaCell(cuda.Package(path), device=index)
+            self._cuda[key] = cell
+        mode = _parse_mode(save_gates, recompute)
+        xs = {n: (t.transpose(0, 1) if batch_first else t).contiguous()
+              for n, t in zip(names_in, inputs)}
+        if resets is not None:
+            resets = resets.transpose(0, 1) if batch_first else resets
+        out, final = cell(xs, {n: params[n] for n in names_par}, states, resets, mode)
+        self.saved_bytes = cell.saved_bytes
+        if batch_first:
+            out = {n: t.transpose(0, 1) for n, t in out.items()}
+        if len(out) == 1:
+            out = next(iter(out.values()))
         return out, final
 
 

@@ -181,6 +181,37 @@ emit(const std::string &source, const std::string &fileName,
   return {out.str(), os.str()};
 }
 
+/// Writes an AOT CUDA package of the cell at `sizes` to `dir`; errors, with
+/// the front end's or the passes' messages, raise ValueError.
+void package(const std::string &source, const std::string &fileName,
+             const std::map<std::string, int64_t> &sizes, const std::string &dir,
+             const std::string &arch, const std::string &strategy,
+             const std::string &precision, const std::string &storage,
+             int64_t batchTile, int64_t ctas, int64_t sharedLimit) {
+  CellSource src(source, fileName);
+  mlir::MLIRContext context;
+  SizeBindings bindings(sizes.begin(), sizes.end());
+  auto module = compileCellSource(context, bindings, mlir::Float32Type::get(&context),
+                                  src.diag);
+  if (!module)
+    throw py::value_error(src.diagnostics());
+  if (strategy != "batch-tiled" && strategy != "persistent")
+    throw py::value_error("unknown strategy '" + strategy +
+                          "'; expected batch-tiled or persistent");
+  mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
+  PipelineOptions options;
+  options.strategy = strategy == "persistent" ? KernelStrategy::Persistent
+                                              : KernelStrategy::BatchTiled;
+  options.target = "cuda";
+  options.precision = precision;
+  options.storage = storage;
+  options.batchTile = batchTile;
+  options.ctas = ctas;
+  options.sharedLimit = sharedLimit;
+  if (llvm::Error e = writePackage(*module, dir, options, arch, "f32"))
+    throw py::value_error(src.diagnostics() + llvm::toString(std::move(e)));
+}
+
 } // namespace
 
 PYBIND11_MODULE(_cellc, m) {
@@ -322,4 +353,9 @@ PYBIND11_MODULE(_cellc, m) {
   m.def("emit", &emit, py::arg("source"), py::arg("file_name"), py::arg("sizes"),
         py::arg("dtype"), py::arg("stage"), py::arg("save_gates") = -1);
   m.def("cache_dir", []() { return KernelCache::defaultDir(); });
+  m.def("compiler_version", []() { return compilerVersion().str(); });
+  m.def("package", &package, py::arg("source"), py::arg("file_name"), py::arg("sizes"),
+        py::arg("dir"), py::arg("arch") = "sm_90", py::arg("strategy") = "batch-tiled",
+        py::arg("precision") = "ieee", py::arg("storage") = "f32",
+        py::arg("batch_tile") = 0, py::arg("ctas") = 0, py::arg("shared_limit") = 49152);
 }

@@ -1,6 +1,9 @@
 """The functional API: recompute modes, resets, custom cells under gradcheck,
 and the errors users meet."""
 
+import json
+import os
+
 import pytest
 import torch
 
@@ -185,12 +188,47 @@ def test_bad_tensors_are_exceptions_not_crashes():
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
 
 
-def test_cuda_tensors_are_refused_clearly():
+def test_cuda_packages_are_built_once_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CELLC_CACHE_DIR", str(tmp_path))
     cell = cellc.compile(LSTM)
+    path = cell.cuda_package({"H": 32, "I": 16}, arch="sm_80")
+    assert path.startswith(str(tmp_path))
+    meta = json.load(open(os.path.join(path, "kernels.json")))
+    assert meta["arch"] == "sm_80" and meta["sizes"] == {"H": 32, "I": 16}
+    assert meta["kernels"]["lstm_fwd"]["strategy"] == "batch-tiled"
+    stamp = os.path.getmtime(os.path.join(path, "save.ptx"))
+    assert cell.cuda_package({"H": 32, "I": 16}, arch="sm_80") == path
+    assert os.path.getmtime(os.path.join(path, "save.ptx")) == stamp
+    other = cell.cuda_package({"H": 32, "I": 16}, arch="sm_80", strategy="persistent",
+                              storage="bf16")
+    assert other != path
+    assert json.load(open(os.path.join(other, "kernels.json")))["storage"] == "bf16"
+    assert ".entry lstm_fwd" in cell.emit("ptx", {"H": 32, "I": 16})
+    with pytest.raises(ValueError, match="unknown strategy 'ring'"):
+        cell.cuda_package({"H": 32, "I": 16}, strategy="ring")
+    with pytest.raises(ValueError, match="needs .* bytes of workgroup memory"):
+        cell.cuda_package({"H": 4096, "I": 16})
+    # Nothing half-written is left behind.
+    assert not [p for p in os.listdir(os.path.join(str(tmp_path), "cuda")) if ".tmp-" in p]
+
+
+def test_cuda_tensors_run_on_the_gpu_like_the_cpu():
     if not torch.cuda.is_available():
-        pytest.skip("no GPU here: the CUDA checks of the functional API were skipped")
-    with pytest.raises(RuntimeError, match="CUDA backend is not built yet"):
-        cell(torch.randn(3, 2, 4, device="cuda"), _lstm_params(4, 5))
+        pytest.skip("no GPU here: CUDA tensors through cellc.compile were not run")
+    cell = cellc.compile(LSTM)
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 4, requires_grad=True)
+    params = {n: p.requires_grad_() for n, p in _lstm_params(4, 5).items()}
+    out, final = cell(x, params)
+    out.sum().backward()
+    xg = x.detach().cuda().requires_grad_()
+    pg = {n: p.detach().cuda().requires_grad_() for n, p in params.items()}
+    out_g, final_g = cell(xg, pg, recompute="full")
+    out_g.sum().backward()
+    torch.testing.assert_close(out_g.cpu(), out.detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(xg.grad.cpu(), x.grad, rtol=1e-4, atol=1e-5)
+    for n in params:
+        torch.testing.assert_close(pg[n].grad.cpu(), params[n].grad, rtol=1e-4, atol=1e-5)
 
 
 def test_recurrent_module_trains():

@@ -224,107 +224,10 @@ static void printSummary(mlir::ModuleOp module, llvm::raw_ostream &os) {
 static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
                          llvm::SourceMgr &sourceMgr) {
   mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
-  llvm::StringRef dir = outputFilename;
-  if (std::error_code ec = llvm::sys::fs::create_directories(dir)) {
-    llvm::errs() << "cellc: error: cannot create '" << dir << "': " << ec.message() << "\n";
+  if (llvm::Error e = cellc::writePackage(cell, outputFilename, cudaOptions(), arch, dtype)) {
+    llvm::errs() << llvm::toString(std::move(e)) << "\n";
     return false;
   }
-  auto def = *cell.getOps<mlir::cell::DefOp>().begin();
-  llvm::json::Object meta;
-  meta["format"] = 1;
-  meta["cell"] = def.getSymName().str();
-  meta["arch"] = arch.getValue();
-  meta["dtype"] = dtype.getValue();
-  meta["precision"] = precision.getValue();
-  meta["strategy"] = strategy.getValue();
-  meta["storage"] = storage.getValue();
-  llvm::json::Object sizeObj;
-  if (auto sizes = def->getAttrOfType<mlir::DictionaryAttr>("sizes"))
-    for (auto entry : sizes)
-      sizeObj[entry.getName().str()] =
-          llvm::cast<mlir::IntegerAttr>(entry.getValue()).getInt();
-  meta["sizes"] = std::move(sizeObj);
-  llvm::json::Object variants, kernels;
-  for (bool saveGates : {true, false}) {
-    mlir::OwningOpRef<mlir::ModuleOp> module = cell.clone();
-    PipelineOptions options = cudaOptions();
-    options.saveGates = saveGates;
-    mlir::PassManager pm(&context);
-    buildPipeline(pm, Stage::Kernels, options);
-    if (mlir::failed(pm.run(*module)))
-      return false;
-    module->walk([&](mlir::gpu::GPUFuncOp func) {
-      llvm::json::Object k;
-      k["batch_tile"] = func->getAttrOfType<mlir::IntegerAttr>("cell.batch_tile").getInt();
-      k["threads"] = func->getAttrOfType<mlir::IntegerAttr>("cell.threads").getInt();
-      k["workgroup_bytes"] =
-          func->getAttrOfType<mlir::IntegerAttr>("cell.workgroup_bytes").getInt();
-      k["strategy"] = func->getAttrOfType<mlir::StringAttr>("cell.strategy").str();
-      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.ctas"))
-        k["ctas"] = n.getInt();
-      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.workspace_bytes"))
-        k["workspace_bytes"] = n.getInt();
-      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.dynamic_shared_bytes"))
-        k["dynamic_shared_bytes"] = n.getInt();
-      llvm::json::Array args;
-      auto info = func->getAttrOfType<mlir::ArrayAttr>("cell.kernel_args");
-      for (auto [attr, type] : llvm::zip(info, func.getArgumentTypes())) {
-        llvm::json::Object a;
-        for (auto entry : llvm::cast<mlir::DictionaryAttr>(attr)) {
-          if (auto str = llvm::dyn_cast<mlir::StringAttr>(entry.getValue()))
-            a[entry.getName().str()] = str.str();
-          else if (auto list = llvm::dyn_cast<mlir::ArrayAttr>(entry.getValue())) {
-            llvm::json::Array names;
-            for (auto n : list.getAsValueRange<mlir::StringAttr>())
-              names.push_back(n.str());
-            a[entry.getName().str()] = std::move(names);
-          }
-        }
-        llvm::json::Array shape;
-        if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type)) {
-          for (int64_t d : memref.getShape())
-            shape.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
-          std::string element;
-          llvm::raw_string_ostream os(element);
-          os << memref.getElementType();
-          a["element"] = element;
-        }
-        a["shape"] = std::move(shape);
-        a["memref"] = llvm::isa<mlir::MemRefType>(type);
-        args.push_back(std::move(a));
-      }
-      k["args"] = std::move(args);
-      kernels[func.getName().str()] = std::move(k);
-    });
-    // The kernels are built and specialized; the NVVM lowering is left.
-    mlir::PassManager nvvm(&context);
-    nvvm.addPass(mlir::cell::createConvertKernelsToNVVM());
-    if (mlir::failed(nvvm.run(*module)))
-      return false;
-    auto ptx = serializeToPTX(*module, arch);
-    if (!ptx) {
-      llvm::errs() << llvm::toString(ptx.takeError()) << "\n";
-      return false;
-    }
-    std::string name = saveGates ? "save.ptx" : "replay.ptx";
-    std::error_code ec;
-    llvm::raw_fd_ostream out((dir + "/" + name).str(), ec);
-    if (ec) {
-      llvm::errs() << "cellc: error: cannot write " << name << ": " << ec.message() << "\n";
-      return false;
-    }
-    out << *ptx;
-    variants[saveGates ? "save" : "replay"] = name;
-  }
-  meta["ptx"] = std::move(variants);
-  meta["kernels"] = std::move(kernels);
-  std::error_code ec;
-  llvm::raw_fd_ostream out((dir + "/kernels.json").str(), ec);
-  if (ec) {
-    llvm::errs() << "cellc: error: cannot write kernels.json: " << ec.message() << "\n";
-    return false;
-  }
-  out << llvm::formatv("{0:2}", llvm::json::Value(std::move(meta))) << "\n";
   return true;
 }
 

@@ -1,0 +1,126 @@
+//===- Package.cpp - AOT packages of CUDA kernels -------------------------===//
+//
+// A package is a directory with the PTX of both SAVE_GATES variants and
+// kernels.json: the cell, sizes, options and each kernel's launch shape and
+// arguments. The CUDA runtime (runtime/cuda, python/cellc/cuda.py) runs it
+// without MLIR or LLVM.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Pipelines/Pipelines.h"
+
+#include "compiler/Conversion/Passes.h"
+#include "dialects/Cell/IR/CellOps.h"
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace cellc;
+
+static llvm::Error fail(const llvm::Twine &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
+}
+
+llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
+                                const PipelineOptions &cuda, llvm::StringRef arch,
+                                llvm::StringRef dtype) {
+  mlir::MLIRContext &context = *cell.getContext();
+  if (std::error_code ec = llvm::sys::fs::create_directories(dir))
+    return fail("cellc: error: cannot create '" + dir + "': " + ec.message());
+  auto def = *cell.getOps<mlir::cell::DefOp>().begin();
+  llvm::json::Object meta;
+  meta["format"] = 1;
+  meta["cell"] = def.getSymName().str();
+  meta["arch"] = arch.str();
+  meta["dtype"] = dtype.str();
+  meta["precision"] = cuda.precision;
+  meta["strategy"] =
+      cuda.strategy == KernelStrategy::Persistent ? "persistent" : "batch-tiled";
+  meta["storage"] = cuda.storage;
+  llvm::json::Object sizeObj;
+  if (auto sizes = def->getAttrOfType<mlir::DictionaryAttr>("sizes"))
+    for (auto entry : sizes)
+      sizeObj[entry.getName().str()] =
+          llvm::cast<mlir::IntegerAttr>(entry.getValue()).getInt();
+  meta["sizes"] = std::move(sizeObj);
+  llvm::json::Object variants, kernels;
+  for (bool saveGates : {true, false}) {
+    mlir::OwningOpRef<mlir::ModuleOp> module = cell.clone();
+    PipelineOptions options = cuda;
+    options.saveGates = saveGates;
+    mlir::PassManager pm(&context);
+    buildPipeline(pm, Stage::Kernels, options);
+    if (mlir::failed(pm.run(*module)))
+      return fail("cellc: building the CUDA kernels failed");
+    module->walk([&](mlir::gpu::GPUFuncOp func) {
+      llvm::json::Object k;
+      k["batch_tile"] = func->getAttrOfType<mlir::IntegerAttr>("cell.batch_tile").getInt();
+      k["threads"] = func->getAttrOfType<mlir::IntegerAttr>("cell.threads").getInt();
+      k["workgroup_bytes"] =
+          func->getAttrOfType<mlir::IntegerAttr>("cell.workgroup_bytes").getInt();
+      k["strategy"] = func->getAttrOfType<mlir::StringAttr>("cell.strategy").str();
+      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.ctas"))
+        k["ctas"] = n.getInt();
+      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.workspace_bytes"))
+        k["workspace_bytes"] = n.getInt();
+      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.dynamic_shared_bytes"))
+        k["dynamic_shared_bytes"] = n.getInt();
+      llvm::json::Array args;
+      auto info = func->getAttrOfType<mlir::ArrayAttr>("cell.kernel_args");
+      for (auto [attr, type] : llvm::zip(info, func.getArgumentTypes())) {
+        llvm::json::Object a;
+        for (auto entry : llvm::cast<mlir::DictionaryAttr>(attr)) {
+          if (auto str = llvm::dyn_cast<mlir::StringAttr>(entry.getValue()))
+            a[entry.getName().str()] = str.str();
+          else if (auto list = llvm::dyn_cast<mlir::ArrayAttr>(entry.getValue())) {
+            llvm::json::Array names;
+            for (auto n : list.getAsValueRange<mlir::StringAttr>())
+              names.push_back(n.str());
+            a[entry.getName().str()] = std::move(names);
+          }
+        }
+        llvm::json::Array shape;
+        if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type)) {
+          for (int64_t d : memref.getShape())
+            shape.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
+          std::string element;
+          llvm::raw_string_ostream os(element);
+          os << memref.getElementType();
+          a["element"] = element;
+        }
+        a["shape"] = std::move(shape);
+        a["memref"] = llvm::isa<mlir::MemRefType>(type);
+        args.push_back(std::move(a));
+      }
+      k["args"] = std::move(args);
+      kernels[func.getName().str()] = std::move(k);
+    });
+    // The kernels are built and specialized; the NVVM lowering is left.
+    mlir::PassManager nvvm(&context);
+    nvvm.addPass(mlir::cell::createConvertKernelsToNVVM());
+    if (mlir::failed(nvvm.run(*module)))
+      return fail("cellc: lowering the CUDA kernels to NVVM failed");
+    auto ptx = serializeToPTX(*module, arch);
+    if (!ptx)
+      return ptx.takeError();
+    std::string name = saveGates ? "save.ptx" : "replay.ptx";
+    std::error_code ec;
+    llvm::raw_fd_ostream out((dir + "/" + name).str(), ec);
+    if (ec)
+      return fail("cellc: error: cannot write " + name + ": " + ec.message());
+    out << *ptx;
+    variants[saveGates ? "save" : "replay"] = name;
+  }
+  meta["ptx"] = std::move(variants);
+  meta["kernels"] = std::move(kernels);
+  std::error_code ec;
+  llvm::raw_fd_ostream out((dir + "/kernels.json").str(), ec);
+  if (ec)
+    return fail("cellc: error: cannot write kernels.json: " + ec.message());
+  out << llvm::formatv("{0:2}", llvm::json::Value(std::move(meta))) << "\n";
+  return llvm::Error::success();
+}
