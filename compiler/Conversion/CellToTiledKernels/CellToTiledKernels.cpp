@@ -834,6 +834,15 @@ void TiledBuilder::cacheWeights(Block &step) {
     weightCache[op] = cache;
     Value weight =
         params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
+    // A replayed product's weights are only needed when the gates were not
+    // saved.
+    OpBuilder::InsertionGuard guard(builder);
+    if (op->getParentOfType<RestoreOp>()) {
+      Value replaying = builder.create<arith::XOrIOp>(
+          loc, saveGates, builder.create<arith::ConstantIntOp>(loc, 1, 1));
+      auto ifOp = builder.create<scf::IfOp>(loc, replaying, false);
+      builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+    }
     forEachCta([&] {
       Value first = builder.create<arith::MulIOp>(loc, cta, index(slice));
       builder.create<scf::ForOp>(
