@@ -20,7 +20,8 @@ SHAPES=("4096 32 32 256" "64 256 512 512" "16 1024 768 768")
 PERSISTENT="--strategy=persistent --shared-limit=232448 --batch-tile=16"
 VARIANTS=("tiled:" "persistent:$PERSISTENT" "tf32:--precision=tf32"
           "bf16:--precision=bf16 --storage=bf16"
-          "persistent-bf16:$PERSISTENT --storage=bf16")
+          "persistent-bf16:$PERSISTENT --storage=bf16"
+          "persistent-mma:$PERSISTENT --precision=bf16 --storage=bf16")
 case "${1:-run}" in
 package)
   out=bench/gpu/packages

@@ -104,6 +104,8 @@ def ConvertCellToTiledKernels
     elements read it from there after a barrier. The weights are rounded to
     the precision as they are loaded (tf32: the tensor core ignores the low
     13 mantissa bits; bf16: round to nearest even), and so are the vectors.
+    With the persistent strategy a CTA computes its slice of the rows, a
+    whole number of 16-row tiles, from its copy of the weights.
 
     With `strategy=persistent` the CTAs of a tile split every step: CTA `c`
     (block x; the tile is block y) takes the `c`-th slice of each element

@@ -25,7 +25,7 @@ DEV = torch.device("cuda")
 TOL = {"ieee": 1e-4, "tf32": 5e-3, "bf16": 3e-2}
 # With x, h and the gates stored as bf16 (8-bit mantissa) too.
 TOL_BF16_STORAGE = 5e-2
-VARIANTS = ("tiled", "persistent", "tf32", "bf16", "persistent-bf16")
+VARIANTS = ("tiled", "persistent", "tf32", "bf16", "persistent-bf16", "persistent-mma")
 
 
 def load(pkg_dir):
@@ -201,7 +201,7 @@ def bench(pkg_root):
             out, _ = ref16(x16, (h16[None], c16[None]))
             out.sum().backward()
         row("cuDNN bf16", lambda: ref16(x16, (h16[None], c16[None])), cudnn16_train)
-        for variant in ("tiled", "persistent", "tf32", "bf16", "persistent-bf16"):
+        for variant in VARIANTS:
             path = os.path.join(pkg_root, f"lstm-I{I}-H{H}-{variant}")
             why = os.path.join(path, "not-built.txt")
             if os.path.exists(why):

@@ -402,9 +402,13 @@ public:
     else
       emitTensorCoreMatvec(op, out);
   }
-  /// Computes the whole product of `op` into the workgroup buffer `out`
-  /// (`[rows, BT]`) with the CTA's warps on tensor cores.
-  void emitTensorCoreMatvec(Operation *op, Value out);
+  /// Computes the product of `op` into the buffer `out` (`[rows, BT]`) with
+  /// the CTA's warps on tensor cores: all its rows from the weight in global
+  /// memory, or (persistent) the `count` rows from `first`, whose weights
+  /// `cached(local row, column)` reads.
+  void emitTensorCoreMatvec(Operation *op, Value out, Value first = {},
+                            int64_t count = 0,
+                            function_ref<Value(Value, Value)> cached = nullptr);
   /// The persistent strategy: computes this CTA's slice of the rows of `op`
   /// into `out` from the weights in `weightCache`.
   void emitSlicedProduct(Operation *op, Value out);
@@ -414,6 +418,12 @@ public:
 
   /// The rows of a persistent CTA's slice of `n`.
   int64_t sliceOf(int64_t n) const { return (n + slices - 1) / slices; }
+  /// The rows of a persistent CTA's slice of the product of `op`: whole
+  /// 16-row MMA tiles when it runs on tensor cores.
+  int64_t productSliceOf(Operation *op) const {
+    int64_t slice = sliceOf(sizeOf(op->getResult(0)));
+    return onTensorCores(op, precision) ? (slice + 15) / 16 * 16 : slice;
+  }
   /// A loop over the CTAs of a persistent tile, on the CPU; on CUDA, the
   /// body once for this CTA.
   void forEachCta(function_ref<void()> body) {
@@ -627,7 +637,9 @@ Value TiledBuilder::evalRestore(RestoreOp restore, unsigned result,
   return mine;
 }
 
-void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out) {
+void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
+                                        int64_t count,
+                                        function_ref<Value(Value, Value)> cached) {
   // The fragments of mma.sync.m16n8k16 (bf16) and m16n8k8 (tf32), PTX ISA
   // "Matrix Fragments for mma.m16n8k*": with g = lane / 4 and q = lane % 4,
   // A holds rows g and g + 8 at columns 2q, 2q + 1, 2q + 8, 2q + 9 (bf16, two
@@ -655,10 +667,14 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out) {
   Value warp = divui(tid, 32);
   Value g = divui(laneId, 4), q = remui(laneId, 4);
 
+  // `r` is the row within the rows computed here.
   auto loadWeight = [&](Value r, Value c) -> Value {
+    if (cached)
+      return cached(r, c);
     return builder.create<memref::LoadOp>(
         loc, weight, transposed ? ValueRange{c, r} : ValueRange{r, c});
   };
+  int64_t computed = count ? count : rows;
   // Two values as one register of bf16x2, the first in the low half.
   auto pack = [&](Value lo, Value hi) -> Value {
     auto pair = builder.create<vector::FromElementsOp>(
@@ -713,7 +729,7 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out) {
       indices.append({k, col});
       return builder.create<memref::LoadOp>(loc, vecBuffer, indices);
     };
-    auto tiles = builder.create<scf::ForOp>(loc, warp, index(rows / 16),
+    auto tiles = builder.create<scf::ForOp>(loc, warp, index(computed / 16),
                                             index(ntidStatic / 32));
     OpBuilder::InsertionGuard guard(builder);
     builder.setInsertionPointToStart(tiles.getBody());
@@ -758,6 +774,14 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out) {
                              n0 + (e & 1));
       Value inTile = builder.create<arith::CmpIOp>(
           loc, arith::CmpIPredicate::ult, outCol, index(tile));
+      if (first) {
+        // A persistent CTA's last slice may run past the rows.
+        row = builder.create<arith::AddIOp>(loc, first, row);
+        inTile = builder.create<arith::AndIOp>(
+            loc, inTile,
+            builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, row,
+                                          index(rows)));
+      }
       auto ifOp = builder.create<scf::IfOp>(loc, inTile, false);
       OpBuilder::InsertionGuard store(builder);
       builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
@@ -824,7 +848,7 @@ void TiledBuilder::cacheWeights(Block &step) {
       return;
     bool transposed = isa<VecmatOp>(op);
     int64_t rows = sizeOf(op->getResult(0)), depth = sizeOf(op->getOperand(1));
-    int64_t slice = sliceOf(rows);
+    int64_t slice = productSliceOf(op);
     // One row more than the depth keeps the threads of a product, which read
     // consecutive rows at the same k, off one bank.
     SmallVector<int64_t> shape = {slice, depth + 1};
@@ -876,7 +900,14 @@ void TiledBuilder::emitSlicedProduct(Operation *op, Value out) {
   int64_t depth = sizeOf(vec);
   Value vecBuffer = sharedBuffer(vec, slot);
   Value cache = weightCache.lookup(op);
-  int64_t slice = sliceOf(rows);
+  int64_t slice = productSliceOf(op);
+  if (gpu && onTensorCores(op, precision)) {
+    Value first = builder.create<arith::MulIOp>(loc, cta, index(slice));
+    emitTensorCoreMatvec(op, out, first, slice, [&](Value local, Value k) -> Value {
+      return builder.create<memref::LoadOp>(loc, cache, ValueRange{local, k});
+    });
+    return;
+  }
   // Threads split the slice's rows and, where there are threads to spare,
   // each row's depth into `split` parts, which are then summed.
   int64_t split = 1;
@@ -1104,12 +1135,6 @@ struct ConvertCellToTiledKernels
           << strategy << "'; expected batch-tiled or persistent";
       return signalPassFailure();
     }
-    if (strategy == "persistent" && precision != "ieee") {
-      module.emitError("convert-cell-to-tiled-kernels: the persistent strategy "
-                       "runs its matvecs with fp32 FMAs; precision=")
-          << precision << " is for the batch-tiled strategy for now";
-      return signalPassFailure();
-    }
     if (gpu && threads % 32 != 0) {
       module.emitError("convert-cell-to-tiled-kernels: threads=")
           << threads << " is not a whole number of warps";
@@ -1248,6 +1273,8 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
       int64_t total = partialBytes;
       for (Operation *op : matvecs) {
         int64_t slice = (sizeOf(op->getResult(0)) + g - 1) / g;
+        if (gpu && onTensorCores(op, precision))
+          slice = (slice + 15) / 16 * 16;
         if (slice > threads)
           return std::nullopt;
         total += padded(slice * (sizeOf(op->getOperand(1)) + 1) * bytes);
