@@ -10,6 +10,14 @@
 
 using namespace mlir;
 
+std::optional<cellc::KernelStrategy> cellc::cudaStrategy(llvm::StringRef name) {
+  if (name == "batch-tiled")
+    return KernelStrategy::BatchTiled;
+  if (name == "persistent")
+    return KernelStrategy::Persistent;
+  return std::nullopt;
+}
+
 void cellc::buildPipeline(OpPassManager &pm, Stage stage,
                           const PipelineOptions &options) {
   if (stage >= Stage::Split)

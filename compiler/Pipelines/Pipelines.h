@@ -72,6 +72,10 @@ struct PipelineOptions {
   std::string storage = "f32";
 };
 
+/// The CUDA strategy named `name` ("batch-tiled" or "persistent"), as
+/// command lines and APIs spell it; none for another name.
+std::optional<KernelStrategy> cudaStrategy(llvm::StringRef name);
+
 /// Adds the passes that take front-end cell IR to `stage`. This is the only
 /// place where pass order is written down.
 void buildPipeline(mlir::OpPassManager &pm, Stage stage,

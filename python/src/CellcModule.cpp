@@ -195,13 +195,13 @@ void package(const std::string &source, const std::string &fileName,
                                   src.diag);
   if (!module)
     throw py::value_error(src.diagnostics());
-  if (strategy != "batch-tiled" && strategy != "persistent")
+  std::optional<KernelStrategy> kind = cudaStrategy(strategy);
+  if (!kind)
     throw py::value_error("unknown strategy '" + strategy +
                           "'; expected batch-tiled or persistent");
   mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
   PipelineOptions options;
-  options.strategy = strategy == "persistent" ? KernelStrategy::Persistent
-                                              : KernelStrategy::BatchTiled;
+  options.strategy = *kind;
   options.target = "cuda";
   options.precision = precision;
   options.storage = storage;

@@ -827,7 +827,7 @@ void TiledBuilder::gridBarrier() {
     rmw(arith::AtomicRMWKind::addi, 1, generation);
     builder.setInsertionPoint(ifLast.elseBlock()->getTerminator());
     auto spin = builder.create<scf::WhileOp>(loc, TypeRange(), ValueRange());
-    Block *before = builder.createBlock(&spin.getBefore());
+    builder.createBlock(&spin.getBefore());
     Value now = rmw(arith::AtomicRMWKind::addi, 0, generation);
     builder.create<scf::ConditionOp>(
         loc,
@@ -835,7 +835,6 @@ void TiledBuilder::gridBarrier() {
         ValueRange());
     builder.createBlock(&spin.getAfter());
     builder.create<scf::YieldOp>(loc);
-    (void)before;
     builder.setInsertionPointAfter(ifLast);
     fence();
   }

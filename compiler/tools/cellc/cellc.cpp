@@ -167,8 +167,7 @@ static bool targetsCuda() {
 /// The options of the CUDA kernels the command line asks for.
 static PipelineOptions cudaOptions() {
   PipelineOptions options;
-  options.strategy = strategy == "persistent" ? KernelStrategy::Persistent
-                                               : KernelStrategy::BatchTiled;
+  options.strategy = cudaStrategy(strategy).value_or(KernelStrategy::BatchTiled);
   options.target = "cuda";
   options.ctas = ctas;
   options.sharedLimit = sharedLimit;
@@ -379,7 +378,7 @@ int main(int argc, char **argv) {
                     "with -o DIR\n";
     return 1;
   }
-  if (strategy != "batch-tiled" && strategy != "persistent") {
+  if (!cudaStrategy(strategy)) {
     llvm::errs() << "cellc: error: unknown strategy '" << strategy
                  << "'; expected batch-tiled or persistent\n";
     return 1;

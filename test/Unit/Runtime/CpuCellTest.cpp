@@ -292,48 +292,36 @@ TEST_P(CpuCellTest, MatchesTheReferenceInSinglePrecision) {
   compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 3e-4);
 }
 
-/// The batch-tiled kernels that CUDA runs, emulated on the host: the same
-/// element code, phases and workgroup buffers, with the CTA's threads run
-/// one after another. Tiles of 2 and 4 rows over B = 5 leave a partial
-/// last tile.
-TEST_P(CpuCellTest, BatchTiledKernelsMatchTheReference) {
+/// The kernels that CUDA runs, emulated on the host: the same element code,
+/// phases and buffers, with a CTA's threads run one after another.
+/// - Batch-tiled, tiles of 2 and 4 rows over B = 5: a partial last tile.
+/// - Persistent, 1 and 3 CTAs per tile of 2 rows: the CTAs split every loop
+///   and every matvec's rows unevenly (for H = 5: slices of 2, 2 and 1
+///   elements; of 7, 7 and 6 gate rows), read their weights from slices
+///   cached before the time loop, and exchange states and products through
+///   the workspace.
+TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
   auto [name, modeText] = GetParam();
   const int64_t T = 6, B = 5;
   Problems s = makeProblems(source(name), kSizes, T, B);
   auto mode = Recompute::parse(modeText);
   ASSERT_TRUE(static_cast<bool>(mode));
-  for (int64_t tile : {2, 4}) {
-    SCOPED_TRACE("batch tile " + std::to_string(tile));
+  struct Config {
+    const char *what;
+    int64_t tile, ctas;
+    bool persistent;
+  };
+  for (Config c : {Config{"batch-tiled, 2 rows", 2, 0, false},
+                   Config{"batch-tiled, 4 rows", 4, 0, false},
+                   Config{"persistent, 1 CTA", 2, 1, true},
+                   Config{"persistent, 3 CTAs", 2, 3, true}}) {
+    SCOPED_TRACE(c.what);
     CpuCell::Options options;
     options.threads = 2;
     options.batchTiled = true;
-    options.batchTile = tile;
-    auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
-    ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
-    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
-    compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
-  }
-}
-
-/// The persistent strategy's kernels, emulated on the host: 3 CTAs per tile
-/// split every loop and every matvec's rows unevenly (for H = 4: slices of
-/// 2, 2 and 0 elements; of 6, 6 and 4 gate rows), read their weights from
-/// slices cached before the time loop, and exchange states and products
-/// through the workspace.
-TEST_P(CpuCellTest, PersistentKernelsMatchTheReference) {
-  auto [name, modeText] = GetParam();
-  const int64_t T = 6, B = 5;
-  Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = Recompute::parse(modeText);
-  ASSERT_TRUE(static_cast<bool>(mode));
-  for (int64_t ctas : {1, 3}) {
-    SCOPED_TRACE("CTAs per tile " + std::to_string(ctas));
-    CpuCell::Options options;
-    options.threads = 2;
-    options.batchTiled = true;
-    options.persistent = true;
-    options.batchTile = 2;
-    options.ctas = ctas;
+    options.batchTile = c.tile;
+    options.persistent = c.persistent;
+    options.ctas = c.ctas;
     auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
     ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
     Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
