@@ -5,7 +5,8 @@
 #   2. there (no LLVM): build the CUDA runtime with CMake (or g++ alone),
 #      check LSTM and GRU (forward, every gradient, resets, recompute none,
 #      full and chunk:5; batch-tiled, persistent, tf32 and bf16 matvecs)
-#      against a float64 reference and cuDNN, then print the benchmark table.
+#      against a float64 reference, cuDNN and the CPU backend's results
+#      (computed here), then print the benchmark table.
 # Usage: bench/gpu/run.sh package   # here: writes bench/gpu/packages/
 #        bench/gpu/run.sh wheels    # here: torchrl and its needs into .whl/
 #        bench/gpu/run.sh run       # on the GPU machine
@@ -44,6 +45,8 @@ package)
       rm -f "$out/why.txt"
     done
   done
+  # The CPU backend's results, for the GPU run to compare with.
+  PYTHONPATH=build/python /usr/bin/python3 bench/gpu/cpu_reference.py "$out"
   du -sh "$out"
   ;;
 wheels)

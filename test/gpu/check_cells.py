@@ -1,5 +1,5 @@
-"""On a GPU: cellc's CUDA kernels against cuDNN and an independent float64
-reference, then the benchmark table. Runs where only torch, the AOT packages
+"""On a GPU: cellc's CUDA kernels against cuDNN, an independent float64
+reference and the CPU backend's results, then the benchmark table. Runs where only torch, the AOT packages
 and libcellc_cuda.so are present (the lent GPU machine); cuda.py is imported
 by path, and torchrl's Triton RNNs are timed when torchrl imports.
 
@@ -142,6 +142,44 @@ def check(pkg_root):
     return failed
 
 
+def check_cpu_backend(pkg_root):
+    """Against the CPU backend: the results cellc's CPU kernels gave here for
+    the same data (bench/gpu/cpu_reference.py), for every variant and for
+    recompute none and full."""
+    failed = False
+    for kind in ("lstm", "gru"):
+        ref = torch.load(os.path.join(pkg_root, f"cpu-reference-{kind}.pt"))
+        for variant in VARIANTS:
+            cell = load(os.path.join(pkg_root, f"check-{kind}-{variant}"))
+            tol = TOL[cell.package.meta.get("precision", "ieee")]
+            if cell.storage == torch.bfloat16:
+                tol = TOL_BF16_STORAGE
+            for mode in ("none", "full"):
+                leaves = {"x": ref["x"].to(DEV).requires_grad_()}
+                leaves.update({n: p.to(DEV).requires_grad_() for n, p in ref["params"].items()})
+                leaves.update({n + "0": s.to(DEV).requires_grad_()
+                               for n, s in ref["states"].items()})
+                out, final = cell({"x": leaves["x"].to(cell.storage)},
+                                  {n: leaves[n] for n in ref["params"]},
+                                  {n: leaves[n + "0"] for n in ref["states"]},
+                                  ref["resets"].to(DEV), mode)
+                loss = (out["h"].float() * ref["g_out"].to(DEV)).sum() + sum(
+                    (final[n].float() * g.to(DEV)).sum() for n, g in ref["g_final"].items())
+                loss.backward()
+                errs = {"h": rel(out["h"].float().cpu(), ref["out"])}
+                errs.update({n + "_T": rel(final[n].float().cpu(), t)
+                             for n, t in ref["final"].items()})
+                errs.update({"d" + n: rel(leaves[n].grad.float().cpu(), g)
+                             for n, g in ref["grads"].items()})
+                worst = max(errs, key=errs.get)
+                ok = errs[worst] <= tol
+                failed |= not ok
+                print(f"{kind} {variant:15} vs CPU backend {mode:5} worst {worst} "
+                      f"{errs[worst]:.1e} (tol {tol:.0e}) {'ok' if ok else 'FAIL ' + str(errs)}",
+                      flush=True)
+    return failed
+
+
 def median_ms(fn, reps=15):
     for _ in range(3):
         fn()
@@ -243,5 +281,7 @@ if __name__ == "__main__":
         sys.exit(f"check_cells: {why}")
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     if what == "check":
-        sys.exit(1 if check(root) else 0)
+        failed = check(root)
+        failed |= check_cpu_backend(root)
+        sys.exit(1 if failed else 0)
     bench(root)
