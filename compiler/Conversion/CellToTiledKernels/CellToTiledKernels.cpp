@@ -228,9 +228,9 @@ public:
   unsigned phase = 0;
   /// Allocates a `[shape..., BT]` workgroup buffer.
   std::function<Value(ArrayRef<int64_t>)> allocShared;
-  /// Allocates a `[shape...]` buffer in workgroup memory (CUDA) or on the
-  /// heap (CPU), for the persistent strategy's weights.
-  std::function<Value(ArrayRef<int64_t>)> allocCache;
+  /// Allocates a `[shape...]` buffer of `type` in workgroup memory (CUDA) or
+  /// on the heap (CPU), for the persistent strategy's weights.
+  std::function<Value(ArrayRef<int64_t>, Type)> allocCache;
   Value tileIndex;
   int64_t sharedElements = 0;
   /// CUDA: "tf32" or "bf16" runs the matvecs that `onTensorCores` accepts
@@ -418,6 +418,13 @@ public:
 
   /// The rows of a persistent CTA's slice of `n`.
   int64_t sliceOf(int64_t n) const { return (n + slices - 1) / slices; }
+  /// The element type of a persistent CTA's copy of the weight of `op`: bf16
+  /// when bf16 tensor cores read it, which round it to bf16 anyway.
+  Type cachedType(Operation *op) const {
+    if (gpu && precision == "bf16" && onTensorCores(op, precision))
+      return BFloat16Type::get(builder.getContext());
+    return element;
+  }
   /// The rows of a persistent CTA's slice of the product of `op`: whole
   /// 16-row MMA tiles when it runs on tensor cores.
   int64_t productSliceOf(Operation *op) const {
@@ -853,7 +860,8 @@ void TiledBuilder::cacheWeights(Block &step) {
     SmallVector<int64_t> shape = {slice, depth + 1};
     if (!gpu)
       shape.insert(shape.begin(), slices);
-    Value cache = allocCache(shape);
+    Type cached = cachedType(op);
+    Value cache = allocCache(shape, cached);
     weightCache[op] = cache;
     Value weight =
         params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
@@ -882,6 +890,8 @@ void TiledBuilder::cacheWeights(Block &step) {
             builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
             Value w = builder.create<memref::LoadOp>(
                 l, weight, transposed ? ValueRange{k, row} : ValueRange{row, k});
+            if (cached != element)
+              w = builder.create<arith::TruncFOp>(l, cached, w);
             SmallVector<Value> at = {local, k};
             if (!gpu)
               at.insert(at.begin(), cta);
@@ -903,7 +913,11 @@ void TiledBuilder::emitSlicedProduct(Operation *op, Value out) {
   if (gpu && onTensorCores(op, precision)) {
     Value first = builder.create<arith::MulIOp>(loc, cta, index(slice));
     emitTensorCoreMatvec(op, out, first, slice, [&](Value local, Value k) -> Value {
-      return builder.create<memref::LoadOp>(loc, cache, ValueRange{local, k});
+      Value w = builder.create<memref::LoadOp>(loc, cache, ValueRange{local, k});
+      // A bf16 copy widens here and rounds back, exactly, in the packing.
+      if (w.getType() != element)
+        w = builder.create<arith::ExtFOp>(loc, element, w);
+      return w;
     });
     return;
   }
@@ -1272,11 +1286,14 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
       int64_t total = partialBytes;
       for (Operation *op : matvecs) {
         int64_t slice = (sizeOf(op->getResult(0)) + g - 1) / g;
-        if (gpu && onTensorCores(op, precision))
+        bool mma = gpu && onTensorCores(op, precision);
+        if (mma)
           slice = (slice + 15) / 16 * 16;
         if (slice > threads)
           return std::nullopt;
-        total += padded(slice * (sizeOf(op->getOperand(1)) + 1) * bytes);
+        // bf16 tensor cores keep a bf16 copy (TiledBuilder::cachedType).
+        int64_t width = mma && precision == "bf16" ? 2 : bytes;
+        total += padded(slice * (sizeOf(op->getOperand(1)) + 1) * width);
       }
       if (total > sharedLimit)
         return std::nullopt;
@@ -1379,28 +1396,28 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   // memory (up to `shared-limit`; the runtime raises the kernel's limit).
   Value dynamicShared;
   int64_t dynamicUsed = 0;
-  auto allocDynamic = [&](ArrayRef<int64_t> shape) -> Value {
+  auto allocDynamic = [&](ArrayRef<int64_t> shape, Type type) -> Value {
     OpBuilder at = OpBuilder::atBlockBegin(entry);
     if (!dynamicShared)
       dynamicShared = at.create<gpu::DynamicSharedMemoryOp>(
           loc, MemRefType::get({ShapedType::kDynamic}, at.getI8Type(),
                                MemRefLayoutAttrInterface(), memSpace));
     at.setInsertionPointAfterValue(dynamicShared);
-    int64_t n = bytes;
+    int64_t n = type.getIntOrFloatBitWidth() / 8;
     for (int64_t d : shape)
       n *= d;
     Value view = at.create<memref::ViewOp>(
-        loc, MemRefType::get(shape, element, MemRefLayoutAttrInterface(), memSpace),
+        loc, MemRefType::get(shape, type, MemRefLayoutAttrInterface(), memSpace),
         dynamicShared, at.create<arith::ConstantIndexOp>(loc, dynamicUsed),
         ValueRange());
     dynamicUsed += (n + 15) / 16 * 16;
     return view;
   };
-  tb.allocCache = [&](ArrayRef<int64_t> shape) -> Value {
+  tb.allocCache = [&](ArrayRef<int64_t> shape, Type type) -> Value {
     if (gpu)
-      return allocDynamic(shape);
+      return allocDynamic(shape, type);
     OpBuilder at = OpBuilder::atBlockBegin(entry);
-    return at.create<memref::AllocOp>(loc, MemRefType::get(shape, element));
+    return at.create<memref::AllocOp>(loc, MemRefType::get(shape, type));
   };
   tb.allocShared = [&](ArrayRef<int64_t> shape) -> Value {
     SmallVector<int64_t> full(shape.begin(), shape.end());
@@ -1700,7 +1717,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
     if (persistent) {
       tb.cta = builder.create<gpu::BlockIdOp>(loc, gpu::Dimension::x);
       tb.tileIndex = bid;
-      tb.partials = allocDynamic({int64_t(threads), tile});
+      tb.partials = allocDynamic({int64_t(threads), tile}, element);
     }
     Value b0 = builder.create<arith::AddIOp>(
         loc, bBegin, builder.create<arith::MulIOp>(loc, bid, tb.index(tile)));
