@@ -166,3 +166,97 @@ def test_recompute_modes_are_checked():
     for bad in ("chunk:0", "chunk:x", "some", None):
         with pytest.raises(ValueError, match="recompute must be"):
             cuda.parse_recompute(bad)
+
+
+class _TorchKernels(_Recorder):
+    """Stand-in LSTM kernels in torch that keep the kernels' contract: the
+    forward writes outputs and state history from the projections and the
+    start states; the backward writes the gate gradients (as projection
+    gradients and weight rows), the previous states (weight vectors) and the
+    initial- and start-state gradients. What CudaCell does around them (GEMMs,
+    chunks, carried gradients, resets) is then checked against torch."""
+
+    def launch(self, kernel, variant, tensors, batch, stream=None):
+        super().launch(kernel, variant, tensors, batch, stream)
+        args = {}
+        for arg, t in zip(self.package.kernels[kernel]["args"], tensors):
+            args.setdefault(arg["kind"], {})[arg["name"]] = t
+        p = {n: t.detach() for n, t in args["param"].items()}
+        x = args["input"]["x"]
+        proj = x @ p["W_ih"].t() + p["b_ih"] + p["b_hh"]
+        resets = args["resets"]["resets"].bool()
+        init, start = args["initial_state"], args["start_state"]
+        with torch.enable_grad():
+            proj = proj.detach().requires_grad_()
+            s0 = {n: t.detach().clone().requires_grad_() for n, t in start.items()}
+            i0 = {n: t.detach().clone().requires_grad_() for n, t in init.items()}
+            h, c = s0["h"], s0["c"]
+            outs, cs, gates, prev = [], [], [], []
+            for t in range(x.shape[0]):
+                m = resets[t][:, None]
+                h = torch.where(m, i0["h"], h)
+                c = torch.where(m, i0["c"], c)
+                prev.append(h)
+                g = proj[t] + h @ p["W_hh"].t()
+                g.retain_grad()
+                gates.append(g)
+                i, f, gg, o = g.chunk(4, -1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(gg)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                outs.append(h)
+                cs.append(c)
+            if kernel.endswith("_fwd"):
+                args["output"]["h"].copy_(torch.stack(outs))
+                args["state_history"]["h"].copy_(torch.stack(outs))
+                args["state_history"]["c"].copy_(torch.stack(cs))
+                return
+            loss = (torch.stack(outs) * args["output_grad"]["h"]).sum()
+            loss = loss + (h * args["final_state_grad"]["h"]).sum()
+            loss = loss + (c * args["final_state_grad"]["c"]).sum()
+            loss.backward()
+        dg = torch.stack([g.grad for g in gates])
+        args["projection_grad"]["W_ih"].copy_(dg)
+        args["weight_rows"]["W_hh"].copy_(dg)
+        args["weight_vectors"]["W_hh"].copy_(torch.stack(prev).detach())
+        args["input_grad"]["x"].zero_()
+        for n in ("h", "c"):
+            args["initial_state_grad"][n].copy_(i0[n].grad)
+            args["start_state_grad"][n].copy_(s0[n].grad)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full", "chunk:3"])
+def test_cuda_cell_gradients_with_stand_in_kernels(tmp_path, recompute):
+    cell = _TorchKernels(cuda.Package(str(make_package(tmp_path, "lstm"))))
+    torch.manual_seed(0)
+    T, B, I, H = 8, 4, 16, 32
+    ref = torch.nn.LSTM(I, H)
+    params = {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0,
+              "b_ih": ref.bias_ih_l0, "b_hh": ref.bias_hh_l0}
+    x = torch.randn(T, B, I, requires_grad=True)
+    h0 = (torch.randn(B, H) * 0.5).requires_grad_()
+    c0 = (torch.randn(B, H) * 0.5).requires_grad_()
+    resets = torch.zeros(T, B, dtype=torch.bool)
+    resets[3, 1] = resets[5, 2] = resets[6, 1] = True
+    g_out, g_h, g_c = torch.randn(T, B, H), torch.randn(B, H), torch.randn(B, H)
+
+    out, final = cell({"x": x}, params, {"h": h0, "c": c0}, resets, recompute)
+    ((out["h"] * g_out).sum() + (final["h"] * g_h).sum() + (final["c"] * g_c).sum()).backward()
+    got = [out["h"].detach(), final["h"].detach(), final["c"].detach(), x.grad, h0.grad,
+           c0.grad] + [p.grad for p in params.values()]
+
+    # torch.nn.LSTM, run in segments between resets.
+    leaves = [x, h0, c0] + list(params.values())
+    for t in leaves:
+        t.grad = None
+    h, c, outs = h0[None], c0[None], []
+    for t in range(T):
+        m = resets[t][None, :, None]
+        h, c = torch.where(m, h0[None], h), torch.where(m, c0[None], c)
+        o, (h, c) = ref(x[t:t + 1], (h, c))
+        outs.append(o)
+    want_out = torch.cat(outs)
+    ((want_out * g_out).sum() + (h[0] * g_h).sum() + (c[0] * g_c).sum()).backward()
+    want = [want_out.detach(), h[0].detach(), c[0].detach()] + [t.grad for t in leaves]
+    for name, a, b in zip(["h", "h_T", "c_T", "dx", "dh0", "dc0", "dW_ih", "dW_hh", "db_ih",
+                           "db_hh"], got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
