@@ -88,9 +88,14 @@ class Cell:
     """A cell compiled from source: parsed and checked now, JIT-compiled per
     (sizes, dtype) on first use, and cached on disk."""
 
-    def __init__(self, source, file_name="<cell>", target=None, threads=0):
+    def __init__(self, source, file_name="<cell>", target=None, threads=0, cuda=None):
         if target not in (None, "cpu", "cuda"):
             raise ValueError(f"unknown target {target!r}; expected None, 'cpu' or 'cuda'")
+        self.cuda_options = dict(cuda or {})
+        unknown = set(self.cuda_options) - _CUDA_OPTIONS
+        if unknown:
+            raise TypeError(f"unknown CUDA option {sorted(unknown)[0]!r}; expected one of "
+                            f"{sorted(_CUDA_OPTIONS)}")
         self.source = source
         self.file_name = file_name
         self.target = target
@@ -350,7 +355,8 @@ class Cell:
         key = (tuple(sorted(sizes.items())), storage, index)
         cell = self._cuda.get(key)
         if cell is None:
-            path = self.cuda_package(sizes, arch=f"sm_{major}{minor}", storage=storage)
+            path = self.cuda_package(sizes, arch=f"sm_{major}{minor}", storage=storage,
+                                     **self.cuda_options)
             cell = cuda.CudaCell(cuda.Package(path), device=index)
             self._cuda[key] = cell
         mode = _parse_mode(save_gates, recompute)
@@ -365,6 +371,9 @@ class Cell:
         if len(out) == 1:
             out = next(iter(out.values()))
         return out, final
+
+
+_CUDA_OPTIONS = {"strategy", "precision", "batch_tile", "ctas", "shared_limit"}
 
 
 def _bucket(batch):
@@ -415,12 +424,15 @@ def _output_names(text):
     return [p.strip().strip('"') for p in inside.split(",") if p.strip()]
 
 
-def compile(source, target=None, *, threads=0):
+def compile(source, target=None, *, threads=0, cuda=None):
     """Parses and checks a cell. `source` is the cell's text or a path to a
-    .cell file. Kernels are compiled per (sizes, dtype) on first use."""
+    .cell file. Kernels are compiled per (sizes, dtype) on first use.
+    `cuda`: the CUDA kernels' options, from those of `Cell.cuda_package`
+    (strategy, precision, batch_tile, ctas, shared_limit); the storage
+    follows the inputs' dtype."""
     file_name = "<cell>"
     if "{" not in source and os.path.exists(source):
         file_name = source
         with open(source) as f:
             source = f.read()
-    return Cell(source, file_name, target, threads)
+    return Cell(source, file_name, target, threads, cuda)
