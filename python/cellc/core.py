@@ -287,6 +287,11 @@ class Cell:
                     raise ValueError(f"state '{n}' must be [B, n] with B={B}, got {list(t.shape)}")
                 shapes[n] = (t.shape[1],)
         sizes = self.bind_sizes(shapes)
+        if resets is not None:
+            want = (B, T) if batch_first else (T, B)
+            if not isinstance(resets, torch.Tensor) or tuple(resets.shape) != want:
+                raise ValueError(f"resets must be a bool tensor of shape {list(want)}")
+            resets = resets.to(torch.uint8).contiguous()
         if device.type == "cuda":
             return self._call_cuda(sizes, names_in, inputs, names_par, params, states, resets,
                                    save_gates, recompute, batch_first, device)
@@ -296,11 +301,6 @@ class Cell:
             for (n, shape) in compiled.states:
                 t = states.get(n)
                 state_list.append(t if t is not None else inputs[0].new_zeros(B, shape[0]))
-        if resets is not None:
-            want = (B, T) if batch_first else (T, B)
-            if not isinstance(resets, torch.Tensor) or tuple(resets.shape) != want:
-                raise ValueError(f"resets must be a bool tensor of shape {list(want)}")
-            resets = resets.to(torch.uint8).contiguous()
         mode = _parse_mode(save_gates, recompute)
         tensors = [t.contiguous() for t in tensors + state_list]
         training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)

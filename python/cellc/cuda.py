@@ -426,6 +426,9 @@ class CudaCell:
         T, B = first.shape[:2]
         self._check_tensors(list(inputs.values()) + list(params.values())
                             + list((states or {}).values()))
+        if resets is not None and (not isinstance(resets, torch.Tensor)
+                                   or tuple(resets.shape) != (T, B)):
+            raise ValueError(f"resets must be a bool tensor of shape {[T, B]}")
         for n, x in inputs.items():
             if x.dtype != self.storage:
                 raise TypeError(f"input {n!r} is {x.dtype}, but this package stores "

@@ -141,6 +141,8 @@ def test_cuda_cell_host_side(tmp_path, recompute, storage):
     if storage == "f32":
         with pytest.raises(TypeError, match="stores its sequences as torch.float32"):
             cell({"x": x.detach().bfloat16()}, params)
+    with pytest.raises(ValueError, match=r"resets must be a bool tensor of shape \[7, 5\]"):
+        cell({"x": x}, params, resets=torch.zeros(5, 7, dtype=torch.bool))
     fwd = [l for l in cell.launches if l[0] == "lstm_fwd"]
     chunks = 3 if recompute == "chunk:3" else 1
     assert len(fwd) == chunks
