@@ -78,9 +78,15 @@ run)
   fi
   export CELLC_CUDA_LIB=$PWD/build-gpu/lib/libcellc_cuda.so PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+  # Bounded, so that a hung grid barrier or a slow Triton autotune still
+  # leaves the other half's output inside the device tool's 10 minutes; the
+  # log also goes to $OUT when the device tool sets it.
+  log=${OUT:-/tmp}/gpu-run.log
   status=0
-  python3 test/gpu/check_cells.py check bench/gpu/packages || status=1
-  python3 test/gpu/check_cells.py bench bench/gpu/packages || status=1
+  timeout 270 python3 test/gpu/check_cells.py check bench/gpu/packages 2>&1 | tee "$log" ||
+    status=1
+  timeout 270 python3 test/gpu/check_cells.py bench bench/gpu/packages 2>&1 | tee -a "$log" ||
+    status=1
   exit $status
   ;;
 *) echo "usage: $0 package|wheels|run" >&2; exit 2 ;;
