@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import pytest
+import torch
 
 from conftest import BUILD
 from cellc import cuda
@@ -112,8 +113,6 @@ class _Recorder(cuda.CudaCell):
                     "final_state_grad", "gates") and t.numel():
                 t.copy_(torch.rand_like(t))
 
-
-import torch  # noqa: E402
 
 
 @pytest.mark.parametrize("recompute,storage", [("none", "f32"), ("full", "f32"),
