@@ -7,6 +7,9 @@ JOBS      ?= 2
 LLVM      := /usr/lib/llvm-19
 LIT       := $(LLVM)/build/utils/lit/lit.py
 PYTHON    := /usr/bin/python3
+# Paths under the tree are hashed relative to it, so that another copy of the
+# tree (test-install) reuses these objects.
+export CCACHE_BASEDIR := $(CURDIR)
 FUZZ_RUNS ?= 1000000
 FUZZ_SMOKE_RUNS ?= 50000
 
@@ -16,7 +19,8 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DPython3_EXECUTABLE=$(PYTHON) \
   -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 
-.PHONY: all deps configure build demo test check lit pytest fuzz fuzz-smoke bench-cpu clean
+.PHONY: all deps configure build demo test check lit pytest test-install fuzz fuzz-smoke \
+        bench-cpu clean
 
 all: build
 
@@ -56,7 +60,11 @@ lit: build
 pytest: build
 	PYTHONPATH=$(BUILD)/python CELLC_BUILD_DIR=$(BUILD) $(PYTHON) -m pytest -q -rs test/python
 
-test: lit pytest fuzz-smoke
+# The wheel, built from a clean copy and used from a fresh virtual environment.
+test-install: build
+	scripts/test-install.sh
+
+test: lit pytest test-install fuzz-smoke
 check: test
 
 # The libFuzzer target, built with clang-19 in its own tree.

@@ -13,8 +13,8 @@ Compiled kernels are cached in `$CELLC_CACHE_DIR` (default `~/.cache/cellc`);
 for this machine and the JIT uses the result.
 """
 
-from ._cellc import cache_dir
+from ._cellc import __version__, cache_dir
 from .core import Cell, autotune, compile
 from . import nn
 
-__all__ = ["Cell", "autotune", "compile", "cache_dir", "nn"]
+__all__ = ["Cell", "autotune", "compile", "cache_dir", "nn", "__version__"]

@@ -352,6 +352,7 @@ PYBIND11_MODULE(_cellc, m) {
   m.def("declarations", &declarations, py::arg("source"), py::arg("file_name"));
   m.def("emit", &emit, py::arg("source"), py::arg("file_name"), py::arg("sizes"),
         py::arg("dtype"), py::arg("stage"), py::arg("save_gates") = -1);
+  m.attr("__version__") = CELLC_VERSION;
   m.def("cache_dir", []() { return KernelCache::defaultDir(); });
   m.def("compiler_version", []() { return compilerVersion().str(); });
   m.def("package", &package, py::arg("source"), py::arg("file_name"), py::arg("sizes"),

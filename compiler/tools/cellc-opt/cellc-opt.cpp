@@ -4,6 +4,7 @@
 #include "compiler/Conversion/Passes.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialects/Cell/Transforms/Passes.h"
+#include "compiler/tools/ToolVersion.h"
 
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/InitAllDialects.h"
@@ -11,6 +12,7 @@
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 
 int main(int argc, char **argv) {
+  cellc::setToolVersionPrinter("cellc-opt");
   mlir::registerAllPasses();
   mlir::cell::registerCellPasses();
   mlir::cell::registerCellConversionPasses();

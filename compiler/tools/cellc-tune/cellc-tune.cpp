@@ -17,6 +17,7 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
+#include "compiler/tools/ToolVersion.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -77,6 +78,7 @@ static std::optional<double> parseSeconds(llvm::StringRef text) {
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
+  cellc::setToolVersionPrinter("cellc-tune");
   cl::ParseCommandLineOptions(argc, argv,
                               "cellc-tune: autotune the kernel config of a cell\n");
   auto parsedTarget = parseTuneTarget(target);

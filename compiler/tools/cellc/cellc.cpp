@@ -3,6 +3,7 @@
 #include "compiler/Frontend/IRGen.h"
 #include "compiler/Frontend/Parser.h"
 #include "compiler/Pipelines/Pipelines.h"
+#include "compiler/tools/ToolVersion.h"
 #include "dialects/Cell/Transforms/Passes.h"
 #include "runtime/KernelCache.h"
 #include "dialects/Cell/IR/CellOps.h"
@@ -333,6 +334,7 @@ int main(int argc, char **argv) {
     return cacheCommand(argc, argv);
   mlir::registerAsmPrinterCLOptions();
   mlir::registerMLIRContextCLOptions();
+  cellc::setToolVersionPrinter("cellc");
   cl::ParseCommandLineOptions(argc, argv, "cellc: a compiler for recurrent cells\n");
 
   auto fileOrErr = llvm::MemoryBuffer::getFileOrSTDIN(inputFilename);
