@@ -19,6 +19,7 @@
 #include "compiler/Conversion/Passes.h"
 
 #include "compiler/Conversion/Common/KernelABI.h"
+#include "compiler/Conversion/Common/StepEmitter.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
@@ -33,134 +34,6 @@ namespace mlir::cell {
 
 namespace {
 
-int64_t sizeOf(Value v) {
-  return cast<RankedTensorType>(v.getType()).getDimSize(0);
-}
-
-//===----------------------------------------------------------------------===//
-// Phase analysis
-//===----------------------------------------------------------------------===//
-
-/// Which values of a step live in workgroup memory, and in which phase each
-/// value that is written somewhere is computed.
-class PhasePlan {
-public:
-  /// `roots` are the values the step writes out. `isLeaf` says which values
-  /// are read from a buffer rather than computed; `isShared` which of those
-  /// are already in workgroup memory.
-  PhasePlan(Block &block, ArrayRef<Value> roots,
-            std::function<bool(Value)> isLeaf,
-            std::function<bool(Value)> isShared)
-      : block(block), isLeaf(std::move(isLeaf)), isShared(std::move(isShared)) {
-    block.walk([&](Operation *op) {
-      Value vec;
-      if (auto m = dyn_cast<MatvecOp>(op))
-        vec = m.getVector();
-      else if (auto m = dyn_cast<VecmatOp>(op))
-        vec = m.getVector();
-      if (vec && !this->isShared(vec))
-        materialized.insert(vec);
-    });
-    // Grow the set until no value is computed in two phases.
-    while (true) {
-      levels.clear();
-      numPhases = 0;
-      for (Value v : roots)
-        numPhases = std::max(numPhases, level(v));
-      for (Value v : materialized)
-        numPhases = std::max(numPhases, level(v));
-      // Walk each phase's items depth first, outermost value first. The
-      // first value met by two phases is materialized, which removes its
-      // operands from the later walk; then everything is walked again.
-      DenseMap<Value, unsigned> firstPhase;
-      Value twice;
-      auto visitFrom = [&](Value item) {
-        unsigned phase = level(item);
-        DenseSet<Value> seen;
-        SmallVector<Value> stack = {item};
-        while (!stack.empty() && !twice) {
-          Value v = stack.pop_back_val();
-          if (!seen.insert(v).second)
-            continue;
-          if (v != item && (materialized.contains(v) || this->isLeaf(v)))
-            continue;
-          if (!isView(v) && v != item) {
-            auto [it, fresh] = firstPhase.try_emplace(v, phase);
-            if (!fresh && it->second != phase) {
-              twice = v;
-              break;
-            }
-          }
-          SmallVector<Value> operands = inlineOperands(v);
-          for (Value operand : llvm::reverse(operands))
-            stack.push_back(operand);
-        }
-      };
-      SmallVector<Value> items(roots.begin(), roots.end());
-      llvm::append_range(items, materialized);
-      llvm::stable_sort(items, [&](Value a, Value b) { return level(a) < level(b); });
-      for (Value v : items)
-        if (!twice)
-          visitFrom(v);
-      if (!twice)
-        break;
-      materialized.insert(twice);
-    }
-  }
-
-  /// The phase (from 1) in which `v` is computed when it is written out.
-  unsigned level(Value v) {
-    auto it = levels.find(v);
-    if (it != levels.end())
-      return it->second;
-    levels[v] = 1; // Cycles cannot happen in SSA; this guards the recursion.
-    unsigned deepest = 0;
-    DenseSet<Value> seen;
-    SmallVector<Value> stack(inlineOperands(v));
-    while (!stack.empty()) {
-      Value u = stack.pop_back_val();
-      if (!seen.insert(u).second)
-        continue;
-      if (materialized.contains(u)) {
-        deepest = std::max(deepest, level(u));
-        continue;
-      }
-      if (isLeaf(u))
-        continue;
-      for (Value operand : inlineOperands(u))
-        stack.push_back(operand);
-    }
-    return levels[v] = deepest + 1;
-  }
-
-  /// The values `v` is computed from, element by element.
-  static SmallVector<Value> inlineOperands(Value v) {
-    Operation *op = v.getDefiningOp();
-    if (!op)
-      return {};
-    if (auto m = dyn_cast<MatvecOp>(op))
-      return {m.getVector()};
-    if (auto m = dyn_cast<VecmatOp>(op))
-      return {m.getVector()};
-    if (auto restore = dyn_cast<RestoreOp>(op))
-      return llvm::to_vector(
-          restore.getBody().front().getTerminator()->getOperands());
-    if (isa<ParamOp, ConstantOp, ProjectionOp>(op))
-      return {};
-    return llvm::to_vector(op->getOperands());
-  }
-
-  static bool isView(Value v) { return v.getDefiningOp<ChunkOp>() != nullptr; }
-
-  Block &block;
-  SetVector<Value> materialized;
-  unsigned numPhases = 0;
-
-private:
-  std::function<bool(Value)> isLeaf, isShared;
-  DenseMap<Value, unsigned> levels;
-};
-
 /// Whether `op` (a matvec or vecmat) runs on tensor cores at `precision`:
 /// its rows must fill 16-row MMA tiles and its depth the MMA's k.
 bool onTensorCores(Operation *op, StringRef precision) {
@@ -170,62 +43,21 @@ bool onTensorCores(Operation *op, StringRef precision) {
   return sizeOf(op->getResult(0)) % 16 == 0 && sizeOf(op->getOperand(1)) % k == 0;
 }
 
-//===----------------------------------------------------------------------===//
-// Element-wise evaluation
-//===----------------------------------------------------------------------===//
-
-/// An element index: `base + offset`, where `base` runs over `[0, extent)`.
-struct Index {
-  Value base;
-  int64_t offset = 0;
-  int64_t extent = 0;
-};
-
-/// Writes an evaluated element (`vector<BT>`) at element `j + offset`.
-using Sink = std::function<void(OpBuilder &, Location, Value, Value, int64_t)>;
-
-/// A value written out in some phase, with where it goes.
-struct Item {
-  Value value;
-  SmallVector<std::pair<Sink, int64_t>> sinks;
-  /// When set, the writes happen only where it is true.
-  Value guard;
-};
-
-/// Where a leaf value is read from.
-struct Source {
-  enum Kind { Shared, PerStep } kind = Shared;
-  Value buffer;
-  /// Shared: the ping-pong slot, when the buffer has one.
-  Value slot;
-};
-
 /// Builds the batch-tiled kernels of one cell.
-class TiledBuilder {
+class TiledBuilder : public StepEmitter {
 public:
   TiledBuilder(OpBuilder &builder, Location loc, int64_t tile, Type element,
                bool gpu)
-      : builder(builder), loc(loc), tile(tile), element(element), gpu(gpu),
-        lane(VectorType::get({tile}, element)) {}
+      : StepEmitter(builder, loc, element, VectorType::get({tile}, element)),
+        tile(tile), gpu(gpu) {}
 
-  OpBuilder &builder;
-  Location loc;
   int64_t tile;
-  Type element;
   bool gpu;
-  VectorType lane;
 
   /// Set by the kernel before building the body.
-  Value tid, ntid, t, saveGates;
+  Value tid, ntid;
   int64_t ntidStatic = 1;
   SmallVector<Value> rows, rowValid;
-  DenseMap<Value, Source> sources;
-  DenseMap<StringRef, Value> params;
-  DenseMap<Operation *, Value> projectionBuffers;
-  Value gates;
-  DenseMap<Value, Value> sharedOf;
-  PhasePlan *plan = nullptr;
-  unsigned phase = 0;
   /// Allocates a `[shape..., BT]` workgroup buffer.
   std::function<Value(ArrayRef<int64_t>)> allocShared;
   /// Allocates a `[shape...]` buffer of `type` in workgroup memory (CUDA) or
@@ -244,32 +76,21 @@ public:
   int64_t slices = 0;
   Value cta, barrierWords;
   DenseMap<Operation *, Value> weightCache;
+  SmallVector<Value> cacheOrder;
   /// Per thread partial products of the persistent strategy (CUDA).
   Value partials;
-  /// The products computed before the element loops of a phase (tensor
-  /// cores, or the persistent strategy's slices), read from here.
-  DenseMap<Operation *, Value> products;
-
-  Value index(int64_t v) {
-    return builder.create<arith::ConstantIndexOp>(loc, v);
-  }
-  Value shifted(Value j, int64_t offset) {
-    if (offset == 0)
-      return j;
-    return builder.create<arith::AddIOp>(loc, j, index(offset));
-  }
-  Value at(const Index &i) { return shifted(i.base, i.offset); }
 
   /// A `[shape..., BT]` buffer in workgroup memory.
-  Value shared(ArrayRef<int64_t> shape) {
+  Value buffer(ArrayRef<int64_t> shape) override {
     int64_t n = tile;
     for (int64_t d : shape)
       n *= d;
     sharedElements += n;
     return allocShared(shape);
   }
+  Value shared(ArrayRef<int64_t> shape) { return buffer(shape); }
 
-  Value loadShared(Value buffer, Value slot, Value j) {
+  Value load(Value buffer, Value slot, Value j) override {
     SmallVector<Value> indices;
     if (slot)
       indices.push_back(slot);
@@ -277,7 +98,7 @@ public:
     indices.push_back(index(0));
     return builder.create<vector::LoadOp>(loc, lane, buffer, indices);
   }
-  void storeShared(Value v, Value buffer, Value slot, Value j) {
+  void store(Value v, Value buffer, Value slot, Value j) override {
     SmallVector<Value> indices;
     if (slot)
       indices.push_back(slot);
@@ -285,6 +106,16 @@ public:
     indices.push_back(index(0));
     builder.create<vector::StoreOp>(loc, v, buffer, indices);
   }
+  Value loadShared(Value buffer, Value slot, Value j) { return load(buffer, slot, j); }
+  void storeShared(Value v, Value buffer, Value slot, Value j) {
+    store(v, buffer, slot, j);
+  }
+  Value loadPerStep(Value buffer, Value j) override { return gather(buffer, true, j); }
+  Value loadParam(Value param, Value j) override {
+    Value scalar = builder.create<memref::LoadOp>(loc, param, j);
+    return builder.create<vector::BroadcastOp>(loc, lane, scalar);
+  }
+  Value evalProduct(Operation *op, const Index &i) override;
 
   /// Gathers element `j` of each row of the tile from a `[T, B, n]` buffer
   /// (at step `t`) or a `[B, n]` buffer.
@@ -357,7 +188,7 @@ public:
 
   /// A loop over the elements `[0, n)` of this thread: with the persistent
   /// strategy, over its CTA's slice of them.
-  void forEachElement(int64_t n, function_ref<void(Value j)> body) {
+  void forEachElement(int64_t n, function_ref<void(Value j)> body) override {
     forEachCta([&] {
       Value begin = tid, end = index(n);
       if (slices > 0) {
@@ -375,7 +206,7 @@ public:
           });
     });
   }
-  void barrier() {
+  void barrier() override {
     if (!gpu)
       return;
     if (slices > 0)
@@ -384,19 +215,14 @@ public:
       builder.create<gpu::BarrierOp>(loc);
   }
 
-  /// Evaluates `v` at element `i` for the rows of the tile.
-  Value eval(Value v, const Index &i);
-
-  /// Emits the phases that compute `items`.
-  LogicalResult emitPhases(ArrayRef<Item> items);
   /// Whether the matvec or vecmat `op` is computed whole before the element
   /// loops that read it, rather than per element.
-  bool computesProduct(Operation *op) {
+  bool computesProduct(Operation *op) override {
     if (!isa<MatvecOp, VecmatOp>(op))
       return false;
     return slices > 0 || (gpu && onTensorCores(op, precision));
   }
-  void emitProduct(Operation *op, Value out) {
+  void emitProduct(Operation *op, Value out) override {
     if (slices > 0)
       emitSlicedProduct(op, out);
     else
@@ -452,196 +278,31 @@ public:
   /// `barrierWords[2 * tile + 1]` (a generation). The count goes back to 0,
   /// so the words need zeroing once, not per launch.
   void gridBarrier();
-
-  bool failedEval = false;
-
-private:
-  using Key = std::tuple<Value, Value, int64_t>;
-  SmallVector<DenseMap<Key, Value>> scopes = SmallVector<DenseMap<Key, Value>>(1);
-  Value lookup(const Key &key) {
-    for (auto &scope : llvm::reverse(scopes)) {
-      auto it = scope.find(key);
-      if (it != scope.end())
-        return it->second;
-    }
-    return {};
-  }
-  Value remember(Value v, const Index &i, Value result) {
-    scopes.back()[Key(v, i.base, i.offset)] = result;
-    return result;
-  }
-  Value evalOp(Operation *op, Value v, const Index &i);
-  Value evalRestore(RestoreOp restore, unsigned result, const Index &i);
-  Value evalConcat(ConcatOp concat, const Index &i);
-  Value sharedBuffer(Value v, Value &slot);
 };
 
-Value TiledBuilder::sharedBuffer(Value v, Value &slot) {
-  slot = Value();
-  auto it = sources.find(v);
-  if (it != sources.end() && it->second.kind == Source::Shared) {
-    slot = it->second.slot;
-    return it->second.buffer;
-  }
-  return sharedOf.lookup(v);
-}
-
-Value TiledBuilder::eval(Value v, const Index &i) {
-  if (Value hit = lookup(Key(v, i.base, i.offset)))
-    return hit;
-  // Written in an earlier phase: read it back.
-  if (plan && plan->materialized.contains(v) && plan->level(v) < phase) {
-    Value slot;
-    return remember(v, i, loadShared(sharedBuffer(v, slot), slot, at(i)));
-  }
-  auto it = sources.find(v);
-  if (it != sources.end()) {
-    const Source &src = it->second;
-    Value j = at(i);
-    switch (src.kind) {
-    case Source::Shared:
-      return remember(v, i, loadShared(src.buffer, src.slot, j));
-    case Source::PerStep:
-      return remember(v, i, gather(src.buffer, true, j));
-    }
-  }
-  Operation *op = v.getDefiningOp();
-  if (!op) {
-    failedEval = true;
-    emitError(loc) << "tiled kernels: a block argument has no buffer";
-    return splat(builder, loc, lane, 0.0);
-  }
-  return remember(v, i, evalOp(op, v, i));
-}
-
-Value TiledBuilder::evalOp(Operation *op, Value v, const Index &i) {
-  if (auto param = dyn_cast<ParamOp>(op)) {
-    Value scalar =
-        builder.create<memref::LoadOp>(loc, params.lookup(param.getName()), at(i));
-    return builder.create<vector::BroadcastOp>(loc, lane, scalar);
-  }
-  if (auto c = dyn_cast<ConstantOp>(op))
-    return splat(builder, loc, lane, c.getValue().convertToDouble());
-  if (auto chunk = dyn_cast<ChunkOp>(op)) {
-    unsigned k = cast<OpResult>(v).getResultNumber();
-    return eval(chunk.getInput(),
-                {i.base, i.offset + int64_t(k) * sizeOf(v), i.extent});
-  }
-  if (auto concat = dyn_cast<ConcatOp>(op))
-    return evalConcat(concat, i);
-  if (auto restore = dyn_cast<RestoreOp>(op))
-    return evalRestore(restore, cast<OpResult>(v).getResultNumber(), i);
-  if (auto proj = dyn_cast<ProjectionOp>(op))
-    return gather(projectionBuffers.lookup(op), true, at(i));
-  // matvec: result[row] = sum_k W[row, k] * u[k]; vecmat: result[col] =
-  // sum_r W[r, col] * g[r]. The vector is read from workgroup memory.
-  if (Value product = products.lookup(op))
-    return loadShared(product, Value(), at(i));
-  if (isa<MatvecOp, VecmatOp>(op)) {
-    bool transposed = isa<VecmatOp>(op);
-    Value weight = params.lookup(
-        op->getOperand(0).getDefiningOp<ParamOp>().getName());
-    Value vec = op->getOperand(1), slot;
-    Value buffer = sharedBuffer(vec, slot);
-    Value fixed = at(i);
-    auto loop = builder.create<scf::ForOp>(
-        loc, index(0), index(sizeOf(vec)), index(1),
-        ValueRange{splat(builder, loc, lane, 0.0)},
-        [&](OpBuilder &b, Location l, Value k, ValueRange acc) {
-          OpBuilder::InsertionGuard guard(builder);
-          builder.setInsertionPointToStart(b.getInsertionBlock());
-          Value w = builder.create<memref::LoadOp>(
-              l, weight, transposed ? ValueRange{k, fixed} : ValueRange{fixed, k});
-          Value ws = builder.create<vector::BroadcastOp>(l, lane, w);
-          Value next = builder.create<vector::FMAOp>(
-              l, ws, loadShared(buffer, slot, k), acc[0]);
-          builder.create<scf::YieldOp>(l, next);
-        });
-    return loop.getResult(0);
-  }
-  SmallVector<Value> operands;
-  for (Value operand : op->getOperands())
-    operands.push_back(eval(operand, i));
-  if (Value r = buildElementwise(builder, op, operands, lane))
-    return r;
-  failedEval = true;
-  op->emitOpError("cannot be lowered to a batch-tiled kernel");
-  return splat(builder, loc, lane, 0.0);
-}
-
-Value TiledBuilder::evalConcat(ConcatOp concat, const Index &i) {
-  // The part that holds the whole range of `i`, when there is one.
-  int64_t start = 0;
-  for (Value part : concat.getInputs()) {
-    int64_t n = sizeOf(part);
-    if (i.offset >= start && i.offset + i.extent <= start + n)
-      return eval(part, {i.base, i.offset - start, i.extent});
-    start += n;
-  }
-  // Otherwise choose the part at run time.
-  Value j = at(i);
-  std::function<Value(unsigned, int64_t)> select = [&](unsigned k,
-                                                       int64_t begin) -> Value {
-    Value part = concat.getInputs()[k];
-    int64_t n = sizeOf(part);
-    auto inPart = [&]() {
-      scopes.emplace_back();
-      Value local = builder.create<arith::SubIOp>(loc, j, index(begin));
-      Value r = eval(part, {local, 0, n});
-      scopes.pop_back();
-      return r;
-    };
-    if (k + 1 == concat.getInputs().size())
-      return inPart();
-    Value below = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult,
-                                                j, index(begin + n));
-    auto ifOp = builder.create<scf::IfOp>(loc, TypeRange{lane}, below, true, true);
-    {
-      OpBuilder::InsertionGuard guard(builder);
-      builder.setInsertionPointToStart(ifOp.thenBlock());
-      builder.create<scf::YieldOp>(loc, inPart());
-      builder.setInsertionPointToStart(ifOp.elseBlock());
-      builder.create<scf::YieldOp>(loc, select(k + 1, begin + n));
-    }
-    return ifOp.getResult(0);
-  };
-  return select(0, 0);
-}
-
-Value TiledBuilder::evalRestore(RestoreOp restore, unsigned result,
-                                const Index &i) {
-  // All results of this size at once: one branch on SAVE_GATES for them.
-  int64_t n = sizeOf(restore.getResult(result));
-  SmallVector<unsigned> group;
-  for (unsigned r = 0; r < restore.getNumResults(); ++r)
-    if (sizeOf(restore.getResult(r)) == n)
-      group.push_back(r);
-  SmallVector<int64_t> offsets = packedOffsets(restore.getResultTypes());
-  Operation *yield = restore.getBody().front().getTerminator();
-  SmallVector<Type> types(group.size(), lane);
-  auto ifOp = builder.create<scf::IfOp>(loc, types, saveGates, true, true);
-  {
-    OpBuilder::InsertionGuard guard(builder);
-    builder.setInsertionPointToStart(ifOp.thenBlock());
-    SmallVector<Value> loaded;
-    for (unsigned r : group)
-      loaded.push_back(gather(gates, true, at({i.base, i.offset + offsets[r], i.extent})));
-    builder.create<scf::YieldOp>(loc, loaded);
-    builder.setInsertionPointToStart(ifOp.elseBlock());
-    scopes.emplace_back();
-    SmallVector<Value> replayed;
-    for (unsigned r : group)
-      replayed.push_back(eval(yield->getOperand(r), i));
-    scopes.pop_back();
-    builder.create<scf::YieldOp>(loc, replayed);
-  }
-  Value mine;
-  for (auto [k, r] : llvm::enumerate(group)) {
-    remember(restore.getResult(r), i, ifOp.getResult(k));
-    if (r == result)
-      mine = ifOp.getResult(k);
-  }
-  return mine;
+// matvec: result[row] = sum_k W[row, k] * u[k]; vecmat: result[col] =
+// sum_r W[r, col] * g[r]. The vector is read from workgroup memory.
+Value TiledBuilder::evalProduct(Operation *op, const Index &i) {
+  bool transposed = isa<VecmatOp>(op);
+  Value weight = params.lookup(
+      op->getOperand(0).getDefiningOp<ParamOp>().getName());
+  Value vec = op->getOperand(1), slot;
+  Value buffer = bufferOf(vec, slot);
+  Value fixed = at(i);
+  auto loop = builder.create<scf::ForOp>(
+      loc, index(0), index(sizeOf(vec)), index(1),
+      ValueRange{splat(builder, loc, lane, 0.0)},
+      [&](OpBuilder &b, Location l, Value k, ValueRange acc) {
+        OpBuilder::InsertionGuard guard(builder);
+        builder.setInsertionPointToStart(b.getInsertionBlock());
+        Value w = builder.create<memref::LoadOp>(
+            l, weight, transposed ? ValueRange{k, fixed} : ValueRange{fixed, k});
+        Value ws = builder.create<vector::BroadcastOp>(l, lane, w);
+        Value next = builder.create<vector::FMAOp>(
+            l, ws, loadShared(buffer, slot, k), acc[0]);
+        builder.create<scf::YieldOp>(l, next);
+      });
+  return loop.getResult(0);
 }
 
 void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
@@ -660,7 +321,7 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
   int64_t rows = sizeOf(op->getResult(0));
   Value vec = op->getOperand(1), slot;
   int64_t depth = sizeOf(vec);
-  Value vecBuffer = sharedBuffer(vec, slot);
+  Value vecBuffer = bufferOf(vec, slot);
   Value weight =
       params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
   Type f32 = builder.getF32Type(), i32 = builder.getI32Type();
@@ -863,6 +524,7 @@ void TiledBuilder::cacheWeights(Block &step) {
     Type cached = cachedType(op);
     Value cache = allocCache(shape, cached);
     weightCache[op] = cache;
+    cacheOrder.push_back(cache);
     Value weight =
         params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
     // A replayed product's weights are only needed when the gates were not
@@ -907,7 +569,7 @@ void TiledBuilder::emitSlicedProduct(Operation *op, Value out) {
   int64_t rows = sizeOf(op->getResult(0));
   Value vec = op->getOperand(1), slot;
   int64_t depth = sizeOf(vec);
-  Value vecBuffer = sharedBuffer(vec, slot);
+  Value vecBuffer = bufferOf(vec, slot);
   Value cache = weightCache.lookup(op);
   int64_t slice = productSliceOf(op);
   if (gpu && onTensorCores(op, precision)) {
@@ -991,120 +653,6 @@ void TiledBuilder::emitSlicedProduct(Operation *op, Value out) {
     // The next product of the phase writes the partials again.
     builder.create<gpu::BarrierOp>(loc);
   });
-}
-
-LogicalResult TiledBuilder::emitPhases(ArrayRef<Item> roots) {
-  Value replaying = builder.create<arith::XOrIOp>(
-      loc, saveGates, builder.create<arith::ConstantIntOp>(loc, 1, 1));
-  // Materialized values are written to their workgroup buffers; a concat is
-  // written part by part.
-  SmallVector<Item> items(roots.begin(), roots.end());
-  for (Value m : plan->materialized) {
-    Value buffer = shared({sizeOf(m)});
-    sharedOf[m] = buffer;
-    Item item;
-    item.value = m;
-    Sink sink = [this, buffer](OpBuilder &, Location, Value v, Value j,
-                               int64_t offset) {
-      storeShared(v, buffer, Value(), shifted(j, offset));
-    };
-    item.sinks.push_back({sink, 0});
-    // Replay values are only needed when the gates were not saved.
-    if (isa<RestoreOp>(m.getParentRegion()->getParentOp()))
-      item.guard = replaying;
-    items.push_back(item);
-  }
-  // Split concats into their parts, each written at its offset. A value
-  // that is both written out and materialized appears twice; the second
-  // evaluation is a cache hit in the same loop.
-  SmallVector<std::pair<Item, unsigned>> flat;
-  std::function<void(const Item &, unsigned)> split = [&](const Item &item,
-                                                          unsigned level) {
-    auto concat = item.value.getDefiningOp<ConcatOp>();
-    if (!concat) {
-      flat.push_back({item, level});
-      return;
-    }
-    int64_t start = 0;
-    for (Value part : concat.getInputs()) {
-      Item sub = item;
-      sub.value = part;
-      for (auto &sink : sub.sinks)
-        sink.second += start;
-      split(sub, level);
-      start += sizeOf(part);
-    }
-  };
-  for (const Item &item : items)
-    split(item, plan->level(item.value));
-
-  // Whole products, each computed in the first phase whose start has its
-  // vector in workgroup memory.
-  SmallVector<Operation *> pending;
-  plan->block.walk([&](Operation *op) {
-    if (computesProduct(op))
-      pending.push_back(op);
-  });
-  auto vectorReady = [&](Value vec, unsigned p) {
-    auto it = sources.find(vec);
-    if (it != sources.end())
-      return it->second.kind == Source::Shared;
-    return plan->materialized.contains(vec) && plan->level(vec) < p;
-  };
-
-  for (unsigned p = 1; p <= plan->numPhases; ++p) {
-    phase = p;
-    bool anyProduct = false;
-    for (Operation *&op : pending) {
-      if (!op || !vectorReady(op->getOperand(1), p))
-        continue;
-      Value out = shared({sizeOf(op->getResult(0))});
-      products[op] = out;
-      // A replayed product is only needed when the gates were not saved.
-      if (op->getParentOfType<RestoreOp>()) {
-        auto ifOp = builder.create<scf::IfOp>(loc, replaying, false);
-        OpBuilder::InsertionGuard guard(builder);
-        builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
-        emitProduct(op, out);
-      } else {
-        emitProduct(op, out);
-      }
-      op = nullptr;
-      anyProduct = true;
-    }
-    if (anyProduct)
-      barrier();
-    // One loop per size: the items of a loop share what they compute.
-    std::map<int64_t, SmallVector<unsigned>> bySize;
-    for (auto [k, entry] : llvm::enumerate(flat))
-      if (entry.second == p)
-        bySize[sizeOf(entry.first.value)].push_back(k);
-    for (auto &[n, members] : bySize) {
-      forEachElement(n, [&](Value j) {
-        scopes.emplace_back();
-        for (unsigned k : members) {
-          Item &item = flat[k].first;
-          Value v = eval(item.value, {j, 0, n});
-          auto write = [&]() {
-            for (auto &[sink, offset] : item.sinks)
-              sink(builder, loc, v, j, offset);
-          };
-          if (!item.guard) {
-            write();
-            continue;
-          }
-          auto ifOp = builder.create<scf::IfOp>(loc, item.guard, false);
-          OpBuilder::InsertionGuard guard(builder);
-          builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
-          write();
-        }
-        scopes.pop_back();
-      });
-    }
-    barrier();
-  }
-  phase = 0;
-  return failure(failedEval);
 }
 
 //===----------------------------------------------------------------------===//
@@ -1735,7 +1283,9 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
     }
     if (workspace)
       builder.create<memref::DeallocOp>(loc, workspace);
-    for (auto &[op, cache] : tb.weightCache)
+    // In the order they were made: the kernel's text, which keys the kernel
+    // cache, must not depend on where ops happen to be in memory.
+    for (Value cache : tb.cacheOrder)
       builder.create<memref::DeallocOp>(loc, cache);
     builder.create<func::ReturnOp>(loc);
   }

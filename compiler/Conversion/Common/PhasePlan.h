@@ -1,0 +1,88 @@
+//===- PhasePlan.h - The phases of a step over a batch tile -----*- C++ -*-===//
+//
+// A step's ops are per unit of a sample, except the cross-unit ops: a
+// product (`cell.matvec`, `cell.vecmat`) reads every unit of its vector. A
+// strategy that computes a step unit by unit over a tile of the batch (the
+// CPU's batched kernels, the GPU's batch-tiled and persistent kernels) must
+// have such an operand whole in a buffer before the op runs, so the step is
+// cut into phases: each phase computes, unit by unit, the values written in
+// it, and the cross-unit ops whose operand a phase wrote run at the start of
+// the next one (on the GPU after a barrier, on the CPU as a GEMM over the
+// tile). This analysis decides which values go through buffers and in which
+// phase each is computed; it is the one place that knows what ends a phase.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_COMPILER_CONVERSION_COMMON_PHASEPLAN_H
+#define CELLC_COMPILER_CONVERSION_COMMON_PHASEPLAN_H
+
+#include "dialects/Cell/IR/CellOps.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <functional>
+
+namespace mlir::cell {
+
+/// The size of a 1-D cell value.
+int64_t sizeOf(Value v);
+
+/// Which values of a step are written to buffers, and in which phase each
+/// value that is written somewhere is computed.
+class PhasePlan {
+public:
+  struct Options {
+    /// Writes every concat that an op reads to a buffer, so that its parts
+    /// are never chosen at run time within one vector (strategies whose
+    /// lanes run along the units).
+    bool materializeConcats = false;
+  };
+
+  /// `roots` are the values the step writes out. `isLeaf` says which values
+  /// are read from a buffer rather than computed; `isWhole` which of those
+  /// are whole in a buffer from the start of the step (the states).
+  PhasePlan(Block &block, ArrayRef<Value> roots,
+            std::function<bool(Value)> isLeaf,
+            std::function<bool(Value)> isWhole, Options options);
+  PhasePlan(Block &block, ArrayRef<Value> roots,
+            std::function<bool(Value)> isLeaf,
+            std::function<bool(Value)> isWhole)
+      : PhasePlan(block, roots, std::move(isLeaf), std::move(isWhole),
+                  Options()) {}
+
+  /// Whether `op` reads an operand across the units of a sample, which must
+  /// then be whole in a buffer: it ends a phase.
+  static bool isCrossUnit(Operation *op);
+  /// The operand that a cross-unit op reads whole.
+  static Value wholeOperand(Operation *op);
+
+  /// The phase (from 1) in which `v` is computed when it is written out.
+  unsigned level(Value v);
+  /// The phase at whose start the cross-unit op `op` runs: the first one
+  /// that begins with its operand whole.
+  unsigned startPhase(Operation *op);
+
+  /// The values `v` is computed from, element by element.
+  static SmallVector<Value> inlineOperands(Value v);
+  /// Whether `v` is a view of another value (a chunk), never computed.
+  static bool isView(Value v);
+
+  /// Prints the phases: what runs at the start of each, and what each
+  /// writes, for the lit tests and `cellc --emit=phases`.
+  void print(raw_ostream &os, ArrayRef<Value> roots,
+             function_ref<std::string(Value)> nameOf);
+
+  Block &block;
+  SetVector<Value> materialized;
+  unsigned numPhases = 0;
+
+private:
+  std::function<bool(Value)> isLeaf, isWhole;
+  DenseMap<Value, unsigned> levels;
+};
+
+} // namespace mlir::cell
+
+#endif // CELLC_COMPILER_CONVERSION_COMMON_PHASEPLAN_H

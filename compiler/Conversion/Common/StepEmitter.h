@@ -1,0 +1,148 @@
+//===- StepEmitter.h - A step's phases, element by element -----*- C++ -*-===//
+//
+// The code that the CPU's batched kernels and the GPU's tiled kernels share:
+// evaluating a cell value at an element index (chunks as offsets, concats by
+// part, restores as saved-or-replayed), with what is already computed in the
+// same loop reused, and emitting the phases of a `PhasePlan`. A strategy
+// derives from `StepEmitter` and says where things are: how a buffer is laid
+// out and read, what a lane holds (rows of a tile on the GPU, units of a row
+// on the CPU), how a product is computed, how a phase ends.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_COMPILER_CONVERSION_COMMON_STEPEMITTER_H
+#define CELLC_COMPILER_CONVERSION_COMMON_STEPEMITTER_H
+
+#include "compiler/Conversion/Common/PhasePlan.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseMap.h"
+
+#include <functional>
+#include <tuple>
+
+namespace mlir::cell {
+
+/// An element index: `base + offset`, where `base` runs over `[0, extent)`.
+struct Index {
+  Value base;
+  int64_t offset = 0;
+  int64_t extent = 0;
+};
+
+/// Writes an evaluated element (a lane vector) at element `j + offset`.
+using Sink = std::function<void(OpBuilder &, Location, Value, Value, int64_t)>;
+
+/// A value written out in some phase, with where it goes.
+struct Item {
+  Value value;
+  SmallVector<std::pair<Sink, int64_t>> sinks;
+  /// When set, the writes happen only where it is true.
+  Value guard;
+};
+
+/// Where a leaf value is read from.
+struct Source {
+  enum Kind { Shared, PerStep } kind = Shared;
+  Value buffer;
+  /// Shared: the ping-pong slot, when the buffer has one.
+  Value slot;
+};
+
+/// Evaluates a step's values element by element and emits its phases.
+class StepEmitter {
+public:
+  StepEmitter(OpBuilder &builder, Location loc, Type element, VectorType lane)
+      : builder(builder), loc(loc), element(element), lane(lane) {}
+  virtual ~StepEmitter() = default;
+
+  OpBuilder &builder;
+  Location loc;
+  Type element;
+  /// What one evaluation yields: a vector of the element type.
+  VectorType lane;
+
+  /// Set by the kernel before building the body.
+  Value t, saveGates;
+  DenseMap<Value, Source> sources;
+  DenseMap<StringRef, Value> params;
+  DenseMap<Operation *, Value> projectionBuffers;
+  Value gates;
+  /// The buffers of the plan's materialized values.
+  DenseMap<Value, Value> sharedOf;
+  PhasePlan *plan = nullptr;
+  unsigned phase = 0;
+  /// The products computed before the element loops of a phase, read from
+  /// here.
+  DenseMap<Operation *, Value> products;
+  bool failedEval = false;
+
+  Value index(int64_t v) {
+    return builder.create<arith::ConstantIndexOp>(loc, v);
+  }
+  Value shifted(Value j, int64_t offset) {
+    if (offset == 0)
+      return j;
+    return builder.create<arith::AddIOp>(loc, j, index(offset));
+  }
+  Value at(const Index &i) { return shifted(i.base, i.offset); }
+
+  /// Evaluates `v` at element `i`.
+  Value eval(Value v, const Index &i);
+  /// Emits the phases that compute `items`.
+  LogicalResult emitPhases(ArrayRef<Item> items);
+  /// The buffer (and its slot) that holds `v` whole, if any.
+  Value bufferOf(Value v, Value &slot);
+
+  //===--------------------------------------------------------------------===//
+  // What a strategy says
+  //===--------------------------------------------------------------------===//
+
+  /// A buffer of `shape` elements per batch row of the tile.
+  virtual Value buffer(ArrayRef<int64_t> shape) = 0;
+  /// The buffer a product of `op` is computed into; by default a buffer of
+  /// its size.
+  virtual Value productBuffer(Operation *op) {
+    return buffer({sizeOf(op->getResult(0))});
+  }
+  /// Reads and writes element `j` of a buffer (at `slot`, when it has one).
+  virtual Value load(Value buffer, Value slot, Value j) = 0;
+  virtual void store(Value v, Value buffer, Value slot, Value j) = 0;
+  /// Reads element `j` of a `[T, B, n]` buffer at step `t`.
+  virtual Value loadPerStep(Value buffer, Value j) = 0;
+  /// Reads element `j` of a vector param.
+  virtual Value loadParam(Value param, Value j) = 0;
+  /// A loop over the elements `[0, n)` that this program computes.
+  virtual void forEachElement(int64_t n, function_ref<void(Value j)> body) = 0;
+  /// The end of a phase: what it wrote is visible to the next one.
+  virtual void barrier() = 0;
+  /// Whether the cross-unit op `op` is computed whole at the start of its
+  /// phase (`emitProduct`), rather than element by element (`evalProduct`).
+  virtual bool computesProduct(Operation *op) = 0;
+  virtual void emitProduct(Operation *op, Value out) = 0;
+  virtual Value evalProduct(Operation *op, const Index &i);
+
+protected:
+  using Key = std::tuple<Value, Value, int64_t>;
+  SmallVector<DenseMap<Key, Value>> scopes = SmallVector<DenseMap<Key, Value>>(1);
+  Value lookup(const Key &key) {
+    for (auto &scope : llvm::reverse(scopes)) {
+      auto it = scope.find(key);
+      if (it != scope.end())
+        return it->second;
+    }
+    return {};
+  }
+  Value remember(Value v, const Index &i, Value result) {
+    scopes.back()[Key(v, i.base, i.offset)] = result;
+    return result;
+  }
+  Value evalOp(Operation *op, Value v, const Index &i);
+  Value evalRestore(RestoreOp restore, unsigned result, const Index &i);
+  Value evalConcat(ConcatOp concat, const Index &i);
+};
+
+} // namespace mlir::cell
+
+#endif // CELLC_COMPILER_CONVERSION_COMMON_STEPEMITTER_H
