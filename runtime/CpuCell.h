@@ -75,10 +75,28 @@ public:
     bool useCache = true;
     /// The cache directory; empty for the default.
     std::string cacheDir;
+    /// The kernels that run the recurrence (unless `batchTiled`).
+    enum class Kernels {
+      /// Batched, but per-row for a batch of one row (`batchHint` 1).
+      Auto,
+      /// Each step as phases over a tile of rows, its products
+      /// register-blocked matrix products over the tile.
+      Batched,
+      /// One row at a time, whole vectors in registers.
+      PerRow,
+    };
+    Kernels kernels = Kernels::Auto;
+    /// Batched kernels: the products' register block, rows by vectors (0:
+    /// the largest that the host's vector registers hold), and the lanes of
+    /// a vector (0: 256 bits).
+    int64_t productRows = 0;
+    int64_t productVectors = 0;
+    int64_t vectorWidth = 0;
     /// Runs the batch-tiled kernels built for CUDA, emulated on the host:
     /// to test the GPU strategy's code here. Slower than the default.
     bool batchTiled = false;
-    /// Rows per tile for the batch-tiled kernels; 0 chooses.
+    /// Rows per tile of the batched kernels, or of the batch-tiled ones; 0
+    /// chooses.
     int64_t batchTile = 0;
     /// With `batchTiled`: the persistent strategy's kernels instead, with
     /// `ctas` CTAs per tile (0 chooses), emulated one CTA after another in

@@ -33,6 +33,11 @@ static cl::opt<int> repeats("repeats", cl::desc("timed runs per figure"),
 static cl::list<std::string> modes("mode", cl::desc("recompute modes"),
                                    cl::CommaSeparated);
 static cl::opt<bool> f64("f64", cl::desc("double precision"), cl::init(false));
+static cl::opt<std::string>
+    kernels("kernels", cl::desc("auto, batched or per-row"), cl::init("auto"));
+static cl::opt<int64_t> batchTile("batch-tile",
+                                  cl::desc("batched kernels: rows per tile (0: default)"),
+                                  cl::init(0));
 static cl::opt<bool> tuned("tuned",
                            cl::desc("use the tuned config for this batch when "
                                     "the tuning cache has one (cellc-tune)"),
@@ -65,6 +70,16 @@ int main(int argc, char **argv) {
   options.threads = threads;
   options.batchHint = batch;
   options.useTuned = tuned;
+  options.batchTile = batchTile;
+  if (kernels == "batched")
+    options.kernels = CpuCell::Options::Kernels::Batched;
+  else if (kernels == "per-row")
+    options.kernels = CpuCell::Options::Kernels::PerRow;
+  else if (kernels != "auto") {
+    llvm::errs() << "cellc-bench: unknown kernels '" << kernels
+                 << "'; expected auto, batched or per-row\n";
+    return 1;
+  }
   auto compiled = CpuCell::compile((*file)->getBuffer(), cellFile, sizes, dtype,
                                    options);
   if (!compiled) {

@@ -167,6 +167,57 @@ def ConvertCellToTiledKernels
   ];
 }
 
+def ConvertCellToBatchedKernels
+    : Pass<"convert-cell-to-batched-kernels", "::mlir::ModuleOp"> {
+  let summary = "Builds CPU kernels whose steps run as phases over a batch tile";
+  let description = [{
+    Replaces each `cell.def @c` and its backward step `@c_grad` with kernels
+    `@c_fwd` and `@c_bwd` that take the same arguments, in the same order and
+    with the same `cell.kernel_args`, as `convert-cell-to-kernels`' kernels,
+    for the CPU. A kernel runs its batch rows `[b_begin, b_end)` in tiles of
+    up to `batch-tile` rows; each tile runs all the steps, and each step is
+    the phases that `PhasePlan` cuts it into:
+
+    - a product phase computes each recurrent product (`cell.matvec`, and in
+      backward the transposed `cell.vecmat`) whose vector the previous phase
+      wrote, for the whole tile: a `[rows, depth] x [depth, size]` matrix
+      product by a register-blocked micro-kernel, `product-rows` rows by
+      `product-vectors` vectors of outputs at a time, whose weights were
+      packed into panels of that width once per call, before the tiles;
+    - an element phase computes, row by row, the values the step writes
+      (states, outputs, saved gates, gradients) and those the next phase's
+      products read, `vector-width` units at a time with a scalar tail, and
+      nothing in between goes through memory.
+
+    The states and the state gradients of the tile alternate between two
+    slots of a `[2, tile, n]` buffer; values that two phases read, and every
+    product's vector, are written to `[tile, n]` buffers. The forward stores
+    the planned gates under the `cell.save_gates` flag; the backward loads
+    them or replays the step, its products included (their weights are
+    packed only when the gates were not saved).
+
+    Expects `cell-split-projections`, `cell-autodiff` and `cell-plan-saves` to
+    have run.
+  }];
+  let options = [
+    Option<"batchTile", "batch-tile", "int64_t", "64",
+           "Batch rows per tile: each tile runs all the steps">,
+    Option<"vectorWidth", "vector-width", "int64_t", "0",
+           "Lanes of the element loops and of the products' vectors (0: 256 "
+           "bits, 8 f32 or 4 f64)">,
+    Option<"productRows", "product-rows", "int64_t", "6",
+           "Rows of a product's register block">,
+    Option<"productVectors", "product-vectors", "int64_t", "2",
+           "Output vectors per row of a product's register block">,
+  ];
+  let dependentDialects = [
+    "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
+    "::mlir::math::MathDialect", "::mlir::memref::MemRefDialect",
+    "::mlir::scf::SCFDialect", "::mlir::vector::VectorDialect",
+    "::mlir::cell::CellDialect"
+  ];
+}
+
 def ConvertKernelsToLLVM : Pass<"convert-kernels-to-llvm", "::mlir::ModuleOp"> {
   let summary = "Lowers the sequence kernels to the LLVM dialect for the CPU";
   let description = [{

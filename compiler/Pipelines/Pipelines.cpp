@@ -18,6 +18,14 @@ std::optional<cellc::KernelStrategy> cellc::cudaStrategy(llvm::StringRef name) {
   return std::nullopt;
 }
 
+std::optional<cellc::KernelStrategy> cellc::cpuStrategy(llvm::StringRef name) {
+  if (name == "batched")
+    return KernelStrategy::Batched;
+  if (name == "per-row")
+    return KernelStrategy::PerRow;
+  return std::nullopt;
+}
+
 void cellc::buildPipeline(OpPassManager &pm, Stage stage,
                           const PipelineOptions &options) {
   if (stage >= Stage::Split)
@@ -27,7 +35,15 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
   if (stage >= Stage::Plan)
     pm.addPass(cell::createCellPlanSaves());
   if (stage >= Stage::Kernels) {
-    if (options.strategy != KernelStrategy::PerRow) {
+    if (options.strategy == KernelStrategy::Batched) {
+      cell::ConvertCellToBatchedKernelsOptions batched;
+      if (options.batchTile > 0)
+        batched.batchTile = options.batchTile;
+      batched.vectorWidth = options.vectorWidth;
+      batched.productRows = options.productRows;
+      batched.productVectors = options.productVectors;
+      pm.addPass(cell::createConvertCellToBatchedKernels(batched));
+    } else if (options.strategy != KernelStrategy::PerRow) {
       cell::ConvertCellToTiledKernelsOptions tiled;
       tiled.strategy = options.strategy == KernelStrategy::Persistent
                            ? "persistent"

@@ -34,8 +34,12 @@ enum class Stage {
 /// How the sequence kernels are organized.
 enum class KernelStrategy {
   /// convert-cell-to-kernels: one batch row at a time, whole vectors in
-  /// registers. The CPU's kernels.
+  /// registers. The CPU's kernels for a batch of a few rows.
   PerRow,
+  /// convert-cell-to-batched-kernels: a tile of rows per thread, each step
+  /// as phases over the tile, its products register-blocked matrix products.
+  /// The CPU's kernels.
+  Batched,
   /// convert-cell-to-tiled-kernels: a tile of rows per program, elements
   /// across threads. The GPU's kernels; on the CPU, their emulation.
   BatchTiled,
@@ -48,7 +52,7 @@ enum class KernelStrategy {
 struct PipelineOptions {
   /// When set, the kernels are specialized for SAVE_GATES and canonicalized.
   std::optional<bool> saveGates;
-  KernelStrategy strategy = KernelStrategy::PerRow;
+  KernelStrategy strategy = KernelStrategy::Batched;
   /// For batch-tiled kernels: "cuda" or "cpu", rows per tile (0: chosen by
   /// workgroup memory) and threads per CTA.
   std::string target = "cpu";
@@ -58,6 +62,11 @@ struct PipelineOptions {
   /// the dynamic shared memory a CTA may use for its slice of the weights.
   int64_t ctas = 0;
   int64_t sharedLimit = 49152;
+  /// For batched kernels: the lanes of a vector (0: 256 bits) and the
+  /// products' register block, rows by vectors.
+  int64_t vectorWidth = 0;
+  int64_t productRows = 6;
+  int64_t productVectors = 2;
   /// For per-row kernels: the recurrent matvec's lanes per FMA (0: whole
   /// rows) and rows per iteration.
   int64_t matvecWidth = 0;
@@ -75,6 +84,10 @@ struct PipelineOptions {
 /// The CUDA strategy named `name` ("batch-tiled" or "persistent"), as
 /// command lines and APIs spell it; none for another name.
 std::optional<KernelStrategy> cudaStrategy(llvm::StringRef name);
+
+/// The CPU strategy named `name` ("batched" or "per-row"); none for another
+/// name.
+std::optional<KernelStrategy> cpuStrategy(llvm::StringRef name);
 
 /// Adds the passes that take front-end cell IR to `stage`. This is the only
 /// place where pass order is written down.

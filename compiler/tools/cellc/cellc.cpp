@@ -114,10 +114,29 @@ static cl::opt<int64_t> threadsPerCta("cta-threads",
 
 static cl::opt<std::string> strategy(
     "strategy",
-    cl::desc("The CUDA kernels' strategy: batch-tiled (the default: a CTA per "
-             "batch tile runs all steps) or persistent (CTAs split each step, "
-             "keep the recurrent weights on chip and meet at grid barriers)"),
-    cl::init("batch-tiled"));
+    cl::desc("The kernels' strategy. CPU: batched (the default: each step as "
+             "phases over a tile of rows, products as register-blocked matrix "
+             "products) or per-row (one row at a time). CUDA: batch-tiled (the "
+             "default: a CTA per batch tile runs all steps) or persistent (CTAs "
+             "split each step, keep the recurrent weights on chip and meet at "
+             "grid barriers)"),
+    cl::init(""));
+
+static cl::opt<int64_t> productRows(
+    "product-rows",
+    cl::desc("CPU, batched: rows of a product's register block (default 6)"),
+    cl::init(6));
+
+static cl::opt<int64_t> productVectors(
+    "product-vectors",
+    cl::desc("CPU, batched: output vectors per row of a product's register "
+             "block (default 2)"),
+    cl::init(2));
+
+static cl::opt<int64_t> vectorWidth(
+    "vector-width",
+    cl::desc("CPU, batched: lanes per vector (0, the default: 256 bits)"),
+    cl::init(0));
 
 static cl::opt<int64_t> ctas(
     "ctas", cl::desc("Persistent: CTAs per batch tile (0: the fewest whose "
@@ -165,10 +184,23 @@ static bool targetsCuda() {
          emitAction == Emit::PTX || emitAction == Emit::Package;
 }
 
+/// The options of the CPU kernels the command line asks for.
+static PipelineOptions cpuOptions() {
+  PipelineOptions options;
+  options.strategy = cpuStrategy(strategy.empty() ? "batched" : strategy.getValue())
+                         .value_or(KernelStrategy::Batched);
+  options.batchTile = batchTile;
+  options.productRows = productRows;
+  options.productVectors = productVectors;
+  options.vectorWidth = vectorWidth;
+  return options;
+}
+
 /// The options of the CUDA kernels the command line asks for.
 static PipelineOptions cudaOptions() {
   PipelineOptions options;
-  options.strategy = cudaStrategy(strategy).value_or(KernelStrategy::BatchTiled);
+  options.strategy = cudaStrategy(strategy.empty() ? "batch-tiled" : strategy.getValue())
+                         .value_or(KernelStrategy::BatchTiled);
   options.target = "cuda";
   options.ctas = ctas;
   options.sharedLimit = sharedLimit;
@@ -268,7 +300,7 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
                   : emitAction == Emit::NVVM || emitAction == Emit::PTX
                       ? Stage::NVVM
                       : Stage::Plan;
-    PipelineOptions options = cuda ? cudaOptions() : PipelineOptions();
+    PipelineOptions options = cuda ? cudaOptions() : cpuOptions();
     if (saveGatesFlag >= 0)
       options.saveGates = saveGatesFlag != 0;
     mlir::PassManager pm(&context);
@@ -380,14 +412,21 @@ int main(int argc, char **argv) {
                     "with -o DIR\n";
     return 1;
   }
-  if (!cudaStrategy(strategy)) {
+  if (!strategy.empty() && !cudaStrategy(strategy) && !cpuStrategy(strategy)) {
     llvm::errs() << "cellc: error: unknown strategy '" << strategy
-                 << "'; expected batch-tiled or persistent\n";
+                 << "'; expected batched or per-row (CPU), batch-tiled or "
+                    "persistent (CUDA)\n";
     return 1;
   }
-  if (strategy == "persistent" && !cuda) {
-    llvm::errs() << "cellc: error: --strategy=persistent is a CUDA strategy; "
-                    "it needs --target=cuda\n";
+  if (!strategy.empty() && cudaStrategy(strategy) && !cuda) {
+    llvm::errs() << "cellc: error: --strategy=" << strategy
+                 << " is a CUDA strategy; it needs --target=cuda\n";
+    return 1;
+  }
+  if (!strategy.empty() && cpuStrategy(strategy) && cuda) {
+    llvm::errs() << "cellc: error: --strategy=" << strategy
+                 << " is a CPU strategy; the CUDA ones are batch-tiled and "
+                    "persistent\n";
     return 1;
   }
   if (sharedLimit != 49152 && strategy != "persistent") {

@@ -292,6 +292,62 @@ TEST_P(CpuCellTest, MatchesTheReferenceInSinglePrecision) {
   compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 3e-4);
 }
 
+/// The batched kernels (the CPU's default) where their loops have edges, in
+/// f64 against the reference and against the per-row kernels:
+/// - tiles of 2 and 3 rows over B = 5: a partial last tile;
+/// - register blocks of 3 rows by 1 vector and 2 by 2: rows left over in
+///   blocks of 2 and 1, and the weights' zero columns past the last panel;
+/// - 4 lanes over H = 5: one vector and a unit left over, and 8 lanes: none.
+/// The default block (the host's) and 2 threads run in the first config.
+TEST_P(CpuCellTest, BatchedKernelsMatchTheReferenceAndThePerRowKernels) {
+  auto [name, modeText] = GetParam();
+  const int64_t T = 6, B = 5;
+  Problems s = makeProblems(source(name), kSizes, T, B);
+  auto mode = Recompute::parse(modeText);
+  ASSERT_TRUE(static_cast<bool>(mode));
+  CpuCell::Options perRow;
+  perRow.kernels = CpuCell::Options::Kernels::PerRow;
+  perRow.threads = 1;
+  auto reference = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, perRow);
+  ASSERT_TRUE(static_cast<bool>(reference)) << llvm::toString(reference.takeError());
+  Result want = runCell<double>(**reference, *s.samples[0], s.samples, s.resets, T, *mode);
+  compareWithReference(**reference, *s.ref, s.samples, s.resets, T, want, 1e-10);
+  struct Config {
+    const char *what;
+    int64_t tile, rows, vectors, lanes;
+    int threads;
+  };
+  for (Config c : {Config{"tile 64, the host's block, 2 threads", 0, 0, 0, 0, 2},
+                   Config{"tile 2, block 3x1, 4 lanes", 2, 3, 1, 4, 1},
+                   Config{"tile 3, block 2x2, 8 lanes", 3, 2, 2, 8, 1}}) {
+    SCOPED_TRACE(c.what);
+    CpuCell::Options options;
+    options.kernels = CpuCell::Options::Kernels::Batched;
+    options.threads = c.threads;
+    options.batchTile = c.tile;
+    options.productRows = c.rows;
+    options.productVectors = c.vectors;
+    options.vectorWidth = c.lanes;
+    auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
+    ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
+    compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
+    auto same = [](const std::vector<std::vector<double>> &a,
+                   const std::vector<std::vector<double>> &b, const char *what) {
+      ASSERT_EQ(a.size(), b.size()) << what;
+      for (size_t i = 0; i < a.size(); ++i)
+        for (size_t j = 0; j < a[i].size(); ++j)
+          EXPECT_NEAR(a[i][j], b[i][j], 1e-12 * std::max(1.0, std::fabs(b[i][j])))
+              << what << " " << i << "[" << j << "]";
+    };
+    same(r.outputs, want.outputs, "outputs");
+    same(r.finals, want.finals, "final states");
+    same(r.dInputs, want.dInputs, "input gradients");
+    same(r.dParams, want.dParams, "param gradients");
+    same(r.dInitial, want.dInitial, "initial-state gradients");
+  }
+}
+
 /// The kernels that CUDA runs, emulated on the host: the same element code,
 /// phases and buffers, with a CTA's threads run one after another.
 /// - Batch-tiled, tiles of 2 and 4 rows over B = 5: a partial last tile.
@@ -332,7 +388,7 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
 INSTANTIATE_TEST_SUITE_P(
     Cells, CpuCellTest,
     ::testing::Combine(::testing::Values("lstm", "gru", "elman", "peephole",
-                                         "mgu", "two", "indrnn"),
+                                         "mgu", "two", "indrnn", "peephole_lstm"),
                        ::testing::Values("none", "full", "chunk:2", "chunk:4")));
 
 /// The autotuner's per-row knobs: the recurrent matvec in pieces of 2 and 4
@@ -345,6 +401,7 @@ TEST(CpuCellKnobs, MatvecWidthAndUnrollMatchTheReference) {
     for (int64_t knob : {2, 4}) {
       SCOPED_TRACE(std::string(name) + " width/unroll " + std::to_string(knob));
       CpuCell::Options options;
+      options.kernels = CpuCell::Options::Kernels::PerRow;
       options.threads = 2;
       options.matvecWidth = knob;
       options.matvecUnroll = knob;
@@ -363,6 +420,7 @@ TEST(CpuCellKnobs, MatvecWidthAndUnrollMatchTheReference) {
 /// A knob that does not divide the weights is an error that names it.
 TEST(CpuCellKnobs, AWidthThatDoesNotDivideIsAnError) {
   CpuCell::Options options;
+  options.kernels = CpuCell::Options::Kernels::PerRow;
   options.matvecWidth = 3;
   auto cell = CpuCell::compile(source("lstm"), "t.cell", {{"H", 4}, {"I", 3}},
                                DType::F32, options);
@@ -424,12 +482,19 @@ TEST(CpuCellShapes, OneStepOneRowAndOddSizes) {
                  " H=" + std::to_string(c.H));
     SizeBindings sizes = {{"H", c.H}, {"I", 4}};
     Problems s = makeProblems(source("lstm"), sizes, c.T, c.B);
-    auto cell = CpuCell::compile(source("lstm"), "lstm.cell", sizes, DType::F64, {2});
-    ASSERT_TRUE(static_cast<bool>(cell));
-    for (const char *m : {"none", "full", "chunk:2"}) {
-      Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, c.T,
-                                 *Recompute::parse(m));
-      compareWithReference(**cell, *s.ref, s.samples, s.resets, c.T, r, 1e-10);
+    for (auto kernels : {CpuCell::Options::Kernels::Batched,
+                         CpuCell::Options::Kernels::PerRow}) {
+      CpuCell::Options options;
+      options.threads = 2;
+      options.kernels = kernels;
+      auto cell = CpuCell::compile(source("lstm"), "lstm.cell", sizes, DType::F64,
+                                   options);
+      ASSERT_TRUE(static_cast<bool>(cell));
+      for (const char *m : {"none", "full", "chunk:2"}) {
+        Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, c.T,
+                                   *Recompute::parse(m));
+        compareWithReference(**cell, *s.ref, s.samples, s.resets, c.T, r, 1e-10);
+      }
     }
   }
 }

@@ -13,6 +13,7 @@
 #include "compiler/Conversion/Passes.h"
 #include "runtime/JitKernels.h"
 
+#include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 
 using namespace cellc;
@@ -78,10 +79,14 @@ Signature signatureOf(ModuleOp kernels, StringRef name) {
   return sig;
 }
 
-/// Runs one cell's kernels and checks them against the reference.
-void checkKernels(const std::string &source, bool f32, bool saveGates) {
+/// Runs one cell's kernels, built with `strategy` and then changed by
+/// `mutate` when given, and checks them against the reference.
+void checkKernels(const std::string &source, bool f32, bool saveGates,
+                  KernelStrategy strategy,
+                  function_ref<void(ModuleOp)> mutate = nullptr) {
   SCOPED_TRACE(std::string(f32 ? "f32" : "f64") +
-               (saveGates ? ", SAVE_GATES=1" : ", SAVE_GATES=0"));
+               (saveGates ? ", SAVE_GATES=1" : ", SAVE_GATES=0") +
+               (strategy == KernelStrategy::Batched ? ", batched" : ", per-row"));
   SizeBindings sizes = {{"H", 5}, {"I", 3}};
   auto ref = compile(source, sizes);
   ASSERT_TRUE(ref->module) << ref->diagnostics;
@@ -95,9 +100,15 @@ void checkKernels(const std::string &source, bool f32, bool saveGates) {
   ASSERT_TRUE(kernels) << src.diagnostics();
   PipelineOptions options;
   options.saveGates = saveGates;
+  options.strategy = strategy;
+  // Tiles of 2 rows over the batch of 3, blocks of 2 rows.
+  options.batchTile = 2;
+  options.productRows = 2;
   PassManager toKernels(&context);
   buildPipeline(toKernels, Stage::Kernels, options);
   ASSERT_TRUE(succeeded(toKernels.run(*kernels)));
+  if (mutate)
+    mutate(*kernels);
   std::string name = ref->def.getSymName().str();
   Signature fwdSig = signatureOf(*kernels, name + "_fwd");
   Signature bwdSig = signatureOf(*kernels, name + "_bwd");
@@ -351,7 +362,8 @@ void checkKernels(const std::string &source, bool f32, bool saveGates) {
 }
 
 class KernelExecutionTest
-    : public ::testing::TestWithParam<std::tuple<const char *, bool, bool>> {};
+    : public ::testing::TestWithParam<
+          std::tuple<const char *, bool, bool, KernelStrategy>> {};
 
 std::string sourceOf(const char *name) {
   std::string n = name;
@@ -365,11 +377,56 @@ std::string sourceOf(const char *name) {
 } // namespace
 
 TEST_P(KernelExecutionTest, MatchesTheReference) {
-  auto [cell, f32, saveGates] = GetParam();
-  checkKernels(sourceOf(cell), f32, saveGates);
+  auto [cell, f32, saveGates, strategy] = GetParam();
+  checkKernels(sourceOf(cell), f32, saveGates, strategy);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Cells, KernelExecutionTest,
     ::testing::Combine(::testing::Values("lstm", "gru", "elman", "peephole", "mgu"),
-                       ::testing::Bool(), ::testing::Bool()));
+                       ::testing::Bool(), ::testing::Bool(),
+                       ::testing::Values(KernelStrategy::PerRow,
+                                         KernelStrategy::Batched)));
+
+/// The tests above catch a product phase that reads another row of the tile
+/// than the one it computes: here each row of every product's left operand
+/// is read one row further on (the neighbouring sample, or the tile's first
+/// row for its last), and the comparison with the reference must fail, forward and backward.
+TEST(KernelExecutionMutation, AProductThatReadsTheWrongRowFails) {
+  auto readNextRow = [](ModuleOp module) {
+    unsigned changed = 0;
+    module.walk([&](vector::FMAOp fma) {
+      auto broadcast = fma.getLhs().getDefiningOp<vector::BroadcastOp>();
+      auto load = broadcast ? broadcast.getSource().getDefiningOp<memref::LoadOp>()
+                            : memref::LoadOp();
+      if (!load || load->getAttr("mutated"))
+        return;
+      OpBuilder b(load);
+      SmallVector<Value> indices(load.getIndices());
+      Value &row = indices[indices.size() - 2];
+      int64_t tile = load.getMemRefType().getShape()[indices.size() - 2];
+      Location loc = load.getLoc();
+      row = b.create<arith::RemUIOp>(
+          loc,
+          b.create<arith::AddIOp>(loc, row, b.create<arith::ConstantIndexOp>(loc, 1)),
+          b.create<arith::ConstantIndexOp>(loc, tile));
+      auto moved = b.create<memref::LoadOp>(load.getLoc(), load.getMemRef(), indices);
+      moved->setAttr("mutated", b.getUnitAttr());
+      load.replaceAllUsesWith(moved.getResult());
+      load.erase();
+      ++changed;
+    });
+    ASSERT_GT(changed, 0u) << "no product to break";
+  };
+  for (bool saveGates : {true, false}) {
+    ::testing::TestPartResultArray failures;
+    {
+      ::testing::ScopedFakeTestPartResultReporter reporter(
+          ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD,
+          &failures);
+      checkKernels(sourceOf("lstm"), /*f32=*/false, saveGates, KernelStrategy::Batched,
+                   readNextRow);
+    }
+    EXPECT_GT(failures.size(), 0) << "a product that reads the wrong row passed";
+  }
+}

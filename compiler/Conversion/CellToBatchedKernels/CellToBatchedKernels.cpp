@@ -1,0 +1,603 @@
+//===- CellToBatchedKernels.cpp - CPU kernels: phases over a batch tile ---===//
+//
+// A kernel runs its rows in tiles; a tile runs every step as the phases of a
+// `PhasePlan`. Element phases loop over the rows of the tile and, within a
+// row, over `vector-width` units at a time, so that each lane vector is a
+// contiguous piece of a row in every buffer: the `[T, B, n]` sequences, the
+// `[tile, n]` buffers of the tile, the packed weights. Product phases are
+// register-blocked matrix products over the tile (Products.h).
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/Passes.h"
+
+#include "compiler/Conversion/CellToBatchedKernels/Products.h"
+#include "compiler/Conversion/Common/KernelABI.h"
+#include "compiler/Conversion/Common/StepEmitter.h"
+
+namespace mlir::cell {
+#define GEN_PASS_DEF_CONVERTCELLTOBATCHEDKERNELS
+#include "compiler/Conversion/Passes.h.inc"
+
+namespace {
+
+/// The step emitter of the batched CPU kernels: a lane is `lanes` units of
+/// the row `row` of the tile that starts at batch row `b0`.
+class BatchedBuilder : public StepEmitter {
+public:
+  BatchedBuilder(OpBuilder &builder, Location loc, Type element, Block *entry,
+                 int64_t tile, const BlockShape &shape)
+      : StepEmitter(builder, loc, element,
+                    VectorType::get({shape.lanes}, element)),
+        entry(entry), tile(tile), shape(shape), lanes(shape.lanes) {}
+
+  /// The kernel's entry block, where buffers are allocated, and the tile.
+  Block *entry;
+  int64_t tile;
+  BlockShape shape;
+  int64_t lanes;
+  /// The tile's first batch row and its number of rows; the row being
+  /// computed and its batch row.
+  Value b0, rows, row, batchRow;
+  /// The packed weight of each product.
+  DenseMap<Operation *, Value> packed;
+  /// What `free` deallocates before the kernel returns, in order.
+  SmallVector<Value> allocated;
+
+  /// A buffer allocated once, at the kernel's entry.
+  Value alloc(ArrayRef<int64_t> shape) {
+    OpBuilder at = OpBuilder::atBlockBegin(entry);
+    Value buf = at.create<memref::AllocOp>(loc, MemRefType::get(shape, element));
+    allocated.push_back(buf);
+    return buf;
+  }
+  void freeAll() {
+    for (Value buf : allocated)
+      builder.create<memref::DeallocOp>(loc, buf);
+  }
+
+  /// `[tile, n]`, or `[2, tile, n]` for `{2, n}`.
+  Value buffer(ArrayRef<int64_t> shape) override {
+    SmallVector<int64_t> full(shape.begin(), shape.end());
+    full.insert(full.end() - 1, tile);
+    return alloc(full);
+  }
+  Value productBuffer(Operation *op) override {
+    return alloc({tile, shape.panels(sizeOf(op->getResult(0))) * shape.panel()});
+  }
+  SmallVector<Value> indices(Value slot, Value r, Value j) {
+    SmallVector<Value> at;
+    if (slot)
+      at.push_back(slot);
+    at.append({r, j});
+    return at;
+  }
+  Value load(Value buf, Value slot, Value j) override {
+    return builder.create<vector::LoadOp>(loc, lane, buf, indices(slot, row, j));
+  }
+  void store(Value v, Value buf, Value slot, Value j) override {
+    builder.create<vector::StoreOp>(loc, v, buf, indices(slot, row, j));
+  }
+  Value loadPerStep(Value buf, Value j) override {
+    return loadAt(buf, ValueRange{t, batchRow, j});
+  }
+  Value loadAt(Value buf, ValueRange at) {
+    return builder.create<vector::LoadOp>(loc, lane, buf, at);
+  }
+  void storeAt(Value v, Value buf, ValueRange at) {
+    builder.create<vector::StoreOp>(loc, v, buf, at);
+  }
+  Value loadParam(Value param, Value j) override {
+    return builder.create<vector::LoadOp>(loc, lane, param, ValueRange{j});
+  }
+  /// For each row of the tile, the units `[0, n)`: `lanes` at a time, then
+  /// the rest one at a time.
+  void forEachElement(int64_t n, function_ref<void(Value j)> body) override {
+    forEachRow([&] { forEachUnit(n, body); });
+  }
+  void forEachRow(function_ref<void()> body) {
+    builder.create<scf::ForOp>(
+        loc, index(0), rows, index(1), ValueRange(),
+        [&](OpBuilder &b, Location l, Value r, ValueRange) {
+          OpBuilder::InsertionGuard guard(builder);
+          builder.setInsertionPoint(b.create<scf::YieldOp>(l));
+          row = r;
+          batchRow = builder.create<arith::AddIOp>(loc, b0, r);
+          body();
+        });
+  }
+  void forEachUnit(int64_t n, function_ref<void(Value j)> body) {
+    int64_t main = n / lanes * lanes;
+    auto loop = [&](int64_t begin, int64_t end, int64_t step) {
+      builder.create<scf::ForOp>(
+          loc, index(begin), index(end), index(step), ValueRange(),
+          [&](OpBuilder &b, Location l, Value j, ValueRange) {
+            OpBuilder::InsertionGuard guard(builder);
+            builder.setInsertionPoint(b.create<scf::YieldOp>(l));
+            body(j);
+          });
+    };
+    if (main > 0)
+      loop(0, main, lanes);
+    if (main < n) {
+      VectorType wide = lane;
+      lane = VectorType::get({1}, element);
+      loop(main, n, 1);
+      lane = wide;
+    }
+  }
+  void barrier() override {}
+  bool computesProduct(Operation *op) override {
+    return PhasePlan::isCrossUnit(op);
+  }
+  void emitProduct(Operation *op, Value out) override {
+    Value vec = PhasePlan::wholeOperand(op), slot;
+    Value a = bufferOf(vec, slot);
+    mlir::cell::emitProduct(builder, loc, a, slot, packed.lookup(op), out, rows,
+                            sizeOf(vec), shape.panels(sizeOf(op->getResult(0))),
+                            shape);
+  }
+
+  /// Packs the weight of every product in `step`, at the kernel's entry; a
+  /// replayed product's only when the gates were not saved.
+  void packWeights(Block &step) {
+    step.walk([&](Operation *op) {
+      if (!PhasePlan::isCrossUnit(op))
+        return;
+      Value weight =
+          params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
+      int64_t size = sizeOf(op->getResult(0));
+      int64_t depth = sizeOf(PhasePlan::wholeOperand(op));
+      bool transposed = isa<VecmatOp>(op);
+      if (!op->getParentOfType<RestoreOp>()) {
+        packed[op] = packWeight(builder, loc, weight, transposed, size, depth, shape);
+        allocated.push_back(packed[op]);
+        return;
+      }
+      // Allocated either way (freed at the end), filled when replaying.
+      Value buf = alloc({shape.panels(size), depth, shape.panel()});
+      packed[op] = buf;
+      Value replaying = builder.create<arith::XOrIOp>(
+          loc, saveGates, builder.create<arith::ConstantIntOp>(loc, 1, 1));
+      auto ifOp = builder.create<scf::IfOp>(loc, replaying, false);
+      OpBuilder inside = OpBuilder::atBlockBegin(ifOp.thenBlock());
+      Value filled =
+          packWeight(inside, loc, weight, transposed, size, depth, shape);
+      inside.create<memref::CopyOp>(loc, filled, buf);
+      inside.create<memref::DeallocOp>(loc, filled);
+    });
+  }
+
+  /// Copies `n` units of a row between buffers, at the indices given.
+  void copyRow(int64_t n, Value from, function_ref<SmallVector<Value>(Value)> src,
+               Value to, function_ref<SmallVector<Value>(Value)> dst) {
+    forEachUnit(n, [&](Value j) { storeAt(loadAt(from, src(j)), to, dst(j)); });
+  }
+};
+
+struct ConvertCellToBatchedKernels
+    : public impl::ConvertCellToBatchedKernelsBase<ConvertCellToBatchedKernels> {
+  using ConvertCellToBatchedKernelsBase::ConvertCellToBatchedKernelsBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (batchTile < 1 || vectorWidth < 0 || productRows < 1 ||
+        productVectors < 1) {
+      module.emitError("convert-cell-to-batched-kernels: batch-tile, "
+                       "product-rows and product-vectors must be >= 1 and "
+                       "vector-width >= 0");
+      return signalPassFailure();
+    }
+    for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
+      func::FuncOp grad = backwardStepOf(def);
+      if (!grad || failed(buildForward(def)) || failed(buildBackward(def, grad)))
+        return signalPassFailure();
+      grad->erase();
+      def->erase();
+    }
+  }
+
+  BlockShape blockShape(Type element) const {
+    BlockShape shape;
+    int64_t bits = element.getIntOrFloatBitWidth();
+    shape.lanes = vectorWidth > 0 ? int64_t(vectorWidth) : 256 / bits;
+    shape.rows = productRows;
+    shape.vectors = productVectors;
+    return shape;
+  }
+
+  LogicalResult buildForward(DefOp def);
+  LogicalResult buildBackward(DefOp def, func::FuncOp grad);
+};
+
+/// What both kernels start with: the function, its emitter, the tile loop.
+struct Kernel {
+  Kernel(DefOp def, StringRef suffix, const KernelSignature &sig, int64_t tile,
+         const BlockShape &shape, const ForwardArgs &args)
+      : loc(def.getLoc()), builder(def) {
+    func = builder.create<func::FuncOp>(loc, (def.getSymName() + suffix).str(),
+                                        builder.getFunctionType(sig.types, {}));
+    func->setAttr("cell.kernel_args", builder.getArrayAttr(sig.info));
+    func->setAttr("cell.batch_tile", builder.getI64IntegerAttr(tile));
+    entry = func.addEntryBlock();
+    builder.setInsertionPointToEnd(entry);
+    element = cast<RankedTensorType>(def.getStates()[0].getType()).getElementType();
+    emitter = std::make_unique<BatchedBuilder>(builder, loc, element, entry, tile,
+                                               shape);
+    BatchedBuilder &e = *emitter;
+    for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
+      e.params[param.getName()] = arg(args.firstParam + i);
+    e.gates = arg(args.gates);
+    e.saveGates = builder.create<SaveGatesOp>(loc, builder.getI1Type());
+    resets = arg(args.resets);
+    steps = builder.create<memref::DimOp>(loc, resets, 0);
+  }
+
+  Value arg(unsigned i) { return entry->getArgument(i); }
+  Value index(int64_t v) { return builder.create<arith::ConstantIndexOp>(loc, v); }
+
+  /// Runs `body` for each tile of the rows `[b_begin, b_end)`.
+  void forEachTile(function_ref<void()> body) {
+    BatchedBuilder &e = *emitter;
+    Value bBegin = arg(entry->getNumArguments() - 2);
+    Value bEnd = arg(entry->getNumArguments() - 1);
+    builder.create<scf::ForOp>(
+        loc, bBegin, bEnd, index(e.tile), ValueRange(),
+        [&](OpBuilder &b, Location l, Value b0, ValueRange) {
+          OpBuilder::InsertionGuard guard(builder);
+          builder.setInsertionPoint(b.create<scf::YieldOp>(l));
+          e.b0 = b0;
+          e.rows = builder.create<arith::MinUIOp>(
+              loc, builder.create<arith::SubIOp>(loc, bEnd, b0), index(e.tile));
+          body();
+        });
+    e.freeAll();
+    builder.create<func::ReturnOp>(loc);
+  }
+
+  /// Whether row `batchRow` restarts at step `t`.
+  Value isReset(Value t) {
+    BatchedBuilder &e = *emitter;
+    Value flag = builder.create<memref::LoadOp>(loc, resets, ValueRange{t, e.batchRow});
+    return builder.create<arith::CmpIOp>(
+        loc, arith::CmpIPredicate::ne, flag,
+        builder.create<arith::ConstantIntOp>(loc, 0, 8));
+  }
+
+  Location loc;
+  OpBuilder builder;
+  func::FuncOp func;
+  Block *entry;
+  Type element;
+  std::unique_ptr<BatchedBuilder> emitter;
+  Value resets, steps;
+};
+
+/// The block arguments of `body` that are whole in a buffer from the start
+/// of a step, and the values read from buffers rather than computed.
+struct Leaves {
+  Leaves(Block &body, unsigned firstWhole, unsigned endWhole,
+         unsigned firstWhole2 = ~0u)
+      : body(body), firstWhole(firstWhole), endWhole(endWhole),
+        firstWhole2(firstWhole2) {}
+  bool isWhole(Value v) const {
+    auto arg = dyn_cast<BlockArgument>(v);
+    if (!arg || arg.getOwner() != &body)
+      return false;
+    unsigned n = arg.getArgNumber();
+    return (n >= firstWhole && n < endWhole) || n >= firstWhole2;
+  }
+  bool isLeaf(Value v) const {
+    if (auto arg = dyn_cast<BlockArgument>(v))
+      return arg.getOwner() == &body;
+    return isa_and_nonnull<ParamOp, ConstantOp, ProjectionOp>(v.getDefiningOp());
+  }
+  Block &body;
+  unsigned firstWhole, endWhole, firstWhole2;
+};
+
+LogicalResult ConvertCellToBatchedKernels::buildForward(DefOp def) {
+  ForwardArgs args;
+  KernelSignature sig = forwardSignature(def, args);
+  Type element = cast<RankedTensorType>(def.getStates()[0].getType()).getElementType();
+  Kernel k(def, "_fwd", sig, batchTile, blockShape(element), args);
+  BatchedBuilder &e = *k.emitter;
+  OpBuilder &b = k.builder;
+  Block &body = def.getBody().front();
+  YieldOp yield = def.getYield();
+  unsigned numInputs = def.getInputNames().size();
+  unsigned numStates = def.getStateNames().size();
+
+  SmallVector<Value> roots;
+  llvm::append_range(roots, yield.getStates());
+  llvm::append_range(roots, yield.getOutputs());
+  for (SaveOp save : def.getBody().getOps<SaveOp>())
+    llvm::append_range(roots, save.getValues());
+  Leaves leaves(body, numInputs, numInputs + numStates);
+  PhasePlan::Options planOptions;
+  planOptions.materializeConcats = true;
+  PhasePlan plan(
+      body, roots, [&](Value v) { return leaves.isLeaf(v); },
+      [&](Value v) { return leaves.isWhole(v); }, planOptions);
+  e.plan = &plan;
+  SmallVector<ProjectionOp> projections = projectionsOf(def);
+  for (auto [i, p] : llvm::enumerate(projections))
+    e.projectionBuffers[p] = k.arg(args.numInputs + i);
+
+  e.packWeights(body);
+  SmallVector<Value> stateBufs;
+  for (Value s : def.getStates())
+    stateBufs.push_back(e.buffer({2, sizeOf(s)}));
+
+  LogicalResult status = success();
+  k.forEachTile([&] {
+    Value c0 = k.index(0), c1 = k.index(1), c2 = k.index(2);
+    // Slot 0 starts with the start states.
+    e.forEachRow([&] {
+      for (auto [i, s] : llvm::enumerate(def.getStates()))
+        e.copyRow(sizeOf(s), k.arg(args.firstStart + i),
+                  [&](Value j) { return SmallVector<Value>{e.batchRow, j}; },
+                  stateBufs[i],
+                  [&](Value j) { return SmallVector<Value>{c0, e.row, j}; });
+    });
+    auto loop = b.create<scf::ForOp>(k.loc, c0, k.steps, c1);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value t = loop.getInductionVar();
+    e.t = t;
+    Value slot = b.create<arith::RemUIOp>(k.loc, t, c2);
+    Value next = b.create<arith::SubIOp>(k.loc, c1, slot);
+    // Rows that restart take their initial states.
+    e.forEachRow([&] {
+      auto ifOp = b.create<scf::IfOp>(k.loc, k.isReset(t), false);
+      OpBuilder::InsertionGuard inner(b);
+      b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+      for (auto [i, s] : llvm::enumerate(def.getStates()))
+        e.copyRow(sizeOf(s), k.arg(args.firstInit + i),
+                  [&](Value j) { return SmallVector<Value>{e.batchRow, j}; },
+                  stateBufs[i],
+                  [&](Value j) { return SmallVector<Value>{slot, e.row, j}; });
+    });
+    e.sources.clear();
+    for (auto [i, s] : llvm::enumerate(def.getStates()))
+      e.sources[s] = {Source::Shared, stateBufs[i], slot};
+    for (auto [i, x] : llvm::enumerate(def.getInputs()))
+      e.sources[x] = {Source::PerStep, k.arg(i), {}};
+
+    auto perStep = [&e](Value buffer) -> Sink {
+      return [&e, buffer](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+        e.storeAt(v, buffer, ValueRange{e.t, e.batchRow, e.shifted(j, offset)});
+      };
+    };
+    SmallVector<Item> items;
+    for (auto [i, s] : llvm::enumerate(yield.getStates())) {
+      Value buf = stateBufs[i];
+      Item item;
+      item.value = s;
+      item.sinks.push_back({[&e, buf, next](OpBuilder &, Location, Value v,
+                                            Value j, int64_t offset) {
+                              e.store(v, buf, next, e.shifted(j, offset));
+                            },
+                            0});
+      item.sinks.push_back({perStep(k.arg(args.firstHistory + i)), 0});
+      items.push_back(item);
+    }
+    for (auto [i, o] : llvm::enumerate(yield.getOutputs()))
+      items.push_back({o, {{perStep(k.arg(args.firstOutput + i)), 0}}, {}});
+    for (SaveOp save : def.getBody().getOps<SaveOp>()) {
+      SmallVector<int64_t> offsets = packedOffsets(save.getValues().getTypes());
+      for (auto [v, offset] : llvm::zip(save.getValues(), offsets))
+        items.push_back({v, {{perStep(e.gates), offset}}, e.saveGates});
+    }
+    status = e.emitPhases(items);
+  });
+  return status;
+}
+
+LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
+                                                         func::FuncOp grad) {
+  BackwardArgs args;
+  FailureOr<KernelSignature> sig = backwardSignature(def, grad, args);
+  if (failed(sig))
+    return failure();
+  Type element = cast<RankedTensorType>(def.getStates()[0].getType()).getElementType();
+  Kernel k(def, "_bwd", *sig, batchTile, blockShape(element), args);
+  BatchedBuilder &e = *k.emitter;
+  OpBuilder &b = k.builder;
+  Location loc = k.loc;
+  Block &body = grad.getBody().front();
+  Operation *ret = body.getTerminator();
+  unsigned numInputs = def.getInputNames().size();
+  unsigned numStates = def.getStateNames().size();
+  unsigned numOutputs = def.getOutputNames().size();
+
+  // Block arguments: inputs, previous states, output gradients, next-state
+  // gradients. The previous states and the next-state gradients are whole.
+  SmallVector<Value> roots(ret->getOperands());
+  Leaves leaves(body, numInputs, numInputs + numStates,
+                numInputs + numStates + numOutputs);
+  PhasePlan::Options planOptions;
+  planOptions.materializeConcats = true;
+  PhasePlan plan(
+      body, roots, [&](Value v) { return leaves.isLeaf(v); },
+      [&](Value v) { return leaves.isWhole(v); }, planOptions);
+  e.plan = &plan;
+  // The backward step's projections are in its replay: match them in order.
+  SmallVector<ProjectionOp> bodyProjections;
+  body.walk([&](ProjectionOp p) { bodyProjections.push_back(p); });
+  for (auto [i, p] : llvm::enumerate(bodyProjections))
+    e.projectionBuffers[p] = k.arg(args.numInputs + i);
+
+  e.packWeights(body);
+  // The state gradients (two slots), the states before the step, and the
+  // gradients accumulated over the steps.
+  SmallVector<Value> gradBufs, prevBufs, accInit, accStart;
+  for (Value s : def.getStates()) {
+    gradBufs.push_back(e.buffer({2, sizeOf(s)}));
+    prevBufs.push_back(e.buffer({sizeOf(s)}));
+    accInit.push_back(e.buffer({sizeOf(s)}));
+    accStart.push_back(e.buffer({sizeOf(s)}));
+  }
+  DenseMap<unsigned, Value> accParam;
+  for (auto [r, kind] : llvm::enumerate(args.kinds))
+    if (kind == "param")
+      accParam[r] = e.buffer({sizeOf(ret->getOperand(r))});
+
+  LogicalResult status = success();
+  k.forEachTile([&] {
+    Value c0 = k.index(0), c1 = k.index(1), c2 = k.index(2);
+    auto zero = [&] { return splat(b, loc, e.lane, 0.0); };
+    auto tileAt = [&](Value slot) {
+      return [&e, slot](Value j) { return e.indices(slot, e.row, j); };
+    };
+    auto batchAt = [&e](Value j) { return SmallVector<Value>{e.batchRow, j}; };
+    // The state gradients start from the final-state gradients; the
+    // accumulators from zero.
+    e.forEachRow([&] {
+      for (auto [i, s] : llvm::enumerate(def.getStates())) {
+        e.copyRow(sizeOf(s), k.arg(args.firstDFinal + i), batchAt, gradBufs[i],
+                  tileAt(c0));
+        e.forEachUnit(sizeOf(s), [&](Value j) {
+          e.store(zero(), accInit[i], Value(), j);
+          e.store(zero(), accStart[i], Value(), j);
+        });
+      }
+      for (auto &[r, buf] : accParam) {
+        Value acc = buf;
+        e.forEachUnit(sizeOf(ret->getOperand(r)),
+                      [&](Value j) { e.store(zero(), acc, Value(), j); });
+      }
+    });
+    Value last = b.create<arith::SubIOp>(loc, k.steps, c1);
+    auto loop = b.create<scf::ForOp>(loc, c0, k.steps, c1);
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(loop.getBody());
+      Value iv = loop.getInductionVar();
+      Value t = b.create<arith::SubIOp>(loc, last, iv);
+      e.t = t;
+      Value slot = b.create<arith::RemUIOp>(loc, iv, c2);
+      Value next = b.create<arith::SubIOp>(loc, c1, slot);
+      Value isFirst = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, t, c0);
+      // The states before step t: the start state at t = 0, the history
+      // otherwise, the initial state in the rows that restart.
+      e.forEachRow([&] {
+        Value reset = k.isReset(t);
+        for (auto [i, s] : llvm::enumerate(def.getStates())) {
+          Value initial = k.arg(args.firstInit + i);
+          Value start = k.arg(args.firstStart + i);
+          Value history = k.arg(args.firstHistory + i);
+          Value prev = prevBufs[i];
+          e.forEachUnit(sizeOf(s), [&](Value j) {
+            auto choose = [&](Value cond, function_ref<Value()> then,
+                              function_ref<Value()> otherwise) {
+              auto ifOp = b.create<scf::IfOp>(loc, TypeRange{e.lane}, cond, true, true);
+              OpBuilder::InsertionGuard g(b);
+              b.setInsertionPointToStart(ifOp.thenBlock());
+              b.create<scf::YieldOp>(loc, then());
+              b.setInsertionPointToStart(ifOp.elseBlock());
+              b.create<scf::YieldOp>(loc, otherwise());
+              return ifOp.getResult(0);
+            };
+            Value v = choose(
+                reset, [&] { return e.loadAt(initial, {e.batchRow, j}); },
+                [&] {
+                  return choose(
+                      isFirst, [&] { return e.loadAt(start, {e.batchRow, j}); },
+                      [&] {
+                        Value tm1 = b.create<arith::SubIOp>(loc, t, c1);
+                        return e.loadAt(history, {tm1, e.batchRow, j});
+                      });
+                });
+            e.store(v, prev, Value(), j);
+          });
+        }
+      });
+      e.sources.clear();
+      unsigned a = 0;
+      for (unsigned i = 0; i < numInputs; ++i)
+        e.sources[body.getArgument(a++)] = {Source::PerStep, k.arg(i), {}};
+      for (unsigned i = 0; i < numStates; ++i)
+        e.sources[body.getArgument(a++)] = {Source::Shared, prevBufs[i], {}};
+      for (unsigned i = 0; i < numOutputs; ++i)
+        e.sources[body.getArgument(a++)] = {Source::PerStep,
+                                            k.arg(args.firstDOut + i), {}};
+      for (unsigned i = 0; i < numStates; ++i)
+        e.sources[body.getArgument(a++)] = {Source::Shared, gradBufs[i], slot};
+
+      SmallVector<Item> items;
+      unsigned stateResult = 0;
+      for (auto [r, value] : llvm::enumerate(ret->getOperands())) {
+        StringRef kind = args.kinds[r];
+        Value result = k.arg(args.firstResult + r);
+        Item item;
+        item.value = value;
+        if (kind == "state") {
+          // At a restart the gradient goes to the initial state, at t = 0
+          // to the start state, and otherwise on to step t - 1.
+          unsigned i = stateResult++;
+          Value gbuf = gradBufs[i], ai = accInit[i], as = accStart[i];
+          item.sinks.push_back(
+              {[&e, &k, gbuf, ai, as, next, isFirst, t](
+                   OpBuilder &, Location, Value v, Value j, int64_t offset) {
+                 OpBuilder &ob = e.builder;
+                 Location l = e.loc;
+                 j = e.shifted(j, offset);
+                 Value reset = k.isReset(t);
+                 Value fromOutside = ob.create<arith::OrIOp>(l, reset, isFirst);
+                 Value notReset = ob.create<arith::XOrIOp>(
+                     l, reset, ob.create<arith::ConstantIntOp>(l, 1, 1));
+                 Value fromStart = ob.create<arith::AndIOp>(l, isFirst, notReset);
+                 Value zeros = splat(ob, l, e.lane, 0.0);
+                 e.store(ob.create<arith::SelectOp>(l, fromOutside, zeros, v),
+                         gbuf, next, j);
+                 e.store(ob.create<arith::AddFOp>(
+                             l, e.load(ai, Value(), j),
+                             ob.create<arith::SelectOp>(l, reset, v, zeros)),
+                         ai, Value(), j);
+                 e.store(ob.create<arith::AddFOp>(
+                             l, e.load(as, Value(), j),
+                             ob.create<arith::SelectOp>(l, fromStart, v, zeros)),
+                         as, Value(), j);
+               },
+               0});
+        } else if (kind == "param") {
+          Value acc = accParam[r];
+          item.sinks.push_back(
+              {[&e, acc](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+                 j = e.shifted(j, offset);
+                 e.store(e.builder.create<arith::AddFOp>(
+                             e.loc, e.load(acc, Value(), j), v),
+                         acc, Value(), j);
+               },
+               0});
+        } else {
+          item.sinks.push_back(
+              {[&e, result](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+                 e.storeAt(v, result,
+                           ValueRange{e.t, e.batchRow, e.shifted(j, offset)});
+               },
+               0});
+        }
+        items.push_back(item);
+      }
+      status = e.emitPhases(items);
+    }
+    // The accumulated gradients, written once per tile.
+    e.forEachRow([&] {
+      for (auto [i, s] : llvm::enumerate(def.getStates())) {
+        e.copyRow(sizeOf(s), accInit[i], tileAt(Value()),
+                  k.arg(args.firstResult + i), batchAt);
+        e.copyRow(sizeOf(s), accStart[i], tileAt(Value()),
+                  k.arg(args.firstStartGrad + i), batchAt);
+      }
+      for (auto &[r, buf] : accParam)
+        e.copyRow(sizeOf(ret->getOperand(r)), buf, tileAt(Value()),
+                  k.arg(args.firstResult + r), batchAt);
+    });
+  });
+  return status;
+}
+
+} // namespace
+} // namespace mlir::cell

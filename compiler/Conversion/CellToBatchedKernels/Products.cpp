@@ -1,0 +1,139 @@
+//===- Products.cpp - Register-blocked products over a batch tile ---------===//
+
+#include "compiler/Conversion/CellToBatchedKernels/Products.h"
+
+#include "compiler/Conversion/Common/KernelABI.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+namespace mlir::cell {
+
+namespace {
+Value constant(OpBuilder &b, Location loc, int64_t v) {
+  return b.create<arith::ConstantIndexOp>(loc, v);
+}
+} // namespace
+
+Value packWeight(OpBuilder &b, Location loc, Value weight, bool transposed,
+                 int64_t size, int64_t depth, const BlockShape &shape) {
+  Type element = cast<MemRefType>(weight.getType()).getElementType();
+  int64_t panels = shape.panels(size), panel = shape.panel();
+  Value packed = b.create<memref::AllocOp>(
+      loc, MemRefType::get({panels, depth, panel}, element));
+  Value zero = b.create<arith::ConstantOp>(loc, b.getFloatAttr(element, 0.0));
+  // Walk the weight in its own order: a row of a matvec's weight is an
+  // output over depth, a row of a vecmat's weight a depth over outputs.
+  int64_t outer = transposed ? depth : size, inner = transposed ? size : depth;
+  b.create<scf::ForOp>(
+      loc, constant(b, loc, 0), constant(b, loc, outer), constant(b, loc, 1),
+      ValueRange(), [&](OpBuilder &ob, Location l, Value i, ValueRange) {
+        ob.create<scf::ForOp>(
+            l, constant(ob, l, 0), constant(ob, l, inner), constant(ob, l, 1),
+            ValueRange(), [&](OpBuilder &ib, Location il, Value j, ValueRange) {
+              Value w = ib.create<memref::LoadOp>(il, weight, ValueRange{i, j});
+              Value c = transposed ? j : i, k = transposed ? i : j;
+              Value p = ib.create<arith::DivUIOp>(il, c, constant(ib, il, panel));
+              Value q = ib.create<arith::RemUIOp>(il, c, constant(ib, il, panel));
+              ib.create<memref::StoreOp>(il, w, packed, ValueRange{p, k, q});
+              ib.create<scf::YieldOp>(il);
+            });
+        ob.create<scf::YieldOp>(l);
+      });
+  // The columns past `size` in the last panel are zero.
+  int64_t tail = panels * panel - size;
+  if (tail > 0) {
+    Value last = constant(b, loc, panels - 1);
+    b.create<scf::ForOp>(
+        loc, constant(b, loc, 0), constant(b, loc, depth), constant(b, loc, 1),
+        ValueRange(), [&](OpBuilder &ob, Location l, Value k, ValueRange) {
+          for (int64_t q = panel - tail; q < panel; ++q)
+            ob.create<memref::StoreOp>(l, zero, packed,
+                                       ValueRange{last, k, constant(ob, l, q)});
+          ob.create<scf::YieldOp>(l);
+        });
+  }
+  return packed;
+}
+
+/// One register block: `count` rows from `r0`, the panel `p`.
+static void emitBlock(OpBuilder &b, Location loc, Value a, Value slot,
+                      Value packed, Value out, Value p, Value r0, int64_t count,
+                      int64_t depth, const BlockShape &shape) {
+  Type element = cast<MemRefType>(packed.getType()).getElementType();
+  auto vectorType = VectorType::get({shape.lanes}, element);
+  SmallVector<Value> rows;
+  for (int64_t r = 0; r < count; ++r)
+    rows.push_back(r == 0 ? r0
+                          : b.create<arith::AddIOp>(loc, r0, constant(b, loc, r))
+                                .getResult());
+  SmallVector<Value> zeros(count * shape.vectors, splat(b, loc, vectorType, 0.0));
+  auto loop = b.create<scf::ForOp>(
+      loc, constant(b, loc, 0), constant(b, loc, depth), constant(b, loc, 1),
+      zeros, [&](OpBuilder &kb, Location l, Value k, ValueRange acc) {
+        SmallVector<Value> w;
+        for (int64_t v = 0; v < shape.vectors; ++v)
+          w.push_back(kb.create<vector::LoadOp>(
+              l, vectorType, packed,
+              ValueRange{p, k, constant(kb, l, v * shape.lanes)}));
+        SmallVector<Value> next;
+        for (int64_t r = 0; r < count; ++r) {
+          SmallVector<Value> at;
+          if (slot)
+            at.push_back(slot);
+          at.append({rows[r], k});
+          Value x = kb.create<memref::LoadOp>(l, a, at);
+          Value xs = kb.create<vector::BroadcastOp>(l, vectorType, x);
+          for (int64_t v = 0; v < shape.vectors; ++v)
+            next.push_back(kb.create<vector::FMAOp>(
+                l, xs, w[v], acc[r * shape.vectors + v]));
+        }
+        kb.create<scf::YieldOp>(l, next);
+      });
+  Value column = b.create<arith::MulIOp>(loc, p, constant(b, loc, shape.panel()));
+  for (int64_t r = 0; r < count; ++r)
+    for (int64_t v = 0; v < shape.vectors; ++v) {
+      Value c = b.create<arith::AddIOp>(loc, column,
+                                        constant(b, loc, v * shape.lanes));
+      b.create<vector::StoreOp>(loc, loop.getResult(r * shape.vectors + v), out,
+                                ValueRange{rows[r], c});
+    }
+}
+
+void emitProduct(OpBuilder &b, Location loc, Value a, Value slot, Value packed,
+                 Value out, Value rows, int64_t depth, int64_t panels,
+                 const BlockShape &shape) {
+  int64_t R = shape.rows;
+  Value rest = b.create<arith::RemUIOp>(loc, rows, constant(b, loc, R));
+  Value full = b.create<arith::SubIOp>(loc, rows, rest);
+  b.create<scf::ForOp>(
+      loc, constant(b, loc, 0), constant(b, loc, panels), constant(b, loc, 1),
+      ValueRange(), [&](OpBuilder &pb, Location l, Value p, ValueRange) {
+        pb.create<scf::ForOp>(
+            l, constant(pb, l, 0), full, constant(pb, l, R), ValueRange(),
+            [&](OpBuilder &rb, Location rl, Value r0, ValueRange) {
+              emitBlock(rb, rl, a, slot, packed, out, p, r0, R, depth, shape);
+              rb.create<scf::YieldOp>(rl);
+            });
+        // The last rows, fewer than R: a block per set bit of their count,
+        // largest first.
+        int64_t s = 1;
+        while (s * 2 < R)
+          s *= 2;
+        for (; s >= 1; s /= 2) {
+          Value bit = pb.create<arith::AndIOp>(l, rest, constant(pb, l, s));
+          Value has = pb.create<arith::CmpIOp>(l, arith::CmpIPredicate::ne, bit,
+                                               constant(pb, l, 0));
+          Value above = pb.create<arith::AndIOp>(l, rest, constant(pb, l, ~(2 * s - 1)));
+          Value r0 = pb.create<arith::AddIOp>(l, full, above);
+          auto ifOp = pb.create<scf::IfOp>(l, has, false);
+          OpBuilder ib = OpBuilder::atBlockBegin(ifOp.thenBlock());
+          emitBlock(ib, l, a, slot, packed, out, p, r0, s, depth, shape);
+        }
+        pb.create<scf::YieldOp>(l);
+      });
+}
+
+} // namespace mlir::cell

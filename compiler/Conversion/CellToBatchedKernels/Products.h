@@ -1,0 +1,47 @@
+//===- Products.h - Register-blocked products over a batch tile -*- C++ -*-===//
+//
+// The product phases of the CPU's batched kernels: `out = A x op(W)` for the
+// rows of a tile, where A is `[rows, depth]` (a state, or a value the
+// previous phase wrote) and W a recurrent weight. W is packed once per call
+// into panels `[panels, depth, panel]` of `panel` output columns (zero past
+// the last), so that the micro-kernel reads a panel contiguously; each
+// register block holds `rows x vectors` accumulators of `lanes` lanes, fed by
+// one broadcast of A and `vectors` loads of the panel per step of `depth`.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_COMPILER_CONVERSION_CELLTOBATCHEDKERNELS_PRODUCTS_H
+#define CELLC_COMPILER_CONVERSION_CELLTOBATCHEDKERNELS_PRODUCTS_H
+
+#include "mlir/IR/Builders.h"
+
+namespace mlir::cell {
+
+/// The shape of a product's register block.
+struct BlockShape {
+  int64_t lanes = 8;
+  int64_t rows = 6;
+  int64_t vectors = 2;
+  /// Output columns per panel.
+  int64_t panel() const { return lanes * vectors; }
+  /// Panels that cover `size` output columns.
+  int64_t panels(int64_t size) const { return (size + panel() - 1) / panel(); }
+};
+
+/// Packs `weight` (`[rows, cols]`) for products that compute `size` outputs
+/// from `depth` inputs: output `c` is row `c` of the weight, or its column
+/// `c` when `transposed` (a vecmat). Returns the `[panels, depth, panel]`
+/// buffer, allocated here; the caller frees it.
+Value packWeight(OpBuilder &b, Location loc, Value weight, bool transposed,
+                 int64_t size, int64_t depth, const BlockShape &shape);
+
+/// Computes `out[r, c] = sum_k a[(slot,) r, k] * packed(k, c)` for the rows
+/// `r < rows` (a run-time value) and the columns of every panel: `out` is
+/// `[tile, panels * panel]`.
+void emitProduct(OpBuilder &b, Location loc, Value a, Value slot, Value packed,
+                 Value out, Value rows, int64_t depth, int64_t panels,
+                 const BlockShape &shape);
+
+} // namespace mlir::cell
+
+#endif // CELLC_COMPILER_CONVERSION_CELLTOBATCHEDKERNELS_PRODUCTS_H
