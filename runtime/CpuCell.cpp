@@ -232,6 +232,10 @@ struct ArgInfo {
   std::vector<std::string> biases;
   /// The memref shape; -1 for the time and batch dimensions.
   std::vector<int64_t> shape;
+  /// A result that repeats the result at argument `sameAs` (-1: none), or
+  /// that is zero.
+  int64_t sameAs = -1;
+  bool zero = false;
 };
 
 using Signature = std::vector<ArgInfo>;
@@ -249,6 +253,9 @@ Signature signatureOf(mlir::func::FuncOp func) {
     if (auto biases = dict.getAs<mlir::ArrayAttr>("biases"))
       for (mlir::Attribute b : biases)
         arg.biases.push_back(llvm::cast<mlir::StringAttr>(b).str());
+    if (auto same = dict.getAs<mlir::IntegerAttr>("same_as"))
+      arg.sameAs = same.getInt();
+    arg.zero = dict.contains("zero");
     if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type))
       for (int64_t d : memref.getShape())
         arg.shape.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
@@ -1048,6 +1055,7 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
     std::vector<Written> written;
     std::vector<KernelArg> args;
     size_t projection = 0, outputGrad = 0, zeroGrad = 0;
+    std::map<size_t, size_t> resultOfArg;
     auto slotIndex = [](const std::vector<Slot> &slots, const std::string &name) {
       for (auto [i, s] : llvm::enumerate(slots))
         if (s.name == name)
@@ -1099,6 +1107,11 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
         args.push_back(KernelArg::buffer(at(data, t0 * B * n, eb), perStep(n)));
       } else if (k == "batch_begin" || k == "batch_end") {
         args.push_back(KernelArg::indexValue(0));
+      } else if (arg.sameAs >= 0) {
+        // The same values as an earlier result: its buffer.
+        size_t result = resultOfArg.at(arg.sameAs);
+        written.push_back({k, arg.name, result});
+        args.push_back(args[arg.sameAs]);
       } else {
         // Something the kernel writes.
         std::vector<int64_t> shape = arg.shape;
@@ -1106,7 +1119,11 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
           if (size < 0)
             size = shape.size() == 3 && d == 0 ? len : B;
         results.emplace_back(shape, eb, /*zero=*/false);
-        written.push_back({k, arg.name, results.size() - 1});
+        resultOfArg[args.size()] = results.size() - 1;
+        // A zero result adds nothing to what it is folded into (weight rows
+        // and vectors go in pairs, so they stay).
+        if (!arg.zero || k == "weight_rows" || k == "weight_vectors")
+          written.push_back({k, arg.name, results.size() - 1});
         args.push_back(KernelArg::buffer(results.back().data(), shape));
       }
     }

@@ -56,14 +56,27 @@ public:
       builder.create<memref::DeallocOp>(loc, buf);
   }
 
-  /// `[tile, n]`, or `[2, tile, n]` for `{2, n}`.
+  /// `[tile, n]`, or `[2, tile, n]` for `{2, n}`, with rows padded so that
+  /// the rows a product reads together do not fall on one cache set.
   Value buffer(ArrayRef<int64_t> shape) override {
     SmallVector<int64_t> full(shape.begin(), shape.end());
+    full.back() = paddedRow(full.back());
     full.insert(full.end() - 1, tile);
     return alloc(full);
   }
+  /// A row of `n` elements rounded up to 64 bytes, and 64 bytes more where
+  /// that is a multiple of 1 KiB: 4 KiB apart, rows of a register block
+  /// would evict each other from an 8-way L1.
+  int64_t paddedRow(int64_t n) const {
+    int64_t bytes = element.getIntOrFloatBitWidth() / 8;
+    int64_t line = 64 / bytes;
+    int64_t row = (n + line - 1) / line * line;
+    if (row * bytes % 1024 == 0)
+      row += line;
+    return row;
+  }
   Value productBuffer(Operation *op) override {
-    return alloc({tile, shape.panels(sizeOf(op->getResult(0))) * shape.panel()});
+    return alloc({tile, paddedRow(shape.panels(sizeOf(op->getResult(0))) * shape.panel())});
   }
   SmallVector<Value> indices(Value slot, Value r, Value j) {
     SmallVector<Value> at;

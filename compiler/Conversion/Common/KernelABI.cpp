@@ -159,7 +159,9 @@ FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
     return grad.emitOpError("expects cell.grad_results for every result");
   args.firstResult = sig.types.size();
   args.kinds.clear();
-  for (auto [attr, type] : llvm::zip(resultInfo, resultTypes)) {
+  Operation *ret = grad.getBody().front().getTerminator();
+  Builder b(ctx);
+  for (auto [r, attr, type] : llvm::enumerate(resultInfo, resultTypes)) {
     auto dict = cast<DictionaryAttr>(attr);
     StringRef kind = dict.getAs<StringAttr>("kind").getValue();
     args.kinds.push_back(kind);
@@ -172,7 +174,22 @@ FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
                         : kind == "input"      ? "input_grad"
                         : kind == "projection" ? "projection_grad"
                                                : kind;
-    sig.add(ctx, sequenceType(type, perStep), argKind, name);
+    // A per-step result that repeats an earlier one (the gradient of a projection and
+    // of a recurrent product both are the gate pre-activations' in an LSTM)
+    // names it, so that the caller can pass one buffer for both; a result
+    // that is zero says so.
+    SmallVector<NamedAttribute> extra;
+    Value value = ret->getOperand(r);
+    for (unsigned earlier = 0; perStep && earlier < r; ++earlier)
+      if (ret->getOperand(earlier) == value &&
+          args.kinds[earlier] != "state" && args.kinds[earlier] != "param") {
+        extra.push_back(b.getNamedAttr(
+            "same_as", b.getI64IntegerAttr(args.firstResult + earlier)));
+        break;
+      }
+    if (auto c = value.getDefiningOp<ConstantOp>(); c && c.getValue().isZero())
+      extra.push_back(b.getNamedAttr("zero", b.getUnitAttr()));
+    sig.add(ctx, sequenceType(type, perStep), argKind, name, extra);
   }
   args.firstStartGrad = sig.addPerState(def, "start_state_grad", false);
   sig.addBatchRange(ctx);
