@@ -174,10 +174,7 @@ public:
           loc, saveGates, builder.create<arith::ConstantIntOp>(loc, 1, 1));
       auto ifOp = builder.create<scf::IfOp>(loc, replaying, false);
       OpBuilder inside = OpBuilder::atBlockBegin(ifOp.thenBlock());
-      Value filled =
-          packWeight(inside, loc, weight, transposed, size, depth, shape);
-      inside.create<memref::CopyOp>(loc, filled, buf);
-      inside.create<memref::DeallocOp>(loc, filled);
+      packWeightInto(inside, loc, weight, buf, transposed, size, depth, shape);
     });
   }
 
@@ -208,6 +205,15 @@ struct ConvertCellToBatchedKernels
       grad->erase();
       def->erase();
     }
+  }
+
+  /// The plans' options: lanes run along the units, so a concat's parts are
+  /// never chosen within a vector.
+  static PhasePlan::Options planOptions() {
+    PhasePlan::Options options;
+    options.materializeConcats = true;
+    options.readAlignedInPhase = true;
+    return options;
   }
 
   BlockShape blockShape(Type element) const {
@@ -286,29 +292,6 @@ struct Kernel {
   Value resets, steps;
 };
 
-/// The block arguments of `body` that are whole in a buffer from the start
-/// of a step, and the values read from buffers rather than computed.
-struct Leaves {
-  Leaves(Block &body, unsigned firstWhole, unsigned endWhole,
-         unsigned firstWhole2 = ~0u)
-      : body(body), firstWhole(firstWhole), endWhole(endWhole),
-        firstWhole2(firstWhole2) {}
-  bool isWhole(Value v) const {
-    auto arg = dyn_cast<BlockArgument>(v);
-    if (!arg || arg.getOwner() != &body)
-      return false;
-    unsigned n = arg.getArgNumber();
-    return (n >= firstWhole && n < endWhole) || n >= firstWhole2;
-  }
-  bool isLeaf(Value v) const {
-    if (auto arg = dyn_cast<BlockArgument>(v))
-      return arg.getOwner() == &body;
-    return isa_and_nonnull<ParamOp, ConstantOp, ProjectionOp>(v.getDefiningOp());
-  }
-  Block &body;
-  unsigned firstWhole, endWhole, firstWhole2;
-};
-
 LogicalResult ConvertCellToBatchedKernels::buildForward(DefOp def) {
   ForwardArgs args;
   KernelSignature sig = forwardSignature(def, args);
@@ -318,20 +301,7 @@ LogicalResult ConvertCellToBatchedKernels::buildForward(DefOp def) {
   OpBuilder &b = k.builder;
   Block &body = def.getBody().front();
   YieldOp yield = def.getYield();
-  unsigned numInputs = def.getInputNames().size();
-  unsigned numStates = def.getStateNames().size();
-
-  SmallVector<Value> roots;
-  llvm::append_range(roots, yield.getStates());
-  llvm::append_range(roots, yield.getOutputs());
-  for (SaveOp save : def.getBody().getOps<SaveOp>())
-    llvm::append_range(roots, save.getValues());
-  Leaves leaves(body, numInputs, numInputs + numStates);
-  PhasePlan::Options planOptions;
-  planOptions.materializeConcats = true;
-  PhasePlan plan(
-      body, roots, [&](Value v) { return leaves.isLeaf(v); },
-      [&](Value v) { return leaves.isWhole(v); }, planOptions);
+  PhasePlan plan = planForward(def, planOptions());
   e.plan = &plan;
   SmallVector<ProjectionOp> projections = projectionsOf(def);
   for (auto [i, p] : llvm::enumerate(projections))
@@ -424,16 +394,7 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
   unsigned numStates = def.getStateNames().size();
   unsigned numOutputs = def.getOutputNames().size();
 
-  // Block arguments: inputs, previous states, output gradients, next-state
-  // gradients. The previous states and the next-state gradients are whole.
-  SmallVector<Value> roots(ret->getOperands());
-  Leaves leaves(body, numInputs, numInputs + numStates,
-                numInputs + numStates + numOutputs);
-  PhasePlan::Options planOptions;
-  planOptions.materializeConcats = true;
-  PhasePlan plan(
-      body, roots, [&](Value v) { return leaves.isLeaf(v); },
-      [&](Value v) { return leaves.isWhole(v); }, planOptions);
+  PhasePlan plan = planBackward(def, grad, planOptions());
   e.plan = &plan;
   // The backward step's projections are in its replay: match them in order.
   SmallVector<ProjectionOp> bodyProjections;

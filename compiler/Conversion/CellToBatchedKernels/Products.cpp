@@ -20,9 +20,17 @@ Value constant(OpBuilder &b, Location loc, int64_t v) {
 Value packWeight(OpBuilder &b, Location loc, Value weight, bool transposed,
                  int64_t size, int64_t depth, const BlockShape &shape) {
   Type element = cast<MemRefType>(weight.getType()).getElementType();
-  int64_t panels = shape.panels(size), panel = shape.panel();
   Value packed = b.create<memref::AllocOp>(
-      loc, MemRefType::get({panels, depth, panel}, element));
+      loc, MemRefType::get({shape.panels(size), depth, shape.panel()}, element));
+  packWeightInto(b, loc, weight, packed, transposed, size, depth, shape);
+  return packed;
+}
+
+void packWeightInto(OpBuilder &b, Location loc, Value weight, Value packed,
+                    bool transposed, int64_t size, int64_t depth,
+                    const BlockShape &shape) {
+  Type element = cast<MemRefType>(weight.getType()).getElementType();
+  int64_t panels = shape.panels(size), panel = shape.panel();
   Value zero = b.create<arith::ConstantOp>(loc, b.getFloatAttr(element, 0.0));
   // Walk the weight in its own order: a row of a matvec's weight is an
   // output over depth, a row of a vecmat's weight a depth over outputs.
@@ -55,7 +63,6 @@ Value packWeight(OpBuilder &b, Location loc, Value weight, bool transposed,
           ob.create<scf::YieldOp>(l);
         });
   }
-  return packed;
 }
 
 /// One register block: `count` rows from `r0`, the panel `p`.

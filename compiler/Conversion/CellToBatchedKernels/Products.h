@@ -34,6 +34,10 @@ struct BlockShape {
 /// buffer, allocated here; the caller frees it.
 Value packWeight(OpBuilder &b, Location loc, Value weight, bool transposed,
                  int64_t size, int64_t depth, const BlockShape &shape);
+/// Packs `weight` as `packWeight` does, into `packed`.
+void packWeightInto(OpBuilder &b, Location loc, Value weight, Value packed,
+                    bool transposed, int64_t size, int64_t depth,
+                    const BlockShape &shape);
 
 /// Computes `out[r, c] = sum_k a[(slot,) r, k] * packed(k, c)` for the rows
 /// `r < rows` (a run-time value) and the columns of every panel: `out` is

@@ -750,39 +750,11 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
                           << " needs an f32 cell; '" << def.getSymName() << "' is "
                           << element;
 
-  // The step's block and what it writes out.
+  // The step's block, and its phases.
   Block &body = backward ? grad.getBody().front() : def.getBody().front();
-  SmallVector<Value> roots;
-  if (backward) {
-    llvm::append_range(roots, body.getTerminator()->getOperands());
-  } else {
-    YieldOp yield = def.getYield();
-    llvm::append_range(roots, yield.getStates());
-    llvm::append_range(roots, yield.getOutputs());
-    for (SaveOp save : def.getBody().getOps<SaveOp>())
-      llvm::append_range(roots, save.getValues());
-  }
   unsigned numStates = def.getStateNames().size();
-  // Backward block arguments: inputs, previous states, output gradients,
-  // next-state gradients. Previous and next-state gradients are shared.
   unsigned numInputs = def.getInputNames().size();
-  auto isSharedArg = [&](Value v) {
-    auto arg = dyn_cast<BlockArgument>(v);
-    if (!arg || arg.getOwner() != &body)
-      return false;
-    unsigned n = arg.getArgNumber();
-    if (!backward)
-      return n >= numInputs;
-    unsigned numOutputs = def.getOutputNames().size();
-    return (n >= numInputs && n < numInputs + numStates) ||
-           n >= numInputs + numStates + numOutputs;
-  };
-  auto isLeaf = [&](Value v) {
-    if (auto arg = dyn_cast<BlockArgument>(v))
-      return arg.getOwner() == &body;
-    return isa_and_nonnull<ParamOp, ConstantOp, ProjectionOp>(v.getDefiningOp());
-  };
-  PhasePlan plan(body, roots, isLeaf, isSharedArg);
+  PhasePlan plan = backward ? planBackward(def, grad, {}) : planForward(def, {});
 
   // Workgroup memory per row: states (two slots), and in backward the
   // previous states, the state gradients (two slots) and the accumulators.

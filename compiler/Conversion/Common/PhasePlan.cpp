@@ -26,7 +26,8 @@ Value PhasePlan::wholeOperand(Operation *op) {
 PhasePlan::PhasePlan(Block &block, ArrayRef<Value> roots,
                      std::function<bool(Value)> isLeaf,
                      std::function<bool(Value)> isWhole, Options options)
-    : block(block), isLeaf(std::move(isLeaf)), isWhole(std::move(isWhole)) {
+    : block(block), isLeaf(std::move(isLeaf)), isWhole(std::move(isWhole)),
+      options(options) {
   block.walk([&](Operation *op) {
     if (!isCrossUnit(op))
       return;
@@ -96,23 +97,34 @@ unsigned PhasePlan::level(Value v) {
   if (it != levels.end())
     return it->second;
   levels[v] = 1; // Cycles cannot happen in SSA; this guards the recursion.
-  unsigned deepest = 0;
-  DenseSet<Value> seen;
-  SmallVector<Value> stack(inlineOperands(v));
+  // Whether reading an operand of `w` reads it at `w`'s own element.
+  auto keepsElement = [](Value w) {
+    Operation *op = w.getDefiningOp();
+    return op && !isView(w) && !isa<ConcatOp>(op) && !isCrossUnit(op);
+  };
+  // A buffered value is read in the phase after the one that writes it, or
+  // in the same one where it is read at its own element and that is allowed.
+  unsigned phase = 1;
+  DenseSet<std::pair<Value, unsigned>> seen;
+  SmallVector<std::pair<Value, bool>> stack;
+  for (Value operand : inlineOperands(v))
+    stack.push_back({operand, keepsElement(v)});
   while (!stack.empty()) {
-    Value u = stack.pop_back_val();
-    if (!seen.insert(u).second)
+    auto [u, aligned] = stack.pop_back_val();
+    if (!seen.insert({u, unsigned(aligned)}).second)
       continue;
     if (materialized.contains(u)) {
-      deepest = std::max(deepest, level(u));
+      bool samePhase = aligned && options.readAlignedInPhase;
+      phase = std::max(phase, level(u) + (samePhase ? 0 : 1));
       continue;
     }
     if (isLeaf(u))
       continue;
+    bool next = aligned && keepsElement(u);
     for (Value operand : inlineOperands(u))
-      stack.push_back(operand);
+      stack.push_back({operand, next});
   }
-  return levels[v] = deepest + 1;
+  return levels[v] = phase;
 }
 
 unsigned PhasePlan::startPhase(Operation *op) {
@@ -139,21 +151,41 @@ SmallVector<Value> PhasePlan::inlineOperands(Value v) {
 bool PhasePlan::isView(Value v) { return v.getDefiningOp<ChunkOp>() != nullptr; }
 
 void PhasePlan::print(raw_ostream &os, ArrayRef<Value> roots,
+                      ArrayRef<std::string> rootNames,
                       function_ref<std::string(Value)> nameOf) {
+  // A value: its name, or its op, size and place in the cell's source.
+  // Each value written out once, with every name it has.
+  SmallVector<Value> written;
+  DenseMap<Value, std::string> names;
+  for (auto [v, n] : llvm::zip(roots, rootNames)) {
+    auto [it, fresh] = names.try_emplace(v, n);
+    if (fresh)
+      written.push_back(v);
+    else
+      it->second += ", " + n;
+  }
   auto describe = [&](Value v) -> std::string {
+    if (!isa<BlockArgument>(v) && names.count(v))
+      return names.lookup(v);
     std::string name = nameOf(v);
     if (!name.empty())
       return name;
     std::string text;
     llvm::raw_string_ostream s(text);
-    if (Operation *op = v.getDefiningOp()) {
-      s << op->getName().stripDialect();
-      if (auto param = dyn_cast<ParamOp>(op))
-        s << " " << param.getName();
-    } else {
-      s << "arg" << cast<BlockArgument>(v).getArgNumber();
+    Operation *op = v.getDefiningOp();
+    if (auto param = dyn_cast_or_null<ParamOp>(op)) {
+      s << param.getName() << " [";
+      llvm::interleaveComma(cast<RankedTensorType>(param.getType()).getShape(), s);
+      s << "]";
+      return text;
     }
-    s << "[" << sizeOf(v) << "]";
+    if (op) {
+      s << op->getName().stripDialect() << " [" << sizeOf(v) << "]";
+      if (auto at = dyn_cast<FileLineColLoc>(op->getLoc()))
+        s << " at " << at.getLine() << ":" << at.getColumn();
+    } else {
+      s << "argument " << cast<BlockArgument>(v).getArgNumber();
+    }
     return text;
   };
   SmallVector<Operation *> crossUnit;
@@ -170,14 +202,145 @@ void PhasePlan::print(raw_ostream &os, ArrayRef<Value> roots,
       os << "    " << op->getName().stripDialect() << " "
          << describe(op->getOperand(0)) << " @ " << describe(wholeOperand(op))
          << " -> [" << sizeOf(op->getResult(0)) << "]"
-         << (op->getParentOfType<RestoreOp>() ? " (replay)" : "") << "\n";
+         << (op->getParentOfType<RestoreOp>() ? ", replayed" : "") << "\n";
     }
     for (Value m : materialized)
-      if (level(m) == p)
+      if (level(m) == p && !names.count(m))
         os << "    buffer " << describe(m) << "\n";
-    for (Value r : roots)
-      if (level(r) == p)
-        os << "    write " << describe(r) << "\n";
+    for (Value r : written) {
+      if (level(r) != p)
+        continue;
+      os << "    write " << names[r];
+      if (isa<BlockArgument>(r))
+        os << " = " << describe(r);
+      if (materialized.contains(r))
+        os << ", also to a buffer";
+      os << "\n";
+    }
+  }
+}
+
+SmallVector<Value> forwardRoots(DefOp def) {
+  SmallVector<Value> roots;
+  YieldOp yield = def.getYield();
+  llvm::append_range(roots, yield.getStates());
+  llvm::append_range(roots, yield.getOutputs());
+  for (SaveOp save : def.getBody().getOps<SaveOp>())
+    llvm::append_range(roots, save.getValues());
+  return roots;
+}
+
+namespace {
+/// Whether `v` is an argument of `body` numbered in `[begin, end)`.
+bool isArgIn(Value v, Block &body, unsigned begin, unsigned end) {
+  auto arg = dyn_cast<BlockArgument>(v);
+  return arg && arg.getOwner() == &body && arg.getArgNumber() >= begin &&
+         arg.getArgNumber() < end;
+}
+/// Values read from a buffer rather than computed: the step's arguments,
+/// params, constants and hoisted projections.
+std::function<bool(Value)> leavesOf(Block &body) {
+  return [&body](Value v) {
+    if (auto arg = dyn_cast<BlockArgument>(v))
+      return arg.getOwner() == &body;
+    return isa_and_nonnull<ParamOp, ConstantOp, ProjectionOp>(v.getDefiningOp());
+  };
+}
+} // namespace
+
+PhasePlan planForward(DefOp def, PhasePlan::Options options) {
+  Block &body = def.getBody().front();
+  unsigned inputs = def.getInputNames().size(), states = def.getStateNames().size();
+  return PhasePlan(
+      body, forwardRoots(def), leavesOf(body),
+      [&body, inputs, states](Value v) {
+        return isArgIn(v, body, inputs, inputs + states);
+      },
+      options);
+}
+
+PhasePlan planBackward(DefOp def, func::FuncOp grad, PhasePlan::Options options) {
+  // Arguments: inputs, previous states, output gradients, next-state
+  // gradients.
+  Block &body = grad.getBody().front();
+  unsigned inputs = def.getInputNames().size(), states = def.getStateNames().size();
+  unsigned outputs = def.getOutputNames().size();
+  SmallVector<Value> roots(body.getTerminator()->getOperands());
+  return PhasePlan(
+      body, roots, leavesOf(body),
+      [&body, inputs, states, outputs](Value v) {
+        return isArgIn(v, body, inputs, inputs + states) ||
+               isArgIn(v, body, inputs + states + outputs, ~0u);
+      },
+      options);
+}
+
+void printPhases(ModuleOp module, raw_ostream &os, PhasePlan::Options options) {
+  for (DefOp def : module.getOps<DefOp>()) {
+    auto names = [](ArrayAttr a) {
+      return llvm::to_vector(llvm::map_range(
+          a, [](Attribute n) { return cast<StringAttr>(n).getValue(); }));
+    };
+    SmallVector<StringRef> inputs = names(def.getInputNames());
+    SmallVector<StringRef> states = names(def.getStateNames());
+    SmallVector<StringRef> outputs = names(def.getOutputNames());
+    // Forward: arguments are the inputs and states, roots the next states,
+    // the outputs and the saved values.
+    {
+      Block &body = def.getBody().front();
+      DenseMap<Value, std::string> label;
+      for (auto [i, arg] : llvm::enumerate(def.getInputs()))
+        label[arg] = ("input " + inputs[i]).str();
+      for (auto [i, arg] : llvm::enumerate(def.getStates()))
+        label[arg] = ("state " + states[i]).str();
+      SmallVector<Value> roots = forwardRoots(def);
+      SmallVector<std::string> rootNames;
+      YieldOp yield = def.getYield();
+      for (StringRef n : states)
+        rootNames.push_back(("next " + n).str());
+      for (StringRef n : outputs)
+        rootNames.push_back(("output " + n).str());
+      for (SaveOp save : body.getOps<SaveOp>())
+        for (unsigned k = 0; k < save.getValues().size(); ++k)
+          rootNames.push_back("saved " + std::to_string(k));
+      (void)yield;
+      PhasePlan plan = planForward(def, options);
+      os << "@" << def.getSymName() << " forward: ";
+      plan.print(os, roots, rootNames, [&](Value v) { return label.lookup(v); });
+    }
+    // Backward: arguments are the inputs, the previous states, the output
+    // gradients and the next-state gradients; roots its results.
+    auto module = def->getParentOfType<ModuleOp>();
+    auto grad = module.lookupSymbol<func::FuncOp>((def.getSymName() + "_grad").str());
+    if (!grad)
+      continue;
+    Block &body = grad.getBody().front();
+    DenseMap<Value, std::string> label;
+    unsigned a = 0;
+    for (StringRef n : inputs)
+      label[body.getArgument(a++)] = ("input " + n).str();
+    for (StringRef n : states)
+      label[body.getArgument(a++)] = ("state " + n).str();
+    for (StringRef n : outputs)
+      label[body.getArgument(a++)] = ("d output " + n).str();
+    for (StringRef n : states)
+      label[body.getArgument(a++)] = ("d next " + n).str();
+    SmallVector<Value> roots(body.getTerminator()->getOperands());
+    SmallVector<std::string> rootNames;
+    auto info = grad->getAttrOfType<ArrayAttr>("cell.grad_results");
+    for (Attribute a : info) {
+      auto dict = cast<DictionaryAttr>(a);
+      StringRef kind = dict.getAs<StringAttr>("kind").getValue();
+      auto name = dict.getAs<StringAttr>("name");
+      StringRef what = name ? name.getValue() : dict.getAs<StringAttr>("weight").getValue();
+      rootNames.push_back((kind == "state" || kind == "input" || kind == "param"
+                               ? "d " + what
+                               : kind + " " + what)
+                              .str());
+    }
+    PhasePlan plan = planBackward(def, grad, options);
+    os << "@" << def.getSymName() << " backward: ";
+    plan.print(os, roots, rootNames, [&](Value v) { return label.lookup(v); });
   }
 }
 

@@ -18,6 +18,9 @@
 
 #include "dialects/Cell/IR/CellOps.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/Support/raw_ostream.h"
@@ -38,6 +41,13 @@ public:
     /// are never chosen at run time within one vector (strategies whose
     /// lanes run along the units).
     bool materializeConcats = false;
+    /// Lets a value read a buffered value at its own element (through
+    /// elementwise ops only) in the phase that computes it, from the same
+    /// loop, rather than in the next phase. Strategies whose loops over
+    /// values of one size visit an element in one place (one thread, or
+    /// one CPU loop) allow it; it saves phases where several buffered
+    /// values feed each other (GRU's replayed backward: 6 phases to 2).
+    bool readAlignedInPhase = false;
   };
 
   /// `roots` are the values the step writes out. `isLeaf` says which values
@@ -71,7 +81,9 @@ public:
 
   /// Prints the phases: what runs at the start of each, and what each
   /// writes, for the lit tests and `cellc --emit=phases`.
+  /// `rootNames` names the roots; `nameOf` other values, or "" for none.
   void print(raw_ostream &os, ArrayRef<Value> roots,
+             ArrayRef<std::string> rootNames,
              function_ref<std::string(Value)> nameOf);
 
   Block &block;
@@ -80,8 +92,24 @@ public:
 
 private:
   std::function<bool(Value)> isLeaf, isWhole;
+  Options options;
   DenseMap<Value, unsigned> levels;
 };
+
+/// What the forward step of `def` writes out: its next states, its outputs
+/// and the values it saves.
+SmallVector<Value> forwardRoots(DefOp def);
+
+/// The phases of the forward step of `def`, whose states are whole in
+/// buffers from the start of a step.
+PhasePlan planForward(DefOp def, PhasePlan::Options options);
+/// The phases of the backward step `grad` of `def`, which writes its results
+/// and whose previous states and next-state gradients are whole in buffers.
+PhasePlan planBackward(DefOp def, func::FuncOp grad, PhasePlan::Options options);
+
+/// Prints the phases of both steps of every cell in `module` (after
+/// cell-plan-saves), as `cellc --emit=phases` shows them.
+void printPhases(ModuleOp module, raw_ostream &os, PhasePlan::Options options);
 
 } // namespace mlir::cell
 

@@ -14,6 +14,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Support/FileUtilities.h"
 #include "compiler/Conversion/Passes.h"
+#include "compiler/Conversion/Common/PhasePlan.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -38,6 +39,7 @@ enum class Emit {
   Grad,
   Saves,
   Plan,
+  Phases,
   Kernels,
   LLVM,
   NVVM,
@@ -74,6 +76,9 @@ static cl::opt<Emit> emitAction(
                           "after cell-plan-saves: the saved values chosen"),
                clEnumValN(Emit::Plan, "plan",
                           "the bytes kept per step in each recompute mode"),
+               clEnumValN(Emit::Phases, "phases",
+                          "the phases of each step over a batch tile: what "
+                          "goes through buffers, what runs where"),
                clEnumValN(Emit::Kernels, "kernels",
                           "the forward and backward sequence kernels"),
                clEnumValN(Emit::LLVM, "llvm",
@@ -320,6 +325,13 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
   }
   if (emitAction == Emit::Plan)
     mlir::cell::printSavePlan(*module, os);
+  else if (emitAction == Emit::Phases) {
+    // The CPU's lanes run along the units: its plans write concats whole.
+    mlir::cell::PhasePlan::Options phases;
+    phases.materializeConcats = !targetsCuda();
+    phases.readAlignedInPhase = !targetsCuda();
+    mlir::cell::printPhases(*module, os, phases);
+  }
   else
     module->print(os);
   return true;
