@@ -273,10 +273,8 @@ struct Projection {
 
 } // namespace
 
-namespace {
-/// Whether `options` ask for the batched kernels.
-bool batchedKernels(const CpuCell::Options &options) {
-  using Kernels = CpuCell::Options::Kernels;
+bool CpuCell::usesBatchedKernels(const Options &options) {
+  using Kernels = Options::Kernels;
   switch (options.kernels) {
   case Kernels::Batched:
     return true;
@@ -288,19 +286,28 @@ bool batchedKernels(const CpuCell::Options &options) {
   llvm_unreachable("every kind of kernels is handled above");
 }
 
-/// The products' register block for the host: 8 rows by 3 vectors where
-/// AVX-512 gives 32 vector registers (24 accumulators, 3 panel vectors and a
-/// broadcast), 6 by 2 with 16.
-struct BlockShape {
-  int64_t rows, vectors;
-};
-BlockShape hostBlock() {
+int64_t CpuCell::hostVectorRegisters() {
   llvm::StringMap<bool> features = llvm::sys::getHostCPUFeatures();
-  if (features.lookup("avx512f"))
-    return {8, 3};
-  return {6, 2};
+  return features.lookup("avx512f") ? 32 : 16;
 }
-} // namespace
+
+CpuCell::BatchedShape CpuCell::batchedShape(const Options &options) {
+  // The largest block whose accumulators, panel vectors and broadcast fit
+  // the vector registers: 8 rows by 3 vectors in AVX-512's 32, 6 by 2 in
+  // AVX2's 16.
+  bool wide = hostVectorRegisters() >= 32;
+  BatchedShape shape;
+  // 64 rows, or fewer for a batch known to be smaller: a tile's buffers
+  // need not be larger than the rows.
+  shape.tile = 64;
+  if (options.batchHint > 0 && options.batchHint < 64)
+    shape.tile = (options.batchHint + 7) / 8 * 8;
+  if (options.batchTile > 0)
+    shape.tile = options.batchTile;
+  shape.rows = options.productRows > 0 ? options.productRows : wide ? 8 : 6;
+  shape.vectors = options.productVectors > 0 ? options.productVectors : wide ? 3 : 2;
+  return shape;
+}
 
 //===----------------------------------------------------------------------===//
 // Saved
@@ -416,13 +423,12 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
                                              : KernelStrategy::BatchTiled;
       pipeline.batchTile = options.batchTile;
       pipeline.ctas = options.ctas;
-    } else if (batchedKernels(options)) {
+    } else if (usesBatchedKernels(options)) {
+      BatchedShape shape = batchedShape(options);
       pipeline.strategy = KernelStrategy::Batched;
-      pipeline.batchTile = options.batchTile;
-      BlockShape block = hostBlock();
-      pipeline.productRows = options.productRows > 0 ? options.productRows : block.rows;
-      pipeline.productVectors =
-          options.productVectors > 0 ? options.productVectors : block.vectors;
+      pipeline.batchTile = shape.tile;
+      pipeline.productRows = shape.rows;
+      pipeline.productVectors = shape.vectors;
       pipeline.vectorWidth = options.vectorWidth;
     } else {
       pipeline.strategy = KernelStrategy::PerRow;

@@ -116,6 +116,17 @@ public:
 
   ~CpuCell();
 
+  /// Whether `options` run the batched kernels.
+  static bool usesBatchedKernels(const Options &options);
+  /// The batched kernels' tile and products' register block that `options`
+  /// give, with the defaults filled in.
+  struct BatchedShape {
+    int64_t tile, rows, vectors;
+  };
+  static BatchedShape batchedShape(const Options &options);
+  /// The host's vector registers: 32 with AVX-512, 16 with AVX2.
+  static int64_t hostVectorRegisters();
+
   /// Parses, checks and compiles `source`. Errors carry the front end's
   /// `file:line:col` messages.
   static llvm::Expected<std::unique_ptr<CpuCell>>

@@ -38,7 +38,7 @@ bool isSound(llvm::StringRef data) {
 } // namespace
 
 llvm::StringRef cellc::runtime::compilerVersion() {
-  return "cellc-0.1-kernels-3";
+  return "cellc-0.1-kernels-4";
 }
 
 KernelCache::KernelCache(std::string directory)

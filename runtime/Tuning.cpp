@@ -74,10 +74,20 @@ std::vector<Knob> cellc::runtime::knobsOf(TuneTarget target) {
         {"threads", "threads running the recurrent kernels, each on its own "
                     "batch rows (up to the cores)",
          threads},
-        {"batch_tile", "0: per-row kernels (one row at a time, whole vectors "
-                       "in registers); n: batch-tiled kernels, n rows as vector "
-                       "lanes so that a weight is loaded once per tile",
-         {0, 2, 4, 8}},
+        {"kernels", "1: batched kernels (each step as phases over a tile of "
+                    "rows, products as register-blocked matrix products); 0: "
+                    "per-row kernels (one row at a time, whole vectors in "
+                    "registers)",
+         {1, 0}},
+        {"batch_tile", "batched kernels: rows per tile, which runs all the "
+                       "steps",
+         {16, 32, 64, 128}},
+        {"product_rows", "batched kernels: rows of a product's register block",
+         {4, 6, 8}},
+        {"product_vectors", "batched kernels: output vectors per row of a "
+                            "product's register block (rows x vectors "
+                            "accumulators must fit the vector registers)",
+         {1, 2, 3}},
         {"matvec_width", "per-row kernels: lanes per FMA of the recurrent "
                          "matvec (0: whole rows); divides the weights' columns",
          {0, 4, 8, 16, 32}},
@@ -126,11 +136,11 @@ cellc::runtime::configFromJSON(const llvm::json::Value &value, TuneTarget target
 }
 
 KernelConfig cellc::runtime::defaultConfig(TuneTarget target, int64_t batch) {
-  if (target == TuneTarget::Cpu)
-    return {{"threads", std::min<int64_t>(cores(), std::max<int64_t>(1, batch))},
-            {"batch_tile", 0},
-            {"matvec_width", 0},
-            {"matvec_unroll", 1}};
+  if (target == TuneTarget::Cpu) {
+    CpuCell::Options options;
+    options.batchHint = batch;
+    return configOf(options, std::min<int64_t>(cores(), std::max<int64_t>(1, batch)));
+  }
   return {{"batch_tile", 4}, {"warps", 8}, {"max_registers", 0}};
 }
 
@@ -141,17 +151,23 @@ void cellc::runtime::applyConfig(const KernelConfig &config,
     return it == config.end() ? fallback : it->second;
   };
   options.threads = get("threads", options.threads);
-  int64_t tile = get("batch_tile", 0);
-  options.batchTiled = tile > 0;
-  options.batchTile = tile;
+  options.kernels = get("kernels", 1) ? CpuCell::Options::Kernels::Batched
+                                      : CpuCell::Options::Kernels::PerRow;
+  options.batchTile = get("batch_tile", 0);
+  options.productRows = get("product_rows", 0);
+  options.productVectors = get("product_vectors", 0);
   options.matvecWidth = get("matvec_width", 0);
   options.matvecUnroll = get("matvec_unroll", 1);
 }
 
 KernelConfig cellc::runtime::configOf(const CpuCell::Options &options,
                                       int threads) {
+  CpuCell::BatchedShape shape = CpuCell::batchedShape(options);
   return {{"threads", threads},
-          {"batch_tile", options.batchTiled ? options.batchTile : 0},
+          {"kernels", CpuCell::usesBatchedKernels(options) ? 1 : 0},
+          {"batch_tile", shape.tile},
+          {"product_rows", shape.rows},
+          {"product_vectors", shape.vectors},
           {"matvec_width", options.matvecWidth},
           {"matvec_unroll", options.matvecUnroll}};
 }
@@ -274,21 +290,35 @@ matvecShapes(const TuneProblem &problem) {
 /// Why a CPU config cannot run the problem, or empty.
 std::string cpuPruneReason(const KernelConfig &c, const TuneProblem &problem,
                            const std::vector<std::pair<int64_t, int64_t>> &shapes) {
-  int64_t width = c.at("matvec_width"), unroll = c.at("matvec_unroll");
-  for (auto [rows, cols] : shapes) {
-    if (width > 0 && cols % width)
-      return llvm::formatv("matvec_width {0} does not divide {1} columns", width, cols);
-    if (rows % unroll)
-      return llvm::formatv("matvec_unroll {0} does not divide {1} rows", unroll, rows);
+  if (c.at("kernels") == 0) {
+    int64_t width = c.at("matvec_width"), unroll = c.at("matvec_unroll");
+    for (auto [rows, cols] : shapes) {
+      if (width > 0 && cols % width)
+        return llvm::formatv("matvec_width {0} does not divide {1} columns", width, cols);
+      if (rows % unroll)
+        return llvm::formatv("matvec_unroll {0} does not divide {1} rows", unroll, rows);
+    }
+  } else {
+    int64_t rows = c.at("product_rows"), vectors = c.at("product_vectors");
+    // Accumulators, a panel's vectors and a broadcast in the registers.
+    int64_t registers = CpuCell::hostVectorRegisters();
+    if (rows * vectors + vectors + 1 > registers)
+      return llvm::formatv("a {0}x{1} block needs {2} vector registers; the host has {3}",
+                           rows, vectors, rows * vectors + vectors + 1, registers);
+    // A tile over the batch runs as one that holds it: the default's.
+    KernelConfig defaults = defaultConfig(TuneTarget::Cpu, problem.batch);
+    if (c.at("batch_tile") > problem.batch &&
+        c.at("batch_tile") != defaults.at("batch_tile"))
+      return "batch_tile is over the batch";
   }
-  if (c.at("batch_tile") > problem.batch)
-    return "batch_tile is over the batch";
   if (c.at("threads") > problem.batch)
     return "more threads than batch rows";
   return "";
 }
 
-/// The kernel-shape candidates of stage one (threads fixed at the default).
+/// The kernel-shape candidates of stage one (threads fixed at the default):
+/// the batched kernels' block at the default tile, their tile at the default
+/// block, and the per-row kernels' matvec shapes.
 std::vector<KernelConfig> cpuShapeCandidates(const KernelConfig &base) {
   std::vector<KernelConfig> out = {base};
   auto add = [&](KernelConfig c) {
@@ -302,20 +332,26 @@ std::vector<KernelConfig> cpuShapeCandidates(const KernelConfig &base) {
         return k.values;
     return std::vector<int64_t>();
   };
+  KernelConfig batched = base;
+  batched["kernels"] = 1;
+  for (int64_t rows : values("product_rows"))
+    for (int64_t vectors : values("product_vectors")) {
+      KernelConfig c = batched;
+      c["product_rows"] = rows;
+      c["product_vectors"] = vectors;
+      add(c);
+    }
+  for (int64_t tile : values("batch_tile")) {
+    KernelConfig c = batched;
+    c["batch_tile"] = tile;
+    add(c);
+  }
   for (int64_t width : values("matvec_width"))
     for (int64_t unroll : values("matvec_unroll")) {
       KernelConfig c = base;
-      c["batch_tile"] = 0;
+      c["kernels"] = 0;
       c["matvec_width"] = width;
       c["matvec_unroll"] = unroll;
-      add(c);
-    }
-  for (int64_t tile : values("batch_tile"))
-    if (tile > 0) {
-      KernelConfig c = base;
-      c["batch_tile"] = tile;
-      c["matvec_width"] = 0;
-      c["matvec_unroll"] = 1;
       add(c);
     }
   return out;

@@ -89,7 +89,7 @@ int main(int argc, char **argv) {
       std::string values;
       for (int64_t v : k.values)
         values += (values.empty() ? "" : " ") + std::to_string(v);
-      llvm::outs() << llvm::formatv("{0,-14} {1,-18} {2}\n", k.name, values, k.help);
+      llvm::outs() << llvm::formatv("{0,-16} {1,-18} {2}\n", k.name, values, k.help);
     }
     return 0;
   }
