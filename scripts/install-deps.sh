@@ -14,6 +14,8 @@ packages=(
   libgtest-dev libbenchmark-dev libopenblas-dev
   # The Python package: its extension, and torch for autograd and the tests.
   python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
+  # The CPU benchmark's strongest peer (bench/cpu): oneDNN's RNN primitives.
+  libdnnl-dev
   # `pip install .` and its test: pip, venv (scikit-build-core comes from PyPI).
   python3-pip python3-venv
 )
