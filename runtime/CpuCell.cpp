@@ -208,22 +208,22 @@ void addColumnSums(DType dtype, const void *m, int64_t rows, int64_t cols,
   }
 }
 
-/// m[row, :] += v for every row.
-void addToRows(DType dtype, void *m, int64_t rows, int64_t cols,
-               const void *v) {
-  if (dtype == DType::F32) {
-    auto *x = static_cast<float *>(m);
-    auto *a = static_cast<const float *>(v);
-    for (int64_t r = 0; r < rows; ++r)
+/// m[row, :] = the sum of `vectors` for every row.
+void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
+              llvm::ArrayRef<const void *> vectors) {
+  auto fill = [&](auto *x) {
+    using E = std::remove_pointer_t<decltype(x)>;
+    std::vector<E> sum(cols, E(0));
+    for (const void *v : vectors)
       for (int64_t j = 0; j < cols; ++j)
-        x[r * cols + j] += a[j];
-  } else {
-    auto *x = static_cast<double *>(m);
-    auto *a = static_cast<const double *>(v);
+        sum[j] += static_cast<const E *>(v)[j];
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < cols; ++j)
-        x[r * cols + j] += a[j];
-  }
+      std::memcpy(x + r * cols, sum.data(), cols * sizeof(E));
+  };
+  if (dtype == DType::F32)
+    fill(static_cast<float *>(m));
+  else
+    fill(static_cast<double *>(m));
 }
 
 /// One kernel argument as the runtime sees it.
@@ -503,6 +503,30 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
 
 namespace {
 
+/// A pointer `offset` elements into `data`.
+void *at(void *data, int64_t offset, int64_t elementBytes) {
+  return static_cast<char *>(data) + offset * elementBytes;
+}
+
+/// The projection `p` (weight @ input + biases) of the steps [t0, t0 + len):
+/// the rows start as the biases' sum, and the GEMM adds to them, so no pass
+/// over the result adds the biases afterwards.
+Scratch project(const Projection &p, const CpuCell::Sequence &seq, int64_t t0,
+                int64_t len, int64_t B, DType dtype) {
+  int64_t eb = dtype == DType::F32 ? 4 : 8;
+  Scratch out(std::vector<int64_t>{len, B, p.rows}, eb, /*zero=*/false);
+  std::vector<const void *> biases;
+  for (size_t b : p.biases)
+    biases.push_back(seq.params[b].data);
+  if (!biases.empty())
+    fillRows(dtype, out.data(), len * B, p.rows, biases);
+  gemm(dtype, false, true, len * B, p.rows, p.cols,
+       at(seq.inputs[p.input].data, t0 * B * p.cols, eb), p.cols,
+       seq.params[p.weight].data, p.cols, biases.empty() ? 0.0 : 1.0, out.data(),
+       p.rows);
+  return out;
+}
+
 /// Checks one caller buffer: present, aligned, and of the expected shape.
 llvm::Error checkArray(const Array &array, llvm::ArrayRef<int64_t> shape,
                        int64_t elementBytes, const std::string &what,
@@ -544,10 +568,6 @@ llvm::Error parallelBatches(int64_t batch, int threads,
   return llvm::Error::success();
 }
 
-/// A pointer `offset` elements into `data`.
-void *at(void *data, int64_t offset, int64_t elementBytes) {
-  return static_cast<char *>(data) + offset * elementBytes;
-}
 
 } // namespace
 
@@ -833,15 +853,8 @@ llvm::Error CpuCell::forwardTimeMajor(const Sequence &seq,
 
   // The hoisted projections: one GEMM each over all T*B rows.
   std::vector<Scratch> projected;
-  for (const Projection &p : im.projections) {
-    projected.emplace_back(std::vector<int64_t>{T, B, p.rows}, eb, false);
-    gemm(elementType, false, true, T * B, p.rows, p.cols,
-         seq.inputs[p.input].data, p.cols, seq.params[p.weight].data, p.cols,
-         0.0, projected.back().data(), p.rows);
-    for (size_t b : p.biases)
-      addToRows(elementType, projected.back().data(), T * B, p.rows,
-                seq.params[b].data);
-  }
+  for (const Projection &p : im.projections)
+    projected.push_back(project(p, seq, 0, T, B, elementType));
 
   bool training = saved != nullptr;
   bool saveGates = training && mode.kind == Recompute::Kind::None;
@@ -998,14 +1011,7 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
         projected.emplace_back(std::vector<int64_t>{1, 1, 1}, eb);
         continue;
       }
-      projected.emplace_back(std::vector<int64_t>{len, B, p.rows}, eb, false);
-      gemm(elementType, false, true, len * B, p.rows, p.cols,
-           at(seq.inputs[p.input].data, t0 * B * p.cols, eb), p.cols,
-           seq.params[p.weight].data, p.cols, 0.0, projected.back().data(),
-           p.rows);
-      for (size_t b : p.biases)
-        addToRows(elementType, projected.back().data(), len * B, p.rows,
-                  seq.params[b].data);
+      projected.push_back(project(p, seq, t0, len, B, elementType));
     }
 
     // The chunk's states and gates: saved, or recomputed by a forward pass
