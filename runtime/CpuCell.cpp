@@ -1168,8 +1168,14 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
         gemm(elementType, false, false, len * B, p.cols, p.rows, r.data(),
              p.rows, seq.params[p.weight].data, p.cols, 1.0,
              at(dInputs[p.input].data(), t0 * B * p.cols, eb), p.cols);
-        for (size_t b : p.biases)
-          addColumnSums(elementType, r.data(), len * B, p.rows, dParams[b].data());
+        // Every bias of the projection has the same gradient: sum the rows
+        // once (an LSTM's b_ih and b_hh).
+        if (!p.biases.empty()) {
+          Scratch sums(std::vector<int64_t>{p.rows}, eb);
+          addColumnSums(elementType, r.data(), len * B, p.rows, sums.data());
+          for (size_t b : p.biases)
+            addColumnSums(elementType, sums.data(), 1, p.rows, dParams[b].data());
+        }
       } else if (out.kind == "weight_rows") {
         // The next written buffer holds the matching vectors.
         Scratch &vecs = results[written[w + 1].result];
