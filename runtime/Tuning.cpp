@@ -53,15 +53,9 @@ double since(Clock::time_point start) {
 //===----------------------------------------------------------------------===//
 
 llvm::Expected<TuneTarget> cellc::runtime::parseTuneTarget(llvm::StringRef text) {
-  if (text == "cpu")
-    return TuneTarget::Cpu;
-  if (text == "cuda")
-    return TuneTarget::Cuda;
-  return fail("unknown target '" + text + "'; expected cpu or cuda");
-}
-
-llvm::StringRef cellc::runtime::nameOf(TuneTarget target) {
-  return target == TuneTarget::Cpu ? "cpu" : "cuda";
+  if (std::optional<Target> target = parse<Target>(text.str()))
+    return *target;
+  return fail("unknown target '" + text + "'; expected " + Words<Target>::expected());
 }
 
 std::vector<Knob> cellc::runtime::knobsOf(TuneTarget target) {
@@ -201,7 +195,7 @@ std::string cellc::runtime::tuningKey(llvm::StringRef source,
   for (const auto &[name, value] : sizes)
     sizeText += name + "=" + std::to_string(value) + ";";
   std::string bucket = "B<=" + std::to_string(batchBucket(batch));
-  return KernelCache::key({"tune", source, nameOf(target), device,
+  return KernelCache::key({"tune", source, name(target), device,
                            dtype == DType::F32 ? "f32" : "f64", sizeText, bucket,
                            compilerVersion()});
 }
@@ -515,7 +509,7 @@ void compileCudaCandidate(const TuneProblem &problem, Candidate &candidate) {
   PipelineOptions options;
   options.saveGates = problem.saveGates;
   options.strategy = KernelStrategy::BatchTiled;
-  options.target = "cuda";
+  options.target = Target::Cuda;
   options.batchTile = candidate.config.at("batch_tile");
   options.threads = 32 * candidate.config.at("warps");
   options.maxRegisters = candidate.config.at("max_registers");
@@ -784,7 +778,7 @@ llvm::Expected<TuneResult> cellc::runtime::tune(const TuneProblem &problem,
     entry["median_ms"] = w.medianMs;
     if (result.candidates[0].status == Candidate::Status::Ok)
       entry["default_ms"] = result.candidates[0].medianMs;
-    entry["target"] = nameOf(problem.target);
+    entry["target"] = name(problem.target);
     entry["device"] = result.device;
     entry["batch_bucket"] = batchBucket(problem.batch);
     entry["compiler"] = compilerVersion();
@@ -853,7 +847,7 @@ llvm::json::Value cellc::runtime::toJSON(const TuneResult &result,
     sizes[name] = value;
   llvm::json::Object out;
   out["cell"] = problem.fileName;
-  out["target"] = nameOf(problem.target);
+  out["target"] = name(problem.target);
   out["device"] = result.device;
   out["dtype"] = problem.dtype == DType::F32 ? "f32" : "f64";
   out["sizes"] = std::move(sizes);

@@ -12,6 +12,7 @@
 #define CELLC_RUNTIME_TUNING_H
 
 #include "runtime/CpuCell.h"
+#include "dialects/Cell/IR/KernelInterface.h"
 
 #include "llvm/Support/JSON.h"
 
@@ -23,9 +24,10 @@
 
 namespace cellc::runtime {
 
-enum class TuneTarget { Cpu, Cuda };
+/// The target a tune is for (KernelInterface.def).
+using TuneTarget = Target;
+/// `text` as a target, or an error that lists the targets.
 llvm::Expected<TuneTarget> parseTuneTarget(llvm::StringRef text);
-llvm::StringRef nameOf(TuneTarget target);
 
 /// One knob: its name, what it changes, and its legal values.
 struct Knob {

@@ -37,10 +37,9 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
   meta["cell"] = def.getSymName().str();
   meta["arch"] = arch.str();
   meta["dtype"] = dtype.str();
-  meta["precision"] = cuda.precision;
-  meta["strategy"] =
-      cuda.strategy == KernelStrategy::Persistent ? "persistent" : "batch-tiled";
-  meta["storage"] = cuda.storage;
+  meta["precision"] = name(cuda.precision);
+  meta["strategy"] = name(cuda.strategy);
+  meta["storage"] = name(cuda.storage);
   llvm::json::Object sizeObj;
   if (auto sizes = def->getAttrOfType<mlir::DictionaryAttr>("sizes"))
     for (auto entry : sizes)

@@ -10,22 +10,6 @@
 
 using namespace mlir;
 
-std::optional<cellc::KernelStrategy> cellc::cudaStrategy(llvm::StringRef name) {
-  if (name == "batch-tiled")
-    return KernelStrategy::BatchTiled;
-  if (name == "persistent")
-    return KernelStrategy::Persistent;
-  return std::nullopt;
-}
-
-std::optional<cellc::KernelStrategy> cellc::cpuStrategy(llvm::StringRef name) {
-  if (name == "batched")
-    return KernelStrategy::Batched;
-  if (name == "per-row")
-    return KernelStrategy::PerRow;
-  return std::nullopt;
-}
-
 void cellc::buildPipeline(OpPassManager &pm, Stage stage,
                           const PipelineOptions &options) {
   if (stage >= Stage::Split)
@@ -45,18 +29,16 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
       pm.addPass(cell::createConvertCellToBatchedKernels(batched));
     } else if (options.strategy != KernelStrategy::PerRow) {
       cell::ConvertCellToTiledKernelsOptions tiled;
-      tiled.strategy = options.strategy == KernelStrategy::Persistent
-                           ? "persistent"
-                           : "batch-tiled";
+      tiled.strategy = name(options.strategy);
       tiled.ctas = options.ctas;
       if (options.strategy == KernelStrategy::Persistent)
         tiled.sharedLimit = options.sharedLimit;
-      tiled.target = options.target;
+      tiled.target = name(options.target);
       tiled.batchTile = options.batchTile;
       tiled.threads = options.threads;
       tiled.maxRegisters = options.maxRegisters;
-      tiled.precision = options.precision;
-      tiled.storage = options.storage;
+      tiled.precision = name(options.precision);
+      tiled.storage = name(options.storage);
       pm.addPass(cell::createConvertCellToTiledKernels(tiled));
     } else {
       cell::ConvertCellToKernelsOptions perRow;

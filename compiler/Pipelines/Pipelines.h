@@ -3,6 +3,8 @@
 #ifndef CELLC_COMPILER_PIPELINES_PIPELINES_H
 #define CELLC_COMPILER_PIPELINES_PIPELINES_H
 
+#include "dialects/Cell/IR/KernelInterface.h"
+
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/Error.h"
@@ -31,31 +33,33 @@ enum class Stage {
   NVVM,
 };
 
-/// How the sequence kernels are organized.
-enum class KernelStrategy {
-  /// convert-cell-to-kernels: one batch row at a time, whole vectors in
-  /// registers. The CPU's kernels for a batch of a few rows.
-  PerRow,
-  /// convert-cell-to-batched-kernels: a tile of rows per thread, each step
-  /// as phases over the tile, its products register-blocked matrix products.
-  /// The CPU's kernels.
-  Batched,
-  /// convert-cell-to-tiled-kernels: a tile of rows per program, elements
-  /// across threads. The GPU's kernels; on the CPU, their emulation.
-  BatchTiled,
-  /// convert-cell-to-tiled-kernels with strategy=persistent: CTAs split each
-  /// step of a tile, keep their slices of the recurrent weights on chip, and
-  /// meet at grid barriers. On the CPU, its emulation.
-  Persistent,
-};
+/// How the sequence kernels are organized (KernelInterface.def):
+/// - Batched: convert-cell-to-batched-kernels, the CPU's kernels: a tile of
+///   rows per thread, each step as phases over the tile, its products
+///   register-blocked matrix products.
+/// - PerRow: convert-cell-to-kernels, one batch row at a time, whole vectors
+///   in registers; the CPU's kernels for a batch of one row.
+/// - BatchTiled: convert-cell-to-tiled-kernels, a tile of rows per program,
+///   elements across threads. The GPU's kernels; on the CPU, their
+///   emulation.
+/// - Persistent: convert-cell-to-tiled-kernels with strategy=persistent:
+///   CTAs split each step of a tile, keep their slices of the recurrent
+///   weights on chip, and meet at grid barriers. On the CPU, its emulation.
+using KernelStrategy = Strategy;
+
+/// Whether `strategy` organizes CUDA kernels.
+inline bool isCudaStrategy(Strategy strategy) {
+  return strategy == Strategy::BatchTiled || strategy == Strategy::Persistent;
+}
 
 struct PipelineOptions {
   /// When set, the kernels are specialized for SAVE_GATES and canonicalized.
   std::optional<bool> saveGates;
   KernelStrategy strategy = KernelStrategy::Batched;
-  /// For batch-tiled kernels: "cuda" or "cpu", rows per tile (0: chosen by
-  /// workgroup memory) and threads per CTA.
-  std::string target = "cpu";
+  /// For batch-tiled kernels: the target (CUDA, or the CPU for their
+  /// emulation), rows per tile (0: chosen by workgroup memory) and threads
+  /// per CTA.
+  Target target = Target::Cpu;
   int64_t batchTile = 0;
   int64_t threads = 256;
   /// For persistent kernels: CTAs per tile (0: the fewest that fit), and
@@ -73,21 +77,12 @@ struct PipelineOptions {
   int64_t matvecUnroll = 1;
   /// For CUDA kernels: the register cap per thread (0: none).
   int64_t maxRegisters = 0;
-  /// For CUDA kernels: the recurrent matvecs' multiplies, "ieee", "tf32" or
-  /// "bf16" (tensor cores).
-  std::string precision = "ieee";
-  /// For CUDA kernels: the per-step sequences' element type in memory, "f32"
-  /// or "bf16".
-  std::string storage = "f32";
+  /// For CUDA kernels: the recurrent matvecs' multiplies (fp32 FMAs, or
+  /// tensor cores with tf32 or bf16 operands).
+  Precision precision = Precision::Ieee;
+  /// For CUDA kernels: the per-step sequences' element type in memory.
+  Storage storage = Storage::F32;
 };
-
-/// The CUDA strategy named `name` ("batch-tiled" or "persistent"), as
-/// command lines and APIs spell it; none for another name.
-std::optional<KernelStrategy> cudaStrategy(llvm::StringRef name);
-
-/// The CPU strategy named `name` ("batched" or "per-row"); none for another
-/// name.
-std::optional<KernelStrategy> cpuStrategy(llvm::StringRef name);
 
 /// Adds the passes that take front-end cell IR to `stage`. This is the only
 /// place where pass order is written down.

@@ -195,16 +195,26 @@ void package(const std::string &source, const std::string &fileName,
                                   src.diag);
   if (!module)
     throw py::value_error(src.diagnostics());
-  std::optional<KernelStrategy> kind = cudaStrategy(strategy);
-  if (!kind)
-    throw py::value_error("unknown strategy '" + strategy +
-                          "'; expected batch-tiled or persistent");
+  // Each word through its one parse function (KernelInterface.h).
+  std::optional<Strategy> kind = parse<Strategy>(strategy);
+  if (!kind || !isCudaStrategy(*kind))
+    throw py::value_error("unknown strategy '" + strategy + "'; expected " +
+                          name(Strategy::BatchTiled) + " or " +
+                          name(Strategy::Persistent));
+  std::optional<Precision> parsedPrecision = parse<Precision>(precision);
+  if (!parsedPrecision)
+    throw py::value_error("unknown precision '" + precision + "'; expected " +
+                          Words<Precision>::expected());
+  std::optional<Storage> parsedStorage = parse<Storage>(storage);
+  if (!parsedStorage)
+    throw py::value_error("unknown storage '" + storage + "'; expected " +
+                          Words<Storage>::expected());
   mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
   PipelineOptions options;
   options.strategy = *kind;
-  options.target = "cuda";
-  options.precision = precision;
-  options.storage = storage;
+  options.target = Target::Cuda;
+  options.precision = *parsedPrecision;
+  options.storage = *parsedStorage;
   options.batchTile = batchTile;
   options.ctas = ctas;
   options.sharedLimit = sharedLimit;

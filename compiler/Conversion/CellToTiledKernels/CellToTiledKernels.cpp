@@ -36,10 +36,10 @@ namespace {
 
 /// Whether `op` (a matvec or vecmat) runs on tensor cores at `precision`:
 /// its rows must fill 16-row MMA tiles and its depth the MMA's k.
-bool onTensorCores(Operation *op, StringRef precision) {
-  if (precision == "ieee" || !isa<MatvecOp, VecmatOp>(op))
+bool onTensorCores(Operation *op, cellc::Precision precision) {
+  if (precision == cellc::Precision::Ieee || !isa<MatvecOp, VecmatOp>(op))
     return false;
-  int64_t k = precision == "bf16" ? 16 : 8;
+  int64_t k = precision == cellc::Precision::Bf16 ? 16 : 8;
   return sizeOf(op->getResult(0)) % 16 == 0 && sizeOf(op->getOperand(1)) % k == 0;
 }
 
@@ -67,7 +67,7 @@ public:
   int64_t sharedElements = 0;
   /// CUDA: "tf32" or "bf16" runs the matvecs that `onTensorCores` accepts
   /// with mma.sync.
-  StringRef precision = "ieee";
+  cellc::Precision precision = cellc::Precision::Ieee;
   /// The persistent strategy: `slices` CTAs split every step of a tile, the
   /// CTA `cta` taking a slice of each loop's elements and of each matvec's
   /// rows, whose weights it keeps in `weightCache` from before the time
@@ -247,7 +247,7 @@ public:
   /// The element type of a persistent CTA's copy of the weight of `op`: bf16
   /// when bf16 tensor cores read it, which round it to bf16 anyway.
   Type cachedType(Operation *op) const {
-    if (gpu && precision == "bf16" && onTensorCores(op, precision))
+    if (gpu && precision == cellc::Precision::Bf16 && onTensorCores(op, precision))
       return BFloat16Type::get(builder.getContext());
     return element;
   }
@@ -315,7 +315,7 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
   // 2q + 8, 2q + 9 or q, q + 4; C holds rows g and g + 8 at columns 2q and
   // 2q + 1. A is the weight (transposed for a vecmat), B the vector with the
   // tile's rows as its 8 columns.
-  bool bf16 = precision == "bf16";
+  bool bf16 = precision == cellc::Precision::Bf16;
   bool transposed = isa<VecmatOp>(op);
   int64_t kStep = bf16 ? 16 : 8;
   int64_t rows = sizeOf(op->getResult(0));
@@ -665,35 +665,45 @@ struct ConvertCellToTiledKernels
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (target != "cuda" && target != "cpu") {
-      module.emitError("convert-cell-to-tiled-kernels: unknown target '")
-          << target << "'; expected cuda or cpu";
+    // The options, each through its word list's one parse function.
+    auto word = [&](auto parsed, StringRef option, StringRef value,
+                    std::string expected) {
+      if (!parsed)
+        module.emitError("convert-cell-to-tiled-kernels: unknown ")
+            << option << " '" << value << "'; expected " << expected;
+      return parsed.has_value();
+    };
+    std::optional<cellc::Target> parsedTarget = cellc::parse<cellc::Target>(target);
+    std::optional<cellc::Precision> parsedPrecision =
+        cellc::parse<cellc::Precision>(precision);
+    std::optional<cellc::Storage> parsedStorage = cellc::parse<cellc::Storage>(storage);
+    std::optional<cellc::Strategy> parsedStrategy =
+        cellc::parse<cellc::Strategy>(strategy);
+    if (!word(parsedTarget, "target", target, cellc::Words<cellc::Target>::expected()) ||
+        !word(parsedPrecision, "precision", precision,
+              cellc::Words<cellc::Precision>::expected()) ||
+        !word(parsedStorage, "storage", storage,
+              cellc::Words<cellc::Storage>::expected()))
+      return signalPassFailure();
+    if (!parsedStrategy || (*parsedStrategy != cellc::Strategy::BatchTiled &&
+                            *parsedStrategy != cellc::Strategy::Persistent)) {
+      module.emitError("convert-cell-to-tiled-kernels: unknown strategy '")
+          << strategy << "'; expected " << cellc::name(cellc::Strategy::BatchTiled)
+          << " or " << cellc::name(cellc::Strategy::Persistent);
       return signalPassFailure();
     }
-    bool gpu = target == "cuda";
-    if (precision != "ieee" && precision != "tf32" && precision != "bf16") {
-      module.emitError("convert-cell-to-tiled-kernels: unknown precision '")
-          << precision << "'; expected ieee, tf32 or bf16";
-      return signalPassFailure();
-    }
-    if (precision != "ieee" && !gpu) {
+    config.precision = *parsedPrecision;
+    config.storage = *parsedStorage;
+    config.persistent = *parsedStrategy == cellc::Strategy::Persistent;
+    bool gpu = *parsedTarget == cellc::Target::Cuda;
+    if (config.precision != cellc::Precision::Ieee && !gpu) {
       module.emitError("convert-cell-to-tiled-kernels: precision=")
           << precision << " needs tensor cores, so target=cuda";
       return signalPassFailure();
     }
-    if (storage != "f32" && storage != "bf16") {
-      module.emitError("convert-cell-to-tiled-kernels: unknown storage '")
-          << storage << "'; expected f32 or bf16";
-      return signalPassFailure();
-    }
-    if (storage == "bf16" && !gpu) {
-      module.emitError("convert-cell-to-tiled-kernels: storage=bf16 is for "
-                       "target=cuda");
-      return signalPassFailure();
-    }
-    if (strategy != "batch-tiled" && strategy != "persistent") {
-      module.emitError("convert-cell-to-tiled-kernels: unknown strategy '")
-          << strategy << "'; expected batch-tiled or persistent";
+    if (config.storage != cellc::Storage::F32 && !gpu) {
+      module.emitError("convert-cell-to-tiled-kernels: storage=")
+          << storage << " is for target=cuda";
       return signalPassFailure();
     }
     if (gpu && threads % 32 != 0) {
@@ -722,6 +732,13 @@ struct ConvertCellToTiledKernels
 
   LogicalResult buildKernel(DefOp def, func::FuncOp grad, bool backward,
                             gpu::GPUModuleOp gpuModule);
+
+  /// The options, parsed.
+  struct {
+    cellc::Precision precision = cellc::Precision::Ieee;
+    cellc::Storage storage = cellc::Storage::F32;
+    bool persistent = false;
+  } config;
 };
 
 LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
@@ -744,9 +761,13 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   Type element = cast<RankedTensorType>(def.getStates()[0].getType())
                      .getElementType();
   std::string name = (def.getSymName() + (backward ? "_bwd" : "_fwd")).str();
-  if ((precision != "ieee" || storage != "f32") && !element.isF32())
-    return emitError(loc) << (precision != "ieee" ? "precision=" + precision.getValue()
-                                                  : "storage=" + storage.getValue())
+  cellc::Precision precision = config.precision;
+  cellc::Storage storage = config.storage;
+  if ((precision != cellc::Precision::Ieee || storage != cellc::Storage::F32) &&
+      !element.isF32())
+    return emitError(loc) << (precision != cellc::Precision::Ieee
+                                  ? std::string("precision=") + cellc::name(precision)
+                                  : std::string("storage=") + cellc::name(storage))
                           << " needs an f32 cell; '" << def.getSymName() << "' is "
                           << element;
 
@@ -760,7 +781,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   // previous states, the state gradients (two slots) and the accumulators.
   // With the persistent strategy these buffers are in global memory, the
   // workspace, and every matvec's product is one of them.
-  bool persistent = strategy == "persistent";
+  bool persistent = config.persistent;
   int64_t perRow = 0;
   for (Value m : plan.materialized)
     perRow += sizeOf(m);
@@ -812,7 +833,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
         if (slice > threads)
           return std::nullopt;
         // bf16 tensor cores keep a bf16 copy (TiledBuilder::cachedType).
-        int64_t width = mma && precision == "bf16" ? 2 : bytes;
+        int64_t width = mma && precision == cellc::Precision::Bf16 ? 2 : bytes;
         total += padded(slice * (sizeOf(op->getOperand(1)) + 1) * width);
       }
       if (total > sharedLimit)
@@ -841,7 +862,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   // bf16 storage: the per-step sequences ([T, B, n]: inputs, projections,
   // outputs, state history, gates and their gradients) are bf16 in memory;
   // states, params and their gradients stay in the cell's type.
-  if (storage == "bf16")
+  if (storage == cellc::Storage::Bf16)
     for (Type &type : sig.types)
       if (auto memref = dyn_cast<MemRefType>(type);
           memref && memref.getRank() == 3 && memref.getElementType() == element)
@@ -883,9 +904,11 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   kernelOp->setAttr("cell.kernel_args", outer.getArrayAttr(sig.info));
   kernelOp->setAttr("cell.batch_tile", outer.getI64IntegerAttr(tile));
   kernelOp->setAttr("cell.threads", outer.getI64IntegerAttr(gpu ? threads : 1));
-  kernelOp->setAttr("cell.storage", outer.getStringAttr(storage.getValue()));
+  kernelOp->setAttr("cell.storage", outer.getStringAttr(cellc::name(storage)));
   kernelOp->setAttr("cell.strategy",
-                    outer.getStringAttr(persistent ? "persistent" : "batch-tiled"));
+                    outer.getStringAttr(cellc::name(persistent
+                                                        ? cellc::Strategy::Persistent
+                                                        : cellc::Strategy::BatchTiled)));
   if (persistent) {
     kernelOp->setAttr("cell.ctas", outer.getI64IntegerAttr(slices));
     kernelOp->setAttr("cell.workspace_bytes",

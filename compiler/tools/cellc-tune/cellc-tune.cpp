@@ -151,7 +151,7 @@ int main(int argc, char **argv) {
 
   llvm::outs() << llvm::formatv("cellc-tune: {0} on {1}, {2}, B={3} (bucket {4}), "
                                 "T={5}, SAVE_GATES={6}, budget {7:F0} s\n",
-                                cellFile, nameOf(problem.target), dtype, batch,
+                                cellFile, name(problem.target), dtype, batch,
                                 batchBucket(batch), seqLen, int(saveGates),
                                 options.budgetSeconds);
   llvm::outs().flush();

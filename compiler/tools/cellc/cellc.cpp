@@ -30,23 +30,6 @@
 using namespace cellc;
 namespace cl = llvm::cl;
 
-namespace {
-enum class Emit {
-  AST,
-  MLIR,
-  Summary,
-  Split,
-  Grad,
-  Saves,
-  Plan,
-  Phases,
-  Kernels,
-  LLVM,
-  NVVM,
-  PTX,
-  Package
-};
-} // namespace
 
 static cl::opt<std::string> inputFilename(cl::Positional,
                                           cl::desc("<cell file>"),
@@ -62,34 +45,9 @@ static cl::list<std::string>
                  cl::desc("Bind a symbolic size, as in -D H=256"),
                  cl::value_desc("NAME=VALUE"));
 
-static cl::opt<Emit> emitAction(
-    "emit", cl::desc("The stage to print"), cl::init(Emit::MLIR),
-    cl::values(clEnumValN(Emit::AST, "ast", "the syntax tree"),
-               clEnumValN(Emit::MLIR, "mlir", "the cell dialect IR"),
-               clEnumValN(Emit::Summary, "summary",
-                          "the cell's declarations and op counts"),
-               clEnumValN(Emit::Split, "split",
-                          "after cell-split-projections"),
-               clEnumValN(Emit::Grad, "grad",
-                          "after cell-autodiff: the backward step"),
-               clEnumValN(Emit::Saves, "saves",
-                          "after cell-plan-saves: the saved values chosen"),
-               clEnumValN(Emit::Plan, "plan",
-                          "the bytes kept per step in each recompute mode"),
-               clEnumValN(Emit::Phases, "phases",
-                          "the phases of each step over a batch tile: what "
-                          "goes through buffers, what runs where"),
-               clEnumValN(Emit::Kernels, "kernels",
-                          "the forward and backward sequence kernels"),
-               clEnumValN(Emit::LLVM, "llvm",
-                          "the kernels in the LLVM dialect, for the CPU"),
-               clEnumValN(Emit::NVVM, "nvvm",
-                          "the CUDA kernels in the LLVM and NVVM dialects"),
-               clEnumValN(Emit::PTX, "ptx", "the CUDA kernels' PTX"),
-               clEnumValN(Emit::Package, "package",
-                          "an AOT package for the CUDA runtime: the PTX of "
-                          "both SAVE_GATES variants and kernels.json, in the "
-                          "directory -o names")));
+// The stages come from KernelInterface.def (registered in main).
+static cl::opt<Emit> emitAction("emit", cl::desc("The stage to print"),
+                                cl::init(Emit::Mlir));
 
 static cl::opt<std::string>
     targetName("target",
@@ -159,13 +117,13 @@ static cl::opt<std::string> storage(
     "storage",
     cl::desc("CUDA: the element type in memory of x, h, the gates and the other "
              "per-step sequences: f32 (default) or bf16 (computed in f32)"),
-    cl::init("f32"));
+    cl::init(""));
 
 static cl::opt<std::string> precision(
     "precision",
     cl::desc("The CUDA recurrent matvecs' multiplies: ieee (fp32 FMAs, the "
              "default), tf32 or bf16 (tensor cores, fp32 accumulation)"),
-    cl::init("ieee"));
+    cl::init(""));
 
 static cl::opt<int> saveGatesFlag(
     "save-gates",
@@ -183,17 +141,24 @@ static cl::opt<std::string> dtype("dtype",
                                   cl::desc("Element type: f32, f64, f16, bf16"),
                                   cl::init("f32"));
 
+/// The command line's words, parsed once through KernelInterface.h.
+static struct {
+  std::optional<Target> target;
+  std::optional<Strategy> strategy;
+  Precision precision = Precision::Ieee;
+  Storage storage = Storage::F32;
+} words;
+
 /// Whether the kernels are built for CUDA: asked for, or implied by the stage.
 static bool targetsCuda() {
-  return targetName == "cuda" || emitAction == Emit::NVVM ||
-         emitAction == Emit::PTX || emitAction == Emit::Package;
+  return words.target == Target::Cuda || emitAction == Emit::Nvvm ||
+         emitAction == Emit::Ptx || emitAction == Emit::Package;
 }
 
 /// The options of the CPU kernels the command line asks for.
 static PipelineOptions cpuOptions() {
   PipelineOptions options;
-  options.strategy = cpuStrategy(strategy.empty() ? "batched" : strategy.getValue())
-                         .value_or(KernelStrategy::Batched);
+  options.strategy = words.strategy.value_or(Strategy::Batched);
   options.batchTile = batchTile;
   options.productRows = productRows;
   options.productVectors = productVectors;
@@ -204,16 +169,15 @@ static PipelineOptions cpuOptions() {
 /// The options of the CUDA kernels the command line asks for.
 static PipelineOptions cudaOptions() {
   PipelineOptions options;
-  options.strategy = cudaStrategy(strategy.empty() ? "batch-tiled" : strategy.getValue())
-                         .value_or(KernelStrategy::BatchTiled);
-  options.target = "cuda";
+  options.strategy = words.strategy.value_or(Strategy::BatchTiled);
+  options.target = Target::Cuda;
   options.ctas = ctas;
   options.sharedLimit = sharedLimit;
   options.batchTile = batchTile;
   options.threads = threadsPerCta;
   options.maxRegisters = maxRegisters;
-  options.precision = precision;
-  options.storage = storage;
+  options.precision = words.precision;
+  options.storage = words.storage;
   return options;
 }
 
@@ -276,7 +240,7 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
   llvm::SourceMgr sourceMgr;
   sourceMgr.AddNewSourceBuffer(std::move(buffer), llvm::SMLoc());
   CellDiagnostics diag(sourceMgr, llvm::errs());
-  if (emitAction == Emit::AST) {
+  if (emitAction == Emit::Ast) {
     llvm::StringRef text =
         sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID())->getBuffer();
     Parser parser(text, diag);
@@ -296,13 +260,13 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
   }
   if (emitAction == Emit::Package)
     return writePackage(*module, context, sourceMgr);
-  if (emitAction != Emit::MLIR) {
+  if (emitAction != Emit::Mlir) {
     bool cuda = targetsCuda();
     Stage stage = emitAction == Emit::Split  ? Stage::Split
                   : emitAction == Emit::Grad ? Stage::Grad
                   : emitAction == Emit::Kernels ? Stage::Kernels
-                  : emitAction == Emit::LLVM    ? Stage::LLVM
-                  : emitAction == Emit::NVVM || emitAction == Emit::PTX
+                  : emitAction == Emit::Llvm    ? Stage::LLVM
+                  : emitAction == Emit::Nvvm || emitAction == Emit::Ptx
                       ? Stage::NVVM
                       : Stage::Plan;
     PipelineOptions options = cuda ? cudaOptions() : cpuOptions();
@@ -314,7 +278,7 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
     if (mlir::failed(pm.run(*module)))
       return false;
   }
-  if (emitAction == Emit::PTX) {
+  if (emitAction == Emit::Ptx) {
     auto ptx = serializeToPTX(*module, arch);
     if (!ptx) {
       llvm::errs() << llvm::toString(ptx.takeError()) << "\n";
@@ -379,6 +343,8 @@ int main(int argc, char **argv) {
   mlir::registerAsmPrinterCLOptions();
   mlir::registerMLIRContextCLOptions();
   cellc::setToolVersionPrinter("cellc");
+  for (const Word &w : Words<Emit>())
+    emitAction.getParser().addLiteralOption(w.name, *parse<Emit>(w.name), w.help);
   cl::ParseCommandLineOptions(argc, argv, "cellc: a compiler for recurrent cells\n");
 
   auto fileOrErr = llvm::MemoryBuffer::getFileOrSTDIN(inputFilename);
@@ -413,66 +379,70 @@ int main(int argc, char **argv) {
                  << "'; expected f32, f64, f16 or bf16\n";
     return 1;
   }
-  if (!targetName.empty() && targetName != "cpu" && targetName != "cuda") {
-    llvm::errs() << "cellc: error: unknown target '" << targetName
-                 << "'; expected cpu or cuda\n";
+  // The words of the command line, each through its one parse function.
+  auto parseWord = [](auto &into, const std::string &text, const char *option,
+                      auto expected) {
+    if (text.empty())
+      return true;
+    using E = typename std::remove_reference_t<decltype(into)>::value_type;
+    if (std::optional<E> value = parse<E>(text)) {
+      into = *value;
+      return true;
+    }
+    llvm::errs() << "cellc: error: unknown " << option << " '" << text
+                 << "'; expected " << expected << "\n";
+    return false;
+  };
+  if (!parseWord(words.target, targetName, "target", Words<Target>::expected()) ||
+      !parseWord(words.strategy, strategy, "strategy",
+                 "batched or per-row (CPU), batch-tiled or persistent (CUDA)"))
     return 1;
-  }
+  std::optional<Precision> precisionWord;
+  std::optional<Storage> storageWord;
+  if (!parseWord(precisionWord, precision, "precision", Words<Precision>::expected()) ||
+      !parseWord(storageWord, storage, "storage", Words<Storage>::expected()))
+    return 1;
+  words.precision = precisionWord.value_or(Precision::Ieee);
+  words.storage = storageWord.value_or(Storage::F32);
   bool cuda = targetsCuda();
   if (emitAction == Emit::Package && (outputFilename == "-" || splitInputFile)) {
     llvm::errs() << "cellc: error: --emit=package writes a directory: give it "
                     "with -o DIR\n";
     return 1;
   }
-  if (!strategy.empty() && !cudaStrategy(strategy) && !cpuStrategy(strategy)) {
-    llvm::errs() << "cellc: error: unknown strategy '" << strategy
-                 << "'; expected batched or per-row (CPU), batch-tiled or "
-                    "persistent (CUDA)\n";
-    return 1;
-  }
-  if (!strategy.empty() && cudaStrategy(strategy) && !cuda) {
+  if (words.strategy && isCudaStrategy(*words.strategy) && !cuda) {
     llvm::errs() << "cellc: error: --strategy=" << strategy
                  << " is a CUDA strategy; it needs --target=cuda\n";
     return 1;
   }
-  if (!strategy.empty() && cpuStrategy(strategy) && cuda) {
+  if (words.strategy && !isCudaStrategy(*words.strategy) && cuda) {
     llvm::errs() << "cellc: error: --strategy=" << strategy
                  << " is a CPU strategy; the CUDA ones are batch-tiled and "
                     "persistent\n";
     return 1;
   }
-  if (sharedLimit != 49152 && strategy != "persistent") {
+  if (sharedLimit != 49152 && words.strategy != Strategy::Persistent) {
     llvm::errs() << "cellc: error: --shared-limit sizes the persistent "
                     "strategy's dynamic shared memory; the batch-tiled kernels "
                     "use 48 KiB of static shared memory\n";
     return 1;
   }
-  if (storage != "f32" && storage != "bf16") {
-    llvm::errs() << "cellc: error: unknown storage '" << storage
-                 << "'; expected f32 or bf16\n";
-    return 1;
-  }
-  if (storage != "f32" && !cuda) {
+  if (words.storage != Storage::F32 && !cuda) {
     llvm::errs() << "cellc: error: --storage=" << storage
                  << " is for the CUDA kernels; it needs --target=cuda\n";
     return 1;
   }
-  if (precision != "ieee" && precision != "tf32" && precision != "bf16") {
-    llvm::errs() << "cellc: error: unknown precision '" << precision
-                 << "'; expected ieee, tf32 or bf16\n";
-    return 1;
-  }
-  if (precision != "ieee" && !cuda) {
+  if (words.precision != Precision::Ieee && !cuda) {
     llvm::errs() << "cellc: error: --precision=" << precision
                  << " runs the matvecs on tensor cores; it needs --target=cuda\n";
     return 1;
   }
-  if (targetName == "cpu" && cuda) {
+  if (words.target == Target::Cpu && cuda) {
     llvm::errs() << "cellc: error: --emit=nvvm, ptx and package are for "
                     "--target=cuda\n";
     return 1;
   }
-  if (cuda && emitAction == Emit::LLVM) {
+  if (cuda && emitAction == Emit::Llvm) {
     llvm::errs() << "cellc: error: --emit=llvm is the CPU's lowering; use "
                     "--emit=nvvm or --emit=ptx with --target=cuda\n";
     return 1;

@@ -1,6 +1,7 @@
 //===- CellDialect.cpp - The cell dialect ---------------------------------===//
 
 #include "dialects/Cell/IR/CellDialect.h"
+#include "dialects/Cell/IR/CellAttrs.h"
 #include "dialects/Cell/IR/CellOps.h"
 
 using namespace mlir;
@@ -9,6 +10,7 @@ using namespace mlir::cell;
 #include "dialects/Cell/IR/CellDialect.cpp.inc"
 
 void CellDialect::initialize() {
+  registerAttributes();
   addOperations<
 #define GET_OP_LIST
 #include "dialects/Cell/IR/CellOps.cpp.inc"

@@ -17,6 +17,10 @@ def Cell_Dialect : Dialect {
   }];
   let cppNamespace = "::mlir::cell";
   let hasConstantMaterializer = 1;
+  let useDefaultAttributePrinterParser = 1;
+  let extraClassDeclaration = [{
+    void registerAttributes();
+  }];
 }
 
 class Cell_Op<string mnemonic, list<Trait> traits = []>

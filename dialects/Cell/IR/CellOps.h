@@ -3,6 +3,7 @@
 #ifndef CELLC_DIALECTS_CELL_IR_CELLOPS_H
 #define CELLC_DIALECTS_CELL_IR_CELLOPS_H
 
+#include "dialects/Cell/IR/CellAttrs.h"
 #include "dialects/Cell/IR/CellDialect.h"
 #include "dialects/Cell/IR/CellInterfaces.h"
 #include "mlir/Bytecode/BytecodeOpInterface.h"
