@@ -5,6 +5,7 @@
 #include "runtime/KernelCache.h"
 
 #include "compiler/Conversion/Passes.h"
+#include "compiler/Conversion/Common/KernelABI.h"
 #include "compiler/Frontend/IRGen.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialects/Cell/IR/CellOps.h"
@@ -228,7 +229,8 @@ void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
 
 /// One kernel argument as the runtime sees it.
 struct ArgInfo {
-  std::string kind, name, input;
+  ArgKind kind;
+  std::string name, input;
   std::vector<std::string> biases;
   /// The memref shape; -1 for the time and batch dimensions.
   std::vector<int64_t> shape;
@@ -242,20 +244,16 @@ using Signature = std::vector<ArgInfo>;
 
 Signature signatureOf(mlir::func::FuncOp func) {
   Signature sig;
-  auto info = func->getAttrOfType<mlir::ArrayAttr>("cell.kernel_args");
-  for (auto [attr, type] : llvm::zip(info, func.getArgumentTypes())) {
-    auto dict = llvm::cast<mlir::DictionaryAttr>(attr);
+  for (auto [attr, type] :
+       llvm::zip(mlir::cell::kernelArgsOf(func), func.getArgumentTypes())) {
     ArgInfo arg;
-    arg.kind = dict.getAs<mlir::StringAttr>("kind").str();
-    arg.name = dict.getAs<mlir::StringAttr>("name").str();
-    if (auto input = dict.getAs<mlir::StringAttr>("input"))
-      arg.input = input.str();
-    if (auto biases = dict.getAs<mlir::ArrayAttr>("biases"))
-      for (mlir::Attribute b : biases)
-        arg.biases.push_back(llvm::cast<mlir::StringAttr>(b).str());
-    if (auto same = dict.getAs<mlir::IntegerAttr>("same_as"))
-      arg.sameAs = same.getInt();
-    arg.zero = dict.contains("zero");
+    arg.kind = attr.getKind();
+    arg.name = attr.getName().str();
+    arg.input = attr.getInput().str();
+    for (mlir::StringAttr b : attr.getBiases())
+      arg.biases.push_back(b.str());
+    arg.sameAs = attr.getSameAs();
+    arg.zero = attr.getZero();
     if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type))
       for (int64_t d : memref.getShape())
         arg.shape.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
@@ -484,9 +482,9 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
     return size_t(-1);
   };
   for (const ArgInfo &arg : impl->fwd) {
-    if (arg.kind == "gates")
+    if (arg.kind == ArgKind::Gates)
       impl->gatesWidth = arg.shape.back();
-    if (arg.kind != "projection")
+    if (arg.kind != ArgKind::Projection)
       continue;
     Projection p;
     p.weight = indexOf(cell->paramSlots, arg.name);
@@ -598,10 +596,10 @@ struct Defaults {
 /// Buffers of one kernel call, looked up by argument kind and name.
 namespace {
 struct CallBuffers {
-  std::map<std::pair<std::string, std::string>, std::pair<void *, std::vector<int64_t>>> byName;
+  std::map<std::pair<ArgKind, std::string>, std::pair<void *, std::vector<int64_t>>> byName;
   std::vector<std::pair<void *, std::vector<int64_t>>> projections, projectionGrads;
 
-  void set(const std::string &kind, const std::string &name, void *data,
+  void set(ArgKind kind, const std::string &name, void *data,
            std::vector<int64_t> shape) {
     byName[{kind, name}] = {data, std::move(shape)};
   }
@@ -611,20 +609,20 @@ struct CallBuffers {
     std::vector<KernelArg> result;
     size_t projection = 0, projectionGrad = 0;
     for (const ArgInfo &arg : sig) {
-      if (arg.kind == "batch_begin" || arg.kind == "batch_end") {
+      if (arg.kind == ArgKind::BatchBegin || arg.kind == ArgKind::BatchEnd) {
         result.push_back(KernelArg::indexValue(0));
         continue;
       }
       const std::pair<void *, std::vector<int64_t>> *buffer = nullptr;
-      if (arg.kind == "projection")
+      if (arg.kind == ArgKind::Projection)
         buffer = &projections.at(projection++);
-      else if (arg.kind == "projection_grad")
+      else if (arg.kind == ArgKind::ProjectionGrad)
         buffer = &projectionGrads.at(projectionGrad++);
       else {
         auto it = byName.find({arg.kind, arg.name});
         if (it == byName.end())
-          return fail("internal error: no buffer for kernel argument " +
-                      arg.kind + " '" + arg.name + "'");
+          return fail(llvm::Twine("internal error: no buffer for kernel argument ") +
+                      name(arg.kind) + " '" + arg.name + "'");
         buffer = &it->second;
       }
       result.push_back(KernelArg::buffer(buffer->first, buffer->second));
@@ -776,21 +774,21 @@ llvm::Error CpuCell::runForwardChunk(
   int64_t eb = elementBytes();
   CallBuffers call;
   for (auto [i, slot] : llvm::enumerate(inputSlots))
-    call.set("input", slot.name, at(seq.inputs[i].data, t0 * B * slot.shape[0], eb),
+    call.set(ArgKind::Input, slot.name, at(seq.inputs[i].data, t0 * B * slot.shape[0], eb),
              {len, B, slot.shape[0]});
   for (auto [p, proj] : llvm::enumerate(im.projections))
     call.projections.push_back({projections[p], {len, B, proj.rows}});
-  call.set("resets", "resets", const_cast<uint8_t *>(resets + t0 * B), {len, B});
+  call.set(ArgKind::Resets, "resets", const_cast<uint8_t *>(resets + t0 * B), {len, B});
   for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-    call.set("initial_state", slot.name, initial[i], {B, slot.shape[0]});
-    call.set("start_state", slot.name, start[i], {B, slot.shape[0]});
-    call.set("state_history", slot.name, history[i], {len, B, slot.shape[0]});
+    call.set(ArgKind::InitialState, slot.name, initial[i], {B, slot.shape[0]});
+    call.set(ArgKind::StartState, slot.name, start[i], {B, slot.shape[0]});
+    call.set(ArgKind::StateHistory, slot.name, history[i], {len, B, slot.shape[0]});
   }
   for (auto [i, slot] : llvm::enumerate(paramSlots))
-    call.set("param", slot.name, seq.params[i].data, slot.shape);
+    call.set(ArgKind::Param, slot.name, seq.params[i].data, slot.shape);
   for (auto [i, slot] : llvm::enumerate(outputSlots))
-    call.set("output", slot.name, outputs[i], {len, B, slot.shape[0]});
-  call.set("gates", "gates", gates, {len, B, im.gatesWidth});
+    call.set(ArgKind::Output, slot.name, outputs[i], {len, B, slot.shape[0]});
+  call.set(ArgKind::Gates, "gates", gates, {len, B, im.gatesWidth});
   auto args = call.args(im.fwd);
   if (!args)
     return args.takeError();
@@ -1061,7 +1059,8 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
     // writes.
     std::vector<Scratch> results;
     struct Written {
-      std::string kind, name;
+      ArgKind kind;
+      std::string name;
       size_t result;
     };
     std::vector<Written> written;
@@ -1076,48 +1075,48 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
     };
     results.reserve(im.bwd.size());
     for (const ArgInfo &arg : im.bwd) {
-      const std::string &k = arg.kind;
+      ArgKind k = arg.kind;
       auto perStep = [&](int64_t n) { return std::vector<int64_t>{len, B, n}; };
-      if (k == "input") {
+      if (k == ArgKind::Input) {
         size_t i = slotIndex(inputSlots, arg.name);
         int64_t n = inputSlots[i].shape[0];
         args.push_back(KernelArg::buffer(at(seq.inputs[i].data, t0 * B * n, eb), perStep(n)));
-      } else if (k == "projection") {
+      } else if (k == ArgKind::Projection) {
         size_t p = projection++;
         args.push_back(KernelArg::buffer(
             projected[p].data(),
             mode.kind == Recompute::Kind::None
                 ? std::vector<int64_t>{len, B, im.projections[p].rows}
                 : perStep(im.projections[p].rows)));
-      } else if (k == "resets") {
+      } else if (k == ArgKind::Resets) {
         args.push_back(KernelArg::buffer(const_cast<uint8_t *>(resets + t0 * B), {len, B}));
-      } else if (k == "initial_state" || k == "start_state" ||
-                 k == "final_state_grad") {
+      } else if (k == ArgKind::InitialState || k == ArgKind::StartState ||
+                 k == ArgKind::FinalStateGrad) {
         size_t i = slotIndex(stateSlots, arg.name);
-        void *data = k == "initial_state" ? initial[i]
-                     : k == "start_state" ? start[i]
+        void *data = k == ArgKind::InitialState ? initial[i]
+                     : k == ArgKind::StartState ? start[i]
                                           : carry[i].data();
         args.push_back(KernelArg::buffer(data, {B, stateSlots[i].shape[0]}));
-      } else if (k == "param") {
+      } else if (k == ArgKind::Param) {
         size_t i = slotIndex(paramSlots, arg.name);
         args.push_back(KernelArg::buffer(seq.params[i].data, paramSlots[i].shape));
-      } else if (k == "state_history") {
+      } else if (k == ArgKind::StateHistory) {
         size_t i = slotIndex(stateSlots, arg.name);
         int64_t n = stateSlots[i].shape[0];
         void *data = chunked ? history[i] : at(history[i], t0 * B * n, eb);
         args.push_back(KernelArg::buffer(data, perStep(n)));
-      } else if (k == "gates") {
+      } else if (k == ArgKind::Gates) {
         void *data = chunked || mode.kind != Recompute::Kind::None
                          ? gates
                          : at(gates, t0 * B * im.gatesWidth, eb);
         args.push_back(KernelArg::buffer(data, perStep(im.gatesWidth)));
-      } else if (k == "output_grad") {
+      } else if (k == ArgKind::OutputGrad) {
         size_t i = outputGrad++;
         int64_t n = outputSlots[i].shape[0];
         void *data = gradOutputs[i].data ? gradOutputs[i].data
                                          : zeroOutputGrads[zeroGrad++].data();
         args.push_back(KernelArg::buffer(at(data, t0 * B * n, eb), perStep(n)));
-      } else if (k == "batch_begin" || k == "batch_end") {
+      } else if (k == ArgKind::BatchBegin || k == ArgKind::BatchEnd) {
         args.push_back(KernelArg::indexValue(0));
       } else if (arg.sameAs >= 0) {
         // The same values as an earlier result: its buffer.
@@ -1134,7 +1133,7 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
         resultOfArg[args.size()] = results.size() - 1;
         // A zero result adds nothing to what it is folded into (weight rows
         // and vectors go in pairs, so they stay).
-        if (!arg.zero || k == "weight_rows" || k == "weight_vectors")
+        if (!arg.zero || k == ArgKind::WeightRows || k == ArgKind::WeightVectors)
           written.push_back({k, arg.name, results.size() - 1});
         args.push_back(KernelArg::buffer(results.back().data(), shape));
       }
@@ -1148,19 +1147,19 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
     for (size_t w = 0; w < written.size(); ++w) {
       const Written &out = written[w];
       Scratch &r = results[out.result];
-      if (out.kind == "initial_state_grad") {
+      if (out.kind == ArgKind::InitialStateGrad) {
         size_t i = slotIndex(stateSlots, out.name);
         addColumnSums(elementType, r.data(), 1, B * stateSlots[i].shape[0],
                       dInitial[i].data());
-      } else if (out.kind == "start_state_grad") {
+      } else if (out.kind == ArgKind::StartStateGrad) {
         size_t i = slotIndex(stateSlots, out.name);
         std::memcpy(carry[i].data(), r.data(), B * stateSlots[i].shape[0] * eb);
-      } else if (out.kind == "input_grad") {
+      } else if (out.kind == ArgKind::InputGrad) {
         size_t i = slotIndex(inputSlots, out.name);
         int64_t n = inputSlots[i].shape[0];
         addColumnSums(elementType, r.data(), 1, len * B * n,
                       at(dInputs[i].data(), t0 * B * n, eb));
-      } else if (out.kind == "projection_grad") {
+      } else if (out.kind == ArgKind::ProjectionGrad) {
         const Projection &p = im.projections[projectionGrad++];
         void *x = at(seq.inputs[p.input].data, t0 * B * p.cols, eb);
         gemm(elementType, true, false, p.rows, p.cols, len * B, r.data(),
@@ -1176,7 +1175,7 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
           for (size_t b : p.biases)
             addColumnSums(elementType, sums.data(), 1, p.rows, dParams[b].data());
         }
-      } else if (out.kind == "weight_rows") {
+      } else if (out.kind == ArgKind::WeightRows) {
         // The next written buffer holds the matching vectors.
         Scratch &vecs = results[written[w + 1].result];
         size_t i = slotIndex(paramSlots, out.name);
@@ -1184,7 +1183,7 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
         gemm(elementType, true, false, rows, cols, len * B, r.data(), rows,
              vecs.data(), cols, 1.0, dParams[i].data(), cols);
         ++w;
-      } else if (out.kind == "param_grad") {
+      } else if (out.kind == ArgKind::ParamGrad) {
         size_t i = slotIndex(paramSlots, out.name);
         addColumnSums(elementType, r.data(), B, paramSlots[i].shape[0],
                       dParams[i].data());

@@ -10,6 +10,7 @@
 #include "compiler/Pipelines/Pipelines.h"
 
 #include "compiler/Conversion/Passes.h"
+#include "compiler/Conversion/Common/KernelABI.h"
 #include "dialects/Cell/IR/CellOps.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
@@ -69,19 +70,24 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
       if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.dynamic_shared_bytes"))
         k["dynamic_shared_bytes"] = n.getInt();
       llvm::json::Array args;
-      auto info = func->getAttrOfType<mlir::ArrayAttr>("cell.kernel_args");
-      for (auto [attr, type] : llvm::zip(info, func.getArgumentTypes())) {
+      for (auto [arg, type] :
+           llvm::zip(mlir::cell::kernelArgsOf(func), func.getArgumentTypes())) {
+        // The words come from KernelInterface.def, through name().
         llvm::json::Object a;
-        for (auto entry : llvm::cast<mlir::DictionaryAttr>(attr)) {
-          if (auto str = llvm::dyn_cast<mlir::StringAttr>(entry.getValue()))
-            a[entry.getName().str()] = str.str();
-          else if (auto list = llvm::dyn_cast<mlir::ArrayAttr>(entry.getValue())) {
-            llvm::json::Array names;
-            for (auto n : list.getAsValueRange<mlir::StringAttr>())
-              names.push_back(n.str());
-            a[entry.getName().str()] = std::move(names);
-          }
+        a["kind"] = name(arg.getKind());
+        a["name"] = arg.getName().str();
+        if (!arg.getInput().empty())
+          a["input"] = arg.getInput().str();
+        if (arg.getKind() == ArgKind::Projection) {
+          llvm::json::Array biases;
+          for (mlir::StringAttr b : arg.getBiases())
+            biases.push_back(b.str());
+          a["biases"] = std::move(biases);
         }
+        if (arg.getSameAs() >= 0)
+          a["same_as"] = arg.getSameAs();
+        if (arg.getZero())
+          a["zero"] = true;
         llvm::json::Array shape;
         if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type)) {
           for (int64_t d : memref.getShape())

@@ -414,7 +414,7 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
   }
   DenseMap<unsigned, Value> accParam;
   for (auto [r, kind] : llvm::enumerate(args.kinds))
-    if (kind == "param")
+    if (kind == cellc::GradKind::Param)
       accParam[r] = e.buffer({sizeOf(ret->getOperand(r))});
 
   LogicalResult status = success();
@@ -502,11 +502,11 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
       SmallVector<Item> items;
       unsigned stateResult = 0;
       for (auto [r, value] : llvm::enumerate(ret->getOperands())) {
-        StringRef kind = args.kinds[r];
+        cellc::GradKind kind = args.kinds[r];
         Value result = k.arg(args.firstResult + r);
         Item item;
         item.value = value;
-        if (kind == "state") {
+        if (kind == cellc::GradKind::State) {
           // At a restart the gradient goes to the initial state, at t = 0
           // to the start state, and otherwise on to step t - 1.
           unsigned i = stateResult++;
@@ -535,7 +535,7 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
                          as, Value(), j);
                },
                0});
-        } else if (kind == "param") {
+        } else if (kind == cellc::GradKind::Param) {
           Value acc = accParam[r];
           item.sinks.push_back(
               {[&e, acc](OpBuilder &, Location, Value v, Value j, int64_t offset) {

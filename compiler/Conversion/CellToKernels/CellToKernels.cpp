@@ -425,7 +425,7 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
   // and start-state gradients, and the vector-param gradients.
   SmallVector<unsigned> paramResults;
   for (auto [i, kind] : llvm::enumerate(args.kinds))
-    if (kind == "param")
+    if (kind == cellc::GradKind::Param)
       paramResults.push_back(i);
 
   builder.create<scf::ForOp>(
@@ -505,8 +505,8 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
               for (auto [r, value] : llvm::enumerate(ret.getOperands())) {
                 Value lowered = step.lookup(value);
                 Value buffer = entry.getArgument(args.firstResult + r);
-                StringRef kind = args.kinds[r];
-                if (kind == "state") {
+                cellc::GradKind kind = args.kinds[r];
+                if (kind == cellc::GradKind::State) {
                   // At a reset the gradient goes to the initial state, at
                   // t = 0 to the start state, and otherwise on to step t - 1.
                   Value zero = zerosLike(tb, value.getType());
@@ -520,7 +520,7 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
                       tb.create<arith::AddFOp>(l2, accStart, lowered), accStart));
                   nextDState.push_back(
                       tb.create<arith::SelectOp>(l2, fromOutside, zero, lowered));
-                } else if (kind == "param") {
+                } else if (kind == cellc::GradKind::Param) {
                   nextDParam.push_back(tb.create<arith::AddFOp>(
                       l2, acc[3 * numStates + p++], lowered));
                 } else {

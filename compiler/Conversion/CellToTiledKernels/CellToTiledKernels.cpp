@@ -797,7 +797,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
     perRow += (backward ? 5 : 2) * sizeOf(s);
   if (backward)
     for (auto [r, kind] : llvm::enumerate(args.kinds))
-      if (kind == "param")
+      if (kind == cellc::GradKind::Param)
         perRow += sizeOf(body.getTerminator()->getOperand(r));
   int64_t bytes = cast<FloatType>(element).getWidth() / 8;
   // The tile: at most `batch-tile` rows, halved until the workgroup buffers
@@ -871,9 +871,9 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   unsigned workspaceArg = 0;
   if (persistent && gpu) {
     workspaceArg = sig.add(ctx, MemRefType::get({ShapedType::kDynamic}, element),
-                           "workspace", "workspace");
+                           cellc::ArgKind::Workspace, "workspace");
     sig.add(ctx, MemRefType::get({ShapedType::kDynamic}, IntegerType::get(ctx, 32)),
-            "grid_barrier", "grid_barrier");
+            cellc::ArgKind::GridBarrier, "grid_barrier");
   }
 
   // The kernel.
@@ -1106,7 +1106,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
     Operation *ret = body.getTerminator();
     DenseMap<unsigned, Value> accParam;
     for (auto [r, kind] : llvm::enumerate(args.kinds))
-      if (kind == "param")
+      if (kind == cellc::GradKind::Param)
         accParam[r] = tb.shared({sizeOf(ret->getOperand(r))});
     Value zero = splat(builder, loc, tb.lane, 0.0);
     // The state gradients start from the final-state gradients.
@@ -1178,11 +1178,11 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
       SmallVector<Item> items;
       unsigned stateResult = 0;
       for (auto [r, value] : llvm::enumerate(ret->getOperands())) {
-        StringRef kind = args.kinds[r];
+        cellc::GradKind kind = args.kinds[r];
         Value buffer = arg(args.firstResult + r);
         Item item;
         item.value = value;
-        if (kind == "state") {
+        if (kind == cellc::GradKind::State) {
           unsigned k = stateResult++;
           Value sbuf = stateBufs[k], ai = accInit[k], as = accStart[k];
           item.sinks.push_back(
@@ -1205,7 +1205,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
                                 as, Value(), j);
                },
                0});
-        } else if (kind == "param") {
+        } else if (kind == cellc::GradKind::Param) {
           Value acc = accParam[r];
           item.sinks.push_back({[&tb, acc](OpBuilder &, Location, Value v,
                                            Value j, int64_t offset) {

@@ -45,19 +45,18 @@ MemRefType gatesType(DefOp def) {
                          element);
 }
 
-unsigned KernelSignature::add(MLIRContext *ctx, Type type, StringRef kind,
-                              StringRef name, ArrayRef<NamedAttribute> extra) {
+unsigned KernelSignature::add(Type type, KernelArgAttr arg) {
   types.push_back(type);
-  Builder b(ctx);
-  SmallVector<NamedAttribute> attrs = {
-      b.getNamedAttr("kind", b.getStringAttr(kind)),
-      b.getNamedAttr("name", b.getStringAttr(name))};
-  llvm::append_range(attrs, extra);
-  info.push_back(b.getDictionaryAttr(attrs));
+  info.push_back(arg);
   return types.size() - 1;
 }
 
-unsigned KernelSignature::addPerState(DefOp def, StringRef kind, bool perStep) {
+unsigned KernelSignature::add(MLIRContext *ctx, Type type, cellc::ArgKind kind,
+                              StringRef name) {
+  return add(type, KernelArgAttr::get(ctx, kind, name, "", {}, -1, false));
+}
+
+unsigned KernelSignature::addPerState(DefOp def, cellc::ArgKind kind, bool perStep) {
   unsigned first = types.size();
   for (auto [name, arg] : llvm::zip(
            def.getStateNames().getAsValueRange<StringAttr>(), def.getStates()))
@@ -65,7 +64,7 @@ unsigned KernelSignature::addPerState(DefOp def, StringRef kind, bool perStep) {
   return first;
 }
 
-unsigned KernelSignature::addPerOutput(DefOp def, StringRef kind) {
+unsigned KernelSignature::addPerOutput(DefOp def, cellc::ArgKind kind) {
   unsigned first = types.size();
   for (auto [name, out] :
        llvm::zip(def.getOutputNames().getAsValueRange<StringAttr>(),
@@ -74,10 +73,26 @@ unsigned KernelSignature::addPerOutput(DefOp def, StringRef kind) {
   return first;
 }
 
+SmallVector<KernelArgAttr> kernelArgsOf(Operation *kernel) {
+  SmallVector<KernelArgAttr> args;
+  if (auto info = kernel->getAttrOfType<ArrayAttr>("cell.kernel_args"))
+    for (Attribute a : info)
+      args.push_back(cast<KernelArgAttr>(a));
+  return args;
+}
+
+SmallVector<GradResultAttr> gradResultsOf(func::FuncOp grad) {
+  SmallVector<GradResultAttr> results;
+  if (auto info = grad->getAttrOfType<ArrayAttr>("cell.grad_results"))
+    for (Attribute a : info)
+      results.push_back(cast<GradResultAttr>(a));
+  return results;
+}
+
 void KernelSignature::addBatchRange(MLIRContext *ctx) {
   Builder b(ctx);
-  add(ctx, b.getIndexType(), "batch_begin", "b_begin");
-  add(ctx, b.getIndexType(), "batch_end", "b_end");
+  add(ctx, b.getIndexType(), cellc::ArgKind::BatchBegin, "b_begin");
+  add(ctx, b.getIndexType(), cellc::ArgKind::BatchEnd, "b_end");
 }
 
 func::FuncOp backwardStepOf(DefOp def) {
@@ -101,33 +116,33 @@ static void addCommonArgs(DefOp def, KernelSignature &sig, ForwardArgs &args) {
   args.numInputs = def.getInputNames().size();
   for (auto [name, arg] :
        llvm::zip(def.getInputNames().getAsValueRange<StringAttr>(), def.getInputs()))
-    sig.add(ctx, sequenceType(arg.getType(), true), "input", name);
+    sig.add(ctx, sequenceType(arg.getType(), true), cellc::ArgKind::Input, name);
   SmallVector<ProjectionOp> projections = projectionsOf(def);
   args.numProjections = projections.size();
-  Builder b(ctx);
   for (ProjectionOp p : projections) {
     // What the runtime's GEMM computes: weight @ input + biases.
-    SmallVector<Attribute> biases;
+    SmallVector<StringAttr> biases;
     for (Value bias : p.getBiases())
       biases.push_back(bias.getDefiningOp<ParamOp>().getNameAttr());
     auto input = cast<BlockArgument>(p.getVector());
-    sig.add(ctx, sequenceType(p.getType(), true), "projection",
-            p.getWeight().getDefiningOp<ParamOp>().getName(),
-            {b.getNamedAttr("input", def.getInputNames()[input.getArgNumber()]),
-             b.getNamedAttr("biases", b.getArrayAttr(biases))});
+    sig.add(sequenceType(p.getType(), true),
+            KernelArgAttr::get(ctx, cellc::ArgKind::Projection,
+                               p.getWeight().getDefiningOp<ParamOp>().getName(),
+                               cast<StringAttr>(def.getInputNames()[input.getArgNumber()]),
+                               biases, -1, false));
   }
   args.resets = sig.add(
       ctx,
       MemRefType::get({ShapedType::kDynamic, ShapedType::kDynamic},
                       IntegerType::get(ctx, 8)),
-      "resets", "resets");
-  args.firstInit = sig.addPerState(def, "initial_state", false);
-  args.firstStart = sig.addPerState(def, "start_state", false);
+      cellc::ArgKind::Resets, "resets");
+  args.firstInit = sig.addPerState(def, cellc::ArgKind::InitialState, false);
+  args.firstStart = sig.addPerState(def, cellc::ArgKind::StartState, false);
   args.firstParam = sig.types.size();
   for (ParamOp param : def.getBody().getOps<ParamOp>()) {
     auto type = cast<RankedTensorType>(param.getType());
     sig.add(ctx, MemRefType::get(type.getShape(), type.getElementType()),
-            "param", param.getName());
+            cellc::ArgKind::Param, param.getName());
   }
 }
 
@@ -135,9 +150,9 @@ KernelSignature forwardSignature(DefOp def, ForwardArgs &args) {
   MLIRContext *ctx = def.getContext();
   KernelSignature sig;
   addCommonArgs(def, sig, args);
-  args.firstOutput = sig.addPerOutput(def, "output");
-  args.firstHistory = sig.addPerState(def, "state_history", true);
-  args.gates = sig.add(ctx, gatesType(def), "gates", "gates");
+  args.firstOutput = sig.addPerOutput(def, cellc::ArgKind::Output);
+  args.firstHistory = sig.addPerState(def, cellc::ArgKind::StateHistory, true);
+  args.gates = sig.add(ctx, gatesType(def), cellc::ArgKind::Gates, "gates");
   sig.addBatchRange(ctx);
   return sig;
 }
@@ -147,51 +162,43 @@ FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
   MLIRContext *ctx = def.getContext();
   KernelSignature sig;
   addCommonArgs(def, sig, args);
-  args.firstHistory = sig.addPerState(def, "state_history", true);
-  args.gates = sig.add(ctx, gatesType(def), "gates", "gates");
-  args.firstDOut = sig.addPerOutput(def, "output_grad");
-  args.firstDFinal = sig.addPerState(def, "final_state_grad", false);
+  args.firstHistory = sig.addPerState(def, cellc::ArgKind::StateHistory, true);
+  args.gates = sig.add(ctx, gatesType(def), cellc::ArgKind::Gates, "gates");
+  args.firstDOut = sig.addPerOutput(def, cellc::ArgKind::OutputGrad);
+  args.firstDFinal = sig.addPerState(def, cellc::ArgKind::FinalStateGrad, false);
 
   // One buffer per result of the backward step.
-  auto resultInfo = grad->getAttrOfType<ArrayAttr>("cell.grad_results");
+  SmallVector<GradResultAttr> resultInfo = gradResultsOf(grad);
   auto resultTypes = grad.getFunctionType().getResults();
-  if (!resultInfo || resultInfo.size() != resultTypes.size())
+  if (resultInfo.size() != resultTypes.size())
     return grad.emitOpError("expects cell.grad_results for every result");
   args.firstResult = sig.types.size();
   args.kinds.clear();
   Operation *ret = grad.getBody().front().getTerminator();
-  Builder b(ctx);
-  for (auto [r, attr, type] : llvm::enumerate(resultInfo, resultTypes)) {
-    auto dict = cast<DictionaryAttr>(attr);
-    StringRef kind = dict.getAs<StringAttr>("kind").getValue();
+  for (auto [r, result, type] : llvm::enumerate(resultInfo, resultTypes)) {
+    cellc::GradKind kind = result.getKind();
     args.kinds.push_back(kind);
-    auto nameAttr = dict.getAs<StringAttr>("name");
-    StringRef name = nameAttr ? nameAttr.getValue()
-                              : dict.getAs<StringAttr>("weight").getValue();
-    bool perStep = kind != "state" && kind != "param";
-    StringRef argKind = kind == "state"        ? "initial_state_grad"
-                        : kind == "param"      ? "param_grad"
-                        : kind == "input"      ? "input_grad"
-                        : kind == "projection" ? "projection_grad"
-                                               : kind;
-    // A per-step result that repeats an earlier one (the gradient of a projection and
-    // of a recurrent product both are the gate pre-activations' in an LSTM)
-    // names it, so that the caller can pass one buffer for both; a result
-    // that is zero says so.
-    SmallVector<NamedAttribute> extra;
+    bool perStep = kind != cellc::GradKind::State && kind != cellc::GradKind::Param;
+    // A per-step result that repeats an earlier one (the gradient of a
+    // projection and of a recurrent product both are the gate pre-
+    // activations' in an LSTM) names it, so that the caller can pass one
+    // buffer for both; a result that is zero says so.
+    int64_t sameAs = -1;
     Value value = ret->getOperand(r);
     for (unsigned earlier = 0; perStep && earlier < r; ++earlier)
       if (ret->getOperand(earlier) == value &&
-          args.kinds[earlier] != "state" && args.kinds[earlier] != "param") {
-        extra.push_back(b.getNamedAttr(
-            "same_as", b.getI64IntegerAttr(args.firstResult + earlier)));
+          args.kinds[earlier] != cellc::GradKind::State &&
+          args.kinds[earlier] != cellc::GradKind::Param) {
+        sameAs = args.firstResult + earlier;
         break;
       }
-    if (auto c = value.getDefiningOp<ConstantOp>(); c && c.getValue().isZero())
-      extra.push_back(b.getNamedAttr("zero", b.getUnitAttr()));
-    sig.add(ctx, sequenceType(type, perStep), argKind, name, extra);
+    auto c = value.getDefiningOp<ConstantOp>();
+    bool zero = c && c.getValue().isZero();
+    sig.add(sequenceType(type, perStep),
+            KernelArgAttr::get(ctx, cellc::argKindOf(kind), result.getName(), "", {},
+                               sameAs, zero));
   }
-  args.firstStartGrad = sig.addPerState(def, "start_state_grad", false);
+  args.firstStartGrad = sig.addPerState(def, cellc::ArgKind::StartStateGrad, false);
   sig.addBatchRange(ctx);
   return sig;
 }

@@ -30,17 +30,17 @@ MemRefType gatesType(DefOp def);
 /// Offsets of values of `types`, laid end to end.
 SmallVector<int64_t> packedOffsets(TypeRange types);
 
-/// Collects kernel arguments with their descriptions.
+/// Collects kernel arguments with their descriptions (`#cell.arg`).
 struct KernelSignature {
   SmallVector<Type> types;
   SmallVector<Attribute> info;
 
-  unsigned add(MLIRContext *ctx, Type type, StringRef kind, StringRef name,
-               ArrayRef<NamedAttribute> extra = {});
+  unsigned add(Type type, KernelArgAttr arg);
+  unsigned add(MLIRContext *ctx, Type type, cellc::ArgKind kind, StringRef name);
   /// One buffer per state of `def`; returns the first one's index.
-  unsigned addPerState(DefOp def, StringRef kind, bool perStep);
+  unsigned addPerState(DefOp def, cellc::ArgKind kind, bool perStep);
   /// One `[T, B, n]` buffer per output of `def`; returns the first's index.
-  unsigned addPerOutput(DefOp def, StringRef kind);
+  unsigned addPerOutput(DefOp def, cellc::ArgKind kind);
   /// The trailing `b_begin`, `b_end`.
   void addBatchRange(MLIRContext *ctx);
 };
@@ -56,8 +56,13 @@ struct ForwardArgs {
 /// each result of the backward step (`cell.grad_results`).
 struct BackwardArgs : ForwardArgs {
   unsigned firstDOut = 0, firstDFinal = 0, firstResult = 0, firstStartGrad = 0;
-  SmallVector<StringRef> kinds;
+  SmallVector<cellc::GradKind> kinds;
 };
+
+/// The arguments of a kernel, from its `cell.kernel_args`.
+SmallVector<KernelArgAttr> kernelArgsOf(Operation *kernel);
+/// The results of a backward step, from its `cell.grad_results`.
+SmallVector<GradResultAttr> gradResultsOf(func::FuncOp grad);
 
 /// The forward kernel's signature, `b_begin` and `b_end` included.
 KernelSignature forwardSignature(DefOp def, ForwardArgs &args);

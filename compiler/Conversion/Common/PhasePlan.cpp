@@ -2,6 +2,8 @@
 
 #include "compiler/Conversion/Common/PhasePlan.h"
 
+#include "compiler/Conversion/Common/KernelABI.h"
+
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 
@@ -327,16 +329,12 @@ void printPhases(ModuleOp module, raw_ostream &os, PhasePlan::Options options) {
       label[body.getArgument(a++)] = ("d next " + n).str();
     SmallVector<Value> roots(body.getTerminator()->getOperands());
     SmallVector<std::string> rootNames;
-    auto info = grad->getAttrOfType<ArrayAttr>("cell.grad_results");
-    for (Attribute a : info) {
-      auto dict = cast<DictionaryAttr>(a);
-      StringRef kind = dict.getAs<StringAttr>("kind").getValue();
-      auto name = dict.getAs<StringAttr>("name");
-      StringRef what = name ? name.getValue() : dict.getAs<StringAttr>("weight").getValue();
-      rootNames.push_back((kind == "state" || kind == "input" || kind == "param"
-                               ? "d " + what
-                               : kind + " " + what)
-                              .str());
+    for (GradResultAttr result : gradResultsOf(grad)) {
+      cellc::GradKind kind = result.getKind();
+      bool of = kind == cellc::GradKind::State || kind == cellc::GradKind::Input ||
+                kind == cellc::GradKind::Param;
+      rootNames.push_back((of ? "d " : std::string(cellc::name(kind)) + " ") +
+                          result.getName().str());
     }
     PhasePlan plan = planBackward(def, grad, options);
     os << "@" << def.getSymName() << " backward: ";

@@ -70,14 +70,14 @@ ParseResult parseFields(AsmParser &parser, Fields &fields, bool extended) {
   return success();
 }
 
-void printFields(AsmPrinter &printer, StringRef input, ArrayRef<StringRef> biases,
+void printFields(AsmPrinter &printer, StringRef input, ArrayRef<StringAttr> biases,
                  int64_t sameAs, bool zero) {
   if (!input.empty())
     printer << ", input = \"" << input << "\"";
   if (!biases.empty()) {
     printer << ", biases = [";
     llvm::interleaveComma(biases, printer,
-                          [&](StringRef b) { printer << "\"" << b << "\""; });
+                          [&](StringAttr b) { printer << b; });
     printer << "]";
   }
   if (sameAs >= 0)
@@ -86,9 +86,9 @@ void printFields(AsmPrinter &printer, StringRef input, ArrayRef<StringRef> biase
     printer << ", zero";
 }
 
-SmallVector<StringRef> refs(ArrayRef<std::string> strings) {
-  return llvm::to_vector(llvm::map_range(strings, [](const std::string &s) {
-    return StringRef(s);
+SmallVector<StringAttr> attrs(MLIRContext *ctx, ArrayRef<std::string> strings) {
+  return llvm::to_vector(llvm::map_range(strings, [&](const std::string &s) {
+    return StringAttr::get(ctx, s);
   }));
 }
 
@@ -105,7 +105,7 @@ Attribute KernelArgAttr::parse(AsmParser &parser, Type) {
     return {};
   return KernelArgAttr::getChecked(
       [&] { return parser.emitError(parser.getNameLoc()); }, parser.getContext(),
-      *kind, name, fields.input, refs(fields.biases), fields.sameAs, fields.zero);
+      *kind, name, fields.input, attrs(parser.getContext(), fields.biases), fields.sameAs, fields.zero);
 }
 
 void KernelArgAttr::print(AsmPrinter &printer) const {
@@ -116,7 +116,7 @@ void KernelArgAttr::print(AsmPrinter &printer) const {
 
 LogicalResult KernelArgAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                     cellc::ArgKind kind, StringRef name,
-                                    StringRef input, ArrayRef<StringRef> biases,
+                                    StringRef input, ArrayRef<StringAttr> biases,
                                     int64_t sameAs, bool zero) {
   if (name.empty())
     return emitError() << "expects a name";
@@ -138,7 +138,7 @@ Attribute GradResultAttr::parse(AsmParser &parser, Type) {
     return {};
   return GradResultAttr::getChecked(
       [&] { return parser.emitError(parser.getNameLoc()); }, parser.getContext(),
-      *kind, name, fields.input, refs(fields.biases));
+      *kind, name, fields.input, attrs(parser.getContext(), fields.biases));
 }
 
 void GradResultAttr::print(AsmPrinter &printer) const {
@@ -149,7 +149,7 @@ void GradResultAttr::print(AsmPrinter &printer) const {
 
 LogicalResult GradResultAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                      cellc::GradKind kind, StringRef name,
-                                     StringRef input, ArrayRef<StringRef> biases) {
+                                     StringRef input, ArrayRef<StringAttr> biases) {
   if (name.empty())
     return emitError() << "expects a name";
   if (kind != cellc::GradKind::Projection && (!input.empty() || !biases.empty()))

@@ -32,8 +32,8 @@ def Cell_KernelArgAttr : Cell_Attr<"KernelArg", "arg"> {
   let parameters = (ins
     "::cellc::ArgKind":$kind,
     StringRefParameter<"the input, state, param or output">:$name,
-    DefaultValuedParameter<"::llvm::StringRef", "\"\"">:$input,
-    OptionalArrayRefParameter<"::llvm::StringRef">:$biases,
+    StringRefParameter<"the input a projection multiplies", "\"\"">:$input,
+    OptionalArrayRefParameter<"::mlir::StringAttr">:$biases,
     DefaultValuedParameter<"int64_t", "-1">:$sameAs,
     DefaultValuedParameter<"bool", "false">:$zero
   );
@@ -59,8 +59,8 @@ def Cell_GradResultAttr : Cell_Attr<"GradResult", "grad"> {
   let parameters = (ins
     "::cellc::GradKind":$kind,
     StringRefParameter<"the state, input, param or weight">:$name,
-    DefaultValuedParameter<"::llvm::StringRef", "\"\"">:$input,
-    OptionalArrayRefParameter<"::llvm::StringRef">:$biases
+    StringRefParameter<"the input a projection multiplies", "\"\"">:$input,
+    OptionalArrayRefParameter<"::mlir::StringAttr">:$biases
   );
   let hasCustomAssemblyFormat = 1;
   let genVerifyDecl = 1;

@@ -50,11 +50,10 @@ private:
     Value g = grads.lookup(value);
     return g ? g : zeros(value.getType());
   }
-  DictionaryAttr describe(ArrayRef<std::pair<StringRef, Attribute>> fields) {
-    SmallVector<NamedAttribute> attrs;
-    for (auto [name, value] : fields)
-      attrs.push_back(builder.getNamedAttr(name, value));
-    return builder.getDictionaryAttr(attrs);
+  /// What a result of the backward step is.
+  GradResultAttr describe(cellc::GradKind kind, StringRef name,
+                          StringRef input = "", ArrayRef<StringAttr> biases = {}) {
+    return GradResultAttr::get(builder.getContext(), kind, name, input, biases);
   }
 
   DefOp def;
@@ -126,24 +125,19 @@ func::FuncOp GradBuilder::build() {
       resultGrads.push_back(grads.lookup(result));
 
     if (auto projection = dyn_cast<ProjectionOp>(op)) {
-      SmallVector<Attribute> biases;
+      SmallVector<StringAttr> biases;
       for (Value bias : projection.getBiases())
-        biases.push_back(builder.getStringAttr(
-            bias.getDefiningOp<ParamOp>().getName()));
+        biases.push_back(bias.getDefiningOp<ParamOp>().getNameAttr());
       projectionGrads.push_back(gradOrZeros(projection.getResult()));
       projectionInfo.push_back(describe(
-          {{"kind", builder.getStringAttr("projection")},
-           {"weight", builder.getStringAttr(
-                          projection.getWeight().getDefiningOp<ParamOp>().getName())},
-           {"input", builder.getStringAttr(argName(def, projection.getVector()))},
-           {"biases", builder.getArrayAttr(biases)}}));
+          cellc::GradKind::Projection,
+          projection.getWeight().getDefiningOp<ParamOp>().getName(),
+          argName(def, projection.getVector()), biases));
     }
     if (auto matvec = dyn_cast<MatvecOp>(op)) {
       if (auto param = matvec.getWeight().getDefiningOp<ParamOp>()) {
         rowGrads.emplace_back(gradOrZeros(matvec.getResult()), matvec.getVector());
-        rowInfo.push_back(describe(
-            {{"kind", builder.getStringAttr("weight_rows")},
-             {"weight", builder.getStringAttr(param.getName())}}));
+        rowInfo.push_back(describe(cellc::GradKind::WeightRows, param.getName()));
       }
     }
 
@@ -166,13 +160,11 @@ func::FuncOp GradBuilder::build() {
   unsigned numInputs = def.getInputNames().size();
   for (auto [i, name] : llvm::enumerate(def.getStateNames())) {
     results.push_back(gradOrZeros(entry->getArgument(numInputs + i)));
-    info.push_back(describe({{"kind", builder.getStringAttr("state")},
-                             {"name", name}}));
+    info.push_back(describe(cellc::GradKind::State, cast<StringAttr>(name)));
   }
   for (auto [i, name] : llvm::enumerate(def.getInputNames())) {
     results.push_back(gradOrZeros(entry->getArgument(i)));
-    info.push_back(describe({{"kind", builder.getStringAttr("input")},
-                             {"name", name}}));
+    info.push_back(describe(cellc::GradKind::Input, cast<StringAttr>(name)));
   }
   llvm::append_range(results, projectionGrads);
   llvm::append_range(info, projectionInfo);
@@ -180,9 +172,8 @@ func::FuncOp GradBuilder::build() {
     results.push_back(rows.first);
     info.push_back(attr);
     results.push_back(rows.second);
-    auto dict = cast<DictionaryAttr>(attr);
-    info.push_back(describe({{"kind", builder.getStringAttr("weight_vectors")},
-                             {"weight", dict.get("weight")}}));
+    info.push_back(describe(cellc::GradKind::WeightVectors,
+                            cast<GradResultAttr>(attr).getName()));
   }
   // Vector params read in the step; those only added into a projection get
   // their gradient from the projection's rows instead.
@@ -195,8 +186,7 @@ func::FuncOp GradBuilder::build() {
     if (!inStep)
       continue;
     results.push_back(gradOrZeros(param.getResult()));
-    info.push_back(describe({{"kind", builder.getStringAttr("param")},
-                             {"name", param.getNameAttr()}}));
+    info.push_back(describe(cellc::GradKind::Param, param.getName()));
   }
 
   builder.create<func::ReturnOp>(def.getLoc(), results);

@@ -10,7 +10,7 @@
 // CHECK-SAME:    (%[[X:[^:]+]]: memref<?x?x3xf32>, %[[P:[^:]+]]: memref<?x?x4xf32>, %[[RESETS:[^:]+]]: memref<?x?xi8>, %[[H0:[^:]+]]: memref<?x4xf32>,
 // CHECK-SAME:     %[[START:[^:]+]]: memref<?x4xf32>, %{{[^:]+}}: memref<4x3xf32>, %[[WHH:[^:]+]]: memref<4x4xf32>, %{{[^:]+}}: memref<4xf32>, %{{[^:]+}}: memref<4xf32>,
 // CHECK-SAME:     %[[OUT:[^:]+]]: memref<?x?x4xf32>, %[[HIST:[^:]+]]: memref<?x?x4xf32>, %[[GATES:[^:]+]]: memref<?x?x4xf32>, %[[BB:[^:]+]]: index, %[[BE:[^:]+]]: index)
-// CHECK-SAME:    cell.kernel_args = [{kind = "input", name = "x"}, {biases = ["b_ih", "b_hh"], input = "x", kind = "projection", name = "W_ih"}, {kind = "resets", name = "resets"}, {kind = "initial_state", name = "h"}, {kind = "start_state", name = "h"}, {kind = "param", name = "W_ih"}, {kind = "param", name = "W_hh"}, {kind = "param", name = "b_ih"}, {kind = "param", name = "b_hh"}, {kind = "output", name = "h"}, {kind = "state_history", name = "h"}, {kind = "gates", name = "gates"}, {kind = "batch_begin", name = "b_begin"}, {kind = "batch_end", name = "b_end"}]
+// CHECK-SAME:    cell.kernel_args = [#cell.arg<input "x">, #cell.arg<projection "W_ih", input = "x", biases = ["b_ih", "b_hh"]>, #cell.arg<resets "resets">, #cell.arg<initial_state "h">, #cell.arg<start_state "h">, #cell.arg<param "W_ih">, #cell.arg<param "W_hh">, #cell.arg<param "b_ih">, #cell.arg<param "b_hh">, #cell.arg<output "h">, #cell.arg<state_history "h">, #cell.arg<gates "gates">, #cell.arg<batch_begin "b_begin">, #cell.arg<batch_end "b_end">]
 // CHECK:         %[[FLAG:.*]] = cell.save_gates : i1
 // CHECK:         %[[T:.*]] = memref.dim %[[RESETS]], %{{.*}}
 // CHECK:         scf.for %[[B:.*]] = %[[BB]] to %[[BE]]
@@ -103,7 +103,7 @@ cell.def @elman inputs(%x: tensor<3xf32>) states(%h: tensor<4xf32>) outputs("h")
   cell.save %7 : tensor<4xf32>
   cell.yield states(%7 : tensor<4xf32>) outputs(%7 : tensor<4xf32>)
 }
-func.func @elman_grad(%arg0: tensor<3xf32>, %arg1: tensor<4xf32>, %arg2: tensor<4xf32>, %arg3: tensor<4xf32>) -> (tensor<4xf32>, tensor<3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) attributes {cell.grad_of = @elman, cell.grad_results = [{kind = "state", name = "h"}, {kind = "input", name = "x"}, {biases = ["b_ih", "b_hh"], input = "x", kind = "projection", weight = "W_ih"}, {kind = "weight_rows", weight = "W_hh"}, {kind = "weight_vectors", weight = "W_hh"}]} {
+func.func @elman_grad(%arg0: tensor<3xf32>, %arg1: tensor<4xf32>, %arg2: tensor<4xf32>, %arg3: tensor<4xf32>) -> (tensor<4xf32>, tensor<3xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) attributes {cell.grad_of = @elman, cell.grad_results = [#cell.grad<state "h">, #cell.grad<input "x">, #cell.grad<projection "W_ih", input = "x", biases = ["b_ih", "b_hh"]>, #cell.grad<weight_rows "W_hh">, #cell.grad<weight_vectors "W_hh">]} {
   %0 = cell.param "W_ih" : tensor<4x3xf32>
   %1 = cell.param "W_hh" : tensor<4x4xf32>
   %2 = cell.param "b_ih" : tensor<4xf32>

@@ -220,7 +220,7 @@ cell.def @d_square inputs() states(%h: tensor<4xf32>) outputs() {
 // A matvec on a param: the vector's gradient is the transposed product; the
 // weight's comes out as rows (result gradient, vector) for the GEMM.
 // CHECK-LABEL: func.func @d_matvec_grad
-// CHECK-SAME:    cell.grad_results = [{kind = "state", name = "h"}, {kind = "weight_rows", weight = "W"}, {kind = "weight_vectors", weight = "W"}]
+// CHECK-SAME:    cell.grad_results = [#cell.grad<state "h">, #cell.grad<weight_rows "W">, #cell.grad<weight_vectors "W">]
 // CHECK:         %[[W:.*]] = cell.param "W"
 // CHECK:         %[[D:.*]] = cell.vecmat %[[W]], %[[G:[^ ]+]]
 // CHECK:         return %[[D]], %[[G]], %{{.*}} :
@@ -255,7 +255,7 @@ cell.def @d_chunk inputs() states(%h: tensor<4xf32>) outputs() {
 // their gradients add. The vector param u is summed by the kernel.
 // CHECK-LABEL: func.func @d_projection_grad
 // CHECK-SAME:    (%[[X:[^:]+]]: tensor<3xf32>, %[[H:[^:]+]]: tensor<4xf32>, %[[GY:[^:]+]]: tensor<4xf32>, %[[GH:[^:]+]]: tensor<4xf32>)
-// CHECK-SAME:    cell.grad_results = [{kind = "state", name = "h"}, {kind = "input", name = "x"}, {biases = ["b"], input = "x", kind = "projection", weight = "W"}, {kind = "param", name = "u"}]
+// CHECK-SAME:    cell.grad_results = [#cell.grad<state "h">, #cell.grad<input "x">, #cell.grad<projection "W", input = "x", biases = ["b"]>, #cell.grad<param "u">]
 // CHECK:         %[[U:.*]] = cell.param "u"
 // CHECK:         %[[G:.*]] = cell.add %[[GY]], %[[GH]]
 // CHECK:         %[[DU:.*]] = cell.mul %[[G]], %[[H]]

@@ -178,3 +178,28 @@ cell.def @constant_type inputs() states(%h: tensor<4xf32>) outputs() {
 
 // expected-error @below {{'cell.yield' op expects parent op 'cell.def'}}
 "cell.yield"() {operandSegmentSizes = array<i32: 0, 0>} : () -> ()
+
+// -----
+
+// expected-error @below {{unknown kernel argument kind 'weights'; expected input, projection,}}
+func.func private @f() attributes {cell.kernel_args = [#cell.arg<weights "W">]}
+
+// -----
+
+// expected-error @below {{expects input and biases only on a projection}}
+func.func private @f() attributes {cell.kernel_args = [#cell.arg<param "W", input = "x">]}
+
+// -----
+
+// expected-error @below {{expects same_as and zero only on backward results}}
+func.func private @f() attributes {cell.kernel_args = [#cell.arg<output "h", zero>]}
+
+// -----
+
+// expected-error @below {{expects a projection to name its input}}
+func.func private @f() attributes {cell.grad_results = [#cell.grad<projection "W">]}
+
+// -----
+
+// expected-error @below {{unknown field 'weight'}}
+func.func private @f() attributes {cell.grad_results = [#cell.grad<weight_rows "W", weight = "W">]}

@@ -61,3 +61,20 @@ cell.def @autonomous inputs() states(%s: tensor<2xf64>) outputs() {
   // CHECK: cell.yield states(%[[S]] : tensor<2xf64>)
   cell.yield states(%s : tensor<2xf64>)
 }
+
+// The attributes of the kernel interface: what each kernel argument and each
+// backward result is.
+// CHECK-LABEL: func.func @kernel_interface
+// CHECK-SAME:    cell.grad_results = [#cell.grad<state "h">, #cell.grad<projection "W", input = "x", biases = ["b", "c"]>, #cell.grad<weight_rows "U">]
+// CHECK-SAME:    cell.kernel_args = [#cell.arg<input "x">, #cell.arg<projection "W", input = "x", biases = ["b"]>, #cell.arg<weight_rows "U", same_as = 7>, #cell.arg<input_grad "x", zero>, #cell.arg<batch_end "b_end">]
+func.func @kernel_interface() attributes {
+    cell.kernel_args = [#cell.arg<input "x">,
+                        #cell.arg<projection "W", input = "x", biases = ["b"]>,
+                        #cell.arg<weight_rows "U", same_as = 7>,
+                        #cell.arg<input_grad "x", zero>,
+                        #cell.arg<batch_end "b_end">],
+    cell.grad_results = [#cell.grad<state "h">,
+                         #cell.grad<projection "W", input = "x", biases = ["b", "c"]>,
+                         #cell.grad<weight_rows "U">]} {
+  return
+}

@@ -11,6 +11,7 @@
 #include "Support/Reference.h"
 #include "Support/TestCells.h"
 #include "compiler/Conversion/Passes.h"
+#include "compiler/Conversion/Common/KernelABI.h"
 #include "runtime/JitKernels.h"
 
 #include "gtest/gtest-spi.h"
@@ -20,6 +21,8 @@ using namespace cellc;
 using namespace cellc::testing;
 using cellc::runtime::JitKernels;
 using cellc::runtime::KernelArg;
+using mlir::cell::GradResultAttr;
+using mlir::cell::gradResultsOf;
 
 namespace {
 
@@ -52,21 +55,21 @@ struct Buffer {
 /// The kinds and names of a kernel's arguments, and their memref shapes with
 /// T and B filled in.
 struct Signature {
-  std::vector<std::string> kinds, names;
+  std::vector<cellc::ArgKind> kinds;
+  std::vector<std::string> names;
   std::vector<std::vector<int64_t>> shapes;
 };
 
 Signature signatureOf(ModuleOp kernels, StringRef name) {
   Signature sig;
   auto func = kernels.lookupSymbol<func::FuncOp>(name);
-  auto info = func->getAttrOfType<ArrayAttr>("cell.kernel_args");
-  for (auto [attr, type] : llvm::zip(info, func.getArgumentTypes())) {
-    auto dict = cast<DictionaryAttr>(attr);
-    sig.kinds.push_back(dict.getAs<StringAttr>("kind").str());
-    sig.names.push_back(dict.getAs<StringAttr>("name").str());
+  for (auto [attr, type] :
+       llvm::zip(mlir::cell::kernelArgsOf(func), func.getArgumentTypes())) {
+    sig.kinds.push_back(attr.getKind());
+    sig.names.push_back(attr.getName().str());
     std::vector<int64_t> shape;
     if (auto memref = dyn_cast<MemRefType>(type)) {
-      bool perStep = memref.getRank() == 3 || sig.kinds.back() == "resets";
+      bool perStep = memref.getRank() == 3 || sig.kinds.back() == cellc::ArgKind::Resets;
       for (auto [i, d] : llvm::enumerate(memref.getShape())) {
         if (!ShapedType::isDynamic(d))
           shape.push_back(d);
@@ -130,11 +133,11 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
     samples[b]->point.params = samples[0]->point.params;
   }
   const ParamValues &params = samples[0]->point.params;
-  auto info = ref->grad->getAttrOfType<ArrayAttr>("cell.grad_results");
-  std::vector<DictionaryAttr> projections;
-  for (Attribute a : info)
-    if (cast<DictionaryAttr>(a).getAs<StringAttr>("kind").getValue() == "projection")
-      projections.push_back(cast<DictionaryAttr>(a));
+  SmallVector<GradResultAttr> info = gradResultsOf(ref->grad);
+  std::vector<GradResultAttr> projections;
+  for (GradResultAttr a : info)
+    if (a.getKind() == cellc::GradKind::Projection)
+      projections.push_back(a);
   auto indexIn = [](ArrayAttr names, StringRef n) {
     for (auto [i, in] : llvm::enumerate(names))
       if (cast<StringAttr>(in).getValue() == n)
@@ -147,7 +150,7 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
   };
 
   // Buffers by (kind, name), filled from the reference problems.
-  std::map<std::pair<std::string, std::string>, std::unique_ptr<Buffer>> buffers;
+  std::map<std::pair<cellc::ArgKind, std::string>, std::unique_ptr<Buffer>> buffers;
   std::vector<uint8_t> resetBytes(kSteps * kBatch);
   for (int t = 0; t < kSteps; ++t)
     for (int b = 0; b < kBatch; ++b)
@@ -156,37 +159,38 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
     std::vector<KernelArg> args;
     unsigned projection = 0;
     for (size_t i = 0; i < sig.kinds.size(); ++i) {
-      const std::string &kind = sig.kinds[i], &n = sig.names[i];
-      if (kind == "batch_begin") {
+      cellc::ArgKind kind = sig.kinds[i];
+      const std::string &n = sig.names[i];
+      if (kind == cellc::ArgKind::BatchBegin) {
         args.push_back(KernelArg::indexValue(0));
         continue;
       }
-      if (kind == "batch_end") {
+      if (kind == cellc::ArgKind::BatchEnd) {
         args.push_back(KernelArg::indexValue(kBatch));
         continue;
       }
-      if (kind == "resets") {
+      if (kind == cellc::ArgKind::Resets) {
         args.push_back(KernelArg::buffer(resetBytes.data(), sig.shapes[i]));
         continue;
       }
       auto key = std::make_pair(kind, n + "#" + std::to_string(
-                                              kind == "projection" ? projection : 0));
+                                              kind == cellc::ArgKind::Projection ? projection : 0));
       auto &slot = buffers[key];
       if (!slot) {
         slot = std::make_unique<Buffer>(sig.shapes[i], f32);
         Buffer &buf = *slot;
         int64_t width = sig.shapes[i].back();
-        if (kind == "input") {
+        if (kind == cellc::ArgKind::Input) {
           size_t k = inputIndex(n);
           for (int t = 0; t < kSteps; ++t)
             for (int b = 0; b < kBatch; ++b)
               for (int64_t j = 0; j < width; ++j)
                 buf.set((t * kBatch + b) * width + j, samples[b]->point.inputs[t][k][j]);
-        } else if (kind == "projection") {
+        } else if (kind == cellc::ArgKind::Projection) {
           // The hoisted GEMM, done here naively: W x + biases.
-          DictionaryAttr p = projections[projection];
-          const Tensor &w = params.at(p.getAs<StringAttr>("weight").str());
-          size_t k = inputIndex(p.getAs<StringAttr>("input").getValue());
+          GradResultAttr p = projections[projection];
+          const Tensor &w = params.at(p.getName().str());
+          size_t k = inputIndex(p.getInput());
           for (int t = 0; t < kSteps; ++t)
             for (int b = 0; b < kBatch; ++b) {
               const Tensor &x = samples[b]->point.inputs[t][k];
@@ -194,35 +198,35 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
                 double v = 0;
                 for (size_t c = 0; c < x.size(); ++c)
                   v += w[r * x.size() + c] * x[c];
-                for (Attribute bias : p.getAs<ArrayAttr>("biases"))
-                  v += params.at(cast<StringAttr>(bias).str())[r];
+                for (StringAttr bias : p.getBiases())
+                  v += params.at(bias.str())[r];
                 buf.set((t * kBatch + b) * width + r, v);
               }
             }
-        } else if (kind == "initial_state" || kind == "start_state") {
+        } else if (kind == cellc::ArgKind::InitialState || kind == cellc::ArgKind::StartState) {
           for (int b = 0; b < kBatch; ++b)
             for (int64_t j = 0; j < width; ++j)
               buf.set(b * width + j,
                       samples[b]->point.states[indexIn(ref->def.getStateNames(), n)][j]);
-        } else if (kind == "param") {
+        } else if (kind == cellc::ArgKind::Param) {
           const Tensor &v = params.at(n);
           for (size_t j = 0; j < v.size(); ++j)
             buf.set(j, v[j]);
-        } else if (kind == "output_grad") {
+        } else if (kind == cellc::ArgKind::OutputGrad) {
           for (int t = 0; t < kSteps; ++t)
             for (int b = 0; b < kBatch; ++b)
               for (int64_t j = 0; j < width; ++j)
                 buf.set((t * kBatch + b) * width + j,
                         samples[b]->outputWeights[t][indexIn(
                             ref->def.getOutputNames(), n)][j]);
-        } else if (kind == "final_state_grad") {
+        } else if (kind == cellc::ArgKind::FinalStateGrad) {
           for (int b = 0; b < kBatch; ++b)
             for (int64_t j = 0; j < width; ++j)
               buf.set(b * width + j,
                       samples[b]->finalWeights[indexIn(ref->def.getStateNames(), n)][j]);
         }
       }
-      if (kind == "projection")
+      if (kind == cellc::ArgKind::Projection)
         ++projection;
       args.push_back(KernelArg::buffer(slot->data(), sig.shapes[i]));
     }
@@ -254,7 +258,7 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
         state[s] = results[s];
         std::string stateName =
             cast<StringAttr>(ref->def.getStateNames()[s]).str();
-        Buffer &hist = *buffers.at({"state_history", stateName + "#0"});
+        Buffer &hist = *buffers.at({cellc::ArgKind::StateHistory, stateName + "#0"});
         int64_t width = hist.shape.back();
         for (int64_t j = 0; j < width; ++j)
           near(hist.get((t * kBatch + b) * width + j), state[s][j],
@@ -263,7 +267,7 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
       for (size_t o = state.size(); o < results.size(); ++o) {
         std::string outName = cast<StringAttr>(
             ref->def.getOutputNames()[o - state.size()]).str();
-        Buffer &out = *buffers.at({"output", outName + "#0"});
+        Buffer &out = *buffers.at({cellc::ArgKind::Output, outName + "#0"});
         int64_t width = out.shape.back();
         for (int64_t j = 0; j < width; ++j)
           near(out.get((t * kBatch + b) * width + j), results[o][j],
@@ -279,8 +283,8 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
     for (size_t s = 0; s < want.states.size(); ++s) {
       std::string stateName = cast<StringAttr>(ref->def.getStateNames()[s]).str();
       // The sequence started from its initial state: both gradients are its.
-      Buffer &g = *buffers.at({"initial_state_grad", stateName + "#0"});
-      Buffer &gs = *buffers.at({"start_state_grad", stateName + "#0"});
+      Buffer &g = *buffers.at({cellc::ArgKind::InitialStateGrad, stateName + "#0"});
+      Buffer &gs = *buffers.at({cellc::ArgKind::StartStateGrad, stateName + "#0"});
       int64_t width = g.shape.back();
       for (int64_t j = 0; j < width; ++j)
         near(g.get(b * width + j) + gs.get(b * width + j), want.states[s][j],
@@ -290,16 +294,16 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
     for (int t = 0; t < kSteps; ++t)
       for (size_t k = 0; k < want.inputs[t].size(); ++k) {
         std::string inName = cast<StringAttr>(ref->def.getInputNames()[k]).str();
-        Buffer &g = *buffers.at({"input_grad", inName + "#0"});
+        Buffer &g = *buffers.at({cellc::ArgKind::InputGrad, inName + "#0"});
         int64_t width = g.shape.back();
         for (int64_t j = 0; j < width; ++j) {
           double total = g.get((t * kBatch + b) * width + j);
           unsigned pi = 0;
-          for (DictionaryAttr p : projections) {
-            if (p.getAs<StringAttr>("input").getValue() == inName) {
-              const Tensor &w = params.at(p.getAs<StringAttr>("weight").str());
-              Buffer &dp = *buffers.at({"projection_grad",
-                                        p.getAs<StringAttr>("weight").str() + "#0"});
+          for (GradResultAttr p : projections) {
+            if (p.getInput() == inName) {
+              const Tensor &w = params.at(p.getName().str());
+              Buffer &dp = *buffers.at({cellc::ArgKind::ProjectionGrad,
+                                        p.getName().str() + "#0"});
               int64_t rows = dp.shape.back();
               for (int64_t r = 0; r < rows; ++r)
                 total += w[r * width + j] * dp.get((t * kBatch + b) * rows + r);
@@ -318,30 +322,27 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
   ParamValues got;
   for (auto &[n, v] : params)
     got[n] = Tensor(v.size(), 0.0);
-  for (Attribute a : info) {
-    auto dict = cast<DictionaryAttr>(a);
-    StringRef kind = dict.getAs<StringAttr>("kind").getValue();
-    if (kind == "param") {
-      std::string n = dict.getAs<StringAttr>("name").str();
-      Buffer &g = *buffers.at({"param_grad", n + "#0"});
+  for (GradResultAttr a : info) {
+    cellc::GradKind kind = a.getKind();
+    if (kind == cellc::GradKind::Param) {
+      std::string n = a.getName().str();
+      Buffer &g = *buffers.at({cellc::ArgKind::ParamGrad, n + "#0"});
       int64_t width = g.shape.back();
       for (int b = 0; b < kBatch; ++b)
         for (int64_t j = 0; j < width; ++j)
           got[n][j] += g.get(b * width + j);
-    } else if (kind == "projection" || kind == "weight_rows") {
-      std::string w = dict.getAs<StringAttr>("weight").str();
-      std::string rowsKind = kind == "projection" ? "projection_grad" : "weight_rows";
-      Buffer &rows = *buffers.at({rowsKind, w + "#0"});
+    } else if (kind == cellc::GradKind::Projection || kind == cellc::GradKind::WeightRows) {
+      std::string w = a.getName().str();
+      Buffer &rows = *buffers.at({cellc::argKindOf(kind), w + "#0"});
       int64_t m = rows.shape.back();
       int64_t cols = params.at(w).size() / m;
       for (int t = 0; t < kSteps; ++t)
         for (int b = 0; b < kBatch; ++b) {
           Tensor vec(cols);
-          if (kind == "projection") {
-            vec = samples[b]->point.inputs[t][inputIndex(
-                dict.getAs<StringAttr>("input").getValue())];
+          if (kind == cellc::GradKind::Projection) {
+            vec = samples[b]->point.inputs[t][inputIndex(a.getInput())];
           } else {
-            Buffer &vecs = *buffers.at({"weight_vectors", w + "#0"});
+            Buffer &vecs = *buffers.at({cellc::ArgKind::WeightVectors, w + "#0"});
             for (int64_t c = 0; c < cols; ++c)
               vec[c] = vecs.get((t * kBatch + b) * cols + c);
           }
@@ -349,9 +350,9 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
             double dr = rows.get((t * kBatch + b) * m + r);
             for (int64_t c = 0; c < cols; ++c)
               got[w][r * cols + c] += dr * vec[c];
-            if (kind == "projection")
-              for (Attribute bias : dict.getAs<ArrayAttr>("biases"))
-                got[cast<StringAttr>(bias).str()][r] += dr;
+            if (kind == cellc::GradKind::Projection)
+              for (StringAttr bias : a.getBiases())
+                got[bias.str()][r] += dr;
           }
         }
     }

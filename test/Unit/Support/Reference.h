@@ -14,6 +14,7 @@
 #include "compiler/Frontend/IRGen.h"
 #include "compiler/Frontend/Sizes.h"
 #include "compiler/Pipelines/Pipelines.h"
+#include "compiler/Conversion/Common/KernelABI.h"
 #include "dialects/Cell/IR/CellOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -189,7 +190,7 @@ public:
     for (auto &[name, value] : p.params)
       g.params[name] = Tensor(value.size(), 0.0);
 
-    auto info = c.grad->getAttrOfType<ArrayAttr>("cell.grad_results");
+    SmallVector<mlir::cell::GradResultAttr> info = mlir::cell::gradResultsOf(c.grad);
     auto inputIndex = [&](StringRef name) {
       for (auto [i, n] : llvm::enumerate(c.def.getInputNames()))
         if (cast<StringAttr>(n).getValue() == name)
@@ -211,9 +212,9 @@ public:
 
       size_t stateIndex = 0;
       for (size_t k = 0; k < r.size(); ++k) {
-        auto dict = cast<DictionaryAttr>(info[k]);
-        StringRef kind = dict.getAs<StringAttr>("kind").getValue();
-        if (kind == "state") {
+        mlir::cell::GradResultAttr result = info[k];
+        cellc::GradKind kind = result.getKind();
+        if (kind == cellc::GradKind::State) {
           Tensor &dPrev = r[k];
           if (resets[t] || t == 0) {
             addTo(g.states[stateIndex], dPrev);
@@ -222,12 +223,12 @@ public:
             carried[stateIndex] = dPrev;
           }
           ++stateIndex;
-        } else if (kind == "input") {
-          size_t i = inputIndex(dict.getAs<StringAttr>("name").getValue());
+        } else if (kind == cellc::GradKind::Input) {
+          size_t i = inputIndex(result.getName());
           addTo(g.inputs[t][i], r[k]);
-        } else if (kind == "projection") {
-          std::string w = dict.getAs<StringAttr>("weight").str();
-          size_t i = inputIndex(dict.getAs<StringAttr>("input").getValue());
+        } else if (kind == cellc::GradKind::Projection) {
+          std::string w = result.getName().str();
+          size_t i = inputIndex(result.getInput());
           const Tensor &x = p.inputs[t][i];
           const Tensor &weight = p.params.at(w);
           size_t cols = x.size(), rows = r[k].size();
@@ -236,16 +237,16 @@ public:
               g.params[w][a * cols + b] += r[k][a] * x[b];
               g.inputs[t][i][b] += weight[a * cols + b] * r[k][a];
             }
-          for (Attribute bias : dict.getAs<ArrayAttr>("biases"))
-            addTo(g.params[cast<StringAttr>(bias).str()], r[k]);
-        } else if (kind == "weight_rows") {
-          std::string w = dict.getAs<StringAttr>("weight").str();
+          for (StringAttr bias : result.getBiases())
+            addTo(g.params[bias.str()], r[k]);
+        } else if (kind == cellc::GradKind::WeightRows) {
+          std::string w = result.getName().str();
           const Tensor &rows = r[k], &vec = r[k + 1];
           for (size_t a = 0; a < rows.size(); ++a)
             for (size_t b = 0; b < vec.size(); ++b)
               g.params[w][a * vec.size() + b] += rows[a] * vec[b];
-        } else if (kind == "param") {
-          addTo(g.params[dict.getAs<StringAttr>("name").str()], r[k]);
+        } else if (kind == cellc::GradKind::Param) {
+          addTo(g.params[result.getName().str()], r[k]);
         }
       }
     }
