@@ -1,4 +1,10 @@
 //===- CpuCell.cpp - Run a cell on the CPU: forward, backward, modes ------===//
+//
+// Compiles a cell's kernels for the host and runs them through the sequence
+// driver (runtime/driver), whose CPU backend is here: memory from a pool,
+// OpenBLAS for the GEMMs, the JIT's kernels on a batch tile per thread.
+//
+//===----------------------------------------------------------------------===//
 
 #include "runtime/CpuCell.h"
 #include "runtime/Tuning.h"
@@ -23,6 +29,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -30,47 +37,7 @@
 
 using namespace cellc;
 using namespace cellc::runtime;
-
-//===----------------------------------------------------------------------===//
-// Recompute
-//===----------------------------------------------------------------------===//
-
-llvm::Expected<Recompute> Recompute::parse(llvm::StringRef text) {
-  Recompute mode;
-  if (text == "none")
-    return mode;
-  if (text == "full") {
-    mode.kind = Kind::Full;
-    return mode;
-  }
-  int64_t k;
-  llvm::StringRef rest = text;
-  if (rest.consume_front("chunk:") && !rest.getAsInteger(10, k) && k > 0) {
-    mode.kind = Kind::Chunk;
-    mode.chunk = k;
-    return mode;
-  }
-  return llvm::createStringError(
-      llvm::inconvertibleErrorCode(),
-      "unknown recompute mode '%s'; expected none, full or chunk:K with K > 0",
-      text.str().c_str());
-}
-
-std::string Recompute::str() const {
-  switch (kind) {
-  case Kind::None:
-    return "none";
-  case Kind::Full:
-    return "full";
-  case Kind::Chunk:
-    return "chunk:" + std::to_string(chunk);
-  }
-  return "";
-}
-
-//===----------------------------------------------------------------------===//
-// Buffers and BLAS
-//===----------------------------------------------------------------------===//
+using driver::View;
 
 namespace {
 
@@ -78,18 +45,15 @@ llvm::Error fail(const llvm::Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
 }
 
+llvm::Error errorOf(const driver::Status &status) {
+  return status ? fail(status.message()) : llvm::Error::success();
+}
+
 std::string shapeStr(llvm::ArrayRef<int64_t> shape) {
   std::string s = "[";
   for (auto [i, d] : llvm::enumerate(shape))
     s += (i ? ", " : "") + std::to_string(d);
   return s + "]";
-}
-
-int64_t product(llvm::ArrayRef<int64_t> shape) {
-  int64_t n = 1;
-  for (int64_t d : shape)
-    n *= d;
-  return n;
 }
 
 /// Memory that scratch buffers return for the next call to reuse. The same
@@ -138,37 +102,6 @@ private:
   std::mutex mutex;
   std::multimap<int64_t, std::unique_ptr<double[]>> free;
   int64_t keptBytes = 0;
-};
-
-/// An owned buffer aligned for doubles: zeroed for accumulators, left as it
-/// is for what a GEMM or a kernel writes in full. Its memory comes from, and
-/// goes back to, the buffer pool.
-struct Scratch {
-  std::unique_ptr<double[]> storage;
-  int64_t words = 0;
-  std::vector<int64_t> shape;
-  Scratch() = default;
-  Scratch(std::vector<int64_t> shape, int64_t elementBytes, bool zero = true)
-      : words((product(shape) * elementBytes + 7) / 8 + 1), shape(shape) {
-    storage = BufferPool::get().take(words, zero);
-  }
-  Scratch(Scratch &&) = default;
-  Scratch &operator=(Scratch &&other) {
-    release();
-    storage = std::move(other.storage);
-    words = other.words;
-    shape = std::move(other.shape);
-    return *this;
-  }
-  ~Scratch() { release(); }
-  void *data() { return storage.get(); }
-  int64_t bytes() const { return words * 8; }
-
-private:
-  void release() {
-    if (storage)
-      BufferPool::get().give(std::move(storage), words);
-  }
 };
 
 /// Row-major C = alpha op(A) op(B) + beta C.
@@ -227,26 +160,142 @@ void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
     fill(static_cast<double *>(m));
 }
 
-/// One kernel argument as the runtime sees it.
-struct ArgInfo {
-  ArgKind kind;
-  std::string name, input;
-  std::vector<std::string> biases;
-  /// The memref shape; -1 for the time and batch dimensions.
-  std::vector<int64_t> shape;
-  /// A result that repeats the result at argument `sameAs` (-1: none), or
-  /// that is zero.
-  int64_t sameAs = -1;
-  bool zero = false;
+/// Runs `fn(bBegin, bEnd)` over batch tiles on up to `threads` threads.
+llvm::Error parallelBatches(int64_t batch, int threads,
+                            const std::function<llvm::Error(int64_t, int64_t)> &fn) {
+  int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(threads, batch));
+  if (tiles == 1)
+    return fn(0, batch);
+  std::vector<std::thread> workers;
+  std::vector<std::string> errors(tiles);
+  for (int64_t i = 0; i < tiles; ++i) {
+    int64_t begin = batch * i / tiles, end = batch * (i + 1) / tiles;
+    workers.emplace_back([&, i, begin, end] {
+      if (llvm::Error e = fn(begin, end))
+        errors[i] = llvm::toString(std::move(e));
+    });
+  }
+  for (std::thread &w : workers)
+    w.join();
+  for (const std::string &e : errors)
+    if (!e.empty())
+      return fail(e);
+  return llvm::Error::success();
+}
+
+} // namespace
+
+llvm::Expected<Recompute> Recompute::parse(llvm::StringRef text) {
+  if (std::optional<driver::Recompute> mode = driver::Recompute::parse(text.str())) {
+    Recompute r;
+    static_cast<driver::Recompute &>(r) = *mode;
+    return r;
+  }
+  return fail("unknown recompute mode '" + text +
+              "'; expected none, full or chunk:K with K > 0");
+}
+
+namespace {
+
+
+/// The sequence driver's CPU backend: memory from the pool, OpenBLAS, and the
+/// JIT's kernels on a batch tile per thread.
+class CpuBackend : public driver::Backend {
+public:
+  CpuBackend(DType dtype, std::string cell, JitKernels &saving, JitKernels &replaying,
+             int threads)
+      : threads(threads), dtype(dtype), cell(std::move(cell)), saving(saving),
+        replaying(replaying) {}
+
+  /// Threads for the kernels, from CpuCell::setThreads.
+  std::atomic<int> threads;
+
+  driver::Status allocate(int64_t elements, driver::Element element, bool zero,
+                          driver::Buffer &out) override {
+    int64_t words = (elements * driver::bytesOf(element) + 7) / 8 + 1;
+    std::unique_ptr<double[]> memory = BufferPool::get().take(words, zero);
+    out.data = memory.release();
+    out.id = words;
+    out.element = element;
+    return driver::Status();
+  }
+  void release(const driver::Buffer &buffer) override {
+    BufferPool::get().give(std::unique_ptr<double[]>(static_cast<double *>(buffer.data)),
+                           buffer.id);
+  }
+
+  driver::Status launch(bool backward, bool saveGates,
+                        const std::vector<driver::Arg> &args,
+                        int64_t batch) override {
+    std::vector<KernelArg> base;
+    size_t first = size_t(-1);
+    for (const driver::Arg &arg : args) {
+      if (arg.index) {
+        if (first == size_t(-1))
+          first = base.size();
+        base.push_back(KernelArg::indexValue(*arg.index));
+        continue;
+      }
+      base.push_back(KernelArg::buffer(arg.view.pointer(), arg.view.shape));
+    }
+    if (first == size_t(-1) || first + 1 >= base.size())
+      return driver::Status::error("internal error: a kernel without b_begin, b_end");
+    std::string name = cell + (backward ? "_bwd" : "_fwd");
+    JitKernels &kernels = saveGates ? saving : replaying;
+    llvm::Error e = parallelBatches(batch, threads, [&](int64_t b0, int64_t b1) {
+      std::vector<KernelArg> mine = base;
+      mine[first] = KernelArg::indexValue(b0);
+      mine[first + 1] = KernelArg::indexValue(b1);
+      return kernels.call(name, mine);
+    });
+    if (e)
+      return driver::Status::error(llvm::toString(std::move(e)));
+    return driver::Status();
+  }
+
+  driver::Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                      const View &a, int64_t lda, const View &b, int64_t ldb,
+                      double beta, const View &c, int64_t ldc) override {
+    ::gemm(dtype, transA, transB, m, n, k, a.pointer(), lda, b.pointer(), ldb, beta,
+           c.pointer(), ldc);
+    return driver::Status();
+  }
+  driver::Status columnSums(const View &m, int64_t rows, int64_t cols,
+                            const View &acc) override {
+    addColumnSums(dtype, m.pointer(), rows, cols, acc.pointer());
+    return driver::Status();
+  }
+  driver::Status fillRows(const View &m, int64_t rows, int64_t cols,
+                          const std::vector<View> &vectors) override {
+    std::vector<const void *> pointers;
+    for (const View &v : vectors)
+      pointers.push_back(v.pointer());
+    ::fillRows(dtype, m.pointer(), rows, cols, pointers);
+    return driver::Status();
+  }
+  driver::Status copy(const View &from, const View &to) override {
+    if (from.element() != to.element())
+      return driver::Status::error("internal error: the CPU backend copies one type");
+    std::memcpy(to.pointer(), from.pointer(), from.size() * driver::bytesOf(from.element()));
+    return driver::Status();
+  }
+  driver::Status add(const View &from, const View &to) override {
+    addColumnSums(dtype, from.pointer(), 1, from.size(), to.pointer());
+    return driver::Status();
+  }
+
+private:
+  DType dtype;
+  std::string cell;
+  JitKernels &saving, &replaying;
 };
 
-using Signature = std::vector<ArgInfo>;
-
-Signature signatureOf(mlir::func::FuncOp func) {
-  Signature sig;
+/// A kernel's interface, from its `cell.kernel_args` and argument types.
+driver::Kernel kernelOf(mlir::func::FuncOp func) {
+  driver::Kernel kernel;
   for (auto [attr, type] :
        llvm::zip(mlir::cell::kernelArgsOf(func), func.getArgumentTypes())) {
-    ArgInfo arg;
+    driver::KernelArg arg;
     arg.kind = attr.getKind();
     arg.name = attr.getName().str();
     arg.input = attr.getInput().str();
@@ -254,22 +303,59 @@ Signature signatureOf(mlir::func::FuncOp func) {
       arg.biases.push_back(b.str());
     arg.sameAs = attr.getSameAs();
     arg.zero = attr.getZero();
-    if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type))
+    if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type)) {
       for (int64_t d : memref.getShape())
         arg.shape.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
-    sig.push_back(std::move(arg));
+      std::string element;
+      llvm::raw_string_ostream os(element);
+      os << memref.getElementType();
+      arg.element = driver::parseElement(os.str());
+    }
+    kernel.args.push_back(std::move(arg));
   }
-  return sig;
+  return kernel;
 }
 
-/// A projection the runtime computes with BLAS: weight @ input + biases.
-struct Projection {
-  size_t weight, input;
-  std::vector<size_t> biases;
-  int64_t rows, cols;
-};
+llvm::Expected<driver::Interface> interfaceOf(driver::Kernel fwd, driver::Kernel bwd,
+                                              DType dtype) {
+  driver::Interface cell;
+  cell.forward = std::move(fwd);
+  cell.backward = std::move(bwd);
+  cell.compute = dtype == DType::F32 ? driver::Element::F32 : driver::Element::F64;
+  if (driver::Status e = cell.finish())
+    return fail(e.message());
+  return cell;
+}
+
+/// A caller's buffer as a view, checked: present (unless optional), aligned,
+/// and of the expected shape.
+llvm::Expected<View> viewOf(const Array &array, llvm::ArrayRef<int64_t> shape,
+                            driver::Element element, const std::string &what,
+                            bool optional = false) {
+  int64_t eb = driver::bytesOf(element);
+  if (!array.data) {
+    if (optional)
+      return View();
+    return fail(what + " is a null pointer");
+  }
+  if (reinterpret_cast<uintptr_t>(array.data) % eb != 0)
+    return fail(what + " is not aligned to its " + llvm::Twine(eb) + "-byte elements");
+  if (array.shape != std::vector<int64_t>(shape.begin(), shape.end()))
+    return fail(what + " has shape " + shapeStr(array.shape) + ", expected " +
+                shapeStr(shape));
+  View v;
+  v.buffer.data = array.data;
+  v.buffer.element = element;
+  v.shape.assign(shape.begin(), shape.end());
+  return v;
+}
 
 } // namespace
+
+
+//===----------------------------------------------------------------------===//
+// CpuCell
+//===----------------------------------------------------------------------===//
 
 bool CpuCell::usesBatchedKernels(const Options &options) {
   using Kernels = Options::Kernels;
@@ -307,41 +393,15 @@ CpuCell::BatchedShape CpuCell::batchedShape(const Options &options) {
   return shape;
 }
 
-//===----------------------------------------------------------------------===//
-// Saved
-//===----------------------------------------------------------------------===//
 
-struct cellc::runtime::Saved {
-  Recompute mode;
-  int64_t steps = 0, batch = 0;
-  /// Steps per chunk: T unless the mode is chunk:K with K < T.
-  int64_t chunkSteps = 0;
-  /// none, full: each state after each step, [T, B, n]. chunk: the state
-  /// before each chunk, [chunks, B, n].
-  std::vector<Scratch> states;
-  /// none: the planned gate values, [T, B, S].
-  Scratch gates;
-};
-
-void SavedDeleter::operator()(Saved *saved) const { delete saved; }
-
-int64_t CpuCell::savedBytes(const Saved &saved) {
-  int64_t bytes = saved.gates.storage ? saved.gates.bytes() : 0;
-  for (const Scratch &s : saved.states)
-    bytes += s.bytes();
-  return bytes;
-}
-
-//===----------------------------------------------------------------------===//
-// CpuCell
-//===----------------------------------------------------------------------===//
+int64_t CpuCell::savedBytes(const Saved &saved) { return driver::savedBytes(saved); }
 
 struct CpuCell::Impl {
   std::string name;
   std::unique_ptr<JitKernels> saving, replaying;
-  Signature fwd, bwd;
-  std::vector<Projection> projections;
-  int64_t gatesWidth = 0;
+  driver::Kernel fwd, bwd;
+  std::shared_ptr<CpuBackend> backend;
+  std::unique_ptr<driver::SequenceDriver> driver;
 };
 
 CpuCell::CpuCell(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
@@ -350,6 +410,8 @@ CpuCell::~CpuCell() = default;
 void CpuCell::setThreads(int threads) {
   numThreads = threads > 0 ? threads
                            : std::max(1u, std::thread::hardware_concurrency());
+  if (impl && impl->backend)
+    impl->backend->threads = numThreads;
 }
 
 llvm::Expected<std::unique_ptr<CpuCell>>
@@ -437,8 +499,8 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
     if (mlir::failed(pm.run(*copy)))
       return fail("cellc: building the kernels failed:\n" + os.str());
     if (saveGates) {
-      impl->fwd = signatureOf(copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_fwd"));
-      impl->bwd = signatureOf(copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_bwd"));
+      impl->fwd = kernelOf(copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_fwd"));
+      impl->bwd = kernelOf(copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_bwd"));
     }
     mlir::PassManager lower(&context);
     lower.addPass(mlir::cell::createConvertKernelsToLLVM());
@@ -475,162 +537,17 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
       llvm::consumeError(cache.store(key, object));
   }
 
-  auto indexOf = [](const std::vector<Slot> &slots, llvm::StringRef name) {
-    for (auto [i, s] : llvm::enumerate(slots))
-      if (s.name == name)
-        return i;
-    return size_t(-1);
-  };
-  for (const ArgInfo &arg : impl->fwd) {
-    if (arg.kind == ArgKind::Gates)
-      impl->gatesWidth = arg.shape.back();
-    if (arg.kind != ArgKind::Projection)
-      continue;
-    Projection p;
-    p.weight = indexOf(cell->paramSlots, arg.name);
-    p.input = indexOf(cell->inputSlots, arg.input);
-    for (const std::string &b : arg.biases)
-      p.biases.push_back(indexOf(cell->paramSlots, b));
-    p.rows = cell->paramSlots[p.weight].shape[0];
-    p.cols = cell->paramSlots[p.weight].shape[1];
-    impl->projections.push_back(p);
-  }
+  // The driver runs the kernels through their interface.
+  auto interface = interfaceOf(impl->fwd, impl->bwd, dtype);
+  if (!interface)
+    return interface.takeError();
+  impl->backend = std::make_shared<CpuBackend>(
+      dtype, impl->name, *impl->saving, *impl->replaying, cell->numThreads);
+  impl->driver = std::make_unique<driver::SequenceDriver>(std::move(*interface),
+                                                          impl->backend);
   cell->impl = std::move(impl);
   return cell;
 }
-
-namespace {
-
-/// A pointer `offset` elements into `data`.
-void *at(void *data, int64_t offset, int64_t elementBytes) {
-  return static_cast<char *>(data) + offset * elementBytes;
-}
-
-/// The projection `p` (weight @ input + biases) of the steps [t0, t0 + len):
-/// the rows start as the biases' sum, and the GEMM adds to them, so no pass
-/// over the result adds the biases afterwards.
-Scratch project(const Projection &p, const CpuCell::Sequence &seq, int64_t t0,
-                int64_t len, int64_t B, DType dtype) {
-  int64_t eb = dtype == DType::F32 ? 4 : 8;
-  Scratch out(std::vector<int64_t>{len, B, p.rows}, eb, /*zero=*/false);
-  std::vector<const void *> biases;
-  for (size_t b : p.biases)
-    biases.push_back(seq.params[b].data);
-  if (!biases.empty())
-    fillRows(dtype, out.data(), len * B, p.rows, biases);
-  gemm(dtype, false, true, len * B, p.rows, p.cols,
-       at(seq.inputs[p.input].data, t0 * B * p.cols, eb), p.cols,
-       seq.params[p.weight].data, p.cols, biases.empty() ? 0.0 : 1.0, out.data(),
-       p.rows);
-  return out;
-}
-
-/// Checks one caller buffer: present, aligned, and of the expected shape.
-llvm::Error checkArray(const Array &array, llvm::ArrayRef<int64_t> shape,
-                       int64_t elementBytes, const std::string &what,
-                       bool optional = false) {
-  if (!array.data) {
-    if (optional)
-      return llvm::Error::success();
-    return fail(what + " is a null pointer");
-  }
-  if (reinterpret_cast<uintptr_t>(array.data) % elementBytes != 0)
-    return fail(what + " is not aligned to its " +
-                llvm::Twine(elementBytes) + "-byte elements");
-  if (array.shape != std::vector<int64_t>(shape.begin(), shape.end()))
-    return fail(what + " has shape " + shapeStr(array.shape) + ", expected " +
-                shapeStr(shape));
-  return llvm::Error::success();
-}
-
-/// Runs `fn(bBegin, bEnd)` over batch tiles on up to `threads` threads.
-llvm::Error parallelBatches(int64_t batch, int threads,
-                            const std::function<llvm::Error(int64_t, int64_t)> &fn) {
-  int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(threads, batch));
-  if (tiles == 1)
-    return fn(0, batch);
-  std::vector<std::thread> workers;
-  std::vector<std::string> errors(tiles);
-  for (int64_t i = 0; i < tiles; ++i) {
-    int64_t begin = batch * i / tiles, end = batch * (i + 1) / tiles;
-    workers.emplace_back([&, i, begin, end] {
-      if (llvm::Error e = fn(begin, end))
-        errors[i] = llvm::toString(std::move(e));
-    });
-  }
-  for (std::thread &w : workers)
-    w.join();
-  for (const std::string &e : errors)
-    if (!e.empty())
-      return fail(e);
-  return llvm::Error::success();
-}
-
-
-} // namespace
-
-/// Zeros for what the caller left out: no resets, no initial states.
-struct Defaults {
-  Defaults(const CpuCell::Sequence &seq, const std::vector<Slot> &states,
-           int64_t T, int64_t B, int64_t eb) {
-    resets = seq.resets;
-    if (!resets) {
-      noResets.assign(T * B, 0);
-      resets = noResets.data();
-    }
-    for (auto [i, slot] : llvm::enumerate(states)) {
-      if (!seq.initialStates.empty() && seq.initialStates[i].data) {
-        initial.push_back(seq.initialStates[i].data);
-      } else {
-        zeros.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
-        initial.push_back(zeros.back().data());
-      }
-    }
-  }
-  std::vector<uint8_t> noResets;
-  std::vector<Scratch> zeros;
-  const uint8_t *resets;
-  std::vector<void *> initial;
-};
-
-/// Buffers of one kernel call, looked up by argument kind and name.
-namespace {
-struct CallBuffers {
-  std::map<std::pair<ArgKind, std::string>, std::pair<void *, std::vector<int64_t>>> byName;
-  std::vector<std::pair<void *, std::vector<int64_t>>> projections, projectionGrads;
-
-  void set(ArgKind kind, const std::string &name, void *data,
-           std::vector<int64_t> shape) {
-    byName[{kind, name}] = {data, std::move(shape)};
-  }
-
-  /// The kernel's arguments in its order, for the batch rows [b0, b1).
-  llvm::Expected<std::vector<KernelArg>> args(const Signature &sig) const {
-    std::vector<KernelArg> result;
-    size_t projection = 0, projectionGrad = 0;
-    for (const ArgInfo &arg : sig) {
-      if (arg.kind == ArgKind::BatchBegin || arg.kind == ArgKind::BatchEnd) {
-        result.push_back(KernelArg::indexValue(0));
-        continue;
-      }
-      const std::pair<void *, std::vector<int64_t>> *buffer = nullptr;
-      if (arg.kind == ArgKind::Projection)
-        buffer = &projections.at(projection++);
-      else if (arg.kind == ArgKind::ProjectionGrad)
-        buffer = &projectionGrads.at(projectionGrad++);
-      else {
-        auto it = byName.find({arg.kind, arg.name});
-        if (it == byName.end())
-          return fail(llvm::Twine("internal error: no buffer for kernel argument ") +
-                      name(arg.kind) + " '" + arg.name + "'");
-        buffer = &it->second;
-      }
-      result.push_back(KernelArg::buffer(buffer->first, buffer->second));
-    }
-    return result;
-  }
-};
-} // namespace
 
 namespace {
 /// Copies `src` laid out [A, C, n] into `dst` laid out [C, A, n].
@@ -753,54 +670,18 @@ llvm::Error CpuCell::backward(const Sequence &seq, const Saved &saved,
   return llvm::Error::success();
 }
 
-llvm::Error CpuCell::runKernel(JitKernels &kernels, llvm::StringRef suffix,
-                               std::vector<KernelArg> args, int64_t batch) {
-  std::string name = impl->name + suffix.str();
-  return parallelBatches(batch, numThreads, [&](int64_t b0, int64_t b1) {
-    std::vector<KernelArg> mine = args;
-    mine[mine.size() - 2] = KernelArg::indexValue(b0);
-    mine[mine.size() - 1] = KernelArg::indexValue(b1);
-    return kernels.call(name, mine);
-  });
-}
 
-llvm::Error CpuCell::runForwardChunk(
-    JitKernels &kernels, const Sequence &seq, int64_t t0, int64_t len,
-    int64_t B, const uint8_t *resets, const std::vector<void *> &projections,
-    const std::vector<void *> &initial, const std::vector<void *> &start,
-    const std::vector<void *> &history, const std::vector<void *> &outputs,
-    void *gates) {
-  Impl &im = *impl;
-  int64_t eb = elementBytes();
-  CallBuffers call;
-  for (auto [i, slot] : llvm::enumerate(inputSlots))
-    call.set(ArgKind::Input, slot.name, at(seq.inputs[i].data, t0 * B * slot.shape[0], eb),
-             {len, B, slot.shape[0]});
-  for (auto [p, proj] : llvm::enumerate(im.projections))
-    call.projections.push_back({projections[p], {len, B, proj.rows}});
-  call.set(ArgKind::Resets, "resets", const_cast<uint8_t *>(resets + t0 * B), {len, B});
-  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-    call.set(ArgKind::InitialState, slot.name, initial[i], {B, slot.shape[0]});
-    call.set(ArgKind::StartState, slot.name, start[i], {B, slot.shape[0]});
-    call.set(ArgKind::StateHistory, slot.name, history[i], {len, B, slot.shape[0]});
-  }
-  for (auto [i, slot] : llvm::enumerate(paramSlots))
-    call.set(ArgKind::Param, slot.name, seq.params[i].data, slot.shape);
-  for (auto [i, slot] : llvm::enumerate(outputSlots))
-    call.set(ArgKind::Output, slot.name, outputs[i], {len, B, slot.shape[0]});
-  call.set(ArgKind::Gates, "gates", gates, {len, B, im.gatesWidth});
-  auto args = call.args(im.fwd);
-  if (!args)
-    return args.takeError();
-  return runKernel(kernels, "_fwd", std::move(*args), B);
+namespace {
+driver::Element elementOf(DType dtype) {
+  return dtype == DType::F32 ? driver::Element::F32 : driver::Element::F64;
 }
+} // namespace
 
 llvm::Error CpuCell::forwardTimeMajor(const Sequence &seq,
                                       const std::vector<Array> &outputs,
                                       const std::vector<Array> &finalStates,
                                       Recompute mode, SavedPtr *saved) {
-  Impl &im = *impl;
-  int64_t eb = elementBytes();
+  driver::Element e = elementOf(elementType);
   // T and B come from the first input, or are given.
   int64_t T = seq.steps, B = seq.batch;
   if (!seq.inputs.empty() && seq.inputs[0].shape.size() == 3) {
@@ -822,110 +703,48 @@ llvm::Error CpuCell::forwardTimeMajor(const Sequence &seq,
   if (outputs.size() != outputSlots.size() || finalStates.size() != stateSlots.size())
     return fail("expected " + llvm::Twine(outputSlots.size()) + " outputs and " +
                 llvm::Twine(stateSlots.size()) + " final states");
-  for (auto [i, slot] : llvm::enumerate(inputSlots))
-    if (auto e = checkArray(seq.inputs[i], {T, B, slot.shape[0]}, eb,
-                            "input '" + slot.name + "'"))
-      return e;
-  for (auto [i, slot] : llvm::enumerate(paramSlots))
-    if (auto e = checkArray(seq.params[i], slot.shape, eb, "param '" + slot.name + "'"))
-      return e;
+  driver::Sequence s;
+  s.steps = T;
+  s.batch = B;
+  std::vector<View> outs, finals;
+  for (auto [i, slot] : llvm::enumerate(inputSlots)) {
+    auto v = viewOf(seq.inputs[i], {T, B, slot.shape[0]}, e, "input '" + slot.name + "'");
+    if (!v)
+      return v.takeError();
+    s.inputs.push_back(*v);
+  }
+  for (auto [i, slot] : llvm::enumerate(paramSlots)) {
+    auto v = viewOf(seq.params[i], slot.shape, e, "param '" + slot.name + "'");
+    if (!v)
+      return v.takeError();
+    s.params.push_back(*v);
+  }
   for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-    if (!seq.initialStates.empty())
-      if (auto e = checkArray(seq.initialStates[i], {B, slot.shape[0]}, eb,
-                              "initial state '" + slot.name + "'", true))
-        return e;
-    if (auto e = checkArray(finalStates[i], {B, slot.shape[0]}, eb,
-                            "final state '" + slot.name + "'"))
-      return e;
-  }
-  for (auto [i, slot] : llvm::enumerate(outputSlots))
-    if (auto e = checkArray(outputs[i], {T, B, slot.shape[0]}, eb,
-                            "output '" + slot.name + "'"))
-      return e;
-  if (mode.kind == Recompute::Kind::Chunk && mode.chunk < 1)
-    return fail("chunk:K needs K >= 1");
-
-  Defaults defaults(seq, stateSlots, T, B, eb);
-  const uint8_t *resets = defaults.resets;
-  const std::vector<void *> &initial = defaults.initial;
-
-  // The hoisted projections: one GEMM each over all T*B rows.
-  std::vector<Scratch> projected;
-  for (const Projection &p : im.projections)
-    projected.push_back(project(p, seq, 0, T, B, elementType));
-
-  bool training = saved != nullptr;
-  bool saveGates = training && mode.kind == Recompute::Kind::None;
-  int64_t K = mode.kind == Recompute::Kind::Chunk && training
-                  ? std::min(mode.chunk, T)
-                  : T;
-  int64_t chunks = (T + K - 1) / K;
-  SavedPtr keep(new Saved());
-  keep->mode = mode;
-  keep->steps = T;
-  keep->batch = B;
-  keep->chunkSteps = K;
-
-  Scratch gates(std::vector<int64_t>{saveGates ? T : 1, saveGates ? B : 1,
-                                     std::max<int64_t>(im.gatesWidth, 1)},
-                eb, /*zero=*/false);
-  std::vector<Scratch> history;
-  for (const Slot &slot : stateSlots)
-    history.emplace_back(std::vector<int64_t>{K, B, slot.shape[0]}, eb, false);
-  // Chunked: the state before each chunk.
-  std::vector<Scratch> boundaries;
-  if (K < T)
-    for (const Slot &slot : stateSlots)
-      boundaries.emplace_back(std::vector<int64_t>{chunks, B, slot.shape[0]}, eb,
-                              false);
-  std::vector<Scratch> start;
-  for (const Slot &slot : stateSlots)
-    start.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
-  for (auto [i, slot] : llvm::enumerate(stateSlots))
-    std::memcpy(start[i].data(), initial[i], B * slot.shape[0] * eb);
-
-  JitKernels &kernels = saveGates ? *im.saving : *im.replaying;
-  for (int64_t c = 0; c < chunks; ++c) {
-    int64_t t0 = c * K, len = std::min(K, T - t0);
-    std::vector<void *> chunkProjections, starts, histories, chunkOutputs;
-    for (auto [p, proj] : llvm::enumerate(im.projections))
-      chunkProjections.push_back(at(projected[p].data(), t0 * B * proj.rows, eb));
-    for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-      int64_t n = slot.shape[0];
-      if (!boundaries.empty())
-        std::memcpy(at(boundaries[i].data(), c * B * n, eb), start[i].data(), B * n * eb);
-      starts.push_back(start[i].data());
-      histories.push_back(history[i].data());
+    if (!seq.initialStates.empty()) {
+      auto v = viewOf(seq.initialStates[i], {B, slot.shape[0]}, e,
+                      "initial state '" + slot.name + "'", true);
+      if (!v)
+        return v.takeError();
+      s.initialStates.push_back(*v);
     }
-    for (auto [i, slot] : llvm::enumerate(outputSlots))
-      chunkOutputs.push_back(at(outputs[i].data, t0 * B * slot.shape[0], eb));
-    void *chunkGates = saveGates ? at(gates.data(), t0 * B * im.gatesWidth, eb)
-                                 : gates.data();
-    if (auto e = runForwardChunk(kernels, seq, t0, len, B, resets, chunkProjections,
-                                 initial, starts, histories, chunkOutputs,
-                                 chunkGates))
-      return e;
-    // The next chunk starts where this one ended.
-    for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-      int64_t n = slot.shape[0];
-      std::memcpy(start[i].data(), at(history[i].data(), (len - 1) * B * n, eb),
-                  B * n * eb);
-    }
+    auto f = viewOf(finalStates[i], {B, slot.shape[0]}, e,
+                    "final state '" + slot.name + "'");
+    if (!f)
+      return f.takeError();
+    finals.push_back(*f);
   }
-  for (auto [i, slot] : llvm::enumerate(stateSlots))
-    std::memcpy(finalStates[i].data, start[i].data(), B * slot.shape[0] * eb);
-
-  if (!training)
-    return llvm::Error::success();
-  if (K < T) {
-    keep->states = std::move(boundaries);
-  } else {
-    keep->states = std::move(history);
-    if (saveGates)
-      keep->gates = std::move(gates);
+  for (auto [i, slot] : llvm::enumerate(outputSlots)) {
+    auto v = viewOf(outputs[i], {T, B, slot.shape[0]}, e, "output '" + slot.name + "'");
+    if (!v)
+      return v.takeError();
+    outs.push_back(*v);
   }
-  *saved = std::move(keep);
-  return llvm::Error::success();
+  if (seq.resets) {
+    s.resets.buffer.data = const_cast<uint8_t *>(seq.resets);
+    s.resets.buffer.element = driver::Element::U8;
+    s.resets.shape = {T, B};
+  }
+  return errorOf(impl->driver->forward(s, outs, finals, mode, saved));
 }
 
 llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
@@ -934,10 +753,8 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
                                        const std::vector<Array> &gradInputs,
                                        const std::vector<Array> &gradParams,
                                        const std::vector<Array> &gradInitialStates) {
-  Impl &im = *impl;
-  int64_t eb = elementBytes();
-  int64_t T = saved.steps, B = saved.batch;
-  const Recompute &mode = saved.mode;
+  driver::Element e = elementOf(elementType);
+  int64_t T = driver::savedSteps(saved), B = driver::savedBatch(saved);
   if (gradOutputs.size() != outputSlots.size() ||
       gradFinalStates.size() != stateSlots.size() ||
       gradInputs.size() != inputSlots.size() ||
@@ -945,263 +762,58 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
       gradInitialStates.size() != stateSlots.size())
     return fail("backward expects one gradient buffer per output, final "
                 "state, input, param and initial state");
-  for (auto [i, slot] : llvm::enumerate(outputSlots))
-    if (auto e = checkArray(gradOutputs[i], {T, B, slot.shape[0]}, eb,
-                            "gradient of output '" + slot.name + "'", true))
-      return e;
-  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-    if (auto e = checkArray(gradFinalStates[i], {B, slot.shape[0]}, eb,
-                            "gradient of final state '" + slot.name + "'", true))
-      return e;
-    if (auto e = checkArray(gradInitialStates[i], {B, slot.shape[0]}, eb,
-                            "gradient of initial state '" + slot.name + "'", true))
-      return e;
-  }
-  for (auto [i, slot] : llvm::enumerate(inputSlots))
-    if (auto e = checkArray(gradInputs[i], {T, B, slot.shape[0]}, eb,
-                            "gradient of input '" + slot.name + "'", true))
-      return e;
-  for (auto [i, slot] : llvm::enumerate(paramSlots))
-    if (auto e = checkArray(gradParams[i], slot.shape, eb,
-                            "gradient of param '" + slot.name + "'", true))
-      return e;
-  for (auto [i, slot] : llvm::enumerate(inputSlots))
-    if (seq.inputs.size() != inputSlots.size() ||
-        seq.inputs[i].shape != std::vector<int64_t>{T, B, slot.shape[0]})
-      return fail("backward must see the forward's inputs");
-
-  Defaults defaults(seq, stateSlots, T, B, eb);
-  const uint8_t *resets = defaults.resets;
-  const std::vector<void *> &initial = defaults.initial;
-
-  // Accumulators: params, inputs and initial states, and the gradient that
-  // flows into the end of the chunk being worked on.
-  std::vector<Scratch> dParams, dInputs, dInitial, carry;
-  for (const Slot &slot : paramSlots)
-    dParams.emplace_back(slot.shape, eb);
-  for (const Slot &slot : inputSlots)
-    dInputs.emplace_back(std::vector<int64_t>{T, B, slot.shape[0]}, eb);
-  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-    dInitial.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
-    carry.emplace_back(std::vector<int64_t>{B, slot.shape[0]}, eb);
-    if (gradFinalStates[i].data)
-      std::memcpy(carry[i].data(), gradFinalStates[i].data, B * slot.shape[0] * eb);
-  }
-  std::vector<Scratch> zeroOutputGrads;
-  for (auto [i, slot] : llvm::enumerate(outputSlots))
-    if (!gradOutputs[i].data)
-      zeroOutputGrads.emplace_back(std::vector<int64_t>{T, B, slot.shape[0]}, eb);
-
-  int64_t K = saved.chunkSteps;
-  bool chunked = K < T;
-  int64_t chunks = (T + K - 1) / K;
-  // Unchunked and without saved gates (full, or chunk:K with K >= T): replay.
-  bool replay = !chunked && mode.kind != Recompute::Kind::None;
-  JitKernels &kernels = replay ? *im.replaying : *im.saving;
-  std::vector<Scratch> dummy;
-
-  for (int64_t c = chunks - 1; c >= 0; --c) {
-    int64_t t0 = c * K, len = std::min(K, T - t0);
-    // The projections for this chunk, when the step is replayed.
-    std::vector<Scratch> projected;
-    for (const Projection &p : im.projections) {
-      if (mode.kind == Recompute::Kind::None) {
-        projected.emplace_back(std::vector<int64_t>{1, 1, 1}, eb);
-        continue;
-      }
-      projected.push_back(project(p, seq, t0, len, B, elementType));
+  // The caller's buffers as views, each checked against its shape: a
+  // per-step `[T, B, n]`, a per-row `[B, n]`, or a param's own.
+  enum class Shape { PerStep, PerRow, Own };
+  auto views = [&](const std::vector<Array> &arrays, const std::vector<Slot> &slots,
+                   Shape shape, bool optional, const std::string &what,
+                   std::vector<View> &out) -> llvm::Error {
+    for (auto [i, slot] : llvm::enumerate(slots)) {
+      std::vector<int64_t> want = shape == Shape::PerStep  ? std::vector<int64_t>{T, B, slot.shape[0]}
+                                  : shape == Shape::PerRow ? std::vector<int64_t>{B, slot.shape[0]}
+                                                           : slot.shape;
+      auto v = viewOf(arrays[i], want, e, what + " '" + slot.name + "'", optional);
+      if (!v)
+        return v.takeError();
+      out.push_back(*v);
     }
-
-    // The chunk's states and gates: saved, or recomputed by a forward pass
-    // over the chunk that saves its gates.
-    std::vector<void *> history, start;
-    void *gates = nullptr;
-    std::vector<Scratch> chunkHistory, chunkOutputs;
-    Scratch chunkGates;
-    if (chunked) {
-      for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-        int64_t n = slot.shape[0];
-        chunkHistory.emplace_back(std::vector<int64_t>{len, B, n}, eb, false);
-        history.push_back(chunkHistory.back().data());
-        start.push_back(at(const_cast<Saved &>(saved).states[i].data(), c * B * n, eb));
-      }
-      for (const Slot &slot : outputSlots)
-        chunkOutputs.emplace_back(std::vector<int64_t>{len, B, slot.shape[0]}, eb,
-                                  false);
-      chunkGates = Scratch(
-          std::vector<int64_t>{len, B, std::max<int64_t>(im.gatesWidth, 1)}, eb,
-          /*zero=*/false);
-      gates = chunkGates.data();
-      std::vector<void *> chunkProjections, outputsOfChunk;
-      for (Scratch &p : projected)
-        chunkProjections.push_back(p.data());
-      for (Scratch &o : chunkOutputs)
-        outputsOfChunk.push_back(o.data());
-      if (auto e = runForwardChunk(*im.saving, seq, t0, len, B, resets,
-                                   chunkProjections, initial, start, history,
-                                   outputsOfChunk, gates))
-        return e;
-    } else {
-      for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-        history.push_back(const_cast<Saved &>(saved).states[i].data());
-        start.push_back(initial[i]);
-      }
-      gates = mode.kind == Recompute::Kind::None
-                  ? const_cast<Saved &>(saved).gates.data()
-                  : nullptr;
-      if (!gates) {
-        dummy.emplace_back(std::vector<int64_t>{1}, eb);
-        gates = dummy.back().data();
-      }
-    }
-
-    // The backward kernel's arguments, in its order, with scratch for what it
-    // writes.
-    std::vector<Scratch> results;
-    struct Written {
-      ArgKind kind;
-      std::string name;
-      size_t result;
-    };
-    std::vector<Written> written;
-    std::vector<KernelArg> args;
-    size_t projection = 0, outputGrad = 0, zeroGrad = 0;
-    std::map<size_t, size_t> resultOfArg;
-    auto slotIndex = [](const std::vector<Slot> &slots, const std::string &name) {
-      for (auto [i, s] : llvm::enumerate(slots))
-        if (s.name == name)
-          return i;
-      return size_t(0);
-    };
-    results.reserve(im.bwd.size());
-    for (const ArgInfo &arg : im.bwd) {
-      ArgKind k = arg.kind;
-      auto perStep = [&](int64_t n) { return std::vector<int64_t>{len, B, n}; };
-      if (k == ArgKind::Input) {
-        size_t i = slotIndex(inputSlots, arg.name);
-        int64_t n = inputSlots[i].shape[0];
-        args.push_back(KernelArg::buffer(at(seq.inputs[i].data, t0 * B * n, eb), perStep(n)));
-      } else if (k == ArgKind::Projection) {
-        size_t p = projection++;
-        args.push_back(KernelArg::buffer(
-            projected[p].data(),
-            mode.kind == Recompute::Kind::None
-                ? std::vector<int64_t>{len, B, im.projections[p].rows}
-                : perStep(im.projections[p].rows)));
-      } else if (k == ArgKind::Resets) {
-        args.push_back(KernelArg::buffer(const_cast<uint8_t *>(resets + t0 * B), {len, B}));
-      } else if (k == ArgKind::InitialState || k == ArgKind::StartState ||
-                 k == ArgKind::FinalStateGrad) {
-        size_t i = slotIndex(stateSlots, arg.name);
-        void *data = k == ArgKind::InitialState ? initial[i]
-                     : k == ArgKind::StartState ? start[i]
-                                          : carry[i].data();
-        args.push_back(KernelArg::buffer(data, {B, stateSlots[i].shape[0]}));
-      } else if (k == ArgKind::Param) {
-        size_t i = slotIndex(paramSlots, arg.name);
-        args.push_back(KernelArg::buffer(seq.params[i].data, paramSlots[i].shape));
-      } else if (k == ArgKind::StateHistory) {
-        size_t i = slotIndex(stateSlots, arg.name);
-        int64_t n = stateSlots[i].shape[0];
-        void *data = chunked ? history[i] : at(history[i], t0 * B * n, eb);
-        args.push_back(KernelArg::buffer(data, perStep(n)));
-      } else if (k == ArgKind::Gates) {
-        void *data = chunked || mode.kind != Recompute::Kind::None
-                         ? gates
-                         : at(gates, t0 * B * im.gatesWidth, eb);
-        args.push_back(KernelArg::buffer(data, perStep(im.gatesWidth)));
-      } else if (k == ArgKind::OutputGrad) {
-        size_t i = outputGrad++;
-        int64_t n = outputSlots[i].shape[0];
-        void *data = gradOutputs[i].data ? gradOutputs[i].data
-                                         : zeroOutputGrads[zeroGrad++].data();
-        args.push_back(KernelArg::buffer(at(data, t0 * B * n, eb), perStep(n)));
-      } else if (k == ArgKind::BatchBegin || k == ArgKind::BatchEnd) {
-        args.push_back(KernelArg::indexValue(0));
-      } else if (arg.sameAs >= 0) {
-        // The same values as an earlier result: its buffer.
-        size_t result = resultOfArg.at(arg.sameAs);
-        written.push_back({k, arg.name, result});
-        args.push_back(args[arg.sameAs]);
-      } else {
-        // Something the kernel writes.
-        std::vector<int64_t> shape = arg.shape;
-        for (auto [d, size] : llvm::enumerate(shape))
-          if (size < 0)
-            size = shape.size() == 3 && d == 0 ? len : B;
-        results.emplace_back(shape, eb, /*zero=*/false);
-        resultOfArg[args.size()] = results.size() - 1;
-        // A zero result adds nothing to what it is folded into (weight rows
-        // and vectors go in pairs, so they stay).
-        if (!arg.zero || k == ArgKind::WeightRows || k == ArgKind::WeightVectors)
-          written.push_back({k, arg.name, results.size() - 1});
-        args.push_back(KernelArg::buffer(results.back().data(), shape));
-      }
-    }
-    if (auto e = runKernel(kernels, "_bwd", std::move(args), B))
-      return e;
-
-    // Fold what the kernel wrote into the accumulators, with the GEMMs for
-    // the weight, bias and input gradients.
-    size_t projectionGrad = 0;
-    for (size_t w = 0; w < written.size(); ++w) {
-      const Written &out = written[w];
-      Scratch &r = results[out.result];
-      if (out.kind == ArgKind::InitialStateGrad) {
-        size_t i = slotIndex(stateSlots, out.name);
-        addColumnSums(elementType, r.data(), 1, B * stateSlots[i].shape[0],
-                      dInitial[i].data());
-      } else if (out.kind == ArgKind::StartStateGrad) {
-        size_t i = slotIndex(stateSlots, out.name);
-        std::memcpy(carry[i].data(), r.data(), B * stateSlots[i].shape[0] * eb);
-      } else if (out.kind == ArgKind::InputGrad) {
-        size_t i = slotIndex(inputSlots, out.name);
-        int64_t n = inputSlots[i].shape[0];
-        addColumnSums(elementType, r.data(), 1, len * B * n,
-                      at(dInputs[i].data(), t0 * B * n, eb));
-      } else if (out.kind == ArgKind::ProjectionGrad) {
-        const Projection &p = im.projections[projectionGrad++];
-        void *x = at(seq.inputs[p.input].data, t0 * B * p.cols, eb);
-        gemm(elementType, true, false, p.rows, p.cols, len * B, r.data(),
-             p.rows, x, p.cols, 1.0, dParams[p.weight].data(), p.cols);
-        gemm(elementType, false, false, len * B, p.cols, p.rows, r.data(),
-             p.rows, seq.params[p.weight].data, p.cols, 1.0,
-             at(dInputs[p.input].data(), t0 * B * p.cols, eb), p.cols);
-        // Every bias of the projection has the same gradient: sum the rows
-        // once (an LSTM's b_ih and b_hh).
-        if (!p.biases.empty()) {
-          Scratch sums(std::vector<int64_t>{p.rows}, eb);
-          addColumnSums(elementType, r.data(), len * B, p.rows, sums.data());
-          for (size_t b : p.biases)
-            addColumnSums(elementType, sums.data(), 1, p.rows, dParams[b].data());
-        }
-      } else if (out.kind == ArgKind::WeightRows) {
-        // The next written buffer holds the matching vectors.
-        Scratch &vecs = results[written[w + 1].result];
-        size_t i = slotIndex(paramSlots, out.name);
-        int64_t rows = paramSlots[i].shape[0], cols = paramSlots[i].shape[1];
-        gemm(elementType, true, false, rows, cols, len * B, r.data(), rows,
-             vecs.data(), cols, 1.0, dParams[i].data(), cols);
-        ++w;
-      } else if (out.kind == ArgKind::ParamGrad) {
-        size_t i = slotIndex(paramSlots, out.name);
-        addColumnSums(elementType, r.data(), B, paramSlots[i].shape[0],
-                      dParams[i].data());
-      }
-    }
-  }
-  // What flows into the start of the first chunk belongs to the initial state.
-  for (auto [i, slot] : llvm::enumerate(stateSlots))
-    addColumnSums(elementType, carry[i].data(), 1, B * slot.shape[0],
-                  dInitial[i].data());
-
-  auto copyOut = [&](const std::vector<Array> &to, std::vector<Scratch> &from) {
-    for (auto [i, array] : llvm::enumerate(to))
-      if (array.data)
-        std::memcpy(array.data, from[i].data(), product(array.shape) * eb);
+    return llvm::Error::success();
   };
-  copyOut(gradInputs, dInputs);
-  copyOut(gradParams, dParams);
-  copyOut(gradInitialStates, dInitial);
-  return llvm::Error::success();
+  std::vector<View> dOut, dFinal, dIn, dPar, dInit;
+  driver::Sequence s;
+  s.steps = T;
+  s.batch = B;
+  if (auto err = views(gradOutputs, outputSlots, Shape::PerStep, true,
+                       "gradient of output", dOut))
+    return err;
+  if (auto err = views(gradFinalStates, stateSlots, Shape::PerRow, true,
+                       "gradient of final state", dFinal))
+    return err;
+  if (auto err = views(gradInputs, inputSlots, Shape::PerStep, true,
+                       "gradient of input", dIn))
+    return err;
+  if (auto err = views(gradParams, paramSlots, Shape::Own, true, "gradient of param",
+                       dPar))
+    return err;
+  if (auto err = views(gradInitialStates, stateSlots, Shape::PerRow, true,
+                       "gradient of initial state", dInit))
+    return err;
+  if (seq.inputs.size() != inputSlots.size())
+    return fail("backward must see the forward's inputs");
+  if (auto err = views(seq.inputs, inputSlots, Shape::PerStep, false, "input", s.inputs)) {
+    llvm::consumeError(std::move(err));
+    return fail("backward must see the forward's inputs");
+  }
+  if (auto err = views(seq.params, paramSlots, Shape::Own, false, "param", s.params))
+    return err;
+  if (!seq.initialStates.empty())
+    if (auto err = views(seq.initialStates, stateSlots, Shape::PerRow, true,
+                         "initial state", s.initialStates))
+      return err;
+  if (seq.resets) {
+    s.resets.buffer.data = const_cast<uint8_t *>(seq.resets);
+    s.resets.buffer.element = driver::Element::U8;
+    s.resets.shape = {T, B};
+  }
+  return errorOf(impl->driver->backward(s, saved, dOut, dFinal, dIn, dPar, dInit));
 }

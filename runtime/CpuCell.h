@@ -5,6 +5,7 @@
 
 #include "compiler/Frontend/Sizes.h"
 #include "runtime/JitKernels.h"
+#include "runtime/driver/SequenceDriver.h"
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -22,23 +23,14 @@ namespace cellc::runtime {
 
 enum class DType { F32, F64 };
 
-/// What the forward keeps for the backward, named as users know it.
-struct Recompute {
-  enum class Kind {
-    /// Saves the planned gate values: the backward reads them.
-    None,
-    /// Saves only the states; the backward replays every step.
-    Full,
-    /// Saves the states every `chunk` steps; the backward replays a chunk at
-    /// a time, saving its gates while it works through it.
-    Chunk,
-  };
-  Kind kind = Kind::None;
-  int64_t chunk = 0;
-
-  /// Parses "none", "full" or "chunk:K".
+/// What the forward keeps for the backward, named as users know it: none
+/// (saves the planned gate values), full (only the states; the backward
+/// replays every step) or chunk:K (the states every K steps; the backward
+/// replays a chunk at a time).
+struct Recompute : driver::Recompute {
+  /// Parses "none", "full" or "chunk:K", through the driver's one parse
+  /// function.
   static llvm::Expected<Recompute> parse(llvm::StringRef text);
-  std::string str() const;
 };
 
 /// A contiguous row-major buffer in the cell's dtype; the caller owns it.
@@ -55,11 +47,8 @@ struct Slot {
 };
 
 /// What forward keeps for backward. Opaque, but its size is reported.
-struct Saved;
-struct SavedDeleter {
-  void operator()(Saved *saved) const;
-};
-using SavedPtr = std::unique_ptr<Saved, SavedDeleter>;
+using Saved = driver::Saved;
+using SavedPtr = driver::SavedPtr;
 
 /// A cell compiled for the host CPU at bound sizes and a dtype: its forward
 /// and backward over `[T, B, n]` sequences with resets, in any recompute mode.
@@ -205,20 +194,6 @@ private:
                                 const std::vector<Array> &gradInputs,
                                 const std::vector<Array> &gradParams,
                                 const std::vector<Array> &gradInitialStates);
-
-  /// Runs a kernel over all batch rows, a tile per thread.
-  llvm::Error runKernel(JitKernels &kernels, llvm::StringRef suffix,
-                        std::vector<KernelArg> args, int64_t batch);
-  /// Runs the forward kernel over steps [t0, t0 + len): pointers to the
-  /// chunk's projections, start states, history, outputs and gates.
-  llvm::Error runForwardChunk(JitKernels &kernels, const Sequence &seq,
-                              int64_t t0, int64_t len, int64_t batch,
-                              const uint8_t *resets,
-                              const std::vector<void *> &projections,
-                              const std::vector<void *> &initial,
-                              const std::vector<void *> &start,
-                              const std::vector<void *> &history,
-                              const std::vector<void *> &outputs, void *gates);
 
   struct Impl;
   explicit CpuCell(std::unique_ptr<Impl> impl);

@@ -1,0 +1,934 @@
+//===- SequenceDriver.cpp - One sequence driver for every backend ---------===//
+
+#include "runtime/driver/SequenceDriver.h"
+
+#include <algorithm>
+#include <map>
+
+using namespace cellc;
+using namespace cellc::driver;
+
+//===----------------------------------------------------------------------===//
+// Elements, views, recompute modes
+//===----------------------------------------------------------------------===//
+
+int64_t cellc::driver::bytesOf(Element element) {
+  switch (element) {
+  case Element::F32:
+  case Element::I32:
+    return 4;
+  case Element::F64:
+    return 8;
+  case Element::BF16:
+    return 2;
+  case Element::U8:
+    return 1;
+  }
+  return 1;
+}
+
+std::optional<Element> cellc::driver::parseElement(std::string_view name) {
+  if (name == "f32")
+    return Element::F32;
+  if (name == "f64")
+    return Element::F64;
+  if (name == "bf16")
+    return Element::BF16;
+  if (name == "i8" || name == "ui8")
+    return Element::U8;
+  if (name == "i32")
+    return Element::I32;
+  return std::nullopt;
+}
+
+int64_t View::size() const {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+View View::at(int64_t elements, std::vector<int64_t> newShape) const {
+  View v = *this;
+  v.offset += elements;
+  v.shape = std::move(newShape);
+  return v;
+}
+
+void *View::pointer() const {
+  if (!buffer.data)
+    return nullptr;
+  return static_cast<char *>(buffer.data) + offset * bytesOf(buffer.element);
+}
+
+std::optional<Recompute> Recompute::parse(std::string_view text) {
+  Recompute mode;
+  if (text == "none")
+    return mode;
+  if (text == "full") {
+    mode.kind = Kind::Full;
+    return mode;
+  }
+  std::string_view prefix = "chunk:";
+  if (text.substr(0, prefix.size()) != prefix || text.size() == prefix.size())
+    return std::nullopt;
+  int64_t k = 0;
+  for (char c : text.substr(prefix.size())) {
+    if (c < '0' || c > '9' || k > (int64_t(1) << 40))
+      return std::nullopt;
+    k = k * 10 + (c - '0');
+  }
+  if (k < 1)
+    return std::nullopt;
+  mode.kind = Kind::Chunk;
+  mode.chunk = k;
+  return mode;
+}
+
+std::string Recompute::str() const {
+  switch (kind) {
+  case Kind::None:
+    return "none";
+  case Kind::Full:
+    return "full";
+  case Kind::Chunk:
+    return "chunk:" + std::to_string(chunk);
+  }
+  return "";
+}
+
+namespace {
+
+std::string shapeStr(const std::vector<int64_t> &shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// Checks a caller's view: present (unless optional) and of `shape`.
+Status check(const View &view, const std::vector<int64_t> &shape,
+             const std::string &what, bool optional = false) {
+  if (!view.valid())
+    return optional ? Status() : Status::error(what + " is missing");
+  if (view.shape != shape)
+    return Status::error(what + " has shape " + shapeStr(view.shape) +
+                         ", expected " + shapeStr(shape));
+  return Status();
+}
+
+size_t indexOf(const std::vector<Slot> &slots, const std::string &name) {
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i].name == name)
+      return i;
+  return size_t(-1);
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Interface
+//===----------------------------------------------------------------------===//
+
+Status Interface::finish() {
+  inputs.clear(), states.clear(), params.clear(), outputs.clear();
+  projections.clear();
+  for (const KernelArg &arg : forward.args) {
+    int64_t n = arg.shape.empty() ? 0 : arg.shape.back();
+    switch (arg.kind) {
+    case ArgKind::Input:
+      inputs.push_back({arg.name, {n}});
+      storage = arg.element.value_or(compute);
+      break;
+    case ArgKind::InitialState:
+      states.push_back({arg.name, {n}});
+      break;
+    case ArgKind::Param:
+      params.push_back({arg.name, arg.shape});
+      break;
+    case ArgKind::Output:
+      outputs.push_back({arg.name, {n}});
+      break;
+    case ArgKind::StateHistory:
+      storage = arg.element.value_or(compute);
+      break;
+    case ArgKind::Gates:
+      gatesWidth = n;
+      break;
+    case ArgKind::Projection:
+    case ArgKind::Resets:
+    case ArgKind::StartState:
+    case ArgKind::OutputGrad:
+    case ArgKind::FinalStateGrad:
+    case ArgKind::InitialStateGrad:
+    case ArgKind::InputGrad:
+    case ArgKind::ProjectionGrad:
+    case ArgKind::WeightRows:
+    case ArgKind::WeightVectors:
+    case ArgKind::ParamGrad:
+    case ArgKind::StartStateGrad:
+    case ArgKind::BatchBegin:
+    case ArgKind::BatchEnd:
+    case ArgKind::Workspace:
+    case ArgKind::GridBarrier:
+      break;
+    }
+  }
+  for (const KernelArg &arg : forward.args) {
+    if (arg.kind != ArgKind::Projection)
+      continue;
+    Projection p;
+    p.weight = indexOf(params, arg.name);
+    p.input = indexOf(inputs, arg.input);
+    if (p.weight == size_t(-1) || p.input == size_t(-1) ||
+        params[p.weight].shape.size() != 2)
+      return Status::error("the projection of '" + arg.name + "' names no matrix "
+                           "param or input");
+    for (const std::string &b : arg.biases) {
+      size_t bias = indexOf(params, b);
+      if (bias == size_t(-1))
+        return Status::error("the projection of '" + arg.name +
+                             "' adds an unknown param '" + b + "'");
+      p.biases.push_back(bias);
+    }
+    p.rows = params[p.weight].shape[0];
+    p.cols = params[p.weight].shape[1];
+    p.element = arg.element.value_or(compute);
+    projections.push_back(p);
+  }
+  if (states.empty())
+    return Status::error("the forward kernel has no state");
+  return Status();
+}
+
+//===----------------------------------------------------------------------===//
+// Scratch and Saved
+//===----------------------------------------------------------------------===//
+
+/// A buffer the driver owns: released through its backend.
+class SequenceDriver::Scratch {
+public:
+  Scratch() = default;
+  Scratch(Scratch &&other) noexcept { *this = std::move(other); }
+  Scratch &operator=(Scratch &&other) noexcept {
+    release();
+    backend = std::move(other.backend);
+    buffer = other.buffer;
+    shape = std::move(other.shape);
+    other.buffer = Buffer();
+    return *this;
+  }
+  ~Scratch() { release(); }
+
+  static Status make(const std::shared_ptr<Backend> &backend,
+                     std::vector<int64_t> shape, Element element, bool zero,
+                     Scratch &out) {
+    int64_t elements = 1;
+    for (int64_t d : shape)
+      elements *= d;
+    Scratch s;
+    s.backend = backend;
+    s.shape = std::move(shape);
+    if (Status e = backend->allocate(std::max<int64_t>(elements, 1), element,
+                                     zero, s.buffer))
+      return e;
+    s.buffer.element = element;
+    out = std::move(s);
+    return Status();
+  }
+
+  View view() const {
+    View v;
+    v.buffer = buffer;
+    v.shape = shape;
+    return v;
+  }
+  int64_t bytes() const {
+    int64_t n = bytesOf(buffer.element);
+    for (int64_t d : shape)
+      n *= d;
+    return n;
+  }
+
+private:
+  void release() {
+    if (backend && buffer.valid())
+      backend->release(buffer);
+    buffer = Buffer();
+  }
+  std::shared_ptr<Backend> backend;
+  Buffer buffer;
+  std::vector<int64_t> shape;
+};
+
+class cellc::driver::Saved {
+public:
+  Recompute mode;
+  int64_t steps = 0, batch = 0;
+  /// Steps per chunk: T unless the mode is chunk:K with K < T.
+  int64_t chunkSteps = 0;
+  /// none, full: each state after each step, [T, B, n]. chunk: the state
+  /// before each chunk, [chunks, B, n].
+  std::vector<SequenceDriver::Scratch> states;
+  /// none: the planned gate values, [T, B, S].
+  SequenceDriver::Scratch gates;
+  bool hasGates = false;
+};
+
+void SavedDeleter::operator()(Saved *saved) const { delete saved; }
+
+int64_t cellc::driver::savedBytes(const Saved &saved) {
+  int64_t bytes = saved.hasGates ? saved.gates.bytes() : 0;
+  for (const auto &s : saved.states)
+    bytes += s.bytes();
+  return bytes;
+}
+
+int64_t cellc::driver::savedSteps(const Saved &saved) { return saved.steps; }
+int64_t cellc::driver::savedBatch(const Saved &saved) { return saved.batch; }
+
+//===----------------------------------------------------------------------===//
+// The driver
+//===----------------------------------------------------------------------===//
+
+Status SequenceDriver::workspace(const Kernel &kernel, int64_t batch,
+                                 std::vector<Arg> &args, std::vector<Scratch> &keep) {
+  // The persistent strategy's global buffers: a workspace per tile, and the
+  // barrier words (zero before the launch; each launch leaves them so).
+  int64_t tiles = (batch + kernel.batchTile - 1) / std::max<int64_t>(kernel.batchTile, 1);
+  for (size_t i = 0; i < kernel.args.size(); ++i) {
+    const KernelArg &arg = kernel.args[i];
+    if (arg.kind != ArgKind::Workspace && arg.kind != ArgKind::GridBarrier)
+      continue;
+    bool words = arg.kind == ArgKind::GridBarrier;
+    Element element = arg.element.value_or(words ? Element::I32 : cell.compute);
+    int64_t n = words ? 2 * tiles : tiles * kernel.workspaceBytes / bytesOf(element);
+    keep.emplace_back();
+    if (Status e = Scratch::make(backend, {n}, element, /*zero=*/words, keep.back()))
+      return e;
+    args[i].view = keep.back().view();
+  }
+  return Status();
+}
+
+Status SequenceDriver::runForwardChunk(
+    const Sequence &seq, int64_t t0, int64_t len, bool saveGates,
+    const View &resets, const std::vector<View> &projections,
+    const std::vector<View> &initial, const std::vector<View> &start,
+    const std::vector<View> &history, const std::vector<View> &outputs,
+    const View &gates) {
+  int64_t B = seq.batch;
+  const Kernel &kernel = cell.forward;
+  std::vector<Arg> args(kernel.args.size());
+  size_t projection = 0;
+  for (size_t a = 0; a < kernel.args.size(); ++a) {
+    const KernelArg &arg = kernel.args[a];
+    View &v = args[a].view;
+    switch (arg.kind) {
+    case ArgKind::Input: {
+      size_t i = indexOf(cell.inputs, arg.name);
+      int64_t n = cell.inputs[i].shape[0];
+      v = seq.inputs[i].at(t0 * B * n, {len, B, n});
+      break;
+    }
+    case ArgKind::Projection:
+      v = projections[projection++];
+      break;
+    case ArgKind::Resets:
+      v = resets.at(t0 * B, {len, B});
+      break;
+    case ArgKind::InitialState:
+      v = initial[indexOf(cell.states, arg.name)];
+      break;
+    case ArgKind::StartState:
+      v = start[indexOf(cell.states, arg.name)];
+      break;
+    case ArgKind::Param:
+      v = seq.params[indexOf(cell.params, arg.name)];
+      break;
+    case ArgKind::Output:
+      v = outputs[indexOf(cell.outputs, arg.name)];
+      break;
+    case ArgKind::StateHistory: {
+      size_t i = indexOf(cell.states, arg.name);
+      v = history[i].at(0, {len, B, cell.states[i].shape[0]});
+      break;
+    }
+    case ArgKind::Gates:
+      v = gates;
+      break;
+    case ArgKind::BatchBegin:
+      args[a].index = 0;
+      break;
+    case ArgKind::BatchEnd:
+      args[a].index = B;
+      break;
+    case ArgKind::Workspace:
+    case ArgKind::GridBarrier:
+      break;
+    case ArgKind::OutputGrad:
+    case ArgKind::FinalStateGrad:
+    case ArgKind::InitialStateGrad:
+    case ArgKind::InputGrad:
+    case ArgKind::ProjectionGrad:
+    case ArgKind::WeightRows:
+    case ArgKind::WeightVectors:
+    case ArgKind::ParamGrad:
+    case ArgKind::StartStateGrad:
+      return Status::error(std::string("internal error: the forward kernel has a ") +
+                           name(arg.kind) + " argument");
+    }
+  }
+  std::vector<Scratch> keep;
+  if (Status e = workspace(kernel, B, args, keep))
+    return e;
+  return backend->launch(/*backward=*/false, saveGates, args, B);
+}
+
+Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &outputs,
+                               const std::vector<View> &finalStates, Recompute mode,
+                               SavedPtr *saved) {
+  int64_t T = seq.steps, B = seq.batch;
+  if (T < 1 || B < 1)
+    return Status::error("the sequence needs T >= 1 steps and B >= 1 rows; got T=" +
+                         std::to_string(T) + ", B=" + std::to_string(B));
+  if (seq.inputs.size() != cell.inputs.size())
+    return Status::error("expected " + std::to_string(cell.inputs.size()) +
+                         " inputs, got " + std::to_string(seq.inputs.size()));
+  if (seq.params.size() != cell.params.size())
+    return Status::error("expected " + std::to_string(cell.params.size()) +
+                         " params, got " + std::to_string(seq.params.size()));
+  if (!seq.initialStates.empty() && seq.initialStates.size() != cell.states.size())
+    return Status::error("expected " + std::to_string(cell.states.size()) +
+                         " initial states, got " +
+                         std::to_string(seq.initialStates.size()));
+  if (outputs.size() != cell.outputs.size() || finalStates.size() != cell.states.size())
+    return Status::error("expected " + std::to_string(cell.outputs.size()) +
+                         " outputs and " + std::to_string(cell.states.size()) +
+                         " final states");
+  for (size_t i = 0; i < cell.inputs.size(); ++i)
+    if (Status e = check(seq.inputs[i], {T, B, cell.inputs[i].shape[0]},
+                         "input '" + cell.inputs[i].name + "'"))
+      return e;
+  for (size_t i = 0; i < cell.params.size(); ++i)
+    if (Status e = check(seq.params[i], cell.params[i].shape,
+                         "param '" + cell.params[i].name + "'"))
+      return e;
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    int64_t n = cell.states[i].shape[0];
+    if (!seq.initialStates.empty())
+      if (Status e = check(seq.initialStates[i], {B, n},
+                           "initial state '" + cell.states[i].name + "'", true))
+        return e;
+    if (Status e = check(finalStates[i], {B, n},
+                         "final state '" + cell.states[i].name + "'"))
+      return e;
+  }
+  for (size_t i = 0; i < cell.outputs.size(); ++i)
+    if (Status e = check(outputs[i], {T, B, cell.outputs[i].shape[0]},
+                         "output '" + cell.outputs[i].name + "'"))
+      return e;
+  if (seq.resets.valid())
+    if (Status e = check(seq.resets, {T, B}, "resets"))
+      return e;
+
+  // Zeros for what the caller left out: no resets, no initial states.
+  std::vector<Scratch> defaults;
+  View resets = seq.resets;
+  if (!resets.valid()) {
+    defaults.emplace_back();
+    if (Status e = Scratch::make(backend, {T, B}, Element::U8, true, defaults.back()))
+      return e;
+    resets = defaults.back().view();
+  }
+  std::vector<View> initial;
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    if (!seq.initialStates.empty() && seq.initialStates[i].valid()) {
+      initial.push_back(seq.initialStates[i]);
+      continue;
+    }
+    defaults.emplace_back();
+    if (Status e = Scratch::make(backend, {B, cell.states[i].shape[0]}, cell.compute,
+                                 true, defaults.back()))
+      return e;
+    initial.push_back(defaults.back().view());
+  }
+
+  // The hoisted projections: one GEMM each over all T*B rows.
+  std::vector<Scratch> projected(cell.projections.size());
+  std::vector<View> projectedViews;
+  for (size_t p = 0; p < cell.projections.size(); ++p) {
+    if (Status e = project(seq, cell.projections[p], 0, T, projected[p]))
+      return e;
+    projectedViews.push_back(projected[p].view());
+  }
+
+  bool training = saved != nullptr;
+  bool saveGates = training && mode.kind == Recompute::Kind::None;
+  int64_t K = mode.kind == Recompute::Kind::Chunk && training ? std::min(mode.chunk, T)
+                                                              : T;
+  int64_t chunks = (T + K - 1) / K;
+  SavedPtr keep(new Saved());
+  keep->mode = mode;
+  keep->steps = T;
+  keep->batch = B;
+  keep->chunkSteps = K;
+
+  Scratch gates;
+  if (Status e = Scratch::make(backend, {saveGates ? T : 0, B, cell.gatesWidth},
+                               cell.storage, false, gates))
+    return e;
+  std::vector<Scratch> history(cell.states.size()), boundaries, start(cell.states.size());
+  if (K < T)
+    boundaries.resize(cell.states.size());
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    int64_t n = cell.states[i].shape[0];
+    if (Status e = Scratch::make(backend, {K, B, n}, cell.storage, false, history[i]))
+      return e;
+    // Chunked: the state before each chunk.
+    if (K < T)
+      if (Status e = Scratch::make(backend, {chunks, B, n}, cell.compute, false,
+                                   boundaries[i]))
+        return e;
+    if (Status e = Scratch::make(backend, {B, n}, cell.compute, false, start[i]))
+      return e;
+    if (Status e = backend->copy(initial[i], start[i].view()))
+      return e;
+  }
+
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t t0 = c * K, len = std::min(K, T - t0);
+    std::vector<View> chunkProjections, starts, histories;
+    for (size_t p = 0; p < cell.projections.size(); ++p)
+      chunkProjections.push_back(projectedViews[p].at(
+          t0 * B * cell.projections[p].rows, {len, B, cell.projections[p].rows}));
+    for (size_t i = 0; i < cell.states.size(); ++i) {
+      int64_t n = cell.states[i].shape[0];
+      if (!boundaries.empty())
+        if (Status e = backend->copy(start[i].view(),
+                                     boundaries[i].view().at(c * B * n, {B, n})))
+          return e;
+      starts.push_back(start[i].view());
+      histories.push_back(history[i].view());
+    }
+    std::vector<View> chunkOutputs;
+    for (size_t i = 0; i < cell.outputs.size(); ++i) {
+      int64_t n = cell.outputs[i].shape[0];
+      chunkOutputs.push_back(outputs[i].at(t0 * B * n, {len, B, n}));
+    }
+    View chunkGates = saveGates ? gates.view().at(t0 * B * cell.gatesWidth,
+                                                  {len, B, cell.gatesWidth})
+                                : gates.view();
+    if (Status e = runForwardChunk(seq, t0, len, saveGates, resets, chunkProjections,
+                                   initial, starts, histories, chunkOutputs,
+                                   chunkGates))
+      return e;
+    // The next chunk starts where this one ended.
+    for (size_t i = 0; i < cell.states.size(); ++i) {
+      int64_t n = cell.states[i].shape[0];
+      if (Status e = backend->copy(history[i].view().at((len - 1) * B * n, {B, n}),
+                                   start[i].view()))
+        return e;
+    }
+  }
+  for (size_t i = 0; i < cell.states.size(); ++i)
+    if (Status e = backend->copy(start[i].view(), finalStates[i]))
+      return e;
+
+  if (!training)
+    return Status();
+  if (K < T) {
+    keep->states = std::move(boundaries);
+  } else {
+    keep->states = std::move(history);
+    if (saveGates) {
+      keep->gates = std::move(gates);
+      keep->hasGates = true;
+    }
+  }
+  *saved = std::move(keep);
+  return Status();
+}
+
+Status SequenceDriver::project(const Sequence &seq, const Interface::Projection &p,
+                               int64_t t0, int64_t len, Scratch &out) {
+  int64_t B = seq.batch;
+  // The rows start as the biases' sum, and the GEMM adds to them: no pass
+  // over the result adds the biases afterwards.
+  if (Status e = Scratch::make(backend, {len, B, p.rows}, p.element, false, out))
+    return e;
+  std::vector<View> biases;
+  for (size_t b : p.biases)
+    biases.push_back(seq.params[b]);
+  if (!biases.empty())
+    if (Status e = backend->fillRows(out.view(), len * B, p.rows, biases))
+      return e;
+  View x = seq.inputs[p.input].at(t0 * B * p.cols, {len * B, p.cols});
+  return backend->gemm(false, true, len * B, p.rows, p.cols, x, p.cols,
+                       seq.params[p.weight], p.cols, biases.empty() ? 0.0 : 1.0,
+                       out.view(), p.rows);
+}
+
+Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
+                                const std::vector<View> &gradOutputs,
+                                const std::vector<View> &gradFinalStates,
+                                const std::vector<View> &gradInputs,
+                                const std::vector<View> &gradParams,
+                                const std::vector<View> &gradInitialStates) {
+  int64_t T = saved.steps, B = saved.batch;
+  const Recompute &mode = saved.mode;
+  if (gradOutputs.size() != cell.outputs.size() ||
+      gradFinalStates.size() != cell.states.size() ||
+      gradInputs.size() != cell.inputs.size() ||
+      gradParams.size() != cell.params.size() ||
+      gradInitialStates.size() != cell.states.size())
+    return Status::error("backward expects one gradient buffer per output, final "
+                         "state, input, param and initial state");
+  for (size_t i = 0; i < cell.outputs.size(); ++i)
+    if (Status e = check(gradOutputs[i], {T, B, cell.outputs[i].shape[0]},
+                         "gradient of output '" + cell.outputs[i].name + "'", true))
+      return e;
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    int64_t n = cell.states[i].shape[0];
+    if (Status e = check(gradFinalStates[i], {B, n},
+                         "gradient of final state '" + cell.states[i].name + "'", true))
+      return e;
+    if (Status e = check(gradInitialStates[i], {B, n},
+                         "gradient of initial state '" + cell.states[i].name + "'",
+                         true))
+      return e;
+  }
+  for (size_t i = 0; i < cell.inputs.size(); ++i)
+    if (Status e = check(gradInputs[i], {T, B, cell.inputs[i].shape[0]},
+                         "gradient of input '" + cell.inputs[i].name + "'", true))
+      return e;
+  for (size_t i = 0; i < cell.params.size(); ++i)
+    if (Status e = check(gradParams[i], cell.params[i].shape,
+                         "gradient of param '" + cell.params[i].name + "'", true))
+      return e;
+  if (seq.inputs.size() != cell.inputs.size() || seq.batch != B || seq.steps != T)
+    return Status::error("backward must see the forward's inputs");
+  for (size_t i = 0; i < cell.inputs.size(); ++i)
+    if (seq.inputs[i].shape != std::vector<int64_t>{T, B, cell.inputs[i].shape[0]})
+      return Status::error("backward must see the forward's inputs");
+
+  std::vector<Scratch> defaults;
+  View resets = seq.resets;
+  if (!resets.valid()) {
+    defaults.emplace_back();
+    if (Status e = Scratch::make(backend, {T, B}, Element::U8, true, defaults.back()))
+      return e;
+    resets = defaults.back().view();
+  }
+  std::vector<View> initial;
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    if (!seq.initialStates.empty() && seq.initialStates[i].valid()) {
+      initial.push_back(seq.initialStates[i]);
+      continue;
+    }
+    defaults.emplace_back();
+    if (Status e = Scratch::make(backend, {B, cell.states[i].shape[0]}, cell.compute,
+                                 true, defaults.back()))
+      return e;
+    initial.push_back(defaults.back().view());
+  }
+
+  // Accumulators: params, inputs and initial states, and the gradient that
+  // flows into the end of the chunk being worked on.
+  std::vector<Scratch> dParams(cell.params.size()), dInputs(cell.inputs.size()),
+      dInitial(cell.states.size()), carry(cell.states.size()),
+      zeroOutputGrads(cell.outputs.size());
+  for (size_t i = 0; i < cell.params.size(); ++i)
+    if (Status e = Scratch::make(backend, cell.params[i].shape, cell.compute, true,
+                                 dParams[i]))
+      return e;
+  for (size_t i = 0; i < cell.inputs.size(); ++i)
+    if (Status e = Scratch::make(backend, {T, B, cell.inputs[i].shape[0]},
+                                 cell.compute, true, dInputs[i]))
+      return e;
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    int64_t n = cell.states[i].shape[0];
+    if (Status e = Scratch::make(backend, {B, n}, cell.compute, true, dInitial[i]))
+      return e;
+    if (Status e = Scratch::make(backend, {B, n}, cell.compute, true, carry[i]))
+      return e;
+    if (gradFinalStates[i].valid())
+      if (Status e = backend->copy(gradFinalStates[i], carry[i].view()))
+        return e;
+  }
+  for (size_t i = 0; i < cell.outputs.size(); ++i)
+    if (!gradOutputs[i].valid())
+      if (Status e = Scratch::make(backend, {T, B, cell.outputs[i].shape[0]},
+                                   cell.storage, true, zeroOutputGrads[i]))
+        return e;
+
+  int64_t K = saved.chunkSteps;
+  bool chunked = K < T;
+  int64_t chunks = (T + K - 1) / K;
+  // Unchunked and without saved gates (full, or chunk:K with K >= T): replay.
+  bool replay = !chunked && mode.kind != Recompute::Kind::None;
+
+  for (int64_t c = chunks - 1; c >= 0; --c) {
+    int64_t t0 = c * K, len = std::min(K, T - t0);
+    // The projections for this chunk, when the step is replayed.
+    std::vector<Scratch> projected(cell.projections.size());
+    for (size_t p = 0; p < cell.projections.size(); ++p) {
+      const Interface::Projection &proj = cell.projections[p];
+      Status e = mode.kind == Recompute::Kind::None
+                     ? Scratch::make(backend, {0, B, proj.rows}, proj.element, false,
+                                     projected[p])
+                     : project(seq, proj, t0, len, projected[p]);
+      if (e)
+        return e;
+    }
+
+    // The chunk's states and gates: saved, or recomputed by a forward pass
+    // over the chunk that saves its gates.
+    std::vector<View> history, start;
+    View gates;
+    std::vector<Scratch> chunkHistory(cell.states.size()),
+        chunkOutputs(cell.outputs.size());
+    Scratch chunkGates;
+    if (chunked) {
+      std::vector<View> outputsOfChunk, projections;
+      for (size_t i = 0; i < cell.states.size(); ++i) {
+        int64_t n = cell.states[i].shape[0];
+        if (Status e = Scratch::make(backend, {len, B, n}, cell.storage, false,
+                                     chunkHistory[i]))
+          return e;
+        history.push_back(chunkHistory[i].view());
+        start.push_back(saved.states[i].view().at(c * B * n, {B, n}));
+      }
+      for (size_t i = 0; i < cell.outputs.size(); ++i) {
+        if (Status e = Scratch::make(backend, {len, B, cell.outputs[i].shape[0]},
+                                     cell.storage, false, chunkOutputs[i]))
+          return e;
+        outputsOfChunk.push_back(chunkOutputs[i].view());
+      }
+      if (Status e = Scratch::make(backend, {len, B, cell.gatesWidth}, cell.storage,
+                                   false, chunkGates))
+        return e;
+      gates = chunkGates.view();
+      for (Scratch &p : projected)
+        projections.push_back(p.view());
+      if (Status e = runForwardChunk(seq, t0, len, /*saveGates=*/true, resets,
+                                     projections, initial, start, history,
+                                     outputsOfChunk, gates))
+        return e;
+    } else {
+      for (size_t i = 0; i < cell.states.size(); ++i) {
+        int64_t n = cell.states[i].shape[0];
+        history.push_back(saved.states[i].view().at(t0 * B * n, {len, B, n}));
+        start.push_back(initial[i]);
+      }
+      gates = mode.kind == Recompute::Kind::None && saved.hasGates
+                  ? saved.gates.view().at(t0 * B * cell.gatesWidth,
+                                          {len, B, cell.gatesWidth})
+                  : View();
+      if (!gates.valid()) {
+        if (Status e = Scratch::make(backend, {0, B, cell.gatesWidth}, cell.storage,
+                                     false, chunkGates))
+          return e;
+        gates = chunkGates.view();
+      }
+    }
+
+    // The backward kernel's arguments, in its order, with scratch for what it
+    // writes.
+    const Kernel &kernel = cell.backward;
+    std::vector<Arg> args(kernel.args.size());
+    std::vector<Scratch> results(kernel.args.size());
+    struct Written {
+      ArgKind kind;
+      std::string name;
+      View view;
+    };
+    std::vector<Written> written;
+    size_t projection = 0;
+    for (size_t a = 0; a < kernel.args.size(); ++a) {
+      const KernelArg &arg = kernel.args[a];
+      View &v = args[a].view;
+      switch (arg.kind) {
+      case ArgKind::Input: {
+        size_t i = indexOf(cell.inputs, arg.name);
+        int64_t n = cell.inputs[i].shape[0];
+        v = seq.inputs[i].at(t0 * B * n, {len, B, n});
+        break;
+      }
+      case ArgKind::Projection:
+        v = projected[projection++].view();
+        break;
+      case ArgKind::Resets:
+        v = resets.at(t0 * B, {len, B});
+        break;
+      case ArgKind::InitialState:
+        v = initial[indexOf(cell.states, arg.name)];
+        break;
+      case ArgKind::StartState:
+        v = start[indexOf(cell.states, arg.name)];
+        break;
+      case ArgKind::FinalStateGrad:
+        v = carry[indexOf(cell.states, arg.name)].view();
+        break;
+      case ArgKind::Param:
+        v = seq.params[indexOf(cell.params, arg.name)];
+        break;
+      case ArgKind::StateHistory:
+        v = history[indexOf(cell.states, arg.name)];
+        break;
+      case ArgKind::Gates:
+        v = gates;
+        break;
+      case ArgKind::OutputGrad: {
+        size_t i = indexOf(cell.outputs, arg.name);
+        int64_t n = cell.outputs[i].shape[0];
+        View g = gradOutputs[i].valid() ? gradOutputs[i] : zeroOutputGrads[i].view();
+        v = g.at(t0 * B * n, {len, B, n});
+        break;
+      }
+      case ArgKind::BatchBegin:
+        args[a].index = 0;
+        break;
+      case ArgKind::BatchEnd:
+        args[a].index = B;
+        break;
+      case ArgKind::Workspace:
+      case ArgKind::GridBarrier:
+        break;
+      case ArgKind::InitialStateGrad:
+      case ArgKind::InputGrad:
+      case ArgKind::ProjectionGrad:
+      case ArgKind::WeightRows:
+      case ArgKind::WeightVectors:
+      case ArgKind::ParamGrad:
+      case ArgKind::StartStateGrad: {
+        if (arg.sameAs >= 0 && size_t(arg.sameAs) < a) {
+          // The same values as an earlier result: its buffer.
+          v = args[arg.sameAs].view;
+        } else {
+          std::vector<int64_t> shape = arg.shape;
+          for (size_t d = 0; d < shape.size(); ++d)
+            if (shape[d] < 0)
+              shape[d] = shape.size() == 3 && d == 0 ? len : B;
+          if (Status e = Scratch::make(backend, shape,
+                                       arg.element.value_or(cell.compute), false,
+                                       results[a]))
+            return e;
+          v = results[a].view();
+        }
+        // A zero result adds nothing to what it is folded into (weight rows
+        // and vectors go in pairs, so they stay).
+        if (!arg.zero || arg.kind == ArgKind::WeightRows ||
+            arg.kind == ArgKind::WeightVectors)
+          written.push_back({arg.kind, arg.name, v});
+        break;
+      }
+      case ArgKind::Output:
+        return Status::error("internal error: the backward kernel has an output");
+      }
+    }
+    std::vector<Scratch> keep;
+    if (Status e = workspace(kernel, B, args, keep))
+      return e;
+    if (Status e = backend->launch(/*backward=*/true, /*saveGates=*/!replay, args, B))
+      return e;
+
+    // Fold what the kernel wrote into the accumulators, with the GEMMs for
+    // the weight, bias and input gradients.
+    size_t projectionGrad = 0;
+    for (size_t w = 0; w < written.size(); ++w) {
+      const Written &out = written[w];
+      const View &r = out.view;
+      switch (out.kind) {
+      case ArgKind::InitialStateGrad: {
+        size_t i = indexOf(cell.states, out.name);
+        if (Status e = backend->add(r, dInitial[i].view()))
+          return e;
+        break;
+      }
+      case ArgKind::StartStateGrad: {
+        size_t i = indexOf(cell.states, out.name);
+        if (Status e = backend->copy(r, carry[i].view()))
+          return e;
+        break;
+      }
+      case ArgKind::InputGrad: {
+        size_t i = indexOf(cell.inputs, out.name);
+        int64_t n = cell.inputs[i].shape[0];
+        if (Status e = backend->add(r, dInputs[i].view().at(t0 * B * n, {len, B, n})))
+          return e;
+        break;
+      }
+      case ArgKind::ProjectionGrad: {
+        const Interface::Projection &p = cell.projections[projectionGrad++];
+        View rows = r.at(0, {len * B, p.rows});
+        View x = seq.inputs[p.input].at(t0 * B * p.cols, {len * B, p.cols});
+        if (Status e = backend->gemm(true, false, p.rows, p.cols, len * B, rows,
+                                     p.rows, x, p.cols, 1.0, dParams[p.weight].view(),
+                                     p.cols))
+          return e;
+        if (Status e = backend->gemm(
+                false, false, len * B, p.cols, p.rows, rows, p.rows,
+                seq.params[p.weight], p.cols, 1.0,
+                dInputs[p.input].view().at(t0 * B * p.cols, {len * B, p.cols}), p.cols))
+          return e;
+        // Every bias of the projection has the same gradient: sum the rows
+        // once (an LSTM's b_ih and b_hh).
+        if (!p.biases.empty()) {
+          Scratch sums;
+          if (Status e = Scratch::make(backend, {p.rows}, cell.compute, true, sums))
+            return e;
+          if (Status e = backend->columnSums(rows, len * B, p.rows, sums.view()))
+            return e;
+          for (size_t b : p.biases)
+            if (Status e = backend->add(sums.view(), dParams[b].view()))
+              return e;
+        }
+        break;
+      }
+      case ArgKind::WeightRows: {
+        // The next written buffer holds the matching vectors.
+        if (w + 1 >= written.size() || written[w + 1].kind != ArgKind::WeightVectors)
+          return Status::error("internal error: weight rows without their vectors");
+        const View &vecs = written[w + 1].view;
+        size_t i = indexOf(cell.params, out.name);
+        int64_t rows = cell.params[i].shape[0], cols = cell.params[i].shape[1];
+        if (Status e = backend->gemm(true, false, rows, cols, len * B,
+                                     r.at(0, {len * B, rows}), rows,
+                                     vecs.at(0, {len * B, cols}), cols, 1.0,
+                                     dParams[i].view(), cols))
+          return e;
+        ++w;
+        break;
+      }
+      case ArgKind::ParamGrad: {
+        size_t i = indexOf(cell.params, out.name);
+        if (Status e = backend->columnSums(r, B, cell.params[i].shape[0],
+                                           dParams[i].view()))
+          return e;
+        break;
+      }
+      case ArgKind::WeightVectors:
+      default:
+        break;
+      }
+    }
+  }
+  // What flows into the start of the first chunk belongs to the initial state.
+  for (size_t i = 0; i < cell.states.size(); ++i)
+    if (Status e = backend->add(carry[i].view(), dInitial[i].view()))
+      return e;
+
+  auto copyOut = [&](const std::vector<View> &to, std::vector<Scratch> &from) {
+    for (size_t i = 0; i < to.size(); ++i)
+      if (to[i].valid())
+        if (Status e = backend->copy(from[i].view(), to[i]))
+          return e;
+    return Status();
+  };
+  if (Status e = copyOut(gradInputs, dInputs))
+    return e;
+  if (Status e = copyOut(gradParams, dParams))
+    return e;
+  return copyOut(gradInitialStates, dInitial);
+}

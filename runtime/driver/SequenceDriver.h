@@ -1,0 +1,238 @@
+//===- SequenceDriver.h - One sequence driver for every backend -*- C++ -*-===//
+//
+// What runs around a cell's kernels, written once: the hoisted projections'
+// GEMMs, the forward over chunks, what the forward keeps in each recompute
+// mode, the backward's replays and carried gradients, the weight, bias and
+// input gradients' GEMMs, resets, and the workspace. It runs over a small
+// `Backend` (allocate, launch a kernel, GEMM, column sums, fill, copy, add)
+// that the CPU runtime implements with OpenBLAS and the JIT, and the CUDA
+// runtime with torch's tensors and GEMMs through Python callbacks.
+//
+// Plain C++17, no LLVM or MLIR: it is compiled into libcellc_cuda, which
+// builds on a GPU machine without them.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_RUNTIME_DRIVER_SEQUENCEDRIVER_H
+#define CELLC_RUNTIME_DRIVER_SEQUENCEDRIVER_H
+
+#include "dialects/Cell/IR/KernelInterface.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cellc::driver {
+
+/// A failure's message; empty when all went well. True on failure, as
+/// llvm::Error is.
+class Status {
+public:
+  Status() = default;
+  static Status error(std::string message) {
+    Status s;
+    s.text = message.empty() ? "unknown error" : std::move(message);
+    return s;
+  }
+  explicit operator bool() const { return !text.empty(); }
+  const std::string &message() const { return text; }
+
+private:
+  std::string text;
+};
+
+/// The element types of the buffers the driver handles.
+enum class Element { F32, F64, BF16, U8, I32 };
+int64_t bytesOf(Element element);
+/// An MLIR element type's name ("f32", "bf16", "i8", ...) as an Element.
+std::optional<Element> parseElement(std::string_view name);
+
+/// Memory: a backend's handle (`id`) or a pointer (`data`), or both.
+struct Buffer {
+  void *data = nullptr;
+  int64_t id = -1;
+  Element element = Element::F32;
+  bool valid() const { return data || id >= 0; }
+};
+
+/// Contiguous elements of a buffer, from `offset`, with a shape.
+struct View {
+  Buffer buffer;
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
+
+  Element element() const { return buffer.element; }
+  int64_t size() const;
+  bool valid() const { return buffer.valid(); }
+  /// The view `elements` further on, with `shape`.
+  View at(int64_t elements, std::vector<int64_t> shape) const;
+  /// A pointer to the first element, where the buffer has one.
+  void *pointer() const;
+};
+
+/// One argument of a kernel launch: a view, or an index (b_begin, b_end).
+struct Arg {
+  View view;
+  std::optional<int64_t> index;
+};
+
+/// What the driver asks of a target. Calls happen on one thread, in order.
+class Backend {
+public:
+  virtual ~Backend() = default;
+  virtual Status allocate(int64_t elements, Element element, bool zero,
+                          Buffer &out) = 0;
+  virtual void release(const Buffer &buffer) = 0;
+  /// Runs the forward or backward kernel, the variant that saves gates or
+  /// the one that replays them, on `args` (in the kernel's order; the last
+  /// two are b_begin = 0 and b_end = batch) over `batch` rows.
+  virtual Status launch(bool backward, bool saveGates, const std::vector<Arg> &args,
+                        int64_t batch) = 0;
+  /// Row-major `c = op(a) op(b) + beta c`, with leading dimensions; in the
+  /// element type of `a`, accumulated and stored in `c`'s.
+  virtual Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                      const View &a, int64_t lda, const View &b, int64_t ldb,
+                      double beta, const View &c, int64_t ldc) = 0;
+  /// `acc[j] += sum over the rows of m[row, j]`.
+  virtual Status columnSums(const View &m, int64_t rows, int64_t cols,
+                            const View &acc) = 0;
+  /// Every row of `m` (`rows x cols`) becomes the sum of `vectors`.
+  virtual Status fillRows(const View &m, int64_t rows, int64_t cols,
+                          const std::vector<View> &vectors) = 0;
+  /// `to = from`, converting the element type; `to += from`.
+  virtual Status copy(const View &from, const View &to) = 0;
+  virtual Status add(const View &from, const View &to) = 0;
+};
+
+/// A declared input, state, param or output with its bound shape.
+struct Slot {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+/// One argument of a kernel, as the kernel interface describes it.
+struct KernelArg {
+  ArgKind kind = ArgKind::Input;
+  std::string name, input;
+  std::vector<std::string> biases;
+  int64_t sameAs = -1;
+  bool zero = false;
+  /// The memref's shape (-1 for T and B) and element type; empty for an
+  /// index.
+  std::vector<int64_t> shape;
+  std::optional<Element> element;
+};
+
+/// A kernel: its arguments, and for the persistent CUDA strategy its tile and
+/// workspace per tile.
+struct Kernel {
+  std::vector<KernelArg> args;
+  int64_t batchTile = 1;
+  int64_t workspaceBytes = 0;
+};
+
+/// What the driver knows of a compiled cell: its kernels' interfaces, from
+/// which the slots and the projections follow (`finish`).
+struct Interface {
+  Kernel forward, backward;
+  /// The cell's element type (states, params, gradients).
+  Element compute = Element::F32;
+
+  std::vector<Slot> inputs, states, params, outputs;
+  /// A projection the driver computes with a GEMM: weight @ input + biases.
+  struct Projection {
+    size_t weight, input;
+    std::vector<size_t> biases;
+    int64_t rows, cols;
+    Element element;
+  };
+  std::vector<Projection> projections;
+  int64_t gatesWidth = 0;
+  Element storage = Element::F32;
+
+  /// Derives the slots and projections from the forward kernel's
+  /// arguments, and checks the two kernels agree.
+  Status finish();
+};
+
+/// What forward keeps for the backward, named as users know it.
+struct Recompute {
+  enum class Kind { None, Full, Chunk };
+  Kind kind = Kind::None;
+  int64_t chunk = 0;
+  /// Parses "none", "full" or "chunk:K" (K >= 1): the one parse function.
+  static std::optional<Recompute> parse(std::string_view text);
+  std::string str() const;
+};
+
+/// What forward keeps for backward; it releases its buffers through the
+/// backend that made them.
+class Saved;
+struct SavedDeleter {
+  void operator()(Saved *saved) const;
+};
+using SavedPtr = std::unique_ptr<Saved, SavedDeleter>;
+int64_t savedBytes(const Saved &saved);
+/// The steps and batch rows of the forward that made `saved`.
+int64_t savedSteps(const Saved &saved);
+int64_t savedBatch(const Saved &saved);
+
+/// A sequence as the caller holds it: inputs `[T, B, n]`, params, initial
+/// states `[B, n]` (invalid views: zeros), resets `[T, B]` bytes (invalid:
+/// none).
+struct Sequence {
+  std::vector<View> inputs, params, initialStates;
+  View resets;
+  int64_t steps = 0, batch = 0;
+};
+
+/// Runs a cell's kernels over sequences on a backend.
+class SequenceDriver {
+public:
+  class Scratch;
+  SequenceDriver(Interface cell, std::shared_ptr<Backend> backend)
+      : cell(std::move(cell)), backend(std::move(backend)) {}
+
+  const Interface &interface() const { return cell; }
+
+  /// Outputs `[T, B, n]` and final states `[B, n]`; with `saved`, what
+  /// `backward` needs in `mode`.
+  Status forward(const Sequence &seq, const std::vector<View> &outputs,
+                 const std::vector<View> &finalStates, Recompute mode,
+                 SavedPtr *saved);
+
+  /// The gradients of the inputs, params and initial states (invalid views:
+  /// not wanted) from those of the outputs and final states (invalid:
+  /// zeros).
+  Status backward(const Sequence &seq, const Saved &saved,
+                  const std::vector<View> &gradOutputs,
+                  const std::vector<View> &gradFinalStates,
+                  const std::vector<View> &gradInputs,
+                  const std::vector<View> &gradParams,
+                  const std::vector<View> &gradInitialStates);
+
+private:
+  /// Runs the forward kernel over steps [t0, t0 + len): the chunk's
+  /// projections, states, history, outputs and gates.
+  Status runForwardChunk(const Sequence &seq, int64_t t0, int64_t len,
+                         bool saveGates, const View &resets,
+                         const std::vector<View> &projections,
+                         const std::vector<View> &initial,
+                         const std::vector<View> &start,
+                         const std::vector<View> &history,
+                         const std::vector<View> &outputs, const View &gates);
+  Status workspace(const Kernel &kernel, int64_t batch, std::vector<Arg> &args,
+                   std::vector<Scratch> &keep);
+  Status project(const Sequence &seq, const Interface::Projection &p, int64_t t0,
+                 int64_t len, Scratch &out);
+
+  Interface cell;
+  std::shared_ptr<Backend> backend;
+};
+
+} // namespace cellc::driver
+
+#endif // CELLC_RUNTIME_DRIVER_SEQUENCEDRIVER_H
