@@ -73,7 +73,8 @@ run)
     cmake --build build-gpu -j >/dev/null
   else
     mkdir -p build-gpu/lib
-    g++ -O2 -std=c++17 -shared -fPIC -I. runtime/cuda/CudaDriver.cpp -ldl \
+    g++ -O2 -std=c++17 -shared -fPIC -I. runtime/cuda/CudaDriver.cpp \
+      runtime/driver/SequenceDriver.cpp runtime/driver/DriverC.cpp -ldl \
       -o build-gpu/lib/libcellc_cuda.so
   fi
   export CELLC_CUDA_LIB=$PWD/build-gpu/lib/libcellc_cuda.so PYTHONUNBUFFERED=1

@@ -34,7 +34,7 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
     return fail("cellc: error: cannot create '" + dir + "': " + ec.message());
   auto def = *cell.getOps<mlir::cell::DefOp>().begin();
   llvm::json::Object meta;
-  meta["format"] = 1;
+  meta["format"] = 2;
   meta["cell"] = def.getSymName().str();
   meta["arch"] = arch.str();
   meta["dtype"] = dtype.str();
@@ -47,6 +47,29 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
       sizeObj[entry.getName().str()] =
           llvm::cast<mlir::IntegerAttr>(entry.getValue()).getInt();
   meta["sizes"] = std::move(sizeObj);
+  // The cell's inputs, params, states and outputs with their shapes, in the
+  // kernels' order: what a runtime binds tensors to.
+  auto shapeOf = [](mlir::Type type) {
+    llvm::json::Array shape;
+    for (int64_t d : llvm::cast<mlir::RankedTensorType>(type).getShape())
+      shape.push_back(d);
+    return shape;
+  };
+  llvm::json::Object slots;
+  auto named = [&](mlir::ArrayAttr names, mlir::TypeRange types) {
+    llvm::json::Array list;
+    for (auto [n, t] : llvm::zip(names.getAsValueRange<mlir::StringAttr>(), types))
+      list.push_back(llvm::json::Array{n.str(), shapeOf(t)});
+    return list;
+  };
+  slots["inputs"] = named(def.getInputNamesAttr(), mlir::ValueRange(def.getInputs()).getTypes());
+  slots["states"] = named(def.getStateNamesAttr(), mlir::ValueRange(def.getStates()).getTypes());
+  slots["outputs"] = named(def.getOutputNamesAttr(), def.getYield().getOutputs().getTypes());
+  llvm::json::Array params;
+  for (auto param : def.getBody().getOps<mlir::cell::ParamOp>())
+    params.push_back(llvm::json::Array{param.getName().str(), shapeOf(param.getType())});
+  slots["params"] = std::move(params);
+  meta["slots"] = std::move(slots);
   llvm::json::Object variants, kernels;
   for (bool saveGates : {true, false}) {
     mlir::OwningOpRef<mlir::ModuleOp> module = cell.clone();

@@ -10,8 +10,7 @@ import ctypes
 import json
 import os
 
-__all__ = ["CudaUnavailable", "CudaError", "available", "Package", "CudaCell",
-           "parse_recompute"]
+__all__ = ["CudaUnavailable", "CudaError", "available", "Package", "CudaCell"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -23,6 +22,38 @@ class CudaError(RuntimeError):
 
 
 _LIB = None
+
+
+class _View(ctypes.Structure):
+    """cellc_view: elements of a backend buffer, named by its id."""
+    _fields_ = [("buffer", ctypes.c_int64), ("offset", ctypes.c_int64),
+                ("element", ctypes.c_int32), ("rank", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * 4)]
+
+
+class _Arg(ctypes.Structure):
+    _fields_ = [("is_index", ctypes.c_int32), ("index", ctypes.c_int64), ("view", _View)]
+
+
+_VP = ctypes.POINTER(_View)
+_ALLOCATE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
+                             ctypes.POINTER(ctypes.c_int64))
+_RELEASE = ctypes.CFUNCTYPE(None, ctypes.c_int64)
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                           ctypes.POINTER(_Arg), ctypes.c_int64)
+_GEMM = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64,
+                         ctypes.c_int64, ctypes.c_int64, _VP, ctypes.c_int64, _VP,
+                         ctypes.c_int64, ctypes.c_double, _VP, ctypes.c_int64)
+_COLUMN_SUMS = ctypes.CFUNCTYPE(ctypes.c_int, _VP, ctypes.c_int64, ctypes.c_int64, _VP)
+_FILL_ROWS = ctypes.CFUNCTYPE(ctypes.c_int, _VP, ctypes.c_int64, ctypes.c_int64,
+                              ctypes.c_int32, _VP)
+_BINARY = ctypes.CFUNCTYPE(ctypes.c_int, _VP, _VP)
+
+
+class _Callbacks(ctypes.Structure):
+    _fields_ = [("allocate", _ALLOCATE), ("release", _RELEASE), ("launch", _LAUNCH),
+                ("gemm", _GEMM), ("column_sums", _COLUMN_SUMS), ("fill_rows", _FILL_ROWS),
+                ("copy", _BINARY), ("add", _BINARY)]
 
 
 def _library():
@@ -51,6 +82,29 @@ def _library():
                                       ctypes.POINTER(ctypes.c_void_p)] + err
     lib.cellc_cuda_registers.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
                                          ctypes.POINTER(ctypes.c_int)] + err
+    # The sequence driver (runtime/driver/DriverC.h).
+    V = ctypes.POINTER(_View)
+    lib.cellc_element.argtypes = [ctypes.c_char_p]
+    lib.cellc_element.restype = ctypes.c_int32
+    lib.cellc_interface_new.argtypes = [ctypes.c_char_p]
+    lib.cellc_interface_new.restype = ctypes.c_void_p
+    lib.cellc_interface_arg.argtypes = ([ctypes.c_void_p, ctypes.c_int32] + [ctypes.c_char_p] * 4
+                                        + [ctypes.c_int64, ctypes.c_int32, ctypes.c_char_p,
+                                           ctypes.c_int32, ctypes.POINTER(ctypes.c_int64)]
+                                        + err)
+    lib.cellc_interface_kernel.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64,
+                                           ctypes.c_int64]
+    lib.cellc_interface_free.argtypes = [ctypes.c_void_p]
+    lib.cellc_driver_new.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Callbacks)] + err
+    lib.cellc_driver_new.restype = ctypes.c_void_p
+    lib.cellc_driver_free.argtypes = [ctypes.c_void_p]
+    lib.cellc_driver_forward.argtypes = ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64,
+                                          ctypes.c_int64] + [V] * 6
+                                         + [ctypes.POINTER(ctypes.c_void_p)] + err)
+    lib.cellc_driver_backward.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [V] * 9 + err
+    lib.cellc_saved_bytes.argtypes = [ctypes.c_void_p]
+    lib.cellc_saved_bytes.restype = ctypes.c_int64
+    lib.cellc_saved_free.argtypes = [ctypes.c_void_p]
     _LIB = lib
     return lib
 
@@ -77,8 +131,10 @@ class Package:
                 self.meta = json.load(f)
         except (OSError, ValueError) as e:
             raise ValueError(f"{path}: not a cellc package ({e})") from None
-        if self.meta.get("format") != 1:
-            raise ValueError(f"{path}: unknown package format {self.meta.get('format')}")
+        if self.meta.get("format") != 2:
+            raise ValueError(f"{path}: unknown package format {self.meta.get('format')}; "
+                             "this runtime reads format 2 (rebuild the package with this "
+                             "cellc)")
         self.cell = self.meta["cell"]
         self.kernels = self.meta["kernels"]
         self.ptx = {}
@@ -88,21 +144,6 @@ class Package:
 
     def args(self, kernel):
         return self.kernels[kernel]["args"]
-
-
-def parse_recompute(recompute):
-    """'none', 'full' or 'chunk:K' as (kind, K)."""
-    if recompute in ("none", "full"):
-        return recompute, 0
-    if isinstance(recompute, str) and recompute.startswith("chunk:"):
-        try:
-            k = int(recompute[6:])
-        except ValueError:
-            k = 0
-        if k > 0:
-            return "chunk", k
-    raise ValueError(f"recompute must be 'none', 'full' or 'chunk:K' with K > 0, "
-                     f"not {recompute!r}")
 
 
 def _torch_dtype(arg):
@@ -195,7 +236,7 @@ class CudaCell:
                 push(ctypes.c_int64(s))
         params = (ctypes.c_void_p * len(ptrs))(*ptrs)
         tiles = max(1, -(-batch // info["batch_tile"]))
-        if info.get("strategy") == "persistent":
+        if "ctas" in info:  # persistent: the CTAs of a tile along x, tiles along y
             grid, cooperative = (info["ctas"], tiles), 1
         else:
             grid, cooperative = (tiles, 1), 0
@@ -211,8 +252,7 @@ class CudaCell:
     @property
     def storage(self):
         """The dtype of x, h and the gates in memory: float32 or bfloat16."""
-        import torch
-        return torch.bfloat16 if self.package.meta.get("storage") == "bf16" else torch.float32
+        return _torch_dtype(self.package.args(self.package.cell + "_fwd")[0])
 
     def _check_tensors(self, tensors, inputs=()):
         import torch
@@ -228,187 +268,39 @@ class CudaCell:
             if t.device != device:
                 raise ValueError(f"all tensors must be on one device; got {device} and {t.device}")
 
-    def _arguments(self, kernel, value, B, device):
-        """One tensor per argument of `kernel`: `value(arg)` for the caller's,
-        the workspace and barrier words of a persistent kernel here."""
-        import torch
-        info = self.package.kernels[kernel]
-        tiles = max(1, -(-B // info["batch_tile"]))
-        out = []
-        for arg in info["args"]:
-            kind = arg["kind"]
-            if kind == "workspace":
-                out.append(torch.empty(tiles * info["workspace_bytes"] // 4,
-                                       dtype=torch.float32, device=device))
-            elif kind == "grid_barrier":
-                out.append(torch.zeros(2 * tiles, dtype=torch.int32, device=device))
-            elif kind == "batch_begin":
-                out.append(0)
-            elif kind == "batch_end":
-                out.append(B)
-            else:
-                out.append(value(arg))
-        return out
-
-    def _projection(self, arg, inputs, params):
-        x = inputs[arg["input"]]
-        p = x @ params[arg["name"]].t().to(x.dtype)
-        for bias in arg.get("biases", []):
-            p = p + params[bias].to(x.dtype)
-        return p.to(_torch_dtype(arg)).contiguous()
-
-    # The sequence, without autograd --------------------------------------------
-
-    def forward(self, inputs, params, states=None, resets=None, save_gates=True,
-                initial=None):
-        """inputs: {name: [T, B, n]}, params: {name: tensor}, states: {name:
-        [B, n]} or None (zeros), the start states; `initial` the reset values
-        (default: `states`). Returns (outputs {name: [T, B, n]}, history
-        {name: [T, B, n]}, gates [T, B, S], empty when not saved)."""
-        import torch
-        kernel = self.package.cell + "_fwd"
-        first = next(iter(inputs.values()))
-        T, B = first.shape[0], first.shape[1]
-        device, dtype = first.device, first.dtype
-        states = states or {}
-        initial = states if initial is None else initial
-        outputs, history, gates = {}, {}, None
-
-        def zeros(n):
-            return torch.zeros(B, n, device=device, dtype=dtype)
-
-        def value(arg):
-            nonlocal gates
-            kind, name, shape = arg["kind"], arg["name"], arg["shape"]
-            if kind == "input":
-                return inputs[name].contiguous()
-            if kind == "projection":
-                return self._projection(arg, inputs, params)
-            if kind == "resets":
-                r = resets if resets is not None else torch.zeros(T, B, dtype=torch.bool,
-                                                                  device=device)
-                return r.to(torch.uint8).contiguous()
-            if kind in ("initial_state", "start_state"):
-                s = (initial if kind == "initial_state" else states).get(name)
-                return (s.to(_torch_dtype(arg)).contiguous() if s is not None
-                        else zeros(shape[-1]).to(_torch_dtype(arg)))
-            if kind == "param":
-                return params[name].to(_torch_dtype(arg)).contiguous()
-            if kind == "output":
-                outputs[name] = torch.empty(T, B, shape[-1], device=device,
-                                            dtype=_torch_dtype(arg))
-                return outputs[name]
-            if kind == "state_history":
-                history[name] = torch.empty(T, B, shape[-1], device=device,
-                                            dtype=_torch_dtype(arg))
-                return history[name]
-            if kind == "gates":
-                # The replaying variant never touches it: an empty buffer.
-                gates = torch.empty(T if save_gates else 0, B, shape[-1],
-                                    device=device, dtype=_torch_dtype(arg))
-                return gates
-            raise ValueError(f"{kernel}: unexpected argument kind {kind}")
-
-        tensors = self._arguments(kernel, value, B, device)
-        self.launch(kernel, "save" if save_gates else "replay", tensors, B)
-        return outputs, history, gates
-
-    def backward(self, inputs, params, start, initial, resets, history, gates,
-                 grad_outputs, grad_final, save_gates):
-        """One backward kernel over the steps of `inputs`, with the GEMMs for
-        the weight, bias and input gradients. `start` are the states before
-        the first step, `initial` the reset values, `gates` what the forward
-        saved (with `save_gates`). Returns (d_inputs, d_params, d_initial,
-        d_start): dicts of tensors, the params' accumulated over B and T."""
-        import torch
-        kernel = self.package.cell + "_bwd"
-        first = next(iter(inputs.values()))
-        T, B = first.shape[0], first.shape[1]
-        device, dtype = first.device, first.dtype
-        written = []
-
-        def zeros(*shape):
-            return torch.zeros(*shape, device=device, dtype=dtype)
-
-        def value(arg):
-            kind, name, shape = arg["kind"], arg["name"], arg["shape"]
-            if kind == "input":
-                return inputs[name].contiguous()
-            if kind == "projection":
-                if save_gates:  # read only by the replay
-                    return torch.empty(0, B, shape[-1], device=device,
-                                       dtype=_torch_dtype(arg))
-                return self._projection(arg, inputs, params)
-            if kind == "resets":
-                r = resets if resets is not None else torch.zeros(T, B, dtype=torch.bool,
-                                                                  device=device)
-                return r.to(torch.uint8).contiguous()
-            want = _torch_dtype(arg)
-            if kind in ("initial_state", "start_state"):
-                s = (initial if kind == "initial_state" else start)[name]
-                return s.to(want).contiguous()
-            if kind == "param":
-                return params[name].to(want).contiguous()
-            if kind == "state_history":
-                return history[name].contiguous()
-            if kind == "gates":
-                return gates if save_gates else torch.empty(0, B, shape[-1], device=device,
-                                                            dtype=want)
-            if kind == "output_grad":
-                g = grad_outputs.get(name)
-                return (g.to(want).contiguous() if g is not None
-                        else zeros(T, B, shape[-1]).to(want))
-            if kind == "final_state_grad":
-                g = grad_final.get(name)
-                return (g.to(want).contiguous() if g is not None
-                        else zeros(B, shape[-1]).to(want))
-            # Something the kernel writes.
-            dims = [T if (len(shape) == 3 and d == 0) else B if n < 0 else n
-                    for d, n in enumerate(shape)]
-            t = torch.empty(*dims, device=device, dtype=want)
-            written.append((kind, name, t))
-            return t
-
-        tensors = self._arguments(kernel, value, B, device)
-        self.launch(kernel, "save" if save_gates else "replay", tensors, B)
-
-        # Accumulated in float32, whatever the storage; GEMMs in the storage's
-        # dtype (bf16 GEMMs accumulate in float32).
-        d_inputs = {n: torch.zeros_like(t, dtype=torch.float32) for n, t in inputs.items()}
-        d_params = {n: torch.zeros_like(t, dtype=torch.float32) for n, t in params.items()}
-        d_initial, d_start = {}, {}
-        projections = [a for a in self.package.args(kernel) if a["kind"] == "projection"]
-        k = 0
-        while k < len(written):
-            kind, name, r = written[k]
-            if kind == "initial_state_grad":
-                d_initial[name] = r
-            elif kind == "start_state_grad":
-                d_start[name] = r
-            elif kind == "input_grad":
-                d_inputs[name] += r
-            elif kind == "projection_grad":
-                p = next(a for a in projections if a["name"] == name)
-                x = inputs[p["input"]]
-                rows = r.reshape(-1, r.shape[-1])
-                d_params[name] += rows.t() @ x.reshape(-1, x.shape[-1]).to(r.dtype)
-                d_inputs[p["input"]] += r @ params[name].to(r.dtype)
-                for bias in p.get("biases", []):
-                    d_params[bias] += rows.float().sum(0)
-            elif kind == "weight_rows":
-                # The next written buffer holds the matching vectors.
-                vectors = written[k + 1][2]
-                d_params[name] += (r.reshape(-1, r.shape[-1]).t()
-                                   @ vectors.reshape(-1, vectors.shape[-1]).to(r.dtype))
-                k += 1
-            elif kind == "param_grad":
-                d_params[name] += r.sum(0)
-            k += 1
-        d_inputs = {n: g.to(inputs[n].dtype) for n, g in d_inputs.items()}
-        d_params = {n: g.to(params[n].dtype) for n, g in d_params.items()}
-        return d_inputs, d_params, d_initial, d_start
-
     # The sequence, under autograd -----------------------------------------------
+
+    def _driver(self):
+        """The sequence driver over this package's kernels, with a backend of
+        torch tensors; made on first use."""
+        if getattr(self, "_driver_handle", None):
+            return self._driver_handle, self._backend
+        lib = _library()
+        interface = lib.cellc_interface_new(b"f32")
+        buf = ctypes.create_string_buffer(1024)
+        try:
+            for backward in (0, 1):
+                kernel = self.package.cell + ("_bwd" if backward else "_fwd")
+                info = self.package.kernels[kernel]
+                for arg in info["args"]:
+                    shape = (ctypes.c_int64 * max(1, len(arg["shape"])))(*arg["shape"])
+                    element = arg.get("element", "") if arg["memref"] else ""
+                    _check(lib.cellc_interface_arg(
+                        interface, backward, arg["kind"].encode(), arg["name"].encode(),
+                        arg.get("input", "").encode(), ",".join(arg.get("biases", [])).encode(),
+                        arg.get("same_as", -1), int(arg.get("zero", False)), element.encode(),
+                        len(arg["shape"]), shape, buf, len(buf)), buf)
+                lib.cellc_interface_kernel(interface, backward, info["batch_tile"],
+                                           info.get("workspace_bytes", 0))
+            self._backend = _TorchBackend(self)
+            handle = lib.cellc_driver_new(interface, ctypes.byref(self._backend.callbacks),
+                                          buf, len(buf))
+            if not handle:
+                raise CudaError(buf.value.decode())
+        finally:
+            lib.cellc_interface_free(interface)
+        self._driver_handle = handle
+        return handle, self._backend
 
     def __call__(self, inputs, params, states=None, resets=None, recompute="none"):
         """Runs the sequence under autograd. inputs {name: [T, B, n]}, params
@@ -417,9 +309,15 @@ class CudaCell:
         gates, 'full' only the states and replays each step in backward,
         'chunk:K' the states every K steps and replays a chunk before its
         backward. Returns (outputs {name: [T, B, n]}, final states {name:
-        [B, n]})."""
+        [B, n]}).
+
+        The sequence driver (runtime/driver, in C++) runs around the kernels:
+        projections, chunks, replays, carried gradients and the gradients'
+        GEMMs, on torch tensors and GEMMs through callbacks."""
         import torch
-        kind, k = parse_recompute(recompute)
+        if not isinstance(recompute, str):
+            raise ValueError(f"recompute must be 'none', 'full' or 'chunk:K' with K > 0, "
+                             f"not {recompute!r}")
         first = next(iter(inputs.values()))
         if first.dim() != 3:
             raise ValueError(f"inputs must be [T, B, n], got {list(first.shape)}")
@@ -433,31 +331,184 @@ class CudaCell:
             if x.dtype != self.storage:
                 raise TypeError(f"input {n!r} is {x.dtype}, but this package stores "
                                 f"its sequences as {self.storage} (cellc --storage)")
-        state_names = [a["name"] for a in self.package.args(self.package.cell + "_fwd")
-                       if a["kind"] == "start_state"]
-        sizes = {a["name"]: a["shape"][-1]
-                 for a in self.package.args(self.package.cell + "_fwd")
-                 if a["kind"] == "start_state"}
+        interface = _Slots(self.package.meta["slots"])
         states = dict(states or {})
-        for n in state_names:
+        for n, size in interface.states:
             if n not in states:
-                states[n] = first.new_zeros(B, sizes[n])
-        in_names, par_names = list(inputs), list(params)
-        flat = ([inputs[n] for n in in_names] + [params[n] for n in par_names]
-                + [states[n] for n in state_names])
-        out_names = [a["name"] for a in self.package.args(self.package.cell + "_fwd")
-                     if a["kind"] == "output"]
-        results = _Sequence.apply(self, (kind, k), resets,
-                                  (in_names, par_names, state_names, out_names), *flat)
-        outs = results[:len(out_names)]
-        finals = results[len(out_names):]
-        return dict(zip(out_names, outs)), dict(zip(state_names, finals))
+                states[n] = first.new_zeros(B, size, dtype=torch.float32)
+        missing = [n for n, _ in interface.params if n not in params]
+        if missing:
+            raise ValueError(f"missing param {missing[0]!r}")
+        flat = ([inputs[n] for n, _ in interface.inputs]
+                + [params[n] for n, _ in interface.params]
+                + [states[n] for n, _ in interface.states])
+        results = _Sequence.apply(self, recompute, resets, interface, *flat)
+        outs = results[:len(interface.outputs)]
+        finals = results[len(interface.outputs):]
+        return (dict(zip([n for n, _ in interface.outputs], outs)),
+                dict(zip([n for n, _ in interface.states], finals)))
 
 
-def _chunks(T, kind, k):
-    if kind != "chunk":
-        return [(0, T)]
-    return [(t, min(t + k, T)) for t in range(0, T, k)]
+class _Slots:
+    """A package's inputs, params, states and outputs with their sizes, in
+    the driver's order (kernels.json's "slots", written by the compiler)."""
+
+    def __init__(self, slots):
+        self.inputs = [(n, shape[-1]) for n, shape in slots["inputs"]]
+        self.params = [(n, shape) for n, shape in slots["params"]]
+        self.states = [(n, shape[-1]) for n, shape in slots["states"]]
+        self.outputs = [(n, shape[-1]) for n, shape in slots["outputs"]]
+
+
+class _TorchBackend:
+    """The sequence driver's backend on torch tensors: memory from torch's
+    allocator (so its peak counts it), GEMMs and element-wise work in torch,
+    kernels launched through the CudaCell (or a stand-in, in tests). Buffers
+    are named by ids; the caller's tensors are registered for a call."""
+
+    _DTYPES = None
+
+    def __init__(self, cell):
+        import torch
+        self.cell = cell
+        self.buffers = {}
+        self.next_id = 0
+        self.device = None
+        self.error = None
+        if _TorchBackend._DTYPES is None:
+            lib = _library()
+            _TorchBackend._DTYPES = {
+                lib.cellc_element(name.encode()): dtype
+                for name, dtype in (("f32", torch.float32), ("f64", torch.float64),
+                                    ("bf16", torch.bfloat16), ("i8", torch.uint8),
+                                    ("i32", torch.int32))}
+        self.codes = {dtype: code for code, dtype in _TorchBackend._DTYPES.items()}
+
+        def guard(fn):
+            def run(*args):
+                try:
+                    r = fn(*args)
+                    return 0 if r is None else r
+                except BaseException as e:  # noqa: BLE001 - re-raised by the caller
+                    if self.error is None:
+                        self.error = e
+                    return 1
+            return run
+
+        self.callbacks = _Callbacks(
+            _ALLOCATE(guard(self._allocate)), _RELEASE(self._release),
+            _LAUNCH(guard(self._launch)), _GEMM(guard(self._gemm)),
+            _COLUMN_SUMS(guard(self._column_sums)), _FILL_ROWS(guard(self._fill_rows)),
+            _BINARY(guard(self._copy)), _BINARY(guard(self._add)))
+
+    # Buffers ------------------------------------------------------------------
+
+    def register(self, tensor):
+        """A view of the caller's `tensor` (None: no view) for one call."""
+        if tensor is None:
+            return _View(buffer=-1)
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        self.next_id += 1
+        self.buffers[self.next_id] = tensor.reshape(-1)
+        view = _View(buffer=self.next_id, offset=0, element=self.codes[tensor.dtype],
+                     rank=tensor.dim())
+        for i, d in enumerate(tensor.shape):
+            view.shape[i] = d
+        return view
+
+    def unregister(self, views):
+        for v in views:
+            self.buffers.pop(v.buffer, None)
+
+    def tensor(self, view):
+        v = view.contents if hasattr(view, "contents") else view
+        flat = self.buffers[v.buffer]
+        shape = [v.shape[i] for i in range(v.rank)]
+        n = 1
+        for d in shape:
+            n *= d
+        # Detached: the kernels (or a stand-in's in-place copies) write it
+        # outside autograd.
+        return flat[v.offset:v.offset + n].view(shape).detach()
+
+    def matrix(self, view, ld):
+        flat = self.tensor(view).reshape(-1)
+        return flat.view(-1, ld) if ld else flat
+
+    def _allocate(self, elements, element, zero, out):
+        import torch
+        make = torch.zeros if zero else torch.empty
+        self.next_id += 1
+        self.buffers[self.next_id] = make(elements, dtype=_TorchBackend._DTYPES[element],
+                                          device=self.device)
+        out[0] = self.next_id
+
+    def _release(self, buffer):
+        self.buffers.pop(buffer, None)
+
+    # Work ---------------------------------------------------------------------
+
+    def _launch(self, backward, save_gates, nargs, args, batch):
+        values = []
+        for i in range(nargs):
+            a = args[i]
+            values.append(int(a.index) if a.is_index else self.tensor(a.view))
+        kernel = self.cell.package.cell + ("_bwd" if backward else "_fwd")
+        self.cell.launch(kernel, "save" if save_gates else "replay", values, batch)
+
+    def _gemm(self, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
+        A, B, C = self.matrix(a, lda), self.matrix(b, ldb), self.matrix(c, ldc)
+        A = A.t() if ta else A
+        B = B.t() if tb else B
+        product = (A @ B.to(A.dtype)).to(C.dtype)
+        if beta == 0:
+            C.copy_(product)
+        else:
+            C.mul_(beta).add_(product)
+
+    def _column_sums(self, m, rows, cols, acc):
+        import torch
+        M = self.tensor(m).reshape(rows, cols)
+        out = self.tensor(acc).reshape(-1)
+        out.add_(M.to(torch.float32).sum(0).to(out.dtype))
+
+    def _fill_rows(self, m, rows, cols, n, vectors):
+        M = self.tensor(m).reshape(rows, cols)
+        total = sum(self.tensor(vectors[i]).reshape(-1).to(M.dtype) for i in range(n))
+        M.copy_(total.expand(rows, cols))
+
+    def _copy(self, src, dst):
+        to = self.tensor(dst)
+        to.copy_(self.tensor(src).reshape(to.shape))
+
+    def _add(self, src, dst):
+        to = self.tensor(dst)
+        to.add_(self.tensor(src).reshape(to.shape).to(to.dtype))
+
+    # Calls --------------------------------------------------------------------
+
+    def call(self, fn, *args):
+        """Calls a driver entry point; an error in a callback is raised as
+        itself, and one in the driver as a CudaError (a ValueError for a bad
+        recompute mode)."""
+        buf = ctypes.create_string_buffer(2048)
+        self.error = None
+        status = fn(*args, buf, len(buf))
+        if status:
+            error, self.error = self.error, None
+            if error is not None:
+                raise error
+            message = buf.value.decode()
+            if message.startswith("unknown recompute mode"):
+                raise ValueError(message.replace("unknown recompute mode",
+                                                 "recompute must be 'none', 'full' or "
+                                                 "'chunk:K' with K > 0, not") )
+            raise CudaError(message)
+
+
+def _views(views):
+    return (_View * max(1, len(views)))(*views)
 
 
 def _sequence_class():
@@ -465,85 +516,72 @@ def _sequence_class():
 
     class Sequence(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, cell, mode, resets, names, *flat):
-            in_names, par_names, state_names, out_names = names
-            n_in, n_par = len(in_names), len(par_names)
-            inputs = dict(zip(in_names, flat[:n_in]))
-            params = dict(zip(par_names, flat[n_in:n_in + n_par]))
-            initial = dict(zip(state_names, flat[n_in + n_par:]))
-            kind, k = mode
-            T = flat[0].shape[0]
-            save = kind == "none"
-            outputs, starts, finals, kept = {n: [] for n in out_names}, [], {}, {}
-            start = initial
-            for t0, t1 in _chunks(T, kind, k):
-                part = {n: x[t0:t1] for n, x in inputs.items()}
-                r = resets[t0:t1] if resets is not None else None
-                outs, hist, gates = cell.forward(part, params, start, r,
-                                                 save_gates=save, initial=initial)
-                starts.append(start)
-                for n in out_names:
-                    outputs[n].append(outs[n])
-                # Copies: the chunk's history may go, and outputs must not be views.
-                start = {n: hist[n][-1].to(initial[n].dtype, copy=True) for n in state_names}
-                if kind != "chunk":
-                    kept = {"history": hist, "gates": gates}
-            finals = start
-            outs = [torch.cat(outputs[n]) if len(outputs[n]) > 1 else outputs[n][0]
-                    for n in out_names]
-            ctx.cell, ctx.mode, ctx.resets, ctx.names = cell, mode, resets, names
-            ctx.inputs, ctx.params, ctx.initial = inputs, params, initial
-            ctx.starts, ctx.kept = starts, kept
-            saved = sum(t.numel() * t.element_size()
-                        for t in list(kept.get("history", {}).values())
-                        + ([kept["gates"]] if kept.get("gates") is not None else []))
-            saved += sum(t.numel() * t.element_size() for s in starts[1:] for t in s.values())
-            cell.saved_bytes = saved
-            return tuple(outs) + tuple(finals[n] for n in state_names)
+        def forward(ctx, cell, mode, resets, slots, *flat):
+            handle, backend = cell._driver()
+            n_in, n_par = len(slots.inputs), len(slots.params)
+            inputs, params, states = flat[:n_in], flat[n_in:n_in + n_par], flat[n_in + n_par:]
+            T, B = inputs[0].shape[:2]
+            backend.device = inputs[0].device
+            outputs = [inputs[0].new_empty(T, B, n) for _, n in slots.outputs]
+            finals = [states[i].new_empty(B, n) for i, (_, n) in enumerate(slots.states)]
+            r = resets.to(torch.uint8).contiguous() if resets is not None else None
+            views = ([backend.register(t) for t in inputs],
+                     [backend.register(p.detach()) for p in params],
+                     [backend.register(s.detach()) for s in states],
+                     [backend.register(r)],
+                     [backend.register(o) for o in outputs],
+                     [backend.register(f) for f in finals])
+            # Inside forward autograd is off: whether a gradient is wanted is
+            # in needs_input_grad (cell, mode, resets and slots first).
+            training = any(ctx.needs_input_grad[4:])
+            saved = ctypes.c_void_p()
+            try:
+                backend.call(_library().cellc_driver_forward, handle, mode.encode(), T, B,
+                             _views(views[0]), _views(views[1]), _views(views[2]),
+                             _views(views[3]), _views(views[4]), _views(views[5]),
+                             ctypes.byref(saved) if training else None)
+            finally:
+                for v in views:
+                    backend.unregister(v)
+            ctx.cell, ctx.resets, ctx.slots, ctx.saved_handle = cell, r, slots, saved
+            cell.saved_bytes = _library().cellc_saved_bytes(saved) if saved.value else 0
+            ctx.save_for_backward(*flat)
+            return tuple(outputs) + tuple(finals)
 
         @staticmethod
         def backward(ctx, *grads):
-            cell, (kind, k), resets = ctx.cell, ctx.mode, ctx.resets
-            in_names, par_names, state_names, out_names = ctx.names
-            inputs, params, initial = ctx.inputs, ctx.params, ctx.initial
-            T = next(iter(inputs.values())).shape[0]
-            g_out = dict(zip(out_names, grads[:len(out_names)]))
-            carry = {n: g for n, g in zip(state_names, grads[len(out_names):])
-                     if g is not None}
-            d_inputs = {n: [] for n in in_names}
-            d_params = {n: torch.zeros_like(p) for n, p in params.items()}
-            d_initial = {n: torch.zeros_like(s) for n, s in initial.items()}
-            chunks = _chunks(T, kind, k)
-            for c in reversed(range(len(chunks))):
-                t0, t1 = chunks[c]
-                part = {n: x[t0:t1] for n, x in inputs.items()}
-                r = resets[t0:t1] if resets is not None else None
-                start = ctx.starts[c]
-                if kind == "chunk":
-                    # Replay the chunk's forward, saving its gates.
-                    _, hist, gates = cell.forward(part, params, start, r,
-                                                  save_gates=True, initial=initial)
-                    save = True
-                else:
-                    hist, gates = ctx.kept["history"], ctx.kept["gates"]
-                    save = kind == "none"
-                go = {n: g[t0:t1] for n, g in g_out.items() if g is not None}
-                di, dp, dinit, dstart = cell.backward(part, params, start, initial, r, hist,
-                                                      gates, go, carry, save)
-                for n in in_names:
-                    d_inputs[n].insert(0, di[n])
-                for n in par_names:
-                    d_params[n] += dp[n]
-                for n in state_names:
-                    d_initial[n] += dinit[n].reshape(d_initial[n].shape).to(d_initial[n].dtype)
-                carry = dstart
-            for n in state_names:
-                d_initial[n] += carry[n].to(d_initial[n].dtype)
-            grads_in = [torch.cat(d_inputs[n]) if len(d_inputs[n]) > 1 else d_inputs[n][0]
-                        for n in in_names]
-            return ((None, None, None, None) + tuple(grads_in)
-                    + tuple(d_params[n] for n in par_names)
-                    + tuple(d_initial[n] for n in state_names))
+            cell, slots = ctx.cell, ctx.slots
+            handle, backend = cell._driver()
+            flat = ctx.saved_tensors
+            n_in, n_par = len(slots.inputs), len(slots.params)
+            inputs, params, states = flat[:n_in], flat[n_in:n_in + n_par], flat[n_in + n_par:]
+            n_out = len(slots.outputs)
+            g_out = [g.to(inputs[0].dtype).contiguous() if g is not None else None
+                     for g in grads[:n_out]]
+            g_fin = [g.to(states[i].dtype).contiguous() if g is not None else None
+                     for i, g in enumerate(grads[n_out:])]
+            d_in = [torch.empty_like(t) for t in inputs]
+            d_par = [torch.empty_like(t) for t in params]
+            d_st = [torch.empty_like(t) for t in states]
+            backend.device = inputs[0].device
+            views = ([backend.register(t) for t in inputs],
+                     [backend.register(p.detach()) for p in params],
+                     [backend.register(s.detach()) for s in states],
+                     [backend.register(ctx.resets)],
+                     [backend.register(g) for g in g_out],
+                     [backend.register(g) for g in g_fin],
+                     [backend.register(t) for t in d_in],
+                     [backend.register(t) for t in d_par],
+                     [backend.register(t) for t in d_st])
+            try:
+                backend.call(_library().cellc_driver_backward, handle, ctx.saved_handle,
+                             *[_views(v) for v in views])
+            finally:
+                for v in views:
+                    backend.unregister(v)
+                _library().cellc_saved_free(ctx.saved_handle)
+                ctx.saved_handle = None
+            return (None, None, None, None) + tuple(d_in) + tuple(d_par) + tuple(d_st)
 
     return Sequence
 

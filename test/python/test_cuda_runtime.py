@@ -162,11 +162,17 @@ def test_cuda_cell_host_side(tmp_path, recompute, storage):
     assert torch.isfinite(params["W_hh"].grad).all() and params["W_hh"].grad.abs().sum() > 0
 
 
-def test_recompute_modes_are_checked():
-    assert cuda.parse_recompute("chunk:16") == ("chunk", 16)
+def test_recompute_modes_are_checked(tmp_path):
+    # The driver parses the mode (one parse function, in C++); a bad one is a
+    # ValueError before any kernel runs.
+    cell = _Recorder(cuda.Package(str(make_package(tmp_path, "lstm"))))
+    x = torch.randn(3, 2, 16)
+    params = {"W_ih": torch.randn(128, 16), "W_hh": torch.randn(128, 32),
+              "b_ih": torch.randn(128), "b_hh": torch.randn(128)}
     for bad in ("chunk:0", "chunk:x", "some", None):
         with pytest.raises(ValueError, match="recompute must be"):
-            cuda.parse_recompute(bad)
+            cell({"x": x}, params, recompute=bad)
+    assert not cell.launches
 
 
 class _TorchKernels(_Recorder):

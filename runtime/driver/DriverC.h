@@ -1,0 +1,98 @@
+/*===- DriverC.h - The sequence driver's C interface --------------*- C -*-===//
+ *
+ * The sequence driver for callers outside C++ (python/cellc/cuda.py, through
+ * ctypes): a cell's interface is built argument by argument from its
+ * package's kernels.json, and the backend is a table of callbacks. Every
+ * function that can fail returns 0 on success and writes the reason into
+ * `error` otherwise. Views name a backend buffer by its id.
+ *
+ *===----------------------------------------------------------------------===*/
+
+#ifndef CELLC_RUNTIME_DRIVER_DRIVERC_H
+#define CELLC_RUNTIME_DRIVER_DRIVERC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Elements of a buffer (cellc::driver::Element): 0 f32, 1 f64, 2 bf16, 3 u8,
+ * 4 i32. */
+typedef struct cellc_view {
+  int64_t buffer; /* the backend's id; -1: none */
+  int64_t offset; /* in elements */
+  int32_t element;
+  int32_t rank;
+  int64_t shape[4];
+} cellc_view;
+
+typedef struct cellc_arg {
+  int32_t is_index;
+  int64_t index;
+  cellc_view view;
+} cellc_arg;
+
+/* What the driver asks of the caller; each returns 0 on success. */
+typedef struct cellc_callbacks {
+  int (*allocate)(int64_t elements, int32_t element, int32_t zero, int64_t *id);
+  void (*release)(int64_t id);
+  int (*launch)(int32_t backward, int32_t save_gates, int32_t nargs,
+                const cellc_arg *args, int64_t batch);
+  int (*gemm)(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k,
+              const cellc_view *a, int64_t lda, const cellc_view *b, int64_t ldb,
+              double beta, const cellc_view *c, int64_t ldc);
+  int (*column_sums)(const cellc_view *m, int64_t rows, int64_t cols,
+                     const cellc_view *acc);
+  int (*fill_rows)(const cellc_view *m, int64_t rows, int64_t cols, int32_t n,
+                   const cellc_view *vectors);
+  int (*copy)(const cellc_view *from, const cellc_view *to);
+  int (*add)(const cellc_view *from, const cellc_view *to);
+} cellc_callbacks;
+
+/* The element code of an MLIR element type's name ("f32", "bf16", ...), or -1. */
+int32_t cellc_element(const char *name);
+
+/* A cell's interface: its kernels' arguments in order (kind and element are
+ * the words of kernels.json; biases comma-separated; element "" for an
+ * index), then each kernel's tile and workspace. */
+void *cellc_interface_new(const char *compute);
+int cellc_interface_arg(void *interface, int32_t backward, const char *kind,
+                        const char *name, const char *input, const char *biases,
+                        int64_t same_as, int32_t zero, const char *element,
+                        int32_t rank, const int64_t *shape, char *error,
+                        size_t size);
+void cellc_interface_kernel(void *interface, int32_t backward, int64_t batch_tile,
+                            int64_t workspace_bytes);
+void cellc_interface_free(void *interface);
+
+/* A driver over `interface` (which it copies) and `callbacks` (which must
+ * outlive it). */
+void *cellc_driver_new(void *interface, const cellc_callbacks *callbacks,
+                       char *error, size_t size);
+void cellc_driver_free(void *driver);
+
+/* The sequence's inputs, params and initial states (buffer -1: zeros) in
+ * declaration order, resets (buffer -1: none). With `saved`, forward keeps
+ * what backward needs in `mode` ("none", "full", "chunk:K"). */
+int cellc_driver_forward(void *driver, const char *mode, int64_t steps,
+                         int64_t batch, const cellc_view *inputs,
+                         const cellc_view *params, const cellc_view *initial,
+                         const cellc_view *resets, const cellc_view *outputs,
+                         const cellc_view *finals, void **saved, char *error,
+                         size_t size);
+int cellc_driver_backward(void *driver, void *saved, const cellc_view *inputs,
+                          const cellc_view *params, const cellc_view *initial,
+                          const cellc_view *resets, const cellc_view *grad_outputs,
+                          const cellc_view *grad_finals, const cellc_view *grad_inputs,
+                          const cellc_view *grad_params,
+                          const cellc_view *grad_initial, char *error, size_t size);
+int64_t cellc_saved_bytes(void *saved);
+void cellc_saved_free(void *saved);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CELLC_RUNTIME_DRIVER_DRIVERC_H */
