@@ -563,8 +563,12 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
   Expr::BinaryOp op = expr.binaryOp;
   if (lhs.kind == Val::Kind::Scalar && rhs.kind == Val::Kind::Scalar) {
     double a = lhs.scalar, b = rhs.scalar;
-    if (isCall)
+    if (isCall) {
+      assert((fn == Fn::Max || fn == Fn::Min) && "binary calls are max and min");
       return Val::ofScalar(fn == Fn::Max ? std::max(a, b) : std::min(a, b));
+    }
+    // Every operator is listed: a new one is a compile error here, not a
+    // silent division.
     switch (op) {
     case Expr::BinaryOp::Add:
       return Val::ofScalar(a + b);
@@ -572,9 +576,12 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
       return Val::ofScalar(a - b);
     case Expr::BinaryOp::Mul:
       return Val::ofScalar(a * b);
-    default:
+    case Expr::BinaryOp::Div:
       return Val::ofScalar(a / b);
+    case Expr::BinaryOp::Matvec:
+      break;
     }
+    llvm_unreachable("'@' is not element-wise");
   }
   const Expr &lhsExpr = *expr.operands[0], &rhsExpr = *expr.operands[1];
   if (lhs.kind == Val::Kind::Vector && rhs.kind == Val::Kind::Vector &&
@@ -611,9 +618,11 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
     case Expr::BinaryOp::Mul:
       result = builder.create<cell::MulOp>(l, a, b);
       break;
-    default:
+    case Expr::BinaryOp::Div:
       result = builder.create<cell::DivOp>(l, a, b);
       break;
+    case Expr::BinaryOp::Matvec:
+      llvm_unreachable("'@' is not element-wise");
     }
   }
   return Val::ofVector(result, size);
@@ -692,9 +701,15 @@ static double applyScalar(Fn fn, double x) {
     return std::fabs(x);
   case Fn::Sqrt:
     return std::sqrt(x);
-  default:
-    return x;
+  // Every function is listed: a new one is a compile error here, not an
+  // identity.
+  case Fn::Unknown:
+  case Fn::Max:
+  case Fn::Min:
+  case Fn::Chunk:
+    break;
   }
+  llvm_unreachable("not a function of one argument");
 }
 
 std::optional<Val> IRGen::evalCall(const Expr &expr) {
@@ -763,9 +778,14 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
   case Fn::Abs:
     result = builder.create<cell::AbsOp>(l, x);
     break;
-  default:
+  case Fn::Sqrt:
     result = builder.create<cell::SqrtOp>(l, x);
     break;
+  case Fn::Unknown:
+  case Fn::Max:
+  case Fn::Min:
+  case Fn::Chunk:
+    llvm_unreachable("not a function of one argument");
   }
   return Val::ofVector(result, arg->size);
 }

@@ -237,8 +237,11 @@ static Expr::BinaryOp binaryOpOf(TokenKind kind) {
     return Expr::BinaryOp::Mul;
   case TokenKind::Slash:
     return Expr::BinaryOp::Div;
-  default:
+  case TokenKind::At:
     return Expr::BinaryOp::Matvec;
+  default:
+    // Only tokens with a precedence (binaryPrecedence) reach here.
+    llvm_unreachable("not a binary operator");
   }
 }
 

@@ -908,8 +908,23 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
           return e;
         break;
       }
+      // Read with their weight rows, or not results at all.
       case ArgKind::WeightVectors:
-      default:
+      case ArgKind::Input:
+      case ArgKind::Projection:
+      case ArgKind::Resets:
+      case ArgKind::InitialState:
+      case ArgKind::StartState:
+      case ArgKind::Param:
+      case ArgKind::Output:
+      case ArgKind::StateHistory:
+      case ArgKind::Gates:
+      case ArgKind::OutputGrad:
+      case ArgKind::FinalStateGrad:
+      case ArgKind::BatchBegin:
+      case ArgKind::BatchEnd:
+      case ArgKind::Workspace:
+      case ArgKind::GridBarrier:
         break;
       }
     }
