@@ -425,7 +425,7 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
                                 : mlir::FloatType(mlir::Float64Type::get(&context));
   auto module = compileCellSource(context, sizes, element, src.diag);
   if (!module)
-    return fail(src.diagnostics());
+    return src.takeError();
   mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, os);
 
   auto impl = std::make_unique<Impl>();

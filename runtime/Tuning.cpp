@@ -268,7 +268,7 @@ matvecShapes(const TuneProblem &problem) {
           : mlir::FloatType(mlir::Float64Type::get(&context));
   auto module = compileCellSource(context, problem.sizes, element, src.diag);
   if (!module)
-    return fail(src.diagnostics());
+    return src.takeError();
   mlir::PassManager pm(&context);
   buildPipeline(pm, Stage::Split);
   if (mlir::failed(pm.run(*module)))

@@ -4,10 +4,18 @@
 
 using namespace cellc;
 
+char CellSourceError::ID = 0;
+
 void CellDiagnostics::error(llvm::SMLoc loc, const llvm::Twine &message,
                              llvm::ArrayRef<llvm::SMRange> ranges) {
   ++numErrors;
   sourceMgr.PrintMessage(os, loc, llvm::SourceMgr::DK_Error, message, ranges);
+}
+
+void CellDiagnostics::sizeError(llvm::SMLoc loc, const llvm::Twine &message,
+                                llvm::ArrayRef<llvm::SMRange> ranges) {
+  ++numSizeErrors;
+  error(loc, message, ranges);
 }
 
 void CellDiagnostics::warning(llvm::SMLoc loc, const llvm::Twine &message,

@@ -400,7 +400,7 @@ bool IRGen::assignChunk(const Stmt &stmt) {
     return false;
   }
   if (input->size % count != 0) {
-    diag.error(call.opLoc,
+    diag.sizeError(call.opLoc,
                "cannot chunk a vector of size " + llvm::Twine(input->size) +
                    " into " + llvm::Twine(count) + " equal parts",
                call.range);

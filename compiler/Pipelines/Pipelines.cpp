@@ -3,6 +3,7 @@
 #include "compiler/Pipelines/Pipelines.h"
 
 #include "compiler/Conversion/Passes.h"
+#include "compiler/Conversion/Common/PhasePlan.h"
 #include "dialects/Cell/Transforms/Passes.h"
 
 #include "mlir/Pass/PassRegistry.h"
@@ -61,6 +62,86 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
     pm.addPass(cell::createConvertKernelsToLLVM());
   if (stage == Stage::NVVM)
     pm.addPass(cell::createConvertKernelsToNVVM());
+}
+
+llvm::Error cellc::printStage(ModuleOp module, Emit emit,
+                              const PipelineOptions &options, llvm::StringRef chip,
+                              llvm::raw_ostream &os) {
+  auto fail = [](const llvm::Twine &message) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
+  };
+  std::optional<Stage> stage;
+  switch (emit) {
+  case Emit::Mlir:
+    break;
+  case Emit::Split:
+    stage = Stage::Split;
+    break;
+  case Emit::Grad:
+    stage = Stage::Grad;
+    break;
+  case Emit::Saves:
+  case Emit::Plan:
+  case Emit::Phases:
+    stage = Stage::Plan;
+    break;
+  case Emit::Kernels:
+    stage = Stage::Kernels;
+    break;
+  case Emit::Llvm:
+    stage = Stage::LLVM;
+    break;
+  case Emit::Nvvm:
+  case Emit::Ptx:
+    stage = Stage::NVVM;
+    break;
+  case Emit::Ast:
+  case Emit::Summary:
+  case Emit::Package:
+    return fail(std::string("--emit=") + name(emit) + " is not a stage of the IR");
+  }
+  if (stage) {
+    PassManager pm(module.getContext());
+    buildPipeline(pm, *stage, options);
+    if (failed(pm.run(module)))
+      return fail("the passes failed");
+  }
+  switch (emit) {
+  case Emit::Ptx: {
+    auto ptx = serializeToPTX(module, chip);
+    if (!ptx)
+      return ptx.takeError();
+    os << *ptx;
+    return llvm::Error::success();
+  }
+  case Emit::Plan:
+    cell::printSavePlan(module, os);
+    return llvm::Error::success();
+  case Emit::Phases: {
+    // The CPU's lanes run along the units: its plans write concats whole and
+    // read a buffered value at its own element in the phase that writes it.
+    cell::PhasePlan::Options phases;
+    bool cuda = options.target == Target::Cuda;
+    phases.materializeConcats = !cuda;
+    phases.readAlignedInPhase = !cuda;
+    cell::printPhases(module, os, phases);
+    return llvm::Error::success();
+  }
+  case Emit::Mlir:
+  case Emit::Split:
+  case Emit::Grad:
+  case Emit::Saves:
+  case Emit::Kernels:
+  case Emit::Llvm:
+  case Emit::Nvvm:
+    module.print(os);
+    return llvm::Error::success();
+  case Emit::Ast:
+  case Emit::Summary:
+  case Emit::Package:
+    break;
+  }
+  llvm_unreachable("handled above");
 }
 
 namespace {

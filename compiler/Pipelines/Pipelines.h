@@ -102,6 +102,14 @@ llvm::Error writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
                          const PipelineOptions &options, llvm::StringRef arch,
                          llvm::StringRef dtype);
 
+/// Runs the passes up to `emit` (a stage of KernelInterface.def that prints
+/// IR: mlir, split, grad, saves, plan, phases, kernels, llvm, nvvm, ptx) on
+/// `module` and prints it; ptx is for `chip`. What cellc --emit and
+/// Cell.emit print, in one place. Pass errors go to the context's handler.
+llvm::Error printStage(mlir::ModuleOp module, Emit emit,
+                       const PipelineOptions &options, llvm::StringRef chip,
+                       llvm::raw_ostream &os);
+
 /// Registers the pipelines with the pass registry, for cellc-opt.
 void registerPipelines();
 

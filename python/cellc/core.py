@@ -22,6 +22,20 @@ def _size_text(terms):
     return " + ".join(parts)
 
 
+def _size_value(terms, sizes):
+    """A declared size's value: the sum of its terms, each a coefficient times
+    bound symbols."""
+    total = 0
+    for coefficient, names in terms:
+        value = coefficient
+        for n in names:
+            if n not in sizes:
+                raise ValueError(f"the size {n} is not bound; give it as {n}=...")
+            value *= sizes[n]
+        total += value
+    return total
+
+
 def _parse_mode(save_gates, recompute):
     if recompute is None:
         return "none" if save_gates else "full"
@@ -112,17 +126,15 @@ class Cell:
         # show at compile time; warnings (an unused param) are issued here.
         symbols = {n for _, _, shape in decls for terms in shape for _, names in terms
                    for n in names}
-        self.outputs = []
+        self.outputs = _cellc.output_names(source, file_name)
         try:
-            text, messages = _cellc.emit(source, file_name, {s: 60 for s in symbols},
-                                         "f32", "mlir")
-        except ValueError as e:
-            if "cannot chunk" not in str(e):
-                raise
+            _, messages = _cellc.emit(source, file_name, {s: 60 for s in symbols},
+                                      "f32", "mlir")
+        except _cellc.SizeError:
+            pass  # wrong only at the trial size; the real sizes are checked on use
         else:
             if messages:
                 warnings.warn(messages, stacklevel=3)
-            self.outputs = _output_names(text)
         self._compiled = {}
         self._cuda = {}
         #: Bytes the last call keeps for its backward (0 without autograd).
@@ -133,6 +145,14 @@ class Cell:
                 f"params={[n for n, _ in self.params]}, outputs={self.outputs})")
 
     # Sizes -------------------------------------------------------------------
+
+    def shape(self, name, sizes):
+        """The shape of the declared `name` at `sizes` (a dict from size
+        symbols to ints)."""
+        for _, declared, shape in self._decls:
+            if declared == name:
+                return [_size_value(terms, sizes) for terms in shape]
+        raise KeyError(f"the cell declares no {name!r}")
 
     def bind_sizes(self, shapes):
         """Solves the symbolic sizes from `shapes`, a dict from declared names
@@ -209,10 +229,10 @@ class Cell:
         return self._compiled[key]
 
     def emit(self, stage, sizes=None, dtype=torch.float32, save_gates=None):
-        """The IR at `stage`: "mlir", "split", "grad", "saves", "plan", "kernels",
-        "llvm" or "ptx" (the CUDA kernels for sm_90, gates saved unless
-        `save_gates` is False). `sizes` binds the symbolic sizes."""
-        if stage == "ptx":
+        """The IR at `stage`: "mlir", "split", "grad", "saves", "plan", "phases",
+        "kernels", "llvm" or "ptx" (the CUDA kernels for sm_90, gates saved
+        unless `save_gates` is False). `sizes` binds the symbolic sizes."""
+        if stage == _cellc.Emit.ptx.name:
             path = self.cuda_package(sizes or {})
             with open(os.path.join(path, "replay.ptx" if save_gates is False else "save.ptx")) as f:
                 return f.read()
@@ -416,12 +436,6 @@ def autotune(cell, sizes, *, batch, seq_len=100, target="cpu", dtype=torch.float
     # The JIT compiles again for a new config.
     cell._compiled.clear()
     return result
-
-
-def _output_names(text):
-    line = next(l for l in text.splitlines() if "cell.def" in l)
-    inside = line.split("outputs(", 1)[1].split(")", 1)[0]
-    return [p.strip().strip('"') for p in inside.split(",") if p.strip()]
 
 
 def compile(source, target=None, *, threads=0, cuda=None):

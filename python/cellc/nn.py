@@ -3,37 +3,20 @@ with the same constructor, forward signature and state_dict keys, plus
 per-step episode resets."""
 
 import math
+import os
 
 import torch
 
 from .core import compile as _compile
 
-LSTM_CELL = """
-cell lstm {
-  input x: [I]
-  state h: [H], c: [H]
-  param W_ih: [4*H, I], W_hh: [4*H, H], b_ih: [4*H], b_hh: [4*H]
-  i, f, g, o = chunk(W_ih @ x + b_ih + W_hh @ h + b_hh, 4)
-  c = sigmoid(f) * c + sigmoid(i) * tanh(g)
-  h = sigmoid(o) * tanh(c)
-  output h
-}
-"""
+def _shipped(name):
+    """A cell shipped with the package (cellc/cells/, copied from examples/)."""
+    with open(os.path.join(os.path.dirname(__file__), "cells", name + ".cell")) as f:
+        return f.read()
 
-GRU_CELL = """
-cell gru {
-  input x: [I]
-  state h: [H]
-  param W_ih: [3*H, I], W_hh: [3*H, H], b_ih: [3*H], b_hh: [3*H]
-  x_r, x_z, x_n = chunk(W_ih @ x + b_ih, 3)
-  h_r, h_z, h_n = chunk(W_hh @ h + b_hh, 3)
-  r = sigmoid(x_r + h_r)
-  z = sigmoid(x_z + h_z)
-  n = tanh(x_n + r * h_n)
-  h = (1 - z) * n + z * h
-  output h
-}
-"""
+
+LSTM_CELL = _shipped("lstm")
+GRU_CELL = _shipped("gru")
 
 
 def _reverse_resets(resets):
@@ -57,8 +40,6 @@ class _TorchStyleRNN(torch.nn.Module):
         super().__init__()
         if proj_size:
             raise NotImplementedError("cellc.nn does not support proj_size yet")
-        if device is not None and torch.device(device).type != "cpu":
-            raise RuntimeError("cellc: the CUDA backend is not built yet")
         self.cell = _compile(source)
         self.state_names = state_names
         self.input_size, self.hidden_size = input_size, hidden_size
@@ -69,7 +50,7 @@ class _TorchStyleRNN(torch.nn.Module):
         #: Bytes the last forward keeps for backward, over all layers.
         self.saved_bytes = 0
         directions = 2 if bidirectional else 1
-        factory = {"dtype": dtype or torch.get_default_dtype()}
+        factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
         self._names = []
         for layer in range(num_layers):
             for d in range(directions):
@@ -194,22 +175,18 @@ class Recurrent(torch.nn.Module):
         self.layers = torch.nn.ModuleList()
         # Layers after the first read the previous layer's output, the size of
         # the first state: its input size symbol is bound to that.
-        out_size = self._eval(self.cell.states[0][1][0], sizes)
+        out_size = self.cell.shape(self.cell.states[0][0], sizes)[0]
         first_input = self.cell.inputs[0][1][0] if self.cell.inputs else None
         for layer in range(num_layers):
             params = torch.nn.ParameterDict()
             layer_sizes = dict(sizes)
             if layer and first_input and first_input.isidentifier():
                 layer_sizes[first_input] = out_size
-            for name, shape in self.cell.params:
-                dims = [self._eval(d, layer_sizes) for d in shape]
+            for name, _ in self.cell.params:
+                dims = self.cell.shape(name, layer_sizes)
                 params[name] = torch.nn.Parameter(
                     torch.empty(*dims, dtype=dtype).uniform_(-bound, bound))
             self.layers.append(params)
-
-    @staticmethod
-    def _eval(text, sizes):
-        return int(eval(text, {"__builtins__": {}}, dict(sizes)))
 
     def forward(self, x, states=None, resets=None):
         if self.batch_first:

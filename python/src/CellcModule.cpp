@@ -30,6 +30,39 @@ using namespace cellc::runtime;
 
 namespace {
 
+/// A bad cell, with the front end's `file:line:col` message (a ValueError),
+/// and one that is wrong only at the sizes it was compiled at (a chunk that
+/// does not divide): both registered in the module.
+struct CellError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct SizeError : CellError {
+  using CellError::CellError;
+};
+
+/// Raises `error` as Python sees it: a bad cell as CellError or SizeError,
+/// anything else as ValueError.
+[[noreturn]] void raiseError(llvm::Error error) {
+  std::string message;
+  bool cell = false, sizeOnly = false;
+  llvm::handleAllErrors(
+      std::move(error),
+      [&](const CellSourceError &e) {
+        cell = true;
+        sizeOnly = e.sizeOnly;
+        message = e.message;
+      },
+      [&](const llvm::ErrorInfoBase &e) { message = e.message(); });
+  if (sizeOnly)
+    throw SizeError(message);
+  if (cell)
+    throw CellError(message);
+  throw py::value_error(message);
+}
+
+/// Raises what the front end reported about `src`.
+[[noreturn]] void raiseCell(CellSource &src) { raiseError(src.takeError()); }
+
 /// (pointer, shape) pairs from Python.
 using Buffers = std::vector<std::pair<uintptr_t, std::vector<int64_t>>>;
 
@@ -118,7 +151,7 @@ py::list declarations(const std::string &source, const std::string &fileName) {
   Parser parser(src.text(), src.diag);
   auto cell = parser.parseCell();
   if (!cell)
-    throw py::value_error(src.diagnostics());
+    raiseCell(src);
   py::list result;
   for (const Decl &decl : cell->decls) {
     py::list shape;
@@ -153,31 +186,25 @@ emit(const std::string &source, const std::string &fileName,
   SizeBindings bindings(sizes.begin(), sizes.end());
   auto module = compileCellSource(context, bindings, element, src.diag);
   if (!module)
-    throw py::value_error(src.diagnostics());
-  std::map<std::string, Stage> stages = {
-      {"mlir", Stage::Cell},   {"split", Stage::Split},
-      {"grad", Stage::Grad},   {"saves", Stage::Plan},
-      {"plan", Stage::Plan},   {"kernels", Stage::Kernels},
-      {"llvm", Stage::LLVM}};
-  auto it = stages.find(stage);
-  if (it == stages.end())
+    raiseCell(src);
+  // The stage through its one parse function; the IR stages print as
+  // `cellc --emit` prints them (printStage).
+  std::optional<Emit> parsed = parse<Emit>(stage);
+  if (!parsed || *parsed == Emit::Ast || *parsed == Emit::Summary ||
+      *parsed == Emit::Ptx || *parsed == Emit::Package || *parsed == Emit::Nvvm)
     throw py::value_error("unknown stage '" + stage +
-                          "'; expected mlir, split, grad, saves, plan, "
-                          "kernels or llvm (ptx needs the CUDA backend)");
+                          "'; expected mlir, split, grad, saves, plan, phases, "
+                          "kernels or llvm (ptx: Cell.emit builds the package)");
   mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, os);
   PipelineOptions options;
   if (saveGates >= 0)
     options.saveGates = saveGates != 0;
-  mlir::PassManager pm(&context);
-  buildPipeline(pm, it->second, options);
-  if (mlir::failed(pm.run(*module)))
-    throw py::value_error(os.str());
   std::string text;
   llvm::raw_string_ostream out(text);
-  if (stage == "plan")
-    mlir::cell::printSavePlan(*module, out);
-  else
-    module->print(out);
+  if (llvm::Error e = printStage(*module, *parsed, options, "sm_90", out)) {
+    llvm::consumeError(std::move(e));
+    throw py::value_error(os.str());
+  }
   return {out.str(), os.str()};
 }
 
@@ -194,7 +221,7 @@ void package(const std::string &source, const std::string &fileName,
   auto module = compileCellSource(context, bindings, mlir::Float32Type::get(&context),
                                   src.diag);
   if (!module)
-    throw py::value_error(src.diagnostics());
+    raiseCell(src);
   // Each word through its one parse function (KernelInterface.h).
   std::optional<Strategy> kind = parse<Strategy>(strategy);
   if (!kind || !isCudaStrategy(*kind))
@@ -224,8 +251,39 @@ void package(const std::string &source, const std::string &fileName,
 
 } // namespace
 
+/// The names of a cell's per-step outputs: its `output` statement's, or its
+/// first state's.
+std::vector<std::string> outputNames(const std::string &source,
+                                     const std::string &fileName) {
+  CellSource src(source, fileName);
+  Parser parser(src.text(), src.diag);
+  auto cell = parser.parseCell();
+  if (!cell)
+    raiseCell(src);
+  std::vector<std::string> names;
+  for (const Stmt &stmt : cell->stmts)
+    if (stmt.kind == Stmt::Kind::Output)
+      for (const Ident &ident : stmt.names)
+        names.push_back(ident.name);
+  if (names.empty())
+    for (const Decl &decl : cell->decls)
+      if (decl.kind == DeclKind::State) {
+        names.push_back(decl.ident.name);
+        break;
+      }
+  return names;
+}
+
 PYBIND11_MODULE(_cellc, m) {
   m.doc() = "cellc's compiler and CPU runtime (use the cellc package)";
+
+  auto cellError = py::register_exception<CellError>(m, "CellError", PyExc_ValueError);
+  py::register_exception<SizeError>(m, "SizeError", cellError.ptr());
+  // The stages that `cellc --emit` and Cell.emit print (KernelInterface.def).
+  py::enum_<Emit> stages(m, "Emit");
+  for (const Word &w : Words<Emit>())
+    stages.value(w.name, *parse<Emit>(w.name), w.help);
+  m.def("output_names", &outputNames, py::arg("source"), py::arg("file_name"));
 
   py::class_<PySaved, std::shared_ptr<PySaved>>(m, "Saved")
       .def_property_readonly("nbytes", &PySaved::nbytes,
@@ -271,7 +329,7 @@ PYBIND11_MODULE(_cellc, m) {
                                            options);
           if (!compiled) {
             py::gil_scoped_acquire acquire;
-            throw py::value_error(llvm::toString(compiled.takeError()));
+            raiseError(compiled.takeError());
           }
           cell = std::move(*compiled);
         }

@@ -144,6 +144,10 @@ def test_names_and_shapes_are_reported():
     assert cell.states == [("h", ["H"]), ("c", ["H"])]
     assert ("W_ih", ["4*H", "I"]) in cell.params
     assert cell.outputs == ["h"]
+    assert cellc.compile(CUSTOM["two outputs"][0]).outputs == ["h", "z"]
+    assert cell.shape("W_ih", {"H": 5, "I": 3}) == [20, 3]
+    with pytest.raises(ValueError, match="the size I is not bound"):
+        cell.shape("W_ih", {"H": 5})
     assert "cell.save" in cell.emit("saves", {"H": 4, "I": 3})
     assert "none" in cell.emit("plan", {"H": 4, "I": 3})
     assert "func.func @lstm_bwd" in cell.emit("kernels", {"H": 4, "I": 3})
@@ -151,10 +155,27 @@ def test_names_and_shapes_are_reported():
 
 
 def test_bad_cells_are_errors_with_their_place():
-    with pytest.raises(ValueError, match=r"<cell>:3:6: error: unknown name 'q'"):
+    with pytest.raises(cellc.CellError, match=r"<cell>:3:6: error: unknown name 'q'") as bad:
         cellc.compile("cell t {\n state h: [H]\n h = q\n}")
+    assert isinstance(bad.value, ValueError) and not isinstance(bad.value, cellc.SizeError)
+    # Wrong only at the sizes given: a SizeError, when the kernels are built.
+    with pytest.warns(UserWarning, match="local 'a' is never used"):
+        cell = cellc.compile("cell t {\n input x: [H]\n state h: [H]\n"
+                             " a, b = chunk(x, 2)\n h = tanh(h) + x\n}")
+    with pytest.raises(cellc.SizeError, match=r"<cell>:4:9: error: cannot chunk a vector "
+                                              r"of size 3 into 2 equal parts"):
+        cell(torch.randn(2, 1, 3), {})
+    out, _ = cell(torch.ones(2, 1, 4), {})
+    assert out.shape == (2, 1, 4)
     with pytest.warns(UserWarning, match="param 'v' is never used"):
         cellc.compile("cell t { state h: [H]\n param v: [H]\n h = tanh(h) }")
+
+
+def test_the_drop_ins_run_the_shipped_example_cells():
+    examples = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+    for name, text in [("lstm", cellc.nn.LSTM_CELL), ("gru", cellc.nn.GRU_CELL)]:
+        with open(os.path.join(examples, name + ".cell")) as f:
+            assert text == f.read()
 
 
 def test_bad_tensors_are_exceptions_not_crashes():

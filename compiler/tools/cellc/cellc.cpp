@@ -260,44 +260,17 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
   }
   if (emitAction == Emit::Package)
     return writePackage(*module, context, sourceMgr);
-  if (emitAction != Emit::Mlir) {
-    bool cuda = targetsCuda();
-    Stage stage = emitAction == Emit::Split  ? Stage::Split
-                  : emitAction == Emit::Grad ? Stage::Grad
-                  : emitAction == Emit::Kernels ? Stage::Kernels
-                  : emitAction == Emit::Llvm    ? Stage::LLVM
-                  : emitAction == Emit::Nvvm || emitAction == Emit::Ptx
-                      ? Stage::NVVM
-                      : Stage::Plan;
-    PipelineOptions options = cuda ? cudaOptions() : cpuOptions();
-    if (saveGatesFlag >= 0)
-      options.saveGates = saveGatesFlag != 0;
-    mlir::PassManager pm(&context);
-    buildPipeline(pm, stage, options);
-    mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
-    if (mlir::failed(pm.run(*module)))
-      return false;
+  PipelineOptions options = targetsCuda() ? cudaOptions() : cpuOptions();
+  if (saveGatesFlag >= 0)
+    options.saveGates = saveGatesFlag != 0;
+  mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
+  if (llvm::Error e = printStage(*module, emitAction, options, arch, os)) {
+    // Pass failures were reported through the handler already.
+    std::string message = llvm::toString(std::move(e));
+    if (message != "the passes failed")
+      llvm::errs() << message << "\n";
+    return false;
   }
-  if (emitAction == Emit::Ptx) {
-    auto ptx = serializeToPTX(*module, arch);
-    if (!ptx) {
-      llvm::errs() << llvm::toString(ptx.takeError()) << "\n";
-      return false;
-    }
-    os << *ptx;
-    return true;
-  }
-  if (emitAction == Emit::Plan)
-    mlir::cell::printSavePlan(*module, os);
-  else if (emitAction == Emit::Phases) {
-    // The CPU's lanes run along the units: its plans write concats whole.
-    mlir::cell::PhasePlan::Options phases;
-    phases.materializeConcats = !targetsCuda();
-    phases.readAlignedInPhase = !targetsCuda();
-    mlir::cell::printPhases(*module, os, phases);
-  }
-  else
-    module->print(os);
   return true;
 }
 
