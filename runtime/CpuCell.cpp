@@ -7,7 +7,6 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/CpuCell.h"
-#include "runtime/Tuning.h"
 #include "runtime/KernelCache.h"
 
 #include "compiler/Conversion/Passes.h"
@@ -816,4 +815,36 @@ llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
     s.resets.shape = {T, B};
   }
   return errorOf(impl->driver->backward(s, saved, dOut, dFinal, dIn, dPar, dInit));
+}
+
+//===----------------------------------------------------------------------===//
+// Configs
+//===----------------------------------------------------------------------===//
+
+void cellc::runtime::applyConfig(const KernelConfig &config,
+                                 CpuCell::Options &options) {
+  auto get = [&](const char *name, int64_t fallback) {
+    auto it = config.find(name);
+    return it == config.end() ? fallback : it->second;
+  };
+  options.threads = get("threads", options.threads);
+  options.kernels = get("kernels", 1) ? CpuCell::Options::Kernels::Batched
+                                      : CpuCell::Options::Kernels::PerRow;
+  options.batchTile = get("batch_tile", 0);
+  options.productRows = get("product_rows", 0);
+  options.productVectors = get("product_vectors", 0);
+  options.matvecWidth = get("matvec_width", 0);
+  options.matvecUnroll = get("matvec_unroll", 1);
+}
+
+KernelConfig cellc::runtime::configOf(const CpuCell::Options &options,
+                                      int threads) {
+  CpuCell::BatchedShape shape = CpuCell::batchedShape(options);
+  return {{"threads", threads},
+          {"kernels", CpuCell::usesBatchedKernels(options) ? 1 : 0},
+          {"batch_tile", shape.tile},
+          {"product_rows", shape.rows},
+          {"product_vectors", shape.vectors},
+          {"matvec_width", options.matvecWidth},
+          {"matvec_unroll", options.matvecUnroll}};
 }

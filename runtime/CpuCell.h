@@ -5,6 +5,7 @@
 
 #include "compiler/Frontend/Sizes.h"
 #include "runtime/JitKernels.h"
+#include "runtime/TuningCache.h"
 #include "runtime/driver/SequenceDriver.h"
 
 #include "llvm/ADT/StringRef.h"
@@ -20,8 +21,6 @@ class MLIRContext;
 } // namespace mlir
 
 namespace cellc::runtime {
-
-enum class DType { F32, F64 };
 
 /// What the forward keeps for the backward, named as users know it: none
 /// (saves the planned gate values), full (only the states; the backward
@@ -205,6 +204,12 @@ private:
   std::string configText, configOrigin = "default";
   std::vector<Slot> inputSlots, stateSlots, paramSlots, outputSlots;
 };
+
+/// Sets the knobs of a CPU config in `options`.
+void applyConfig(const KernelConfig &config, CpuCell::Options &options);
+/// The CPU config that `options` describe, with `threads` resolved.
+KernelConfig configOf(const CpuCell::Options &options, int threads);
+
 
 } // namespace cellc::runtime
 

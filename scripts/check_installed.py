@@ -67,6 +67,13 @@ for g, r in zip(grads, ref_grads):
     assert torch.allclose(g, r, atol=1e-10), "Elman gradients differ"
 print("a cell from a string: outputs and gradients match a torch loop")
 
+# cellc.autotune runs the packaged cellc-tune; the JIT then reads its entry.
+result = cellc.autotune(cell, {"I": I, "H": H}, batch=B, seq_len=T, budget=2, progress=False)
+assert result["stored"] and result["winner"] >= 0, result["table"]
+assert cell.jit({"I": I, "H": H}, torch.float32, batch=B).config_source == "tuned"
+print(f"cellc.autotune: {len(result['candidates'])} candidates, winner "
+      f"{result['winner_config']}")
+
 # The CUDA runtime library ships in the package: without a GPU the error is
 # about the driver, not a missing library.
 from cellc import cuda  # noqa: E402

@@ -7,7 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/CpuCell.h"
-#include "runtime/Workload.h"
+#include "compiler/Tuner/Workload.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"

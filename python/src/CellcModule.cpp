@@ -15,7 +15,7 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
 #include "runtime/CpuCell.h"
-#include "runtime/Tuning.h"
+#include "runtime/TuningCache.h"
 #include "runtime/KernelCache.h"
 
 #include "llvm/Support/MemoryBuffer.h"
@@ -339,63 +339,6 @@ PYBIND11_MODULE(_cellc, m) {
       },
       py::arg("source"), py::arg("file_name"), py::arg("sizes"), py::arg("dtype"),
       py::arg("threads") = 0, py::arg("use_cache") = true, py::arg("batch") = 0);
-  m.def(
-      "autotune",
-      [](const std::string &source, const std::string &fileName,
-         const std::map<std::string, int64_t> &sizes, const std::string &dtype,
-         int64_t batch, int64_t steps, bool saveGates, const std::string &target,
-         double budget, bool store, bool compileOnly, bool progress) {
-        auto parsedTarget = parseTuneTarget(target);
-        if (!parsedTarget)
-          throw py::value_error(llvm::toString(parsedTarget.takeError()));
-        if (dtype != "f32" && dtype != "f64")
-          throw py::type_error("cellc autotunes float32 and float64 cells, not " + dtype);
-        TuneProblem problem;
-        problem.source = source;
-        problem.fileName = fileName;
-        problem.sizes = SizeBindings(sizes.begin(), sizes.end());
-        problem.dtype = dtype == "f32" ? DType::F32 : DType::F64;
-        problem.batch = batch;
-        problem.steps = steps;
-        problem.saveGates = saveGates;
-        problem.target = *parsedTarget;
-        TuneOptions options;
-        options.budgetSeconds = budget;
-        options.store = store && !compileOnly;
-        options.compileOnly = compileOnly;
-        if (progress)
-          options.stage = [](llvm::StringRef what) {
-            llvm::errs() << "cellc.autotune: " << what << "\n";
-          };
-        if (progress)
-          options.progress = [](const Candidate &c, size_t i, size_t n, bool done) {
-            if (!done)
-              llvm::errs() << "cellc.autotune [" << (i + 1) << "/" << n << "] "
-                           << str(c.config) << " ...";
-            else
-              llvm::errs() << " " << nameOf(c.status) << "\n";
-            llvm::errs().flush();
-          };
-        std::string json, table;
-        {
-          py::gil_scoped_release release;
-          auto result = tune(problem, options);
-          if (!result) {
-            py::gil_scoped_acquire acquire;
-            std::string message = llvm::toString(result.takeError());
-            if (llvm::StringRef(message).contains("no CUDA driver/GPU"))
-              throw py::type_error(message); // remapped in Python
-            throw py::value_error(message);
-          }
-          llvm::raw_string_ostream os(json);
-          os << toJSON(*result, problem);
-          table = formatTable(*result);
-        }
-        return py::make_tuple(json, table);
-      },
-      py::arg("source"), py::arg("file_name"), py::arg("sizes"), py::arg("dtype"),
-      py::arg("batch"), py::arg("steps"), py::arg("save_gates"), py::arg("target"),
-      py::arg("budget"), py::arg("store"), py::arg("compile_only"), py::arg("progress"));
   m.def(
       "tuned_config",
       [](const std::string &source, const std::map<std::string, int64_t> &sizes,

@@ -10,14 +10,14 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "compiler/Tuner/Tuner.h"
+#include "compiler/tools/ToolVersion.h"
 #include "runtime/KernelCache.h"
-#include "runtime/Tuning.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
-#include "compiler/tools/ToolVersion.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -25,7 +25,16 @@ using namespace cellc;
 using namespace cellc::runtime;
 namespace cl = llvm::cl;
 
-static cl::opt<std::string> cellFile(cl::Positional, cl::desc("<cell file>"));
+static cl::opt<std::string> cellFile(cl::Positional,
+                                     cl::desc("<cell file, or - for stdin>"));
+static cl::opt<std::string> sourceName(
+    "source-name",
+    cl::desc("The name that messages give the cell (default: the file's)"),
+    cl::value_desc("name"));
+static cl::opt<std::string> chip("arch",
+                                 cl::desc("CUDA: the chip the PTX is for and "
+                                          "ptxas checks against"),
+                                 cl::init("sm_90"));
 static cl::list<std::string> sizeArgs("D", cl::Prefix,
                                       cl::desc("Bind a size, as in -D H=256"),
                                       cl::value_desc("NAME=VALUE"));
@@ -97,11 +106,12 @@ int main(int argc, char **argv) {
     return usage("no cell file given");
   TuneProblem problem;
   problem.target = *parsedTarget;
-  auto file = llvm::MemoryBuffer::getFile(cellFile);
+  auto file = llvm::MemoryBuffer::getFileOrSTDIN(cellFile);
   if (!file)
     return usage("cannot read " + cellFile + ": " + file.getError().message());
   problem.source = (*file)->getBuffer().str();
-  problem.fileName = cellFile;
+  problem.fileName = sourceName.empty() ? cellFile : sourceName;
+  problem.chip = chip;
   for (const std::string &s : sizeArgs) {
     auto b = parseSizeBinding(s);
     if (!b)
@@ -151,7 +161,7 @@ int main(int argc, char **argv) {
 
   llvm::outs() << llvm::formatv("cellc-tune: {0} on {1}, {2}, B={3} (bucket {4}), "
                                 "T={5}, SAVE_GATES={6}, budget {7:F0} s\n",
-                                cellFile, name(problem.target), dtype, batch,
+                                problem.fileName, name(problem.target), dtype, batch,
                                 batchBucket(batch), seqLen, int(saveGates),
                                 options.budgetSeconds);
   llvm::outs().flush();

@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef CELLC_RUNTIME_WORKLOAD_H
-#define CELLC_RUNTIME_WORKLOAD_H
+#ifndef CELLC_COMPILER_TUNER_WORKLOAD_H
+#define CELLC_COMPILER_TUNER_WORKLOAD_H
 
 #include "runtime/CpuCell.h"
 
@@ -50,4 +50,4 @@ private:
 
 } // namespace cellc::runtime
 
-#endif // CELLC_RUNTIME_WORKLOAD_H
+#endif // CELLC_COMPILER_TUNER_WORKLOAD_H

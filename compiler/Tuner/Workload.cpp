@@ -1,6 +1,6 @@
 //===- Workload.cpp - A cell's forward and backward on random data --------===//
 
-#include "runtime/Workload.h"
+#include "compiler/Tuner/Workload.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,59 +1,28 @@
-//===- Tuning.h - Kernel configs, their knobs, and the autotuner -*- C++ -*-===//
+//===- Tuner.h - The autotuner of cellc-tune ----------------------*- C++ -*-===//
 //
-// A kernel config gives a value to each knob of a target. The knobs are
-// described once, in Tuning.cpp, with their legal values. `tune` times the
-// candidates of a problem (each in a child process, checked against the
-// default config first), and the winner goes into the tuning cache, which
-// CpuCell::compile reads when it is given the batch size it will run at.
+// `tune` times the candidate configs of a problem (each in a child process,
+// checked against the default config first; CUDA candidates compiled and
+// pruned by ptxas's budgets for the problem's chip), and the winner goes into
+// the tuning cache (runtime/TuningCache.h), which the runtime reads. This
+// library is cellc-tune's: the runtime and the Python extension do not link
+// it (cellc.autotune runs cellc-tune).
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef CELLC_RUNTIME_TUNING_H
-#define CELLC_RUNTIME_TUNING_H
+#ifndef CELLC_COMPILER_TUNER_TUNER_H
+#define CELLC_COMPILER_TUNER_TUNER_H
 
 #include "runtime/CpuCell.h"
-#include "dialects/Cell/IR/KernelInterface.h"
-
-#include "llvm/Support/JSON.h"
+#include "runtime/TuningCache.h"
 
 #include <functional>
-#include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
 namespace cellc::runtime {
 
-/// The target a tune is for (KernelInterface.def).
-using TuneTarget = Target;
-/// `text` as a target, or an error that lists the targets.
-llvm::Expected<TuneTarget> parseTuneTarget(llvm::StringRef text);
-
-/// One knob: its name, what it changes, and its legal values.
-struct Knob {
-  std::string name;
-  std::string help;
-  std::vector<int64_t> values;
-};
-
-/// The knobs of `target` on this machine (threads go up to its cores).
-std::vector<Knob> knobsOf(TuneTarget target);
-
-/// A value for each knob of a target, by knob name.
-using KernelConfig = std::map<std::string, int64_t>;
-/// `name=value` pairs, comma-separated, in knob order.
-std::string str(const KernelConfig &config);
-llvm::json::Object toJSON(const KernelConfig &config);
-llvm::Expected<KernelConfig> configFromJSON(const llvm::json::Value &value,
-                                            TuneTarget target);
-
 /// The config that runs untuned: a heuristic for `batch` rows.
 KernelConfig defaultConfig(TuneTarget target, int64_t batch);
-
-/// Sets the knobs of a CPU config in `options`.
-void applyConfig(const KernelConfig &config, CpuCell::Options &options);
-/// The CPU config that `options` describe, with `threads` resolved.
-KernelConfig configOf(const CpuCell::Options &options, int threads);
 
 /// What a tune is for.
 struct TuneProblem {
@@ -66,23 +35,9 @@ struct TuneProblem {
   /// Timed with SAVE_GATES=1 (recompute none) or 0 (full).
   bool saveGates = true;
   TuneTarget target = TuneTarget::Cpu;
+  /// CUDA: the chip the PTX is for and ptxas checks against.
+  std::string chip = "sm_90";
 };
-
-/// The power of two at or above `batch`: tunes are shared within a bucket.
-int64_t batchBucket(int64_t batch);
-/// The CPU model and its features, or the GPU's name: part of the key.
-std::string deviceName(TuneTarget target);
-/// The tuning-cache key: the cell's text, target, device, dtype, sizes, batch
-/// bucket and compiler version.
-std::string tuningKey(llvm::StringRef source, const SizeBindings &sizes,
-                      DType dtype, int64_t batch, TuneTarget target,
-                      llvm::StringRef device);
-/// The tuning cache's directory: `tuning` in the kernel cache's.
-std::string tuningCacheDir(llvm::StringRef kernelCacheDir = "");
-
-/// The tuned config stored under `key`, if any.
-std::optional<KernelConfig> lookupTuned(llvm::StringRef key, TuneTarget target,
-                                        llvm::StringRef kernelCacheDir = "");
 
 /// One config tried.
 struct Candidate {
@@ -140,4 +95,4 @@ llvm::json::Value toJSON(const TuneResult &result, const TuneProblem &problem);
 
 } // namespace cellc::runtime
 
-#endif // CELLC_RUNTIME_TUNING_H
+#endif // CELLC_COMPILER_TUNER_TUNER_H

@@ -1,6 +1,6 @@
-//===- Tuning.cpp - Kernel configs, their knobs, and the autotuner --------===//
+//===- Tuner.cpp - The autotuner: candidates, child processes, ptxas ------===//
 
-#include "runtime/Tuning.h"
+#include "compiler/Tuner/Tuner.h"
 
 #include "compiler/Frontend/Diagnostics.h"
 #include "compiler/Frontend/IRGen.h"
@@ -8,7 +8,7 @@
 #include "dialects/Cell/IR/CellDialect.h"
 #include "dialects/Cell/IR/CellOps.h"
 #include "runtime/KernelCache.h"
-#include "runtime/Workload.h"
+#include "compiler/Tuner/Workload.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
@@ -39,8 +39,6 @@ llvm::Error fail(const llvm::Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
 }
 
-int cores() { return std::max(1u, std::thread::hardware_concurrency()); }
-
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -48,86 +46,6 @@ double since(Clock::time_point start) {
 
 } // namespace
 
-//===----------------------------------------------------------------------===//
-// Knobs and configs
-//===----------------------------------------------------------------------===//
-
-llvm::Expected<TuneTarget> cellc::runtime::parseTuneTarget(llvm::StringRef text) {
-  if (std::optional<Target> target = parse<Target>(text.str()))
-    return *target;
-  return fail("unknown target '" + text + "'; expected " + Words<Target>::expected());
-}
-
-std::vector<Knob> cellc::runtime::knobsOf(TuneTarget target) {
-  if (target == TuneTarget::Cpu) {
-    std::vector<int64_t> threads;
-    for (int t = 1; t < cores(); t *= 2)
-      threads.push_back(t);
-    threads.push_back(cores());
-    return {
-        {"threads", "threads running the recurrent kernels, each on its own "
-                    "batch rows (up to the cores)",
-         threads},
-        {"kernels", "1: batched kernels (each step as phases over a tile of "
-                    "rows, products as register-blocked matrix products); 0: "
-                    "per-row kernels (one row at a time, whole vectors in "
-                    "registers)",
-         {1, 0}},
-        {"batch_tile", "batched kernels: rows per tile, which runs all the "
-                       "steps",
-         {16, 32, 64, 128}},
-        {"product_rows", "batched kernels: rows of a product's register block",
-         {4, 6, 8}},
-        {"product_vectors", "batched kernels: output vectors per row of a "
-                            "product's register block (rows x vectors "
-                            "accumulators must fit the vector registers)",
-         {1, 2, 3}},
-        {"matvec_width", "per-row kernels: lanes per FMA of the recurrent "
-                         "matvec (0: whole rows); divides the weights' columns",
-         {0, 4, 8, 16, 32}},
-        {"matvec_unroll", "per-row kernels: weight rows per iteration of the "
-                          "recurrent matvec; divides the weights' rows",
-         {1, 2, 4}},
-    };
-  }
-  return {
-      {"batch_tile", "batch rows per CTA (batch-tiled strategy); fewer where "
-                     "shared memory is short",
-       {1, 2, 4, 8}},
-      {"warps", "warps per CTA", {2, 4, 8}},
-      {"max_registers", "register cap per thread passed to ptxas (0: none)",
-       {0, 96, 128, 168}},
-  };
-}
-
-std::string cellc::runtime::str(const KernelConfig &config) {
-  std::string text;
-  for (const auto &[name, value] : config)
-    text += (text.empty() ? "" : ",") + name + "=" + std::to_string(value);
-  return text;
-}
-
-llvm::json::Object cellc::runtime::toJSON(const KernelConfig &config) {
-  llvm::json::Object object;
-  for (const auto &[name, value] : config)
-    object[name] = value;
-  return object;
-}
-
-llvm::Expected<KernelConfig>
-cellc::runtime::configFromJSON(const llvm::json::Value &value, TuneTarget target) {
-  const llvm::json::Object *object = value.getAsObject();
-  if (!object)
-    return fail("a kernel config must be a JSON object");
-  KernelConfig config;
-  for (const Knob &knob : knobsOf(target)) {
-    std::optional<int64_t> v = object->getInteger(knob.name);
-    if (!v)
-      return fail("the kernel config has no integer '" + knob.name + "'");
-    config[knob.name] = *v;
-  }
-  return config;
-}
 
 KernelConfig cellc::runtime::defaultConfig(TuneTarget target, int64_t batch) {
   if (target == TuneTarget::Cpu) {
@@ -136,99 +54,6 @@ KernelConfig cellc::runtime::defaultConfig(TuneTarget target, int64_t batch) {
     return configOf(options, std::min<int64_t>(cores(), std::max<int64_t>(1, batch)));
   }
   return {{"batch_tile", 4}, {"warps", 8}, {"max_registers", 0}};
-}
-
-void cellc::runtime::applyConfig(const KernelConfig &config,
-                                 CpuCell::Options &options) {
-  auto get = [&](const char *name, int64_t fallback) {
-    auto it = config.find(name);
-    return it == config.end() ? fallback : it->second;
-  };
-  options.threads = get("threads", options.threads);
-  options.kernels = get("kernels", 1) ? CpuCell::Options::Kernels::Batched
-                                      : CpuCell::Options::Kernels::PerRow;
-  options.batchTile = get("batch_tile", 0);
-  options.productRows = get("product_rows", 0);
-  options.productVectors = get("product_vectors", 0);
-  options.matvecWidth = get("matvec_width", 0);
-  options.matvecUnroll = get("matvec_unroll", 1);
-}
-
-KernelConfig cellc::runtime::configOf(const CpuCell::Options &options,
-                                      int threads) {
-  CpuCell::BatchedShape shape = CpuCell::batchedShape(options);
-  return {{"threads", threads},
-          {"kernels", CpuCell::usesBatchedKernels(options) ? 1 : 0},
-          {"batch_tile", shape.tile},
-          {"product_rows", shape.rows},
-          {"product_vectors", shape.vectors},
-          {"matvec_width", options.matvecWidth},
-          {"matvec_unroll", options.matvecUnroll}};
-}
-
-//===----------------------------------------------------------------------===//
-// The tuning cache
-//===----------------------------------------------------------------------===//
-
-int64_t cellc::runtime::batchBucket(int64_t batch) {
-  int64_t bucket = 1;
-  while (bucket < batch)
-    bucket *= 2;
-  return bucket;
-}
-
-std::string cellc::runtime::deviceName(TuneTarget target) {
-  if (target == TuneTarget::Cuda)
-    return "cuda:0";
-  std::string host = llvm::sys::getHostCPUName().str();
-  for (const auto &feature : llvm::sys::getHostCPUFeatures())
-    if (feature.second)
-      host += "," + feature.first().str();
-  return host;
-}
-
-std::string cellc::runtime::tuningKey(llvm::StringRef source,
-                                      const SizeBindings &sizes, DType dtype,
-                                      int64_t batch, TuneTarget target,
-                                      llvm::StringRef device) {
-  std::string sizeText;
-  for (const auto &[name, value] : sizes)
-    sizeText += name + "=" + std::to_string(value) + ";";
-  std::string bucket = "B<=" + std::to_string(batchBucket(batch));
-  return KernelCache::key({"tune", source, name(target), device,
-                           dtype == DType::F32 ? "f32" : "f64", sizeText, bucket,
-                           compilerVersion()});
-}
-
-std::string cellc::runtime::tuningCacheDir(llvm::StringRef kernelCacheDir) {
-  llvm::SmallString<256> dir(kernelCacheDir.empty() ? KernelCache::defaultDir()
-                                                    : kernelCacheDir.str());
-  llvm::sys::path::append(dir, "tuning");
-  return dir.str().str();
-}
-
-std::optional<KernelConfig> cellc::runtime::lookupTuned(llvm::StringRef key,
-                                                        TuneTarget target,
-                                                        llvm::StringRef kernelCacheDir) {
-  KernelCache cache(tuningCacheDir(kernelCacheDir));
-  std::unique_ptr<llvm::MemoryBuffer> entry = cache.load(key);
-  if (!entry)
-    return std::nullopt;
-  llvm::Expected<llvm::json::Value> json = llvm::json::parse(entry->getBuffer());
-  if (!json) {
-    llvm::consumeError(json.takeError());
-    return std::nullopt;
-  }
-  const llvm::json::Object *object = json->getAsObject();
-  const llvm::json::Value *config = object ? object->get("config") : nullptr;
-  if (!config)
-    return std::nullopt;
-  llvm::Expected<KernelConfig> parsed = configFromJSON(*config, target);
-  if (!parsed) {
-    llvm::consumeError(parsed.takeError());
-    return std::nullopt;
-  }
-  return *parsed;
 }
 
 //===----------------------------------------------------------------------===//
@@ -523,7 +348,7 @@ void compileCudaCandidate(const TuneProblem &problem, Candidate &candidate) {
       candidate.note.resize(cut);
     return;
   }
-  llvm::Expected<std::string> ptx = serializeToPTX(*module, "sm_90");
+  llvm::Expected<std::string> ptx = serializeToPTX(*module, problem.chip);
   if (!ptx) {
     candidate.status = Candidate::Status::CompileError;
     candidate.note = llvm::toString(ptx.takeError());
@@ -547,7 +372,7 @@ void compileCudaCandidate(const TuneProblem &problem, Candidate &candidate) {
   }
   std::optional<llvm::StringRef> redirects[] = {std::nullopt, log.str(), log.str()};
   int rc = llvm::sys::ExecuteAndWait(
-      ptxas, {ptxas, "-v", "-arch=sm_90", in.str(), "-o", out.str()}, std::nullopt,
+      ptxas, {ptxas, "-v", "-arch=" + problem.chip, in.str(), "-o", out.str()}, std::nullopt,
       redirects);
   auto text = llvm::MemoryBuffer::getFile(log);
   llvm::sys::fs::remove(in);
