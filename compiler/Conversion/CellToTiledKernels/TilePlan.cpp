@@ -1,0 +1,124 @@
+//===- TilePlan.cpp - The tile and memory budget of a tiled kernel ---------===//
+//
+// What a tiled kernel's buffers take, computed before any is built: the
+// phases' materialized values, the products computed whole, the states (two
+// slots; in backward also the previous states, the gradients' slots and the
+// accumulators) and the param-gradient accumulators, per batch row. The tile
+// is the largest that fits the shared-memory limit; the persistent strategy
+// takes the fewest CTAs whose weight slices fit. The kernel's figures come
+// from here, and the pass checks what it allocated against them.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/CellToTiledKernels/TiledBuilder.h"
+
+#include <optional>
+
+namespace mlir::cell {
+
+bool onTensorCores(Operation *op, cellc::Precision precision) {
+  if (precision == cellc::Precision::Ieee || !isa<MatvecOp, VecmatOp>(op))
+    return false;
+  int64_t k = precision == cellc::Precision::Bf16 ? 16 : 8;
+  return sizeOf(op->getResult(0)) % 16 == 0 && sizeOf(op->getOperand(1)) % k == 0;
+}
+
+namespace {
+
+/// The fewest CTAs (from `options.ctas`, or 1..4096) whose slices of the
+/// recurrent weights of `matvecs`, with the per-thread partial products,
+/// fit in workgroup memory, each slice with no more rows than threads.
+/// Returns the CTAs and their dynamic shared bytes, or nothing.
+std::optional<std::pair<int64_t, int64_t>>
+fitSlices(ArrayRef<Operation *> matvecs, int64_t tile, int64_t bytes,
+          const TiledOptions &options) {
+  auto padded = [](int64_t n) { return (n + 15) / 16 * 16; };
+  bool gpu = options.gpu;
+  int64_t partialBytes = gpu ? padded(options.threads * tile * bytes) : 0;
+  auto sharedFor = [&](int64_t g) -> std::optional<int64_t> {
+    int64_t total = partialBytes;
+    for (Operation *op : matvecs) {
+      int64_t slice = (sizeOf(op->getResult(0)) + g - 1) / g;
+      bool mma = gpu && onTensorCores(op, options.precision);
+      if (mma)
+        slice = (slice + 15) / 16 * 16;
+      if (slice > options.threads)
+        return std::nullopt;
+      // bf16 tensor cores keep a bf16 copy (Persistent.cpp, cachedType).
+      int64_t width = mma && options.precision == cellc::Precision::Bf16 ? 2 : bytes;
+      total += padded(slice * (sizeOf(op->getOperand(1)) + 1) * width);
+    }
+    if (total > options.sharedLimit)
+      return std::nullopt;
+    return total;
+  };
+  for (int64_t g = options.ctas > 0 ? options.ctas : 1; g <= 4096; ++g) {
+    if (auto fit = sharedFor(g))
+      return std::make_pair(g, *fit);
+    if (options.ctas > 0)
+      break;
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
+FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
+                             const BackwardArgs &args, bool backward,
+                             Type element, const TiledOptions &options) {
+  bool gpu = options.gpu, persistent = options.persistent;
+  TilePlan plan;
+  for (Value m : phases.materialized)
+    plan.rowElements += sizeOf(m);
+  SmallVector<Operation *> matvecs;
+  body.walk([&](Operation *op) {
+    if (isa<MatvecOp, VecmatOp>(op))
+      matvecs.push_back(op);
+  });
+  // With the persistent strategy every product is a buffer; with a CTA per
+  // tile, those on tensor cores.
+  for (Operation *op : matvecs)
+    if (persistent || (gpu && onTensorCores(op, options.precision)))
+      plan.rowElements += sizeOf(op->getResult(0));
+  for (Value s : def.getStates())
+    plan.rowElements += (backward ? 5 : 2) * sizeOf(s);
+  if (backward)
+    for (auto [r, kind] : llvm::enumerate(args.kinds))
+      if (kind == cellc::GradKind::Param)
+        plan.rowElements += sizeOf(body.getTerminator()->getOperand(r));
+  plan.elementBytes = cast<FloatType>(element).getWidth() / 8;
+  int64_t bytes = plan.elementBytes;
+
+  // The tile: at most `batch-tile` rows, halved until the workgroup buffers
+  // fit. Past 4 rows the per-row accumulators and addresses spill registers
+  // on sm_80 and sm_90 (ptxas -v, LSTM and GRU at H=256).
+  int64_t tile = options.batchTile > 0 ? options.batchTile : 4;
+  int64_t limit = options.sharedLimit;
+  while (!persistent && tile > 1 && plan.rowElements * tile * bytes > limit)
+    tile /= 2;
+  plan.tile = tile;
+  if (gpu && !persistent && plan.rowElements * tile * bytes > limit)
+    return emitError(def.getLoc())
+           << "'" << def.getSymName() << "' needs " << plan.rowElements * tile * bytes
+           << " bytes of workgroup memory per CTA for "
+           << (backward ? "its backward" : "its forward")
+           << " kernel even with one batch row per CTA, over the limit of " << limit
+           << "; this size needs the per-step strategy, which does not exist yet";
+  if (!persistent)
+    return plan;
+
+  auto fit = fitSlices(matvecs, tile, bytes, options);
+  if (!fit)
+    return emitError(def.getLoc())
+           << "'" << def.getSymName() << "': the persistent strategy cannot "
+           << "fit " << (backward ? "its backward" : "its forward")
+           << " kernel's recurrent weights in "
+           << (options.ctas > 0 ? llvm::Twine(options.ctas).str() + " CTAs"
+                                : std::string("4096 CTAs or fewer"))
+           << " of " << limit << " bytes of workgroup memory each";
+  plan.slices = fit->first;
+  plan.dynamicSharedBytes = fit->second;
+  return plan;
+}
+
+} // namespace mlir::cell

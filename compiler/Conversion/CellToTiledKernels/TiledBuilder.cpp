@@ -1,0 +1,162 @@
+//===- TiledBuilder.cpp - The step emitter of the tiled kernels ------------===//
+//
+// A thread computes elements `tid`, `tid + ntid`, ... of every vector, each
+// element as a `vector<BT>` holding it for the BT rows of the tile. Where
+// buffers live, how the elements are split and what ends a phase are the
+// strategy's (TileStrategy).
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/CellToTiledKernels/TiledBuilder.h"
+
+namespace mlir::cell {
+
+TiledBuilder::~TiledBuilder() = default;
+
+Value TiledBuilder::buffer(ArrayRef<int64_t> shape) {
+  SmallVector<int64_t> full(shape.begin(), shape.end());
+  full.push_back(tile);
+  int64_t n = 1;
+  for (int64_t d : full)
+    n *= d;
+  sharedElements += n;
+  return strategy->rowBuffer(full);
+}
+
+Value TiledBuilder::load(Value buffer, Value slot, Value j) {
+  SmallVector<Value> indices;
+  if (slot)
+    indices.push_back(slot);
+  indices.push_back(j);
+  indices.push_back(index(0));
+  return builder.create<vector::LoadOp>(loc, lane, buffer, indices);
+}
+
+void TiledBuilder::store(Value v, Value buffer, Value slot, Value j) {
+  SmallVector<Value> indices;
+  if (slot)
+    indices.push_back(slot);
+  indices.push_back(j);
+  indices.push_back(index(0));
+  builder.create<vector::StoreOp>(loc, v, buffer, indices);
+}
+
+Value TiledBuilder::loadParam(Value param, Value j) {
+  Value scalar = builder.create<memref::LoadOp>(loc, param, j);
+  return builder.create<vector::BroadcastOp>(loc, lane, scalar);
+}
+
+void TiledBuilder::forEachElement(int64_t n, function_ref<void(Value j)> body) {
+  strategy->forEachElement(n, body);
+}
+
+void TiledBuilder::barrier() { strategy->barrier(); }
+
+bool TiledBuilder::computesProduct(Operation *op) {
+  return isa<MatvecOp, VecmatOp>(op) && strategy->computesProduct(op);
+}
+
+void TiledBuilder::emitProduct(Operation *op, Value out) {
+  strategy->emitProduct(op, out);
+}
+
+// matvec: result[row] = sum_k W[row, k] * u[k]; vecmat: result[col] =
+// sum_r W[r, col] * g[r]. The vector is read from workgroup memory.
+Value TiledBuilder::evalProduct(Operation *op, const Index &i) {
+  bool transposed = isa<VecmatOp>(op);
+  Value weight = params.lookup(
+      op->getOperand(0).getDefiningOp<ParamOp>().getName());
+  Value vec = op->getOperand(1), slot;
+  Value buffer = bufferOf(vec, slot);
+  Value fixed = at(i);
+  auto loop = builder.create<scf::ForOp>(
+      loc, index(0), index(sizeOf(vec)), index(1),
+      ValueRange{splat(builder, loc, lane, 0.0)},
+      [&](OpBuilder &b, Location l, Value k, ValueRange acc) {
+        OpBuilder::InsertionGuard guard(builder);
+        builder.setInsertionPointToStart(b.getInsertionBlock());
+        Value w = builder.create<memref::LoadOp>(
+            l, weight, transposed ? ValueRange{k, fixed} : ValueRange{fixed, k});
+        Value ws = builder.create<vector::BroadcastOp>(l, lane, w);
+        Value next = builder.create<vector::FMAOp>(
+            l, ws, loadShared(buffer, slot, k), acc[0]);
+        builder.create<scf::YieldOp>(l, next);
+      });
+  return loop.getResult(0);
+}
+
+void TiledBuilder::forRange(Value begin, Value end, Value step,
+                            function_ref<void(Value)> body) {
+  builder.create<scf::ForOp>(loc, begin, end, step, ValueRange(),
+                             [&](OpBuilder &b, Location l, Value i, ValueRange) {
+                               OpBuilder::InsertionGuard guard(builder);
+                               builder.setInsertionPoint(b.create<scf::YieldOp>(l));
+                               body(i);
+                             });
+}
+
+Value TiledBuilder::gather(Value buffer, bool perStep, Value j, Value step) {
+  Value acc = splat(builder, loc, lane, 0.0);
+  for (int64_t s = 0; s < tile; ++s) {
+    SmallVector<Value> indices;
+    if (perStep)
+      indices.push_back(step ? step : t);
+    indices.push_back(rows[s]);
+    indices.push_back(j);
+    Value x = builder.create<memref::LoadOp>(loc, buffer, indices);
+    // bf16 storage: computed in the cell's type.
+    if (x.getType() != element)
+      x = builder.create<arith::ExtFOp>(loc, element, x);
+    acc = builder.create<vector::InsertOp>(loc, x, acc, s);
+  }
+  return acc;
+}
+
+void TiledBuilder::scatter(Value v, Value buffer, bool perStep, Value j) {
+  for (int64_t s = 0; s < tile; ++s) {
+    Value x = builder.create<vector::ExtractOp>(loc, v, s);
+    Type stored = cast<MemRefType>(buffer.getType()).getElementType();
+    if (stored != element)
+      x = builder.create<arith::TruncFOp>(loc, stored, x);
+    builder.create<scf::IfOp>(loc, rowValid[s], [&](OpBuilder &b, Location l) {
+      SmallVector<Value> indices;
+      if (perStep)
+        indices.push_back(t);
+      indices.push_back(rows[s]);
+      indices.push_back(j);
+      b.create<memref::StoreOp>(l, x, buffer, indices);
+      b.create<scf::YieldOp>(l);
+    });
+  }
+}
+
+Value TiledBuilder::laneMask(function_ref<Value(Value row)> flag) {
+  auto type = VectorType::get({tile}, builder.getI1Type());
+  Value acc = builder.create<arith::ConstantOp>(
+      loc, type, DenseElementsAttr::get(type, false));
+  for (int64_t s = 0; s < tile; ++s)
+    acc = builder.create<vector::InsertOp>(loc, flag(rows[s]), acc, s);
+  return acc;
+}
+
+Value TiledBuilder::any(Value mask) {
+  // Lane by lane: the extracts fold into the flags the mask was built from.
+  Value acc = builder.create<vector::ExtractOp>(loc, mask, 0);
+  for (int64_t s = 1; s < tile; ++s)
+    acc = builder.create<arith::OrIOp>(
+        loc, acc, builder.create<vector::ExtractOp>(loc, mask, s));
+  return acc;
+}
+
+Value TiledBuilder::choose(Value cond, function_ref<Value()> then,
+                           function_ref<Value()> otherwise) {
+  auto ifOp = builder.create<scf::IfOp>(loc, TypeRange{lane}, cond, true, true);
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPointToStart(ifOp.thenBlock());
+  builder.create<scf::YieldOp>(loc, then());
+  builder.setInsertionPointToStart(ifOp.elseBlock());
+  builder.create<scf::YieldOp>(loc, otherwise());
+  return ifOp.getResult(0);
+}
+
+} // namespace mlir::cell

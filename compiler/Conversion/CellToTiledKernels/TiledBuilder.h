@@ -1,0 +1,197 @@
+//===- TiledBuilder.h - The tiled kernels' emitter and strategies -*- C++ -*-===//
+//
+// The pieces of convert-cell-to-tiled-kernels:
+//
+// - `TilePlan` (TilePlan.cpp): the tile and memory budget of one kernel, the
+//   single source of its workgroup and dynamic shared-memory figures;
+// - `TiledBuilder` (TiledBuilder.cpp, TensorCoreMatvec.cpp): the step
+//   emitter whose lanes are the rows of a batch tile;
+// - `TileStrategy` (BatchTiled.cpp, Persistent.cpp): what differs between a
+//   CTA per tile and a tile split over CTAs that keep the weights;
+// - the pass (CellToTiledKernels.cpp): the kernels' signatures, the forward
+//   and backward time loops, and the launch structure on CUDA and the CPU.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_COMPILER_CONVERSION_CELLTOTILEDKERNELS_TILEDBUILDER_H
+#define CELLC_COMPILER_CONVERSION_CELLTOTILEDKERNELS_TILEDBUILDER_H
+
+#include "compiler/Conversion/Common/KernelABI.h"
+#include "compiler/Conversion/Common/StepEmitter.h"
+#include "dialects/Cell/IR/KernelInterface.h"
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+#include <memory>
+
+namespace mlir::cell {
+
+/// The pass's options, parsed.
+struct TiledOptions {
+  bool gpu = false;
+  bool persistent = false;
+  cellc::Precision precision = cellc::Precision::Ieee;
+  cellc::Storage storage = cellc::Storage::F32;
+  int64_t batchTile = 0, threads = 128, sharedLimit = 0, ctas = 0, maxRegisters = 0;
+};
+
+/// Whether `op` (a matvec or vecmat) runs on tensor cores at `precision`:
+/// its rows must fill 16-row MMA tiles and its depth the MMA's k.
+bool onTensorCores(Operation *op, cellc::Precision precision);
+
+/// The tile and memory budget of one kernel. The step's row buffers take
+/// `rowElements` elements per batch row: in workgroup memory with a CTA per
+/// tile, in the global workspace with the persistent strategy, whose CTAs
+/// keep their slices of the recurrent weights (and, on CUDA, per-thread
+/// partial products) in dynamic shared memory instead.
+struct TilePlan {
+  int64_t rowElements = 0;
+  int64_t tile = 1;
+  /// Bytes of an element of the cell.
+  int64_t elementBytes = 4;
+  /// The persistent strategy: CTAs per tile (0: a CTA per tile) and the
+  /// dynamic shared memory each takes.
+  int64_t slices = 0;
+  int64_t dynamicSharedBytes = 0;
+
+  /// Elements of the step's row buffers for a whole tile.
+  int64_t tileElements() const { return rowElements * tile; }
+  /// The workgroup memory a CTA takes: what `cell.workgroup_bytes` says.
+  int64_t workgroupBytes() const {
+    return slices > 0 ? dynamicSharedBytes : tileElements() * elementBytes;
+  }
+};
+
+/// Plans the kernel of `def` (its forward, or with `backward` the step
+/// `body` of its backward whose results are `args.kinds`): the elements per
+/// row that the phases of `phases` and the states need, the tile that fits
+/// `options.sharedLimit`, and the persistent strategy's CTAs. Errors are on
+/// `def`.
+FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
+                             const BackwardArgs &args, bool backward,
+                             Type element, const TiledOptions &options);
+
+class TileStrategy;
+
+/// Builds the batch-tiled kernels of one cell: each element a `vector<BT>`
+/// of the tile's rows.
+class TiledBuilder : public StepEmitter {
+public:
+  TiledBuilder(OpBuilder &builder, Location loc, int64_t tile, Type element,
+               bool gpu)
+      : StepEmitter(builder, loc, element, VectorType::get({tile}, element)),
+        tile(tile), gpu(gpu) {}
+  ~TiledBuilder() override;
+
+  int64_t tile;
+  bool gpu;
+  /// Where buffers live, how elements are split, what a barrier is.
+  std::unique_ptr<TileStrategy> strategy;
+
+  /// Set by the kernel before building the body.
+  Value tid, ntid;
+  int64_t ntidStatic = 1;
+  SmallVector<Value> rows, rowValid;
+  Value tileIndex;
+  /// Elements of the row buffers allocated so far (checked against the
+  /// plan's).
+  int64_t sharedElements = 0;
+  /// CUDA: tf32 or bf16 runs the matvecs that `onTensorCores` accepts with
+  /// mma.sync.
+  cellc::Precision precision = cellc::Precision::Ieee;
+
+  /// A `[shape..., BT]` row buffer (TileStrategy::rowBuffer).
+  Value buffer(ArrayRef<int64_t> shape) override;
+  Value shared(ArrayRef<int64_t> shape) { return buffer(shape); }
+
+  Value load(Value buffer, Value slot, Value j) override;
+  void store(Value v, Value buffer, Value slot, Value j) override;
+  Value loadShared(Value buffer, Value slot, Value j) { return load(buffer, slot, j); }
+  void storeShared(Value v, Value buffer, Value slot, Value j) {
+    store(v, buffer, slot, j);
+  }
+  Value loadPerStep(Value buffer, Value j) override { return gather(buffer, true, j); }
+  Value loadParam(Value param, Value j) override;
+  Value evalProduct(Operation *op, const Index &i) override;
+  void forEachElement(int64_t n, function_ref<void(Value j)> body) override;
+  void barrier() override;
+  bool computesProduct(Operation *op) override;
+  void emitProduct(Operation *op, Value out) override;
+
+  /// A loop from `begin` to `end` by `step`, `body` built inside it.
+  void forRange(Value begin, Value end, Value step, function_ref<void(Value)> body);
+
+  /// Gathers element `j` of each row of the tile from a `[T, B, n]` buffer
+  /// (at step `t`, or `step`) or a `[B, n]` buffer.
+  Value gather(Value buffer, bool perStep, Value j, Value step = {});
+  /// Scatters `v` to element `j` of each valid row of the tile.
+  void scatter(Value v, Value buffer, bool perStep, Value j);
+  /// A per-row flag as a `vector<BT x i1>`.
+  Value laneMask(function_ref<Value(Value row)> flag);
+  /// Whether any row of the tile has its `mask` lane set. All threads of a
+  /// CTA branch the same way on it.
+  Value any(Value mask);
+  /// `then()` where `cond` holds and `otherwise()` elsewhere, building only
+  /// the side taken: the loads of the other side are not issued.
+  Value choose(Value cond, function_ref<Value()> then,
+               function_ref<Value()> otherwise);
+
+  /// Computes the product of `op` into the buffer `out` (`[rows, BT]`) with
+  /// the CTA's warps on tensor cores: all its rows from the weight in global
+  /// memory, or (persistent) the `count` rows from `first`, whose weights
+  /// `cached(local row, column)` reads (TensorCoreMatvec.cpp).
+  void emitTensorCoreMatvec(Operation *op, Value out, Value first = {},
+                            int64_t count = 0,
+                            function_ref<Value(Value, Value)> cached = nullptr);
+};
+
+/// What differs between the strategies. The kernel calls, in order:
+/// `addArguments` while building the signature, `beginKernel` in the entry
+/// block, `launchTile` (CUDA) once or `forEachTile` (CPU), `beginTile`
+/// before a tile's time loop, and `endKernel`.
+class TileStrategy {
+public:
+  TileStrategy(TiledBuilder &tb, const TilePlan &plan) : tb(tb), plan(plan) {}
+  virtual ~TileStrategy() = default;
+
+  /// Adds the kernel's own arguments after the others.
+  virtual void addArguments(KernelSignature &sig, MLIRContext *ctx) {}
+  /// In the entry block: `extraArgs` is the first argument `addArguments`
+  /// added; `kernel` is the gpu.func on CUDA.
+  virtual void beginKernel(Block *entry, unsigned extraArgs,
+                           gpu::GPUFuncOp kernel) = 0;
+  /// CUDA: the index of this CTA's tile (and the strategy's own ids).
+  virtual Value launchTile() = 0;
+  /// Before a tile's time loop.
+  virtual void beginTile(Block &step) {}
+  /// The CPU: after the loop over tiles.
+  virtual void endKernel() {}
+  /// The dynamic shared memory the kernel used (checked against the plan's).
+  virtual int64_t dynamicSharedUsed() const { return 0; }
+
+  /// A `[shape..., BT]` buffer of the step's values.
+  virtual Value rowBuffer(ArrayRef<int64_t> full) = 0;
+  /// A loop over this thread's elements of `[0, n)`.
+  virtual void forEachElement(int64_t n, function_ref<void(Value j)> body) = 0;
+  virtual void barrier() = 0;
+  /// Whether the matvec or vecmat `op` is computed whole before the element
+  /// loops that read it, and how.
+  virtual bool computesProduct(Operation *op) = 0;
+  virtual void emitProduct(Operation *op, Value out) = 0;
+
+protected:
+  TiledBuilder &tb;
+  const TilePlan &plan;
+};
+
+/// A CTA per tile (BatchTiled.cpp).
+std::unique_ptr<TileStrategy> makeBatchTiled(TiledBuilder &tb, const TilePlan &plan);
+/// A tile split over `plan.slices` CTAs, with grid barriers (Persistent.cpp).
+std::unique_ptr<TileStrategy> makePersistent(TiledBuilder &tb, const TilePlan &plan);
+
+} // namespace mlir::cell
+
+#endif // CELLC_COMPILER_CONVERSION_CELLTOTILEDKERNELS_TILEDBUILDER_H
