@@ -3,6 +3,9 @@
 // Compiles a cell's kernels for the host and runs them through the sequence
 // driver (runtime/driver), whose CPU backend is here: memory from a pool,
 // OpenBLAS for the GEMMs, the JIT's kernels on a batch tile per thread.
+// Over 800 lines: the backend, the compile (kernel choice, the JIT and its
+// cache) and the configs all read CpuCell::Impl, which this file keeps
+// private.
 //
 //===----------------------------------------------------------------------===//
 

@@ -74,7 +74,7 @@ run)
   else
     mkdir -p build-gpu/lib
     g++ -O2 -std=c++17 -shared -fPIC -I. runtime/cuda/CudaDriver.cpp \
-      runtime/driver/SequenceDriver.cpp runtime/driver/DriverC.cpp -ldl \
+      runtime/driver/Interface.cpp runtime/driver/SequenceDriver.cpp runtime/driver/DriverC.cpp -ldl \
       -o build-gpu/lib/libcellc_cuda.so
   fi
   export CELLC_CUDA_LIB=$PWD/build-gpu/lib/libcellc_cuda.so PYTHONUNBUFFERED=1

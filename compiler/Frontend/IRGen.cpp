@@ -1,4 +1,11 @@
 //===- IRGen.cpp - Building cell IR from the syntax tree ------------------===//
+//
+// One recursive walk of the syntax tree: declarations, statements, and
+// expressions with their shape checks, size errors and constant folding.
+// It is over 800 lines because the walk's cases share its bindings and
+// diagnostics; split, each part would take them all as arguments.
+//
+//===----------------------------------------------------------------------===//
 
 #include "compiler/Frontend/IRGen.h"
 

@@ -113,6 +113,9 @@ struct Slot {
   std::vector<int64_t> shape;
 };
 
+/// The index of the slot called `name`, or -1.
+size_t indexOf(const std::vector<Slot> &slots, const std::string &name);
+
 /// One argument of a kernel, as the kernel interface describes it.
 struct KernelArg {
   ArgKind kind = ArgKind::Input;

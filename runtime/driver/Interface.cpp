@@ -1,0 +1,185 @@
+//===- Interface.cpp - Elements, views, recompute modes, interfaces -------===//
+//
+// The words the driver and its callers share: element types, views of
+// caller memory, recompute modes, and a cell's interface (its slots and
+// projections) derived from its kernels' arguments.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/driver/SequenceDriver.h"
+
+using namespace cellc;
+using namespace cellc::driver;
+
+size_t cellc::driver::indexOf(const std::vector<Slot> &slots, const std::string &name) {
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i].name == name)
+      return i;
+  return size_t(-1);
+}
+
+//===----------------------------------------------------------------------===//
+// Elements, views, recompute modes
+//===----------------------------------------------------------------------===//
+
+int64_t cellc::driver::bytesOf(Element element) {
+  switch (element) {
+  case Element::F32:
+  case Element::I32:
+    return 4;
+  case Element::F64:
+    return 8;
+  case Element::BF16:
+    return 2;
+  case Element::U8:
+    return 1;
+  }
+  return 1;
+}
+
+std::optional<Element> cellc::driver::parseElement(std::string_view name) {
+  if (name == "f32")
+    return Element::F32;
+  if (name == "f64")
+    return Element::F64;
+  if (name == "bf16")
+    return Element::BF16;
+  if (name == "i8" || name == "ui8")
+    return Element::U8;
+  if (name == "i32")
+    return Element::I32;
+  return std::nullopt;
+}
+
+int64_t View::size() const {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+View View::at(int64_t elements, std::vector<int64_t> newShape) const {
+  View v = *this;
+  v.offset += elements;
+  v.shape = std::move(newShape);
+  return v;
+}
+
+void *View::pointer() const {
+  if (!buffer.data)
+    return nullptr;
+  return static_cast<char *>(buffer.data) + offset * bytesOf(buffer.element);
+}
+
+std::optional<Recompute> Recompute::parse(std::string_view text) {
+  Recompute mode;
+  if (text == "none")
+    return mode;
+  if (text == "full") {
+    mode.kind = Kind::Full;
+    return mode;
+  }
+  std::string_view prefix = "chunk:";
+  if (text.substr(0, prefix.size()) != prefix || text.size() == prefix.size())
+    return std::nullopt;
+  int64_t k = 0;
+  for (char c : text.substr(prefix.size())) {
+    if (c < '0' || c > '9' || k > (int64_t(1) << 40))
+      return std::nullopt;
+    k = k * 10 + (c - '0');
+  }
+  if (k < 1)
+    return std::nullopt;
+  mode.kind = Kind::Chunk;
+  mode.chunk = k;
+  return mode;
+}
+
+std::string Recompute::str() const {
+  switch (kind) {
+  case Kind::None:
+    return "none";
+  case Kind::Full:
+    return "full";
+  case Kind::Chunk:
+    return "chunk:" + std::to_string(chunk);
+  }
+  return "";
+}
+
+
+//===----------------------------------------------------------------------===//
+// Interface
+//===----------------------------------------------------------------------===//
+
+Status Interface::finish() {
+  inputs.clear(), states.clear(), params.clear(), outputs.clear();
+  projections.clear();
+  for (const KernelArg &arg : forward.args) {
+    int64_t n = arg.shape.empty() ? 0 : arg.shape.back();
+    switch (arg.kind) {
+    case ArgKind::Input:
+      inputs.push_back({arg.name, {n}});
+      storage = arg.element.value_or(compute);
+      break;
+    case ArgKind::InitialState:
+      states.push_back({arg.name, {n}});
+      break;
+    case ArgKind::Param:
+      params.push_back({arg.name, arg.shape});
+      break;
+    case ArgKind::Output:
+      outputs.push_back({arg.name, {n}});
+      break;
+    case ArgKind::StateHistory:
+      storage = arg.element.value_or(compute);
+      break;
+    case ArgKind::Gates:
+      gatesWidth = n;
+      break;
+    case ArgKind::Projection:
+    case ArgKind::Resets:
+    case ArgKind::StartState:
+    case ArgKind::OutputGrad:
+    case ArgKind::FinalStateGrad:
+    case ArgKind::InitialStateGrad:
+    case ArgKind::InputGrad:
+    case ArgKind::ProjectionGrad:
+    case ArgKind::WeightRows:
+    case ArgKind::WeightVectors:
+    case ArgKind::ParamGrad:
+    case ArgKind::StartStateGrad:
+    case ArgKind::BatchBegin:
+    case ArgKind::BatchEnd:
+    case ArgKind::Workspace:
+    case ArgKind::GridBarrier:
+      break;
+    }
+  }
+  for (const KernelArg &arg : forward.args) {
+    if (arg.kind != ArgKind::Projection)
+      continue;
+    Projection p;
+    p.weight = indexOf(params, arg.name);
+    p.input = indexOf(inputs, arg.input);
+    if (p.weight == size_t(-1) || p.input == size_t(-1) ||
+        params[p.weight].shape.size() != 2)
+      return Status::error("the projection of '" + arg.name + "' names no matrix "
+                           "param or input");
+    for (const std::string &b : arg.biases) {
+      size_t bias = indexOf(params, b);
+      if (bias == size_t(-1))
+        return Status::error("the projection of '" + arg.name +
+                             "' adds an unknown param '" + b + "'");
+      p.biases.push_back(bias);
+    }
+    p.rows = params[p.weight].shape[0];
+    p.cols = params[p.weight].shape[1];
+    p.element = arg.element.value_or(compute);
+    projections.push_back(p);
+  }
+  if (states.empty())
+    return Status::error("the forward kernel has no state");
+  return Status();
+}
+
