@@ -368,7 +368,7 @@ struct ConvertCellToTiledKernels
     }
     if (gpu && threads % 32 != 0) {
       module.emitError("convert-cell-to-tiled-kernels: threads=")
-          << threads << " is not a whole number of warps";
+          << int64_t(threads) << " is not a whole number of warps";
       return signalPassFailure();
     }
     OpBuilder builder(module.getBodyRegion());

@@ -353,8 +353,9 @@ LogicalResult ConcatOp::verify() {
   int64_t total = part.getDimSize(0) * getInputs().size();
   if (result.getElementType() != part.getElementType() ||
       result.getDimSize(0) != total)
-    return emitOpError("expects result type tensor<")
-           << total << "x" << part.getElementType() << ">, got " << result;
+    return emitOpError("expects result type ")
+           << RankedTensorType::get({total}, part.getElementType()) << ", got "
+           << result;
   return success();
 }
 

@@ -203,3 +203,70 @@ func.func private @f() attributes {cell.grad_results = [#cell.grad<projection "W
 
 // expected-error @below {{unknown field 'weight'}}
 func.func private @f() attributes {cell.grad_results = [#cell.grad<weight_rows "W", weight = "W">]}
+
+// -----
+
+// expected-error @below {{expects a name}}
+func.func private @f() attributes {cell.kernel_args = [#cell.arg<input "">]}
+
+// -----
+
+cell.def @greater_types inputs(%x: tensor<4xf32>) states(%h: tensor<2xf32>) outputs() {
+  // expected-error @below {{'cell.greater' op expects lhs and rhs to have one type, got 'tensor<4xf32>' and 'tensor<2xf32>'}}
+  %g = "cell.greater"(%x, %h) : (tensor<4xf32>, tensor<2xf32>) -> tensor<4xf32>
+  cell.yield states(%h : tensor<2xf32>)
+}
+
+// -----
+
+cell.def @projection_bias inputs(%x: tensor<3xf32>) states(%h: tensor<4xf32>) outputs() {
+  %w = cell.param "W" : tensor<4x3xf32>
+  %b = cell.param "b" : tensor<2xf32>
+  // expected-error @below {{'cell.projection' op expects bias #0 to have the result's type 'tensor<4xf32>', got 'tensor<2xf32>'}}
+  %p = cell.projection %w, %x biases(%b : tensor<2xf32>) : tensor<4x3xf32>, tensor<3xf32> -> tensor<4xf32>
+  cell.yield states(%p : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @projection_shape inputs(%x: tensor<3xf32>) states(%h: tensor<4xf32>) outputs() {
+  %w = cell.param "W" : tensor<4x2xf32>
+  // expected-error @below {{'cell.projection' op expects the columns of weight (2) to equal the size of vector (3)}}
+  %p = cell.projection %w, %x : tensor<4x2xf32>, tensor<3xf32> -> tensor<4xf32>
+  cell.yield states(%p : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @vecmat_shape inputs(%x: tensor<3xf32>) states(%h: tensor<4xf32>) outputs() {
+  %w = cell.param "W" : tensor<3x5xf32>
+  // expected-error @below {{'cell.vecmat' op expects the size of result (4) to equal the columns of weight (5)}}
+  %v = cell.vecmat %w, %x : tensor<3x5xf32>, tensor<3xf32> -> tensor<4xf32>
+  cell.yield states(%v : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @concat_types inputs(%x: tensor<3xf32>) states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.concat' op expects all inputs to have one type, got 'tensor<3xf32>' and 'tensor<4xf32>'}}
+  %c = cell.concat %x, %h : tensor<3xf32>, tensor<4xf32> -> tensor<7xf32>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @concat_result inputs(%x: tensor<4xf32>) states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.concat' op expects result type 'tensor<8xf32>', got 'tensor<6xf32>'}}
+  %c = cell.concat %x, %h : tensor<4xf32>, tensor<4xf32> -> tensor<6xf32>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+func.func @restore_types(%x: tensor<4xf32>) -> tensor<2xf32> {
+  // expected-error @below {{'cell.restore' op expects the body to yield the result types}}
+  %r = cell.restore -> tensor<2xf32> {
+    cell.restore_yield %x : tensor<4xf32>
+  }
+  return %r : tensor<2xf32>
+}

@@ -78,3 +78,43 @@ func.func @kernel_interface() attributes {
                          #cell.grad<weight_rows "U">]} {
   return
 }
+
+// The ops that the passes add: projections, comparisons, concats, vecmats,
+// saves and restores, and the SAVE_GATES flag.
+// CHECK-LABEL: cell.def @pass_ops
+// CHECK-SAME:    inputs(%[[PX:[^:]+]]: tensor<3xf32>) states(%[[PH:[^:]+]]: tensor<4xf32>)
+cell.def @pass_ops inputs(%x: tensor<3xf32>) states(%h: tensor<4xf32>) outputs() {
+  // CHECK: %[[PW:.*]] = cell.param "W"
+  %w = cell.param "W" : tensor<8x3xf32>
+  // CHECK: %[[PU:.*]] = cell.param "U"
+  %u = cell.param "U" : tensor<8x4xf32>
+  // CHECK: %[[PB:.*]] = cell.param "b"
+  %b = cell.param "b" : tensor<8xf32>
+  // CHECK: %[[PR:.*]] = cell.projection %[[PW]], %[[PX]] biases(%[[PB]] : tensor<8xf32>) : tensor<8x3xf32>, tensor<3xf32> -> tensor<8xf32>
+  %p = cell.projection %w, %x biases(%b : tensor<8xf32>) : tensor<8x3xf32>, tensor<3xf32> -> tensor<8xf32>
+  // CHECK: %[[Q:.*]]:2 = cell.chunk %[[PR]]
+  %q:2 = cell.chunk %p : tensor<8xf32> -> tensor<4xf32>, tensor<4xf32>
+  // CHECK: %[[G:.*]] = cell.greater %[[Q]]#0, %[[PH]] : tensor<4xf32>
+  %g = cell.greater %q#0, %h : tensor<4xf32>
+  // CHECK: %[[CAT:.*]] = cell.concat %[[G]], %[[Q]]#1 : tensor<4xf32>, tensor<4xf32> -> tensor<8xf32>
+  %cat = cell.concat %g, %q#1 : tensor<4xf32>, tensor<4xf32> -> tensor<8xf32>
+  // CHECK: %[[V:.*]] = cell.vecmat %[[PU]], %[[CAT]] : tensor<8x4xf32>, tensor<8xf32> -> tensor<4xf32>
+  %v = cell.vecmat %u, %cat : tensor<8x4xf32>, tensor<8xf32> -> tensor<4xf32>
+  // CHECK: cell.save %[[V]], %[[G]] : tensor<4xf32>, tensor<4xf32>
+  cell.save %v, %g : tensor<4xf32>, tensor<4xf32>
+  cell.yield states(%v : tensor<4xf32>)
+}
+
+// CHECK-LABEL: func.func @restore_and_flag
+func.func @restore_and_flag(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>, i1) {
+  // CHECK: %[[R:.*]]:2 = cell.restore -> tensor<4xf32>, tensor<4xf32> {
+  %r:2 = cell.restore -> tensor<4xf32>, tensor<4xf32> {
+    // CHECK: %[[T:.*]] = cell.tanh
+    %t = cell.tanh %x : tensor<4xf32>
+    // CHECK: cell.restore_yield %[[T]], %[[T]] : tensor<4xf32>, tensor<4xf32>
+    cell.restore_yield %t, %t : tensor<4xf32>, tensor<4xf32>
+  }
+  // CHECK: %[[S:.*]] = cell.save_gates : i1
+  %s = cell.save_gates : i1
+  return %r#0, %r#1, %s : tensor<4xf32>, tensor<4xf32>, i1
+}
