@@ -107,8 +107,10 @@ class Cell:
     (sizes, dtype) on first use, and cached on disk."""
 
     def __init__(self, source, file_name="<cell>", target=None, threads=0, cuda=None):
-        if target not in (None, "cpu", "cuda"):
-            raise ValueError(f"unknown target {target!r}; expected None, 'cpu' or 'cuda'")
+        targets = list(_cellc.Target.__members__)
+        if target is not None and target not in targets:
+            raise ValueError(f"unknown target {target!r}; expected None, "
+                             + " or ".join(repr(t) for t in targets))
         self.cuda_options = dict(cuda or {})
         unknown = set(self.cuda_options) - _CUDA_OPTIONS
         if unknown:
@@ -291,7 +293,8 @@ class Cell:
         device = devices.pop()
         if device.type not in ("cpu", "cuda"):
             raise RuntimeError(f"cellc runs cells on CPU and CUDA tensors, not {device.type}")
-        if (device.type == "cuda") != (self.target == "cuda") and self.target is not None:
+        cuda = _cellc.Target.cuda.name
+        if (device.type == "cuda") != (self.target == cuda) and self.target is not None:
             raise ValueError(f"this cell was compiled with target={self.target!r}, "
                              f"but the tensors are on {device}")
         for name, t in zip(names_in, inputs):
@@ -375,7 +378,8 @@ class Cell:
         from . import cuda
         index = device.index if device.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
-        storage = "bf16" if inputs[0].dtype == torch.bfloat16 else "f32"
+        storage = (_cellc.Storage.bf16 if inputs[0].dtype == torch.bfloat16
+                   else _cellc.Storage.f32).name
         key = (tuple(sorted(sizes.items())), storage, index)
         cell = self._cuda.get(key)
         if cell is None:

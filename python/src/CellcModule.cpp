@@ -40,6 +40,14 @@ struct SizeError : CellError {
   using CellError::CellError;
 };
 
+/// Exports the words of `E` as a Python enum whose members are named as
+/// the words are (`Target.cuda`, `getattr(Strategy, "batch-tiled")`).
+template <typename E> void exportWords(py::module_ &m, const char *name) {
+  py::enum_<E> words(m, name);
+  for (const Word &w : Words<E>())
+    words.value(w.name, *parse<E>(w.name), w.help);
+}
+
 /// Raises `error` as Python sees it: a bad cell as CellError or SizeError,
 /// anything else as ValueError.
 [[noreturn]] void raiseError(llvm::Error error) {
@@ -279,10 +287,14 @@ PYBIND11_MODULE(_cellc, m) {
 
   auto cellError = py::register_exception<CellError>(m, "CellError", PyExc_ValueError);
   py::register_exception<SizeError>(m, "SizeError", cellError.ptr());
-  // The stages that `cellc --emit` and Cell.emit print (KernelInterface.def).
-  py::enum_<Emit> stages(m, "Emit");
-  for (const Word &w : Words<Emit>())
-    stages.value(w.name, *parse<Emit>(w.name), w.help);
+  // The words of the kernel interface (KernelInterface.def), so that Python
+  // checks and writes them from here: the stages that `cellc --emit` and
+  // Cell.emit print, targets, strategies, precisions and storages.
+  exportWords<Emit>(m, "Emit");
+  exportWords<Target>(m, "Target");
+  exportWords<Strategy>(m, "Strategy");
+  exportWords<Precision>(m, "Precision");
+  exportWords<Storage>(m, "Storage");
   m.def("output_names", &outputNames, py::arg("source"), py::arg("file_name"));
 
   py::class_<PySaved, std::shared_ptr<PySaved>>(m, "Saved")
