@@ -80,14 +80,8 @@ llvm::StringRef spell(Binding::Kind kind) {
 
 enum class Fn {
   Unknown,
-  Sigmoid,
-  Tanh,
-  Exp,
-  Log,
-  Relu,
-  Softplus,
-  Abs,
-  Sqrt,
+#define CELLC_UNARY_FN(E, name, op, value) E,
+#include "compiler/Frontend/Functions.def"
   Max,
   Min,
   Chunk
@@ -95,18 +89,20 @@ enum class Fn {
 
 Fn lookupFn(llvm::StringRef name) {
   return llvm::StringSwitch<Fn>(name)
-      .Case("sigmoid", Fn::Sigmoid)
-      .Case("tanh", Fn::Tanh)
-      .Case("exp", Fn::Exp)
-      .Case("log", Fn::Log)
-      .Case("relu", Fn::Relu)
-      .Case("softplus", Fn::Softplus)
-      .Case("abs", Fn::Abs)
-      .Case("sqrt", Fn::Sqrt)
+#define CELLC_UNARY_FN(E, text, op, value) .Case(text, Fn::E)
+#include "compiler/Frontend/Functions.def"
       .Case("max", Fn::Max)
       .Case("min", Fn::Min)
       .Case("chunk", Fn::Chunk)
       .Default(Fn::Unknown);
+}
+
+/// The functions, for messages: "sigmoid, tanh, ..., min and chunk".
+std::string functionNames() {
+  std::string names;
+#define CELLC_UNARY_FN(E, text, op, value) names += text ", ";
+#include "compiler/Frontend/Functions.def"
+  return names + "max, min and chunk";
 }
 
 class IRGen {
@@ -577,14 +573,10 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
     // Every operator is listed: a new one is a compile error here, not a
     // silent division.
     switch (op) {
-    case Expr::BinaryOp::Add:
-      return Val::ofScalar(a + b);
-    case Expr::BinaryOp::Sub:
-      return Val::ofScalar(a - b);
-    case Expr::BinaryOp::Mul:
-      return Val::ofScalar(a * b);
-    case Expr::BinaryOp::Div:
-      return Val::ofScalar(a / b);
+#define CELLC_BINARY_OP(E, cellOp, value)                                      \
+  case Expr::BinaryOp::E:                                                      \
+    return Val::ofScalar(value);
+#include "compiler/Frontend/Functions.def"
     case Expr::BinaryOp::Matvec:
       break;
     }
@@ -616,18 +608,11 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
       result = builder.create<cell::MinOp>(l, a, b);
   } else {
     switch (op) {
-    case Expr::BinaryOp::Add:
-      result = builder.create<cell::AddOp>(l, a, b);
-      break;
-    case Expr::BinaryOp::Sub:
-      result = builder.create<cell::SubOp>(l, a, b);
-      break;
-    case Expr::BinaryOp::Mul:
-      result = builder.create<cell::MulOp>(l, a, b);
-      break;
-    case Expr::BinaryOp::Div:
-      result = builder.create<cell::DivOp>(l, a, b);
-      break;
+#define CELLC_BINARY_OP(E, cellOp, value)                                      \
+  case Expr::BinaryOp::E:                                                      \
+    result = builder.create<cell::cellOp>(l, a, b);                            \
+    break;
+#include "compiler/Frontend/Functions.def"
     case Expr::BinaryOp::Matvec:
       llvm_unreachable("'@' is not element-wise");
     }
@@ -692,24 +677,10 @@ std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
 
 static double applyScalar(Fn fn, double x) {
   switch (fn) {
-  case Fn::Sigmoid:
-    return 1.0 / (1.0 + std::exp(-x));
-  case Fn::Tanh:
-    return std::tanh(x);
-  case Fn::Exp:
-    return std::exp(x);
-  case Fn::Log:
-    return std::log(x);
-  case Fn::Relu:
-    return x > 0 ? x : 0;
-  case Fn::Softplus:
-    return std::log1p(std::exp(x));
-  case Fn::Abs:
-    return std::fabs(x);
-  case Fn::Sqrt:
-    return std::sqrt(x);
-  // Every function is listed: a new one is a compile error here, not an
-  // identity.
+#define CELLC_UNARY_FN(E, name, op, value)                                     \
+  case Fn::E:                                                                  \
+    return value;
+#include "compiler/Frontend/Functions.def"
   case Fn::Unknown:
   case Fn::Max:
   case Fn::Min:
@@ -723,9 +694,8 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
   Fn fn = lookupFn(expr.name);
   if (fn == Fn::Unknown) {
     diag.error(expr.opLoc,
-               "unknown function '" + expr.name +
-                   "'; the functions are sigmoid, tanh, exp, log, relu, "
-                   "softplus, abs, sqrt, max, min and chunk",
+               "unknown function '" + expr.name + "'; the functions are " +
+                   functionNames(),
                expr.range);
     return std::nullopt;
   }
@@ -764,30 +734,11 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
   Location l = loc(expr.opLoc);
   Value x = arg->value, result;
   switch (fn) {
-  case Fn::Sigmoid:
-    result = builder.create<cell::SigmoidOp>(l, x);
+#define CELLC_UNARY_FN(E, name, op, value)                                     \
+  case Fn::E:                                                                  \
+    result = builder.create<cell::op>(l, x);                                   \
     break;
-  case Fn::Tanh:
-    result = builder.create<cell::TanhOp>(l, x);
-    break;
-  case Fn::Exp:
-    result = builder.create<cell::ExpOp>(l, x);
-    break;
-  case Fn::Log:
-    result = builder.create<cell::LogOp>(l, x);
-    break;
-  case Fn::Relu:
-    result = builder.create<cell::ReluOp>(l, x);
-    break;
-  case Fn::Softplus:
-    result = builder.create<cell::SoftplusOp>(l, x);
-    break;
-  case Fn::Abs:
-    result = builder.create<cell::AbsOp>(l, x);
-    break;
-  case Fn::Sqrt:
-    result = builder.create<cell::SqrtOp>(l, x);
-    break;
+#include "compiler/Frontend/Functions.def"
   case Fn::Unknown:
   case Fn::Max:
   case Fn::Min:

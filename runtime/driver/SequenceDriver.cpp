@@ -214,6 +214,32 @@ Status SequenceDriver::runForwardChunk(
   return backend->launch(/*backward=*/false, saveGates, args, B);
 }
 
+Status SequenceDriver::resetsAndInitial(const Sequence &seq,
+                                        std::vector<Scratch> &defaults, View &resets,
+                                        std::vector<View> &initial) {
+  int64_t T = seq.steps, B = seq.batch;
+  resets = seq.resets;
+  if (!resets.valid()) {
+    defaults.emplace_back();
+    if (Status e = Scratch::make(backend, {T, B}, Element::U8, true, defaults.back()))
+      return e;
+    resets = defaults.back().view();
+  }
+  initial.clear();
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    if (!seq.initialStates.empty() && seq.initialStates[i].valid()) {
+      initial.push_back(seq.initialStates[i]);
+      continue;
+    }
+    defaults.emplace_back();
+    if (Status e = Scratch::make(backend, {B, cell.states[i].shape[0]}, cell.compute,
+                                 true, defaults.back()))
+      return e;
+    initial.push_back(defaults.back().view());
+  }
+  return Status();
+}
+
 Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &outputs,
                                const std::vector<View> &finalStates, Recompute mode,
                                SavedPtr *saved) {
@@ -263,25 +289,10 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
 
   // Zeros for what the caller left out: no resets, no initial states.
   std::vector<Scratch> defaults;
-  View resets = seq.resets;
-  if (!resets.valid()) {
-    defaults.emplace_back();
-    if (Status e = Scratch::make(backend, {T, B}, Element::U8, true, defaults.back()))
-      return e;
-    resets = defaults.back().view();
-  }
+  View resets;
   std::vector<View> initial;
-  for (size_t i = 0; i < cell.states.size(); ++i) {
-    if (!seq.initialStates.empty() && seq.initialStates[i].valid()) {
-      initial.push_back(seq.initialStates[i]);
-      continue;
-    }
-    defaults.emplace_back();
-    if (Status e = Scratch::make(backend, {B, cell.states[i].shape[0]}, cell.compute,
-                                 true, defaults.back()))
-      return e;
-    initial.push_back(defaults.back().view());
-  }
+  if (Status e = resetsAndInitial(seq, defaults, resets, initial))
+    return e;
 
   // The hoisted projections: one GEMM each over all T*B rows.
   std::vector<Scratch> projected(cell.projections.size());
@@ -442,25 +453,10 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
       return Status::error("backward must see the forward's inputs");
 
   std::vector<Scratch> defaults;
-  View resets = seq.resets;
-  if (!resets.valid()) {
-    defaults.emplace_back();
-    if (Status e = Scratch::make(backend, {T, B}, Element::U8, true, defaults.back()))
-      return e;
-    resets = defaults.back().view();
-  }
+  View resets;
   std::vector<View> initial;
-  for (size_t i = 0; i < cell.states.size(); ++i) {
-    if (!seq.initialStates.empty() && seq.initialStates[i].valid()) {
-      initial.push_back(seq.initialStates[i]);
-      continue;
-    }
-    defaults.emplace_back();
-    if (Status e = Scratch::make(backend, {B, cell.states[i].shape[0]}, cell.compute,
-                                 true, defaults.back()))
-      return e;
-    initial.push_back(defaults.back().view());
-  }
+  if (Status e = resetsAndInitial(seq, defaults, resets, initial))
+    return e;
 
   // Accumulators: params, inputs and initial states, and the gradient that
   // flows into the end of the chunk being worked on.

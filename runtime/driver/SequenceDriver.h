@@ -231,6 +231,10 @@ private:
                    std::vector<Scratch> &keep);
   Status project(const Sequence &seq, const Interface::Projection &p, int64_t t0,
                  int64_t len, Scratch &out);
+  /// The resets and initial states of `seq`, zeros (kept in `defaults`)
+  /// where the caller left them out.
+  Status resetsAndInitial(const Sequence &seq, std::vector<Scratch> &defaults,
+                          View &resets, std::vector<View> &initial);
 
   Interface cell;
   std::shared_ptr<Backend> backend;
