@@ -140,15 +140,19 @@ Status SequenceDriver::workspace(const Kernel &kernel, int64_t batch,
   return Status();
 }
 
-Status SequenceDriver::runForwardChunk(
-    const Sequence &seq, int64_t t0, int64_t len, bool saveGates,
-    const View &resets, const std::vector<View> &projections,
-    const std::vector<View> &initial, const std::vector<View> &start,
-    const std::vector<View> &history, const std::vector<View> &outputs,
-    const View &gates) {
-  int64_t B = seq.batch;
-  const Kernel &kernel = cell.forward;
-  std::vector<Arg> args(kernel.args.size());
+/// A kernel argument that the forward (or backward) kernel should not have.
+static Status misplaced(const KernelArg &arg, bool backward) {
+  return Status::error(std::string("internal error: the ") +
+                       (backward ? "backward" : "forward") + " kernel has a " +
+                       name(arg.kind) + " argument");
+}
+
+Status SequenceDriver::bind(const Kernel &kernel, const Sequence &seq,
+                           const Chunk &chunk, bool backward, std::vector<Arg> &args,
+                           std::vector<size_t> &results) {
+  int64_t B = seq.batch, t0 = chunk.t0, len = chunk.len;
+  args.assign(kernel.args.size(), Arg());
+  results.clear();
   size_t projection = 0;
   for (size_t a = 0; a < kernel.args.size(); ++a) {
     const KernelArg &arg = kernel.args[a];
@@ -161,30 +165,25 @@ Status SequenceDriver::runForwardChunk(
       break;
     }
     case ArgKind::Projection:
-      v = projections[projection++];
+      v = chunk.projections[projection++];
       break;
     case ArgKind::Resets:
-      v = resets.at(t0 * B, {len, B});
+      v = chunk.resets.at(t0 * B, {len, B});
       break;
     case ArgKind::InitialState:
-      v = initial[indexOf(cell.states, arg.name)];
+      v = chunk.initial[indexOf(cell.states, arg.name)];
       break;
     case ArgKind::StartState:
-      v = start[indexOf(cell.states, arg.name)];
+      v = chunk.start[indexOf(cell.states, arg.name)];
       break;
     case ArgKind::Param:
       v = seq.params[indexOf(cell.params, arg.name)];
       break;
-    case ArgKind::Output:
-      v = outputs[indexOf(cell.outputs, arg.name)];
+    case ArgKind::StateHistory:
+      v = chunk.history[indexOf(cell.states, arg.name)];
       break;
-    case ArgKind::StateHistory: {
-      size_t i = indexOf(cell.states, arg.name);
-      v = history[i].at(0, {len, B, cell.states[i].shape[0]});
-      break;
-    }
     case ArgKind::Gates:
-      v = gates;
+      v = chunk.gates;
       break;
     case ArgKind::BatchBegin:
       args[a].index = 0;
@@ -195,8 +194,24 @@ Status SequenceDriver::runForwardChunk(
     case ArgKind::Workspace:
     case ArgKind::GridBarrier:
       break;
-    case ArgKind::OutputGrad:
+    case ArgKind::Output:
+      if (backward)
+        return misplaced(arg, backward);
+      v = chunk.outputs[indexOf(cell.outputs, arg.name)];
+      break;
     case ArgKind::FinalStateGrad:
+      if (!backward)
+        return misplaced(arg, backward);
+      v = chunk.finalStateGrads[indexOf(cell.states, arg.name)];
+      break;
+    case ArgKind::OutputGrad: {
+      if (!backward)
+        return misplaced(arg, backward);
+      size_t i = indexOf(cell.outputs, arg.name);
+      int64_t n = cell.outputs[i].shape[0];
+      v = chunk.outputGrads[i].at(t0 * B * n, {len, B, n});
+      break;
+    }
     case ArgKind::InitialStateGrad:
     case ArgKind::InputGrad:
     case ArgKind::ProjectionGrad:
@@ -204,14 +219,26 @@ Status SequenceDriver::runForwardChunk(
     case ArgKind::WeightVectors:
     case ArgKind::ParamGrad:
     case ArgKind::StartStateGrad:
-      return Status::error(std::string("internal error: the forward kernel has a ") +
-                           name(arg.kind) + " argument");
+      if (!backward)
+        return misplaced(arg, backward);
+      results.push_back(a);
+      break;
     }
   }
-  std::vector<Scratch> keep;
-  if (Status e = workspace(kernel, B, args, keep))
+  return Status();
+}
+
+Status SequenceDriver::runForwardChunk(const Sequence &seq, const Chunk &chunk,
+                                       bool saveGates) {
+  const Kernel &kernel = cell.forward;
+  std::vector<Arg> args;
+  std::vector<size_t> results;
+  if (Status e = bind(kernel, seq, chunk, /*backward=*/false, args, results))
     return e;
-  return backend->launch(/*backward=*/false, saveGates, args, B);
+  std::vector<Scratch> keep;
+  if (Status e = workspace(kernel, seq.batch, args, keep))
+    return e;
+  return backend->launch(/*backward=*/false, saveGates, args, seq.batch);
 }
 
 Status SequenceDriver::resetsAndInitial(const Sequence &seq,
@@ -337,10 +364,12 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
   }
 
   for (int64_t c = 0; c < chunks; ++c) {
-    int64_t t0 = c * K, len = std::min(K, T - t0);
-    std::vector<View> chunkProjections, starts, histories;
+    Chunk chunk;
+    int64_t t0 = chunk.t0 = c * K, len = chunk.len = std::min(K, T - t0);
+    chunk.resets = resets;
+    chunk.initial = initial;
     for (size_t p = 0; p < cell.projections.size(); ++p)
-      chunkProjections.push_back(projectedViews[p].at(
+      chunk.projections.push_back(projectedViews[p].at(
           t0 * B * cell.projections[p].rows, {len, B, cell.projections[p].rows}));
     for (size_t i = 0; i < cell.states.size(); ++i) {
       int64_t n = cell.states[i].shape[0];
@@ -348,20 +377,17 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
         if (Status e = backend->copy(start[i].view(),
                                      boundaries[i].view().at(c * B * n, {B, n})))
           return e;
-      starts.push_back(start[i].view());
-      histories.push_back(history[i].view());
+      chunk.start.push_back(start[i].view());
+      chunk.history.push_back(history[i].view().at(0, {len, B, n}));
     }
-    std::vector<View> chunkOutputs;
     for (size_t i = 0; i < cell.outputs.size(); ++i) {
       int64_t n = cell.outputs[i].shape[0];
-      chunkOutputs.push_back(outputs[i].at(t0 * B * n, {len, B, n}));
+      chunk.outputs.push_back(outputs[i].at(t0 * B * n, {len, B, n}));
     }
-    View chunkGates = saveGates ? gates.view().at(t0 * B * cell.gatesWidth,
-                                                  {len, B, cell.gatesWidth})
-                                : gates.view();
-    if (Status e = runForwardChunk(seq, t0, len, saveGates, resets, chunkProjections,
-                                   initial, starts, histories, chunkOutputs,
-                                   chunkGates))
+    chunk.gates = saveGates ? gates.view().at(t0 * B * cell.gatesWidth,
+                                              {len, B, cell.gatesWidth})
+                            : gates.view();
+    if (Status e = runForwardChunk(seq, chunk, saveGates))
       return e;
     // The next chunk starts where this one ended.
     for (size_t i = 0; i < cell.states.size(); ++i) {
@@ -509,59 +535,67 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
 
     // The chunk's states and gates: saved, or recomputed by a forward pass
     // over the chunk that saves its gates.
-    std::vector<View> history, start;
-    View gates;
+    Chunk chunk;
+    chunk.t0 = t0;
+    chunk.len = len;
+    chunk.resets = resets;
+    chunk.initial = initial;
+    for (Scratch &p : projected)
+      chunk.projections.push_back(p.view());
     std::vector<Scratch> chunkHistory(cell.states.size()),
         chunkOutputs(cell.outputs.size());
     Scratch chunkGates;
     if (chunked) {
-      std::vector<View> outputsOfChunk, projections;
       for (size_t i = 0; i < cell.states.size(); ++i) {
         int64_t n = cell.states[i].shape[0];
         if (Status e = Scratch::make(backend, {len, B, n}, cell.storage, false,
                                      chunkHistory[i]))
           return e;
-        history.push_back(chunkHistory[i].view());
-        start.push_back(saved.states[i].view().at(c * B * n, {B, n}));
+        chunk.history.push_back(chunkHistory[i].view());
+        chunk.start.push_back(saved.states[i].view().at(c * B * n, {B, n}));
       }
       for (size_t i = 0; i < cell.outputs.size(); ++i) {
         if (Status e = Scratch::make(backend, {len, B, cell.outputs[i].shape[0]},
                                      cell.storage, false, chunkOutputs[i]))
           return e;
-        outputsOfChunk.push_back(chunkOutputs[i].view());
+        chunk.outputs.push_back(chunkOutputs[i].view());
       }
       if (Status e = Scratch::make(backend, {len, B, cell.gatesWidth}, cell.storage,
                                    false, chunkGates))
         return e;
-      gates = chunkGates.view();
-      for (Scratch &p : projected)
-        projections.push_back(p.view());
-      if (Status e = runForwardChunk(seq, t0, len, /*saveGates=*/true, resets,
-                                     projections, initial, start, history,
-                                     outputsOfChunk, gates))
+      chunk.gates = chunkGates.view();
+      if (Status e = runForwardChunk(seq, chunk, /*saveGates=*/true))
         return e;
     } else {
       for (size_t i = 0; i < cell.states.size(); ++i) {
         int64_t n = cell.states[i].shape[0];
-        history.push_back(saved.states[i].view().at(t0 * B * n, {len, B, n}));
-        start.push_back(initial[i]);
+        chunk.history.push_back(saved.states[i].view().at(t0 * B * n, {len, B, n}));
+        chunk.start.push_back(initial[i]);
       }
-      gates = mode.kind == Recompute::Kind::None && saved.hasGates
-                  ? saved.gates.view().at(t0 * B * cell.gatesWidth,
-                                          {len, B, cell.gatesWidth})
-                  : View();
-      if (!gates.valid()) {
+      chunk.gates = mode.kind == Recompute::Kind::None && saved.hasGates
+                        ? saved.gates.view().at(t0 * B * cell.gatesWidth,
+                                                {len, B, cell.gatesWidth})
+                        : View();
+      if (!chunk.gates.valid()) {
         if (Status e = Scratch::make(backend, {0, B, cell.gatesWidth}, cell.storage,
                                      false, chunkGates))
           return e;
-        gates = chunkGates.view();
+        chunk.gates = chunkGates.view();
       }
     }
+    for (size_t i = 0; i < cell.states.size(); ++i)
+      chunk.finalStateGrads.push_back(carry[i].view());
+    for (size_t i = 0; i < cell.outputs.size(); ++i)
+      chunk.outputGrads.push_back(gradOutputs[i].valid() ? gradOutputs[i]
+                                                         : zeroOutputGrads[i].view());
 
     // The backward kernel's arguments, in its order, with scratch for what it
     // writes.
     const Kernel &kernel = cell.backward;
-    std::vector<Arg> args(kernel.args.size());
+    std::vector<Arg> args;
+    std::vector<size_t> resultArgs;
+    if (Status e = bind(kernel, seq, chunk, /*backward=*/true, args, resultArgs))
+      return e;
     std::vector<Scratch> results(kernel.args.size());
     struct Written {
       ArgKind kind;
@@ -569,88 +603,27 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
       View view;
     };
     std::vector<Written> written;
-    size_t projection = 0;
-    for (size_t a = 0; a < kernel.args.size(); ++a) {
+    for (size_t a : resultArgs) {
       const KernelArg &arg = kernel.args[a];
       View &v = args[a].view;
-      switch (arg.kind) {
-      case ArgKind::Input: {
-        size_t i = indexOf(cell.inputs, arg.name);
-        int64_t n = cell.inputs[i].shape[0];
-        v = seq.inputs[i].at(t0 * B * n, {len, B, n});
-        break;
+      if (arg.sameAs >= 0 && size_t(arg.sameAs) < a) {
+        // The same values as an earlier result: its buffer.
+        v = args[arg.sameAs].view;
+      } else {
+        std::vector<int64_t> shape = arg.shape;
+        for (size_t d = 0; d < shape.size(); ++d)
+          if (shape[d] < 0)
+            shape[d] = shape.size() == 3 && d == 0 ? len : B;
+        if (Status e = Scratch::make(backend, shape, arg.element.value_or(cell.compute),
+                                     false, results[a]))
+          return e;
+        v = results[a].view();
       }
-      case ArgKind::Projection:
-        v = projected[projection++].view();
-        break;
-      case ArgKind::Resets:
-        v = resets.at(t0 * B, {len, B});
-        break;
-      case ArgKind::InitialState:
-        v = initial[indexOf(cell.states, arg.name)];
-        break;
-      case ArgKind::StartState:
-        v = start[indexOf(cell.states, arg.name)];
-        break;
-      case ArgKind::FinalStateGrad:
-        v = carry[indexOf(cell.states, arg.name)].view();
-        break;
-      case ArgKind::Param:
-        v = seq.params[indexOf(cell.params, arg.name)];
-        break;
-      case ArgKind::StateHistory:
-        v = history[indexOf(cell.states, arg.name)];
-        break;
-      case ArgKind::Gates:
-        v = gates;
-        break;
-      case ArgKind::OutputGrad: {
-        size_t i = indexOf(cell.outputs, arg.name);
-        int64_t n = cell.outputs[i].shape[0];
-        View g = gradOutputs[i].valid() ? gradOutputs[i] : zeroOutputGrads[i].view();
-        v = g.at(t0 * B * n, {len, B, n});
-        break;
-      }
-      case ArgKind::BatchBegin:
-        args[a].index = 0;
-        break;
-      case ArgKind::BatchEnd:
-        args[a].index = B;
-        break;
-      case ArgKind::Workspace:
-      case ArgKind::GridBarrier:
-        break;
-      case ArgKind::InitialStateGrad:
-      case ArgKind::InputGrad:
-      case ArgKind::ProjectionGrad:
-      case ArgKind::WeightRows:
-      case ArgKind::WeightVectors:
-      case ArgKind::ParamGrad:
-      case ArgKind::StartStateGrad: {
-        if (arg.sameAs >= 0 && size_t(arg.sameAs) < a) {
-          // The same values as an earlier result: its buffer.
-          v = args[arg.sameAs].view;
-        } else {
-          std::vector<int64_t> shape = arg.shape;
-          for (size_t d = 0; d < shape.size(); ++d)
-            if (shape[d] < 0)
-              shape[d] = shape.size() == 3 && d == 0 ? len : B;
-          if (Status e = Scratch::make(backend, shape,
-                                       arg.element.value_or(cell.compute), false,
-                                       results[a]))
-            return e;
-          v = results[a].view();
-        }
-        // A zero result adds nothing to what it is folded into (weight rows
-        // and vectors go in pairs, so they stay).
-        if (!arg.zero || arg.kind == ArgKind::WeightRows ||
-            arg.kind == ArgKind::WeightVectors)
-          written.push_back({arg.kind, arg.name, v});
-        break;
-      }
-      case ArgKind::Output:
-        return Status::error("internal error: the backward kernel has an output");
-      }
+      // A zero result adds nothing to what it is folded into (weight rows
+      // and vectors go in pairs, so they stay).
+      if (!arg.zero || arg.kind == ArgKind::WeightRows ||
+          arg.kind == ArgKind::WeightVectors)
+        written.push_back({arg.kind, arg.name, v});
     }
     std::vector<Scratch> keep;
     if (Status e = workspace(kernel, B, args, keep))

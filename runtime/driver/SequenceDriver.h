@@ -218,15 +218,25 @@ public:
                   const std::vector<View> &gradInitialStates);
 
 private:
-  /// Runs the forward kernel over steps [t0, t0 + len): the chunk's
-  /// projections, states, history, outputs and gates.
-  Status runForwardChunk(const Sequence &seq, int64_t t0, int64_t len,
-                         bool saveGates, const View &resets,
-                         const std::vector<View> &projections,
-                         const std::vector<View> &initial,
-                         const std::vector<View> &start,
-                         const std::vector<View> &history,
-                         const std::vector<View> &outputs, const View &gates);
+  /// What a kernel of the cell reads over steps [t0, t0 + len), and what the
+  /// forward kernel writes.
+  struct Chunk {
+    int64_t t0 = 0, len = 0;
+    View resets;                          // [T, B]
+    std::vector<View> projections;        // [len, B, rows], in kernel order
+    std::vector<View> initial, start;     // [B, n] a state
+    std::vector<View> history;            // [len, B, n] a state
+    std::vector<View> outputs;            // forward: [len, B, n] an output
+    View gates;                           // [len or 0, B, gates]
+    std::vector<View> finalStateGrads;    // backward: [B, n] a state
+    std::vector<View> outputGrads;        // backward: [T, B, n] an output
+  };
+  /// Binds the arguments of `kernel` to `chunk`; the positions of the
+  /// backward kernel's results, left unbound, go to `results`.
+  Status bind(const Kernel &kernel, const Sequence &seq, const Chunk &chunk,
+              bool backward, std::vector<Arg> &args, std::vector<size_t> &results);
+  /// Runs the forward kernel over `chunk`.
+  Status runForwardChunk(const Sequence &seq, const Chunk &chunk, bool saveGates);
   Status workspace(const Kernel &kernel, int64_t batch, std::vector<Arg> &args,
                    std::vector<Scratch> &keep);
   Status project(const Sequence &seq, const Interface::Projection &p, int64_t t0,
