@@ -16,6 +16,7 @@
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Verifier.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSwitch.h"
 
@@ -245,15 +246,7 @@ OwningOpRef<ModuleOp> IRGen::build(const CellAST &cell) {
       strings(states), builder.getStrArrayAttr({}),
       builder.getDictionaryAttr(sizeAttrs));
   Block *body = builder.createBlock(&def.getBody());
-  for (const std::string &name : inputs) {
-    Binding &binding = scope[name];
-    int64_t size = shapes[name][0];
-    binding.current =
-        Val::ofVector(body->addArgument(vectorType(size),
-                                        loc(binding.ident.range.Start)),
-                      size);
-  }
-  for (const std::string &name : states) {
+  for (const std::string &name : llvm::concat<const std::string>(inputs, states)) {
     Binding &binding = scope[name];
     int64_t size = shapes[name][0];
     binding.current =

@@ -107,7 +107,6 @@ std::string Recompute::str() const {
   return "";
 }
 
-
 //===----------------------------------------------------------------------===//
 // Interface
 //===----------------------------------------------------------------------===//
@@ -117,44 +116,20 @@ Status Interface::finish() {
   projections.clear();
   for (const KernelArg &arg : forward.args) {
     int64_t n = arg.shape.empty() ? 0 : arg.shape.back();
-    switch (arg.kind) {
-    case ArgKind::Input:
+    // The cell's signature and element types; the other arguments are
+    // bound per call or per chunk (SequenceDriver::bind).
+    if (arg.kind == ArgKind::Input)
       inputs.push_back({arg.name, {n}});
-      storage = arg.element.value_or(compute);
-      break;
-    case ArgKind::InitialState:
+    else if (arg.kind == ArgKind::InitialState)
       states.push_back({arg.name, {n}});
-      break;
-    case ArgKind::Param:
+    else if (arg.kind == ArgKind::Param)
       params.push_back({arg.name, arg.shape});
-      break;
-    case ArgKind::Output:
+    else if (arg.kind == ArgKind::Output)
       outputs.push_back({arg.name, {n}});
-      break;
-    case ArgKind::StateHistory:
-      storage = arg.element.value_or(compute);
-      break;
-    case ArgKind::Gates:
+    else if (arg.kind == ArgKind::Gates)
       gatesWidth = n;
-      break;
-    case ArgKind::Projection:
-    case ArgKind::Resets:
-    case ArgKind::StartState:
-    case ArgKind::OutputGrad:
-    case ArgKind::FinalStateGrad:
-    case ArgKind::InitialStateGrad:
-    case ArgKind::InputGrad:
-    case ArgKind::ProjectionGrad:
-    case ArgKind::WeightRows:
-    case ArgKind::WeightVectors:
-    case ArgKind::ParamGrad:
-    case ArgKind::StartStateGrad:
-    case ArgKind::BatchBegin:
-    case ArgKind::BatchEnd:
-    case ArgKind::Workspace:
-    case ArgKind::GridBarrier:
-      break;
-    }
+    if (arg.kind == ArgKind::Input || arg.kind == ArgKind::StateHistory)
+      storage = arg.element.value_or(compute);
   }
   for (const KernelArg &arg : forward.args) {
     if (arg.kind != ArgKind::Projection)
