@@ -562,81 +562,85 @@ void swapLeadingDims(const void *src, void *dst, int64_t a, int64_t c,
                   rowBytes);
 }
 
-/// Batch-first buffers turned time-major: owns the copies.
-struct TimeMajor {
+/// Batch-first buffers turned time-major ([B, T, n] → [T, B, n]): owns the
+/// copies.
+class TimeMajor {
+public:
+  explicit TimeMajor(int64_t elementBytes) : eb(elementBytes) {}
+
+  /// The time-major view of a batch-first sequence, after checking its
+  /// inputs; T and B come from them.
+  llvm::Expected<cellc::runtime::CpuCell::Sequence>
+  sequence(const cellc::runtime::CpuCell::Sequence &seq) {
+    if (seq.inputs.empty() || seq.inputs[0].shape.size() != 3)
+      return fail("batch-first sequences need inputs of shape [B, T, n]");
+    B = seq.inputs[0].shape[0];
+    T = seq.inputs[0].shape[1];
+    cellc::runtime::CpuCell::Sequence inner = seq;
+    inner.batchFirst = false;
+    if (auto e = convert(seq.inputs, "input", /*copy=*/true, inner.inputs))
+      return std::move(e);
+    if (seq.resets) {
+      resets.resize(T * B);
+      swapLeadingDims(seq.resets, resets.data(), B, T, 1);
+      inner.resets = resets.data();
+    }
+    return inner;
+  }
+
+  /// Time-major buffers for batch-first `arrays` (missing ones stay
+  /// missing), holding their values when `copy`.
+  llvm::Error convert(const std::vector<Array> &arrays, const char *what, bool copy,
+                      std::vector<Array> &out) {
+    out.clear();
+    for (const Array &a : arrays) {
+      if (!a.data) {
+        out.push_back(a);
+        continue;
+      }
+      if (a.shape.size() != 3 || a.shape[0] != B || a.shape[1] != T)
+        return fail(llvm::Twine("batch-first ") + what + " has shape " +
+                    shapeStr(a.shape) + ", expected [" + llvm::Twine(B) + ", " +
+                    llvm::Twine(T) + ", n]");
+      int64_t n = a.shape[2];
+      storage.emplace_back((B * T * n * eb + 7) / 8 + 1);
+      if (copy)
+        swapLeadingDims(a.data, storage.back().data(), B, T, n * eb);
+      out.push_back({storage.back().data(), {T, B, n}});
+    }
+    return llvm::Error::success();
+  }
+
+  /// Copies what the kernels wrote into `inner` back to the batch-first
+  /// `arrays` it was converted from.
+  void copyBack(const std::vector<Array> &inner, const std::vector<Array> &arrays) {
+    for (auto [i, a] : llvm::enumerate(arrays))
+      if (a.data)
+        swapLeadingDims(inner[i].data, a.data, T, B, a.shape[2] * eb);
+  }
+
+private:
+  int64_t eb, T = 0, B = 0;
   std::vector<std::vector<double>> storage;
   std::vector<uint8_t> resets;
-
-  /// A time-major copy of `array` ([B, T, n] → [T, B, n]), or an empty
-  /// buffer of that shape when `copy` is false.
-  Array from(const Array &array, int64_t eb, bool copy) {
-    int64_t b = array.shape[0], t = array.shape[1], n = array.shape[2];
-    storage.emplace_back((b * t * n * eb + 7) / 8 + 1);
-    if (copy && array.data)
-      swapLeadingDims(array.data, storage.back().data(), b, t, n * eb);
-    return {array.data ? storage.back().data() : nullptr, {t, b, n}};
-  }
 };
-
-/// The time-major view of a batch-first sequence, after checking its inputs:
-/// copies of the inputs and resets live in `tm`. Sets T and B.
-llvm::Expected<cellc::runtime::CpuCell::Sequence>
-timeMajorSequence(const cellc::runtime::CpuCell::Sequence &seq, TimeMajor &tm,
-                  int64_t eb, int64_t &T, int64_t &B);
-
-/// Checks that every array is rank 3 and batch-first over [B, T].
-llvm::Error checkBatchFirst(const std::vector<Array> &arrays, int64_t B,
-                            int64_t T, const char *what) {
-  for (const Array &a : arrays)
-    if (a.data && (a.shape.size() != 3 || a.shape[0] != B || a.shape[1] != T))
-      return fail(llvm::Twine("batch-first ") + what + " has shape " +
-                  shapeStr(a.shape) + ", expected [" + llvm::Twine(B) + ", " +
-                  llvm::Twine(T) + ", n]");
-  return llvm::Error::success();
-}
-
-llvm::Expected<cellc::runtime::CpuCell::Sequence>
-timeMajorSequence(const cellc::runtime::CpuCell::Sequence &seq, TimeMajor &tm,
-                  int64_t eb, int64_t &T, int64_t &B) {
-  if (seq.inputs.empty() || seq.inputs[0].shape.size() != 3)
-    return fail("batch-first sequences need inputs of shape [B, T, n]");
-  B = seq.inputs[0].shape[0];
-  T = seq.inputs[0].shape[1];
-  if (auto e = checkBatchFirst(seq.inputs, B, T, "input"))
-    return std::move(e);
-  cellc::runtime::CpuCell::Sequence inner = seq;
-  inner.batchFirst = false;
-  for (Array &a : inner.inputs)
-    a = tm.from(a, eb, true);
-  if (seq.resets) {
-    tm.resets.resize(T * B);
-    swapLeadingDims(seq.resets, tm.resets.data(), B, T, 1);
-    inner.resets = tm.resets.data();
-  }
-  return inner;
-}
 } // namespace
 
-llvm::Error CpuCell::forward(const Sequence &seq,
-                             const std::vector<Array> &outputs,
-                             const std::vector<Array> &finalStates,
-                             Recompute mode, SavedPtr *saved) {
+llvm::Error CpuCell::forward(const Sequence &seq, const std::vector<Array> &outputs,
+                             const std::vector<Array> &finalStates, Recompute mode,
+                             SavedPtr *saved) {
   if (!seq.batchFirst)
     return forwardTimeMajor(seq, outputs, finalStates, mode, saved);
-  int64_t eb = elementBytes(), T, B;
-  TimeMajor tm;
-  auto inner = timeMajorSequence(seq, tm, eb, T, B);
+  TimeMajor tm(elementBytes());
+  auto inner = tm.sequence(seq);
   if (!inner)
     return inner.takeError();
-  if (auto e = checkBatchFirst(outputs, B, T, "output"))
-    return e;
   std::vector<Array> innerOutputs;
-  for (const Array &a : outputs)
-    innerOutputs.push_back(tm.from(a, eb, false));
+  if (auto e = tm.convert(outputs, "output", /*copy=*/false, innerOutputs))
+    return e;
   if (auto e = forwardTimeMajor(*inner, innerOutputs, finalStates, mode, saved))
     return e;
-  for (auto [i, a] : llvm::enumerate(outputs))
-    swapLeadingDims(innerOutputs[i].data, a.data, T, B, a.shape[2] * eb);
+  tm.copyBack(innerOutputs, outputs);
   return llvm::Error::success();
 }
 
@@ -647,31 +651,25 @@ llvm::Error CpuCell::backward(const Sequence &seq, const Saved &saved,
                               const std::vector<Array> &gradParams,
                               const std::vector<Array> &gradInitialStates) {
   if (!seq.batchFirst)
-    return backwardTimeMajor(seq, saved, gradOutputs, gradFinalStates,
-                             gradInputs, gradParams, gradInitialStates);
-  int64_t eb = elementBytes(), T, B;
-  TimeMajor tm;
-  auto inner = timeMajorSequence(seq, tm, eb, T, B);
+    return backwardTimeMajor(seq, saved, gradOutputs, gradFinalStates, gradInputs,
+                             gradParams, gradInitialStates);
+  TimeMajor tm(elementBytes());
+  auto inner = tm.sequence(seq);
   if (!inner)
     return inner.takeError();
-  if (auto e = checkBatchFirst(gradOutputs, B, T, "output gradient"))
-    return e;
-  if (auto e = checkBatchFirst(gradInputs, B, T, "input gradient"))
-    return e;
   std::vector<Array> innerGradOutputs, innerGradInputs;
-  for (const Array &a : gradOutputs)
-    innerGradOutputs.push_back(a.data ? tm.from(a, eb, true) : a);
-  for (const Array &a : gradInputs)
-    innerGradInputs.push_back(a.data ? tm.from(a, eb, false) : a);
+  if (auto e = tm.convert(gradOutputs, "output gradient", /*copy=*/true,
+                          innerGradOutputs))
+    return e;
+  if (auto e = tm.convert(gradInputs, "input gradient", /*copy=*/false,
+                          innerGradInputs))
+    return e;
   if (auto e = backwardTimeMajor(*inner, saved, innerGradOutputs, gradFinalStates,
                                  innerGradInputs, gradParams, gradInitialStates))
     return e;
-  for (auto [i, a] : llvm::enumerate(gradInputs))
-    if (a.data)
-      swapLeadingDims(innerGradInputs[i].data, a.data, T, B, a.shape[2] * eb);
+  tm.copyBack(innerGradInputs, gradInputs);
   return llvm::Error::success();
 }
-
 
 namespace {
 driver::Element elementOf(DType dtype) {

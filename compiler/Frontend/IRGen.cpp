@@ -132,6 +132,8 @@ private:
   bool output(const Stmt &stmt);
 
   std::optional<Val> eval(const Expr &expr);
+  /// The binding of a name expression, marked used; an error if unknown.
+  Binding *use(const Expr &name);
   std::optional<Val> evalName(const Expr &expr);
   std::optional<Val> evalBinary(const Expr &expr);
   std::optional<Val> evalMatvec(const Expr &expr);
@@ -515,15 +517,20 @@ std::optional<Val> IRGen::eval(const Expr &expr) {
   return std::nullopt;
 }
 
-std::optional<Val> IRGen::evalName(const Expr &expr) {
-  auto it = scope.find(expr.name);
+Binding *IRGen::use(const Expr &name) {
+  auto it = scope.find(name.name);
   if (it == scope.end()) {
-    diag.error(expr.range.Start, "unknown name '" + expr.name + "'",
-               expr.range);
-    return std::nullopt;
+    diag.error(name.range.Start, "unknown name '" + name.name + "'", name.range);
+    return nullptr;
   }
   it->second.used = true;
-  return it->second.current;
+  return &it->second;
+}
+
+std::optional<Val> IRGen::evalName(const Expr &expr) {
+  if (Binding *binding = use(expr))
+    return binding->current;
+  return std::nullopt;
 }
 
 std::optional<Val> IRGen::evalElementwise(const Expr &expr,
@@ -617,15 +624,11 @@ std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
   const Expr &lhsExpr = *expr.operands[0], &rhsExpr = *expr.operands[1];
   const Binding *weight = nullptr;
   if (lhsExpr.kind == Expr::Kind::Name) {
-    auto it = scope.find(lhsExpr.name);
-    if (it == scope.end()) {
-      diag.error(lhsExpr.range.Start, "unknown name '" + lhsExpr.name + "'",
-                 lhsExpr.range);
+    Binding *binding = use(lhsExpr);
+    if (!binding)
       return std::nullopt;
-    }
-    it->second.used = true;
-    if (it->second.current.kind == Val::Kind::Matrix)
-      weight = &it->second;
+    if (binding->current.kind == Val::Kind::Matrix)
+      weight = binding;
   }
   if (!weight) {
     std::string found = "an expression";
