@@ -331,25 +331,42 @@ llvm::Expected<driver::Interface> interfaceOf(driver::Kernel fwd, driver::Kernel
 
 /// A caller's buffer as a view, checked: present (unless optional), aligned,
 /// and of the expected shape.
-llvm::Expected<View> viewOf(const Array &array, llvm::ArrayRef<int64_t> shape,
-                            driver::Element element, const std::string &what,
-                            bool optional = false) {
+/// The caller's arrays as the driver's views (null data: an invalid view),
+/// named after their slots. The driver checks their count and shapes; here
+/// only what a pointer can get wrong, the alignment.
+llvm::Error viewsOf(const std::vector<Array> &arrays, const std::vector<Slot> &slots,
+                    driver::Element element, llvm::StringRef what,
+                    std::vector<View> &out) {
   int64_t eb = driver::bytesOf(element);
-  if (!array.data) {
-    if (optional)
-      return View();
-    return fail(what + " is a null pointer");
+  out.clear();
+  for (auto [i, array] : llvm::enumerate(arrays)) {
+    View v;
+    if (array.data) {
+      if (reinterpret_cast<uintptr_t>(array.data) % eb != 0)
+        return fail(what + " '" + (i < slots.size() ? slots[i].name : "?") +
+                    "' is not aligned to its " + llvm::Twine(eb) + "-byte elements");
+      v.buffer.data = array.data;
+      v.buffer.element = element;
+      v.shape = array.shape;
+    }
+    out.push_back(v);
   }
-  if (reinterpret_cast<uintptr_t>(array.data) % eb != 0)
-    return fail(what + " is not aligned to its " + llvm::Twine(eb) + "-byte elements");
-  if (array.shape != std::vector<int64_t>(shape.begin(), shape.end()))
-    return fail(what + " has shape " + shapeStr(array.shape) + ", expected " +
-                shapeStr(shape));
+  return llvm::Error::success();
+}
+
+/// The driver's view of per-step reset bytes [T, B] (none: invalid).
+View resetsOf(const uint8_t *resets, int64_t T, int64_t B) {
   View v;
-  v.buffer.data = array.data;
-  v.buffer.element = element;
-  v.shape.assign(shape.begin(), shape.end());
+  if (resets) {
+    v.buffer.data = const_cast<uint8_t *>(resets);
+    v.buffer.element = driver::Element::U8;
+    v.shape = {T, B};
+  }
   return v;
+}
+
+driver::Element elementOf(DType dtype) {
+  return dtype == DType::F32 ? driver::Element::F32 : driver::Element::F64;
 }
 
 } // namespace
@@ -626,196 +643,109 @@ private:
 };
 } // namespace
 
-llvm::Error CpuCell::forward(const Sequence &seq, const std::vector<Array> &outputs,
+llvm::Error CpuCell::forward(const Sequence &batchFirstOrNot,
+                             const std::vector<Array> &callerOutputs,
                              const std::vector<Array> &finalStates, Recompute mode,
                              SavedPtr *saved) {
-  if (!seq.batchFirst)
-    return forwardTimeMajor(seq, outputs, finalStates, mode, saved);
-  TimeMajor tm(elementBytes());
-  auto inner = tm.sequence(seq);
-  if (!inner)
-    return inner.takeError();
-  std::vector<Array> innerOutputs;
-  if (auto e = tm.convert(outputs, "output", /*copy=*/false, innerOutputs))
-    return e;
-  if (auto e = forwardTimeMajor(*inner, innerOutputs, finalStates, mode, saved))
-    return e;
-  tm.copyBack(innerOutputs, outputs);
-  return llvm::Error::success();
-}
+  // Batch-first sequences run time-major, on copies.
+  std::optional<TimeMajor> tm;
+  Sequence seq = batchFirstOrNot;
+  std::vector<Array> outputs = callerOutputs;
+  if (seq.batchFirst) {
+    tm.emplace(elementBytes());
+    auto inner = tm->sequence(batchFirstOrNot);
+    if (!inner)
+      return inner.takeError();
+    seq = std::move(*inner);
+    if (auto e = tm->convert(callerOutputs, "output", /*copy=*/false, outputs))
+      return e;
+  }
 
-llvm::Error CpuCell::backward(const Sequence &seq, const Saved &saved,
-                              const std::vector<Array> &gradOutputs,
-                              const std::vector<Array> &gradFinalStates,
-                              const std::vector<Array> &gradInputs,
-                              const std::vector<Array> &gradParams,
-                              const std::vector<Array> &gradInitialStates) {
-  if (!seq.batchFirst)
-    return backwardTimeMajor(seq, saved, gradOutputs, gradFinalStates, gradInputs,
-                             gradParams, gradInitialStates);
-  TimeMajor tm(elementBytes());
-  auto inner = tm.sequence(seq);
-  if (!inner)
-    return inner.takeError();
-  std::vector<Array> innerGradOutputs, innerGradInputs;
-  if (auto e = tm.convert(gradOutputs, "output gradient", /*copy=*/true,
-                          innerGradOutputs))
-    return e;
-  if (auto e = tm.convert(gradInputs, "input gradient", /*copy=*/false,
-                          innerGradInputs))
-    return e;
-  if (auto e = backwardTimeMajor(*inner, saved, innerGradOutputs, gradFinalStates,
-                                 innerGradInputs, gradParams, gradInitialStates))
-    return e;
-  tm.copyBack(innerGradInputs, gradInputs);
-  return llvm::Error::success();
-}
-
-namespace {
-driver::Element elementOf(DType dtype) {
-  return dtype == DType::F32 ? driver::Element::F32 : driver::Element::F64;
-}
-} // namespace
-
-llvm::Error CpuCell::forwardTimeMajor(const Sequence &seq,
-                                      const std::vector<Array> &outputs,
-                                      const std::vector<Array> &finalStates,
-                                      Recompute mode, SavedPtr *saved) {
-  driver::Element e = elementOf(elementType);
   // T and B come from the first input, or are given.
   int64_t T = seq.steps, B = seq.batch;
   if (!seq.inputs.empty() && seq.inputs[0].shape.size() == 3) {
     T = seq.inputs[0].shape[0];
     B = seq.inputs[0].shape[1];
   }
-  if (T < 1 || B < 1)
-    return fail("the sequence needs T >= 1 steps and B >= 1 rows; got T=" +
-                llvm::Twine(T) + ", B=" + llvm::Twine(B));
-  if (seq.inputs.size() != inputSlots.size())
-    return fail("expected " + llvm::Twine(inputSlots.size()) + " inputs, got " +
-                llvm::Twine(seq.inputs.size()));
-  if (seq.params.size() != paramSlots.size())
-    return fail("expected " + llvm::Twine(paramSlots.size()) + " params, got " +
-                llvm::Twine(seq.params.size()));
-  if (!seq.initialStates.empty() && seq.initialStates.size() != stateSlots.size())
-    return fail("expected " + llvm::Twine(stateSlots.size()) +
-                " initial states, got " + llvm::Twine(seq.initialStates.size()));
-  if (outputs.size() != outputSlots.size() || finalStates.size() != stateSlots.size())
-    return fail("expected " + llvm::Twine(outputSlots.size()) + " outputs and " +
-                llvm::Twine(stateSlots.size()) + " final states");
+  driver::Element e = elementOf(elementType);
   driver::Sequence s;
   s.steps = T;
   s.batch = B;
+  s.resets = resetsOf(seq.resets, T, B);
   std::vector<View> outs, finals;
-  for (auto [i, slot] : llvm::enumerate(inputSlots)) {
-    auto v = viewOf(seq.inputs[i], {T, B, slot.shape[0]}, e, "input '" + slot.name + "'");
-    if (!v)
-      return v.takeError();
-    s.inputs.push_back(*v);
-  }
-  for (auto [i, slot] : llvm::enumerate(paramSlots)) {
-    auto v = viewOf(seq.params[i], slot.shape, e, "param '" + slot.name + "'");
-    if (!v)
-      return v.takeError();
-    s.params.push_back(*v);
-  }
-  for (auto [i, slot] : llvm::enumerate(stateSlots)) {
-    if (!seq.initialStates.empty()) {
-      auto v = viewOf(seq.initialStates[i], {B, slot.shape[0]}, e,
-                      "initial state '" + slot.name + "'", true);
-      if (!v)
-        return v.takeError();
-      s.initialStates.push_back(*v);
-    }
-    auto f = viewOf(finalStates[i], {B, slot.shape[0]}, e,
-                    "final state '" + slot.name + "'");
-    if (!f)
-      return f.takeError();
-    finals.push_back(*f);
-  }
-  for (auto [i, slot] : llvm::enumerate(outputSlots)) {
-    auto v = viewOf(outputs[i], {T, B, slot.shape[0]}, e, "output '" + slot.name + "'");
-    if (!v)
-      return v.takeError();
-    outs.push_back(*v);
-  }
-  if (seq.resets) {
-    s.resets.buffer.data = const_cast<uint8_t *>(seq.resets);
-    s.resets.buffer.element = driver::Element::U8;
-    s.resets.shape = {T, B};
-  }
-  return errorOf(impl->driver->forward(s, outs, finals, mode, saved));
+  if (auto err = viewsOf(seq.inputs, inputSlots, e, "input", s.inputs))
+    return err;
+  if (auto err = viewsOf(seq.params, paramSlots, e, "param", s.params))
+    return err;
+  if (auto err = viewsOf(seq.initialStates, stateSlots, e, "initial state",
+                         s.initialStates))
+    return err;
+  if (auto err = viewsOf(finalStates, stateSlots, e, "final state", finals))
+    return err;
+  if (auto err = viewsOf(outputs, outputSlots, e, "output", outs))
+    return err;
+  if (auto err = errorOf(impl->driver->forward(s, outs, finals, mode, saved)))
+    return err;
+  if (tm)
+    tm->copyBack(outputs, callerOutputs);
+  return llvm::Error::success();
 }
 
-llvm::Error CpuCell::backwardTimeMajor(const Sequence &seq, const Saved &saved,
-                                       const std::vector<Array> &gradOutputs,
-                                       const std::vector<Array> &gradFinalStates,
-                                       const std::vector<Array> &gradInputs,
-                                       const std::vector<Array> &gradParams,
-                                       const std::vector<Array> &gradInitialStates) {
+llvm::Error CpuCell::backward(const Sequence &batchFirstOrNot, const Saved &saved,
+                              const std::vector<Array> &gradOutputs,
+                              const std::vector<Array> &gradFinalStates,
+                              const std::vector<Array> &callerGradInputs,
+                              const std::vector<Array> &gradParams,
+                              const std::vector<Array> &gradInitialStates) {
+  // Batch-first sequences run time-major, on copies.
+  std::optional<TimeMajor> tm;
+  Sequence seq = batchFirstOrNot;
+  std::vector<Array> dOutputs = gradOutputs, gradInputs = callerGradInputs;
+  if (seq.batchFirst) {
+    tm.emplace(elementBytes());
+    auto inner = tm->sequence(batchFirstOrNot);
+    if (!inner)
+      return inner.takeError();
+    seq = std::move(*inner);
+    if (auto e = tm->convert(gradOutputs, "output gradient", /*copy=*/true, dOutputs))
+      return e;
+    if (auto e = tm->convert(callerGradInputs, "input gradient", /*copy=*/false,
+                             gradInputs))
+      return e;
+  }
+
   driver::Element e = elementOf(elementType);
   int64_t T = driver::savedSteps(saved), B = driver::savedBatch(saved);
-  if (gradOutputs.size() != outputSlots.size() ||
-      gradFinalStates.size() != stateSlots.size() ||
-      gradInputs.size() != inputSlots.size() ||
-      gradParams.size() != paramSlots.size() ||
-      gradInitialStates.size() != stateSlots.size())
-    return fail("backward expects one gradient buffer per output, final "
-                "state, input, param and initial state");
-  // The caller's buffers as views, each checked against its shape: a
-  // per-step `[T, B, n]`, a per-row `[B, n]`, or a param's own.
-  enum class Shape { PerStep, PerRow, Own };
-  auto views = [&](const std::vector<Array> &arrays, const std::vector<Slot> &slots,
-                   Shape shape, bool optional, const std::string &what,
-                   std::vector<View> &out) -> llvm::Error {
-    for (auto [i, slot] : llvm::enumerate(slots)) {
-      std::vector<int64_t> want = shape == Shape::PerStep  ? std::vector<int64_t>{T, B, slot.shape[0]}
-                                  : shape == Shape::PerRow ? std::vector<int64_t>{B, slot.shape[0]}
-                                                           : slot.shape;
-      auto v = viewOf(arrays[i], want, e, what + " '" + slot.name + "'", optional);
-      if (!v)
-        return v.takeError();
-      out.push_back(*v);
-    }
-    return llvm::Error::success();
-  };
-  std::vector<View> dOut, dFinal, dIn, dPar, dInit;
   driver::Sequence s;
   s.steps = T;
   s.batch = B;
-  if (auto err = views(gradOutputs, outputSlots, Shape::PerStep, true,
-                       "gradient of output", dOut))
+  s.resets = resetsOf(seq.resets, T, B);
+  std::vector<View> dOut, dFinal, dIn, dPar, dInit;
+  if (auto err = viewsOf(dOutputs, outputSlots, e, "gradient of output", dOut))
     return err;
-  if (auto err = views(gradFinalStates, stateSlots, Shape::PerRow, true,
-                       "gradient of final state", dFinal))
+  if (auto err = viewsOf(gradFinalStates, stateSlots, e, "gradient of final state",
+                         dFinal))
     return err;
-  if (auto err = views(gradInputs, inputSlots, Shape::PerStep, true,
-                       "gradient of input", dIn))
+  if (auto err = viewsOf(gradInputs, inputSlots, e, "gradient of input", dIn))
     return err;
-  if (auto err = views(gradParams, paramSlots, Shape::Own, true, "gradient of param",
-                       dPar))
+  if (auto err = viewsOf(gradParams, paramSlots, e, "gradient of param", dPar))
     return err;
-  if (auto err = views(gradInitialStates, stateSlots, Shape::PerRow, true,
-                       "gradient of initial state", dInit))
+  if (auto err = viewsOf(gradInitialStates, stateSlots, e,
+                         "gradient of initial state", dInit))
     return err;
-  if (seq.inputs.size() != inputSlots.size())
-    return fail("backward must see the forward's inputs");
-  if (auto err = views(seq.inputs, inputSlots, Shape::PerStep, false, "input", s.inputs)) {
-    llvm::consumeError(std::move(err));
-    return fail("backward must see the forward's inputs");
-  }
-  if (auto err = views(seq.params, paramSlots, Shape::Own, false, "param", s.params))
+  if (auto err = viewsOf(seq.inputs, inputSlots, e, "input", s.inputs))
     return err;
-  if (!seq.initialStates.empty())
-    if (auto err = views(seq.initialStates, stateSlots, Shape::PerRow, true,
-                         "initial state", s.initialStates))
-      return err;
-  if (seq.resets) {
-    s.resets.buffer.data = const_cast<uint8_t *>(seq.resets);
-    s.resets.buffer.element = driver::Element::U8;
-    s.resets.shape = {T, B};
-  }
-  return errorOf(impl->driver->backward(s, saved, dOut, dFinal, dIn, dPar, dInit));
+  if (auto err = viewsOf(seq.params, paramSlots, e, "param", s.params))
+    return err;
+  if (auto err = viewsOf(seq.initialStates, stateSlots, e, "initial state",
+                         s.initialStates))
+    return err;
+  if (auto err =
+          errorOf(impl->driver->backward(s, saved, dOut, dFinal, dIn, dPar, dInit)))
+    return err;
+  if (tm)
+    tm->copyBack(gradInputs, callerGradInputs);
+  return llvm::Error::success();
 }
 
 //===----------------------------------------------------------------------===//

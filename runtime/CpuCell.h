@@ -183,17 +183,6 @@ public:
   int64_t elementBytes() const { return elementType == DType::F32 ? 4 : 8; }
 
 private:
-  llvm::Error forwardTimeMajor(const Sequence &seq,
-                               const std::vector<Array> &outputs,
-                               const std::vector<Array> &finalStates,
-                               Recompute mode, SavedPtr *saved);
-  llvm::Error backwardTimeMajor(const Sequence &seq, const Saved &saved,
-                                const std::vector<Array> &gradOutputs,
-                                const std::vector<Array> &gradFinalStates,
-                                const std::vector<Array> &gradInputs,
-                                const std::vector<Array> &gradParams,
-                                const std::vector<Array> &gradInitialStates);
-
   struct Impl;
   explicit CpuCell(std::unique_ptr<Impl> impl);
 
