@@ -54,8 +54,8 @@ struct Val {
 
 /// A name in the cell's scope.
 struct Binding {
-  enum class Kind { Input, State, Param, Local };
-  Kind kind;
+  /// How it was declared; none: a local.
+  std::optional<DeclKind> decl;
   Ident ident;
   /// Its current value. A state's is the previous step's until assigned.
   Val current;
@@ -65,18 +65,8 @@ struct Binding {
   llvm::SMRange assignedAt;
 };
 
-llvm::StringRef spell(Binding::Kind kind) {
-  switch (kind) {
-  case Binding::Kind::Input:
-    return "input";
-  case Binding::Kind::State:
-    return "state";
-  case Binding::Kind::Param:
-    return "param";
-  case Binding::Kind::Local:
-    return "local";
-  }
-  return "";
+llvm::StringRef spell(const Binding &binding) {
+  return binding.decl ? spell(*binding.decl) : "local";
 }
 
 enum class Fn {
@@ -141,6 +131,8 @@ private:
   /// Evaluates an operand of an elementwise operation: a scalar or a vector.
   std::optional<Val> evalElementwise(const Expr &expr, llvm::StringRef what);
   /// Builds an elementwise binary op on two operands, broadcasting literals.
+  /// The two operands of `expr`, element-wise, combined by `elementwise`.
+  std::optional<Val> evalElementwise2(const Expr &expr, const std::string &what);
   std::optional<Val> elementwise(const Expr &expr, const Val &lhs,
                                  const Val &rhs, llvm::StringRef what);
 
@@ -192,17 +184,15 @@ bool IRGen::declare(const Decl &decl, std::vector<int64_t> &shape) {
   }
   Binding &binding = it->second;
   binding.ident = decl.ident;
+  binding.decl = decl.kind;
   switch (decl.kind) {
   case DeclKind::Input:
-    binding.kind = Binding::Kind::Input;
     inputs.push_back(decl.ident.name);
     break;
   case DeclKind::State:
-    binding.kind = Binding::Kind::State;
     states.push_back(decl.ident.name);
     break;
   case DeclKind::Param:
-    binding.kind = Binding::Kind::Param;
     params.push_back(decl.ident.name);
     break;
   }
@@ -319,7 +309,7 @@ OwningOpRef<ModuleOp> IRGen::build(const CellAST &cell) {
       const Binding &binding = scope[name];
       if (!binding.used)
         diag.warning(binding.ident.range.Start,
-                     spell(binding.kind) + " '" + name + "' is never used",
+                     spell(binding) + " '" + name + "' is never used",
                      binding.ident.range);
     }
   };
@@ -418,23 +408,13 @@ bool IRGen::bind(const Ident &ident, Val val, llvm::SMRange valueRange) {
   auto it = scope.find(ident.name);
   if (it == scope.end()) {
     Binding &binding = scope[ident.name];
-    binding.kind = Binding::Kind::Local;
     binding.ident = ident;
     binding.current = val;
     locals.push_back(ident.name);
     return true;
   }
   Binding &binding = it->second;
-  switch (binding.kind) {
-  case Binding::Kind::Input:
-  case Binding::Kind::Param:
-    diag.error(ident.range.Start,
-               "cannot assign to " + spell(binding.kind) + " '" + ident.name +
-                   "'",
-               ident.range);
-    diag.note(binding.ident.range.Start, "declared here", binding.ident.range);
-    return false;
-  case Binding::Kind::Local:
+  if (!binding.decl) {
     diag.error(ident.range.Start,
                "'" + ident.name +
                    "' is already assigned; a local is assigned once",
@@ -442,7 +422,16 @@ bool IRGen::bind(const Ident &ident, Val val, llvm::SMRange valueRange) {
     diag.note(binding.ident.range.Start, "first assigned here",
               binding.ident.range);
     return false;
-  case Binding::Kind::State:
+  }
+  switch (*binding.decl) {
+  case DeclKind::Input:
+  case DeclKind::Param:
+    diag.error(ident.range.Start,
+               "cannot assign to " + spell(binding) + " '" + ident.name + "'",
+               ident.range);
+    diag.note(binding.ident.range.Start, "declared here", binding.ident.range);
+    return false;
+  case DeclKind::State:
     break;
   }
   if (binding.assigned) {
@@ -549,7 +538,11 @@ std::optional<Val> IRGen::evalElementwise(const Expr &expr,
 std::optional<Val> IRGen::evalBinary(const Expr &expr) {
   if (expr.binaryOp == Expr::BinaryOp::Matvec)
     return evalMatvec(expr);
-  std::string what = ("'" + spell(expr.binaryOp) + "'").str();
+  return evalElementwise2(expr, ("'" + spell(expr.binaryOp) + "'").str());
+}
+
+std::optional<Val> IRGen::evalElementwise2(const Expr &expr,
+                                           const std::string &what) {
   std::optional<Val> lhs = evalElementwise(*expr.operands[0], what);
   if (!lhs)
     return std::nullopt;
@@ -634,8 +627,8 @@ std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
     std::string found = "an expression";
     if (lhsExpr.kind == Expr::Kind::Name) {
       const Binding &b = scope.find(lhsExpr.name)->second;
-      found = (spell(b.kind) + " '" + lhsExpr.name + "'").str();
-      if (b.kind == Binding::Kind::Param)
+      found = (spell(b) + " '" + lhsExpr.name + "'").str();
+      if (b.decl == DeclKind::Param)
         found = "vector param '" + lhsExpr.name + "'";
     } else if (lhsExpr.kind == Expr::Kind::Number) {
       found = "a number";
@@ -712,15 +705,8 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
     return std::nullopt;
   }
   std::string what = "'" + expr.name + "'";
-  if (arity == 2) {
-    std::optional<Val> lhs = evalElementwise(*expr.operands[0], what);
-    if (!lhs)
-      return std::nullopt;
-    std::optional<Val> rhs = evalElementwise(*expr.operands[1], what);
-    if (!rhs)
-      return std::nullopt;
-    return elementwise(expr, *lhs, *rhs, what);
-  }
+  if (arity == 2)
+    return evalElementwise2(expr, what);
 
   std::optional<Val> arg = evalElementwise(*expr.operands[0], what);
   if (!arg)
