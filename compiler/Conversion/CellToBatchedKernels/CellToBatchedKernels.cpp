@@ -442,17 +442,11 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
                       [&](Value j) { e.store(zero(), acc, Value(), j); });
       }
     });
-    Value last = b.create<arith::SubIOp>(loc, k.steps, c1);
-    auto loop = b.create<scf::ForOp>(loc, c0, k.steps, c1);
     {
       OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(loop.getBody());
-      Value iv = loop.getInductionVar();
-      Value t = b.create<arith::SubIOp>(loc, last, iv);
-      e.t = t;
-      Value slot = b.create<arith::RemUIOp>(loc, iv, c2);
-      Value next = b.create<arith::SubIOp>(loc, c1, slot);
-      Value isFirst = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, t, c0);
+      ReverseSteps steps = buildReverseSteps(b, loc, k.steps, c0, c1, c2);
+      Value t = e.t = steps.t, slot = steps.slot, next = steps.next,
+            isFirst = steps.isFirst;
       // The states before step t: the start state at t = 0, the history
       // otherwise, the initial state in the rows that restart.
       e.forEachRow([&] {

@@ -184,17 +184,11 @@ LogicalResult buildBackwardSteps(TileLoop &tl) {
                       [&](Value j) { tb.storeShared(zero, b, Value(), j); });
   }
   tb.barrier();
-  Value lastStep = builder.create<arith::SubIOp>(loc, steps, c1);
-  auto loop = builder.create<scf::ForOp>(loc, c0, steps, c1);
   {
     OpBuilder::InsertionGuard guard(builder);
-    builder.setInsertionPointToStart(loop.getBody());
-    Value iv = loop.getInductionVar();
-    Value t = builder.create<arith::SubIOp>(loc, lastStep, iv);
-    tb.t = t;
-    Value slot = builder.create<arith::RemUIOp>(loc, iv, c2);
-    Value next = builder.create<arith::SubIOp>(loc, c1, slot);
-    Value isFirst = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, t, c0);
+    ReverseSteps reverse = buildReverseSteps(builder, loc, steps, c0, c1, c2);
+    Value t = tb.t = reverse.t, slot = reverse.slot, next = reverse.next,
+          isFirst = reverse.isFirst;
     auto maskType = VectorType::get({tile}, builder.getI1Type());
     Value reset = resetMask(t);
     Value first = builder.create<vector::BroadcastOp>(loc, maskType, isFirst);

@@ -259,4 +259,18 @@ Value buildElementwise(OpBuilder &builder, Operation *op, ValueRange operands,
       .Default([](Operation *) { return Value(); });
 }
 
+ReverseSteps buildReverseSteps(OpBuilder &builder, Location loc, Value steps,
+                               Value c0, Value c1, Value c2) {
+  ReverseSteps r;
+  Value last = builder.create<arith::SubIOp>(loc, steps, c1);
+  r.loop = builder.create<scf::ForOp>(loc, c0, steps, c1);
+  builder.setInsertionPointToStart(r.loop.getBody());
+  Value iv = r.loop.getInductionVar();
+  r.t = builder.create<arith::SubIOp>(loc, last, iv);
+  r.slot = builder.create<arith::RemUIOp>(loc, iv, c2);
+  r.next = builder.create<arith::SubIOp>(loc, c1, r.slot);
+  r.isFirst = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, r.t, c0);
+  return r;
+}
+
 } // namespace mlir::cell

@@ -13,6 +13,7 @@
 #include "dialects/Cell/IR/CellOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 
@@ -81,6 +82,20 @@ SmallVector<ProjectionOp> projectionsOf(DefOp def);
 /// `type`, a vector of the element type. Returns null for other ops.
 Value buildElementwise(OpBuilder &builder, Operation *op, ValueRange operands,
                        VectorType type);
+
+/// The backward kernels' time loop, over t = steps - 1 down to 0.
+struct ReverseSteps {
+  scf::ForOp loop;
+  /// The step; whether it is the first (t = 0).
+  Value t, isFirst;
+  /// The ping-pong slot of the carried gradients that step t reads (iv % 2),
+  /// and the one it writes for step t - 1.
+  Value slot, next;
+};
+/// Builds the loop and leaves `builder` at the start of its body, after the
+/// values of `ReverseSteps`.
+ReverseSteps buildReverseSteps(OpBuilder &builder, Location loc, Value steps,
+                               Value c0, Value c1, Value c2);
 
 /// A splat constant of `type`.
 Value splat(OpBuilder &builder, Location loc, VectorType type, double value);
