@@ -198,13 +198,11 @@ struct ConvertCellToBatchedKernels
                        "vector-width >= 0");
       return signalPassFailure();
     }
-    for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
-      func::FuncOp grad = backwardStepOf(def);
-      if (!grad || failed(buildForward(def)) || failed(buildBackward(def, grad)))
-        return signalPassFailure();
-      grad->erase();
-      def->erase();
-    }
+    if (failed(replaceCellsByKernels(module, [&](DefOp def, func::FuncOp grad) {
+          return success(succeeded(buildForward(def)) &&
+                         succeeded(buildBackward(def, grad)));
+        })))
+      return signalPassFailure();
   }
 
   /// The plans' options: lanes run along the units, so a concat's parts are

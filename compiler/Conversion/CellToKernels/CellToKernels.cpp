@@ -275,13 +275,11 @@ struct ConvertCellToKernels
     });
     if (shapes.wasInterrupted())
       return signalPassFailure();
-    for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
-      func::FuncOp grad = backwardStepOf(def);
-      if (!grad || failed(buildForward(def)) || failed(buildBackward(def, grad)))
-        return signalPassFailure();
-      grad->erase();
-      def->erase();
-    }
+    if (failed(replaceCellsByKernels(module, [&](DefOp def, func::FuncOp grad) {
+          return success(succeeded(buildForward(def)) &&
+                         succeeded(buildBackward(def, grad)));
+        })))
+      return signalPassFailure();
   }
 
   LogicalResult buildForward(DefOp def);

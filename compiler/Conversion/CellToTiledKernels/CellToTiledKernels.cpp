@@ -373,15 +373,12 @@ struct ConvertCellToTiledKernels
       builder.setInsertionPointToEnd(module.getBody());
       gpuModule = builder.create<gpu::GPUModuleOp>(module.getLoc(), "cellc_kernels");
     }
-    for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
-      func::FuncOp grad = backwardStepOf(def);
-      if (!grad ||
-          failed(buildKernel(def, grad, /*backward=*/false, gpuModule)) ||
-          failed(buildKernel(def, grad, /*backward=*/true, gpuModule)))
-        return signalPassFailure();
-      grad->erase();
-      def->erase();
-    }
+    if (failed(replaceCellsByKernels(module, [&](DefOp def, func::FuncOp grad) {
+          return success(
+              succeeded(buildKernel(def, grad, /*backward=*/false, gpuModule)) &&
+              succeeded(buildKernel(def, grad, /*backward=*/true, gpuModule)));
+        })))
+      return signalPassFailure();
   }
 
   LogicalResult buildKernel(DefOp def, func::FuncOp grad, bool backward,

@@ -259,6 +259,19 @@ Value buildElementwise(OpBuilder &builder, Operation *op, ValueRange operands,
       .Default([](Operation *) { return Value(); });
 }
 
+LogicalResult
+replaceCellsByKernels(ModuleOp module,
+                      function_ref<LogicalResult(DefOp def, func::FuncOp grad)> build) {
+  for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
+    func::FuncOp grad = backwardStepOf(def);
+    if (!grad || failed(build(def, grad)))
+      return failure();
+    grad->erase();
+    def->erase();
+  }
+  return success();
+}
+
 ReverseSteps buildReverseSteps(OpBuilder &builder, Location loc, Value steps,
                                Value c0, Value c1, Value c2) {
   ReverseSteps r;

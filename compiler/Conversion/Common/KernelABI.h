@@ -75,6 +75,12 @@ FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
 /// with an error on `def`, when there is none.
 func::FuncOp backwardStepOf(DefOp def);
 
+/// Replaces each cell of `module`, and its backward step, by the kernels that
+/// `build` makes from them; stops at the first failure.
+LogicalResult
+replaceCellsByKernels(ModuleOp module,
+                      function_ref<LogicalResult(DefOp def, func::FuncOp grad)> build);
+
 /// The projections of `def`, in the order their buffers are passed.
 SmallVector<ProjectionOp> projectionsOf(DefOp def);
 
