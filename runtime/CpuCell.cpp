@@ -369,6 +369,21 @@ driver::Element elementOf(DType dtype) {
   return dtype == DType::F32 ? driver::Element::F32 : driver::Element::F64;
 }
 
+/// The driver's sequence over a time-major `seq` of T steps of B rows.
+llvm::Error driverSequence(const cellc::runtime::CpuCell &cell,
+                           const cellc::runtime::CpuCell::Sequence &seq, int64_t T,
+                           int64_t B, driver::Element e, driver::Sequence &s) {
+  s.steps = T;
+  s.batch = B;
+  s.resets = resetsOf(seq.resets, T, B);
+  if (auto err = viewsOf(seq.inputs, cell.inputs(), e, "input", s.inputs))
+    return err;
+  if (auto err = viewsOf(seq.params, cell.params(), e, "param", s.params))
+    return err;
+  return viewsOf(seq.initialStates, cell.states(), e, "initial state",
+                 s.initialStates);
+}
+
 } // namespace
 
 
@@ -641,6 +656,22 @@ private:
   std::vector<std::vector<double>> storage;
   std::vector<uint8_t> resets;
 };
+
+/// `seq` time-major: itself, or a copy made by `tm` when batch-first.
+llvm::Error timeMajor(const cellc::runtime::CpuCell::Sequence &seq, int64_t eb,
+                      std::optional<TimeMajor> &tm,
+                      cellc::runtime::CpuCell::Sequence &out) {
+  if (!seq.batchFirst) {
+    out = seq;
+    return llvm::Error::success();
+  }
+  tm.emplace(eb);
+  auto inner = tm->sequence(seq);
+  if (!inner)
+    return inner.takeError();
+  out = std::move(*inner);
+  return llvm::Error::success();
+}
 } // namespace
 
 llvm::Error CpuCell::forward(const Sequence &batchFirstOrNot,
@@ -649,14 +680,11 @@ llvm::Error CpuCell::forward(const Sequence &batchFirstOrNot,
                              SavedPtr *saved) {
   // Batch-first sequences run time-major, on copies.
   std::optional<TimeMajor> tm;
-  Sequence seq = batchFirstOrNot;
+  Sequence seq;
+  if (auto e = timeMajor(batchFirstOrNot, elementBytes(), tm, seq))
+    return e;
   std::vector<Array> outputs = callerOutputs;
-  if (seq.batchFirst) {
-    tm.emplace(elementBytes());
-    auto inner = tm->sequence(batchFirstOrNot);
-    if (!inner)
-      return inner.takeError();
-    seq = std::move(*inner);
+  if (tm) {
     if (auto e = tm->convert(callerOutputs, "output", /*copy=*/false, outputs))
       return e;
   }
@@ -669,17 +697,9 @@ llvm::Error CpuCell::forward(const Sequence &batchFirstOrNot,
   }
   driver::Element e = elementOf(elementType);
   driver::Sequence s;
-  s.steps = T;
-  s.batch = B;
-  s.resets = resetsOf(seq.resets, T, B);
+  if (auto err = driverSequence(*this, seq, T, B, e, s))
+    return err;
   std::vector<View> outs, finals;
-  if (auto err = viewsOf(seq.inputs, inputSlots, e, "input", s.inputs))
-    return err;
-  if (auto err = viewsOf(seq.params, paramSlots, e, "param", s.params))
-    return err;
-  if (auto err = viewsOf(seq.initialStates, stateSlots, e, "initial state",
-                         s.initialStates))
-    return err;
   if (auto err = viewsOf(finalStates, stateSlots, e, "final state", finals))
     return err;
   if (auto err = viewsOf(outputs, outputSlots, e, "output", outs))
@@ -699,14 +719,11 @@ llvm::Error CpuCell::backward(const Sequence &batchFirstOrNot, const Saved &save
                               const std::vector<Array> &gradInitialStates) {
   // Batch-first sequences run time-major, on copies.
   std::optional<TimeMajor> tm;
-  Sequence seq = batchFirstOrNot;
+  Sequence seq;
+  if (auto e = timeMajor(batchFirstOrNot, elementBytes(), tm, seq))
+    return e;
   std::vector<Array> dOutputs = gradOutputs, gradInputs = callerGradInputs;
-  if (seq.batchFirst) {
-    tm.emplace(elementBytes());
-    auto inner = tm->sequence(batchFirstOrNot);
-    if (!inner)
-      return inner.takeError();
-    seq = std::move(*inner);
+  if (tm) {
     if (auto e = tm->convert(gradOutputs, "output gradient", /*copy=*/true, dOutputs))
       return e;
     if (auto e = tm->convert(callerGradInputs, "input gradient", /*copy=*/false,
@@ -717,9 +734,8 @@ llvm::Error CpuCell::backward(const Sequence &batchFirstOrNot, const Saved &save
   driver::Element e = elementOf(elementType);
   int64_t T = driver::savedSteps(saved), B = driver::savedBatch(saved);
   driver::Sequence s;
-  s.steps = T;
-  s.batch = B;
-  s.resets = resetsOf(seq.resets, T, B);
+  if (auto err = driverSequence(*this, seq, T, B, e, s))
+    return err;
   std::vector<View> dOut, dFinal, dIn, dPar, dInit;
   if (auto err = viewsOf(dOutputs, outputSlots, e, "gradient of output", dOut))
     return err;
@@ -732,13 +748,6 @@ llvm::Error CpuCell::backward(const Sequence &batchFirstOrNot, const Saved &save
     return err;
   if (auto err = viewsOf(gradInitialStates, stateSlots, e,
                          "gradient of initial state", dInit))
-    return err;
-  if (auto err = viewsOf(seq.inputs, inputSlots, e, "input", s.inputs))
-    return err;
-  if (auto err = viewsOf(seq.params, paramSlots, e, "param", s.params))
-    return err;
-  if (auto err = viewsOf(seq.initialStates, stateSlots, e, "initial state",
-                         s.initialStates))
     return err;
   if (auto err =
           errorOf(impl->driver->backward(s, saved, dOut, dFinal, dIn, dPar, dInit)))
