@@ -6,8 +6,10 @@ import math
 import os
 
 import torch
+from torch.nn.utils.rnn import PackedSequence
 
 from .core import compile as _compile
+
 
 def _shipped(name):
     """A cell shipped with the package (cellc/cells/, copied from examples/)."""
@@ -17,6 +19,7 @@ def _shipped(name):
 
 LSTM_CELL = _shipped("lstm")
 GRU_CELL = _shipped("gru")
+LSTMP_CELL = _shipped("lstmp")
 
 
 def _reverse_resets(resets):
@@ -38,10 +41,15 @@ class _TorchStyleRNN(torch.nn.Module):
                  bidirectional=False, proj_size=0, device=None, dtype=None,
                  recompute="none"):
         super().__init__()
-        if proj_size:
-            raise NotImplementedError("cellc.nn does not support proj_size yet")
-        self.cell = _compile(source)
+        if proj_size < 0:
+            raise ValueError(f"proj_size should be >= 0, got {proj_size}")
+        if proj_size >= hidden_size:
+            raise ValueError(f"proj_size ({proj_size}) has to be smaller than "
+                             f"hidden_size ({hidden_size})")
+        # LSTMP: h is the projection of o * tanh(c) (examples/lstmp.cell).
+        self.cell = _compile(LSTMP_CELL if proj_size else source)
         self.state_names = state_names
+        self.proj_size = proj_size
         self.input_size, self.hidden_size = input_size, hidden_size
         self.num_layers, self.bias = num_layers, bias
         self.batch_first, self.dropout = batch_first, float(dropout)
@@ -51,22 +59,27 @@ class _TorchStyleRNN(torch.nn.Module):
         self.saved_bytes = 0
         directions = 2 if bidirectional else 1
         factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+        # What each layer outputs: h, or its projection.
+        out_size = proj_size or hidden_size
+        #: The shape of each state per layer and direction: h, then c.
+        self._state_sizes = [out_size, hidden_size][:len(state_names)]
         self._names = []
         for layer in range(num_layers):
             for d in range(directions):
                 suffix = f"_l{layer}" + ("_reverse" if d else "")
-                size_in = input_size if layer == 0 else hidden_size * directions
-                names = [f"weight_ih{suffix}", f"weight_hh{suffix}"]
-                self.register_parameter(names[0], torch.nn.Parameter(
-                    torch.empty(gates * hidden_size, size_in, **factory)))
-                self.register_parameter(names[1], torch.nn.Parameter(
-                    torch.empty(gates * hidden_size, hidden_size, **factory)))
+                size_in = input_size if layer == 0 else out_size * directions
+                # torch's order: weight_ih, weight_hh, bias_ih, bias_hh, weight_hr.
+                shapes = {f"weight_ih{suffix}": (gates * hidden_size, size_in),
+                          f"weight_hh{suffix}": (gates * hidden_size, out_size)}
                 if bias:
-                    names += [f"bias_ih{suffix}", f"bias_hh{suffix}"]
-                    for n in names[2:]:
-                        self.register_parameter(n, torch.nn.Parameter(
-                            torch.empty(gates * hidden_size, **factory)))
-                self._names.append(names)
+                    shapes[f"bias_ih{suffix}"] = (gates * hidden_size,)
+                    shapes[f"bias_hh{suffix}"] = (gates * hidden_size,)
+                if proj_size:
+                    shapes[f"weight_hr{suffix}"] = (proj_size, hidden_size)
+                for n, shape in shapes.items():
+                    self.register_parameter(n, torch.nn.Parameter(torch.empty(*shape,
+                                                                              **factory)))
+                self._names.append(list(shapes))
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -82,7 +95,10 @@ class _TorchStyleRNN(torch.nn.Module):
         else:
             b_ih = w_ih.new_zeros(w_ih.shape[0])
             b_hh = w_ih.new_zeros(w_ih.shape[0])
-        return {"W_ih": w_ih, "W_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh}
+        params = {"W_ih": w_ih, "W_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh}
+        if self.proj_size:
+            params["W_hr"] = getattr(self, names[-1])
+        return params
 
     def _run(self, x, hx, resets):
         # x is [T, B, n]; hx is a tuple of [L * D, B, H] or None.
@@ -111,22 +127,59 @@ class _TorchStyleRNN(torch.nn.Module):
         return layer_input, tuple(torch.stack(f) for f in finals)
 
     def _forward(self, input, hx, resets):
-        if input.dim() != 3:
-            raise ValueError(f"expected input of 3 dimensions, got shape {list(input.shape)}")
-        x = input.transpose(0, 1) if self.batch_first else input
+        name = type(self).__name__
+        if isinstance(input, PackedSequence):
+            raise TypeError(
+                f"cellc.nn.{name} does not take a PackedSequence yet: the kernels do not "
+                "run per-sample lengths. Padding it would change the final states, so "
+                f"run torch.nn.{name} for packed input")
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"cellc.nn.{name}: input must be a tensor, got "
+                            f"{type(input).__name__}")
+        if input.dim() not in (2, 3):
+            raise ValueError(f"cellc.nn.{name}: expected input of 2 (unbatched) or 3 "
+                             f"dimensions, got shape {list(input.shape)}")
+        batched = input.dim() == 3
+        # Unbatched input is [T, n] whatever batch_first says, as in torch.
+        if not batched:
+            x = input.unsqueeze(1)
+        else:
+            x = input.transpose(0, 1) if self.batch_first else input
         if resets is not None:
             if resets.dtype != torch.bool:
                 raise TypeError("resets must be a bool tensor")
-            resets = resets.transpose(0, 1) if self.batch_first else resets
+            if resets.dim() != input.dim() - 1:
+                raise ValueError(f"resets must have {input.dim() - 1} dimensions, got "
+                                 f"shape {list(resets.shape)}")
+            if not batched:
+                resets = resets.unsqueeze(1)
+            elif self.batch_first:
+                resets = resets.transpose(0, 1)
+        if hx is not None:
+            hx = tuple(self._check_state(h, i, x.shape[1], batched)
+                       for i, h in enumerate(hx))
         out, finals = self._run(x, hx, resets)
+        if not batched:
+            return out.squeeze(1), tuple(f.squeeze(1) for f in finals)
         if self.batch_first:
             out = out.transpose(0, 1)
         return out, finals
 
+    def _check_state(self, h, i, batch, batched):
+        """The i-th initial state, [L * D, B, n] (unbatched: [L * D, n])."""
+        layers = self.num_layers * (2 if self.bidirectional else 1)
+        want = (layers, batch, self._state_sizes[i]) if batched else \
+            (layers, self._state_sizes[i])
+        if not isinstance(h, torch.Tensor) or tuple(h.shape) != want:
+            got = list(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
+            raise ValueError(f"cellc.nn.{type(self).__name__}: expected initial state "
+                             f"'{self.state_names[i]}' of shape {list(want)}, got {got}")
+        return h if batched else h.unsqueeze(1)
+
 
 class LSTM(_TorchStyleRNN):
-    """torch.nn.LSTM on cellc kernels: the same arguments, state_dict keys and
-    forward; `recompute` ("none", "full", "chunk:K") trades memory for time,
+    """torch.nn.LSTM on cellc kernels: the same arguments (proj_size runs
+    examples/lstmp.cell), state_dict keys and forward; `recompute` ("none", "full", "chunk:K") trades memory for time,
     and `resets` ([T, B] bool, or [B, T] with batch_first) restarts episodes
     from the initial state inside the sequence."""
 
@@ -138,6 +191,8 @@ class LSTM(_TorchStyleRNN):
                          dtype, recompute)
 
     def forward(self, input, hx=None, resets=None):
+        if hx is not None and (not isinstance(hx, (tuple, list)) or len(hx) != 2):
+            raise ValueError("cellc.nn.LSTM: hx must be a tuple (h_0, c_0)")
         out, (h, c) = self._forward(input, hx, resets)
         return out, (h, c)
 

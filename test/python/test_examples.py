@@ -36,3 +36,13 @@ def test_custom_cell_learns():
     assert m, out
     first, last = float(m.group(1)), float(m.group(2))
     assert last < 0.5 * first, f"loss {first} -> {last}"
+
+
+def test_ddp_gradients_equal_one_process_over_the_whole_batch():
+    # Two gloo processes, each on half of every batch, for five SGD steps.
+    out = run_example("ddp_lstm.py")
+    m = re.search(r"largest difference between DDP's gradients and one process's: (\S+)", out)
+    assert m, out
+    assert float(m.group(1)) < 1e-5, out
+    losses = re.findall(r"^step \d+  loss", out, re.M)
+    assert len(losses) == 5, out

@@ -90,3 +90,89 @@ def test_resets_split_episodes_in_both_directions(cls):
     first, _ = rnn(x[:5])
     second, _ = rnn(x[5:])
     torch.testing.assert_close(whole, torch.cat([first, second]), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_lstm_with_proj_size_matches_torch(num_layers, bidirectional, with_state):
+    torch.manual_seed(5)
+    T, B, I, H, P = 5, 3, 4, 6, 3
+    ref = torch.nn.LSTM(I, H, num_layers=num_layers, bidirectional=bidirectional,
+                        proj_size=P)
+    mine = cellc.nn.LSTM(I, H, num_layers=num_layers, bidirectional=bidirectional,
+                         proj_size=P)
+    assert list(mine.state_dict()) == list(ref.state_dict())
+    D = 2 if bidirectional else 1
+    hx = (torch.randn(num_layers * D, B, P), torch.randn(num_layers * D, B, H)) \
+        if with_state else None
+    _compare(ref, mine, torch.randn(T, B, I), hx)
+
+
+@pytest.mark.parametrize("cls", ["LSTM", "GRU"])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_unbatched_input_matches_torch(cls, with_state):
+    torch.manual_seed(6)
+    T, I, H = 5, 3, 4
+    ref = getattr(torch.nn, cls)(I, H, num_layers=2, batch_first=True)
+    mine = getattr(cellc.nn, cls)(I, H, num_layers=2, batch_first=True)
+    n_states = 2 if cls == "LSTM" else 1
+    hx = tuple(torch.randn(2, H) for _ in range(n_states)) if with_state else None
+    _compare(ref, mine, torch.randn(T, I), hx)
+
+
+def test_dropout_between_layers_runs_in_training_only():
+    torch.manual_seed(7)
+    mine = cellc.nn.LSTM(3, 5, num_layers=2, dropout=0.5)
+    ref = torch.nn.LSTM(3, 5, num_layers=2, dropout=0.5)
+    ref.load_state_dict(mine.state_dict())
+    x = torch.randn(4, 2, 3)
+    mine.eval(), ref.eval()
+    torch.testing.assert_close(mine(x)[0], ref(x)[0], atol=2e-5, rtol=1e-5)
+    mine.train()
+    a, b = mine(x)[0], mine(x)[0]
+    assert not torch.equal(a, b), "dropout between the layers draws a new mask each call"
+
+
+def test_what_torch_accepts_and_cellc_does_not_is_refused():
+    lstm = cellc.nn.LSTM(3, 4)
+    x = torch.randn(5, 2, 3)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([5, 3]))
+    with pytest.raises(TypeError, match="PackedSequence"):
+        lstm(packed)
+    with pytest.raises(ValueError, match="proj_size"):
+        cellc.nn.LSTM(3, 4, proj_size=4)
+    with pytest.raises(ValueError, match="proj_size"):
+        cellc.nn.LSTM(3, 4, proj_size=-1)
+    with pytest.raises(ValueError, match="2 \\(unbatched\\) or 3 dimensions"):
+        lstm(torch.randn(5, 2, 3, 1))
+    with pytest.raises(ValueError, match="initial state 'h' of shape \\[1, 2, 4\\]"):
+        lstm(x, (torch.randn(1, 3, 4), torch.randn(1, 3, 4)))
+    with pytest.raises(ValueError, match="initial state 'c' of shape \\[1, 2, 4\\]"):
+        lstm(x, (torch.randn(1, 2, 4), torch.randn(2, 2, 4)))
+    with pytest.raises(ValueError, match="hx must be a tuple"):
+        lstm(x, torch.randn(1, 2, 4))
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+def test_modules_round_trip(how, tmp_path):
+    import copy
+    torch.manual_seed(8)
+    mine = cellc.nn.LSTM(3, 5, num_layers=2, proj_size=2)
+    if how == "deepcopy":
+        other = copy.deepcopy(mine)
+    else:
+        torch.save(mine, tmp_path / "m.pt")
+        other = torch.load(tmp_path / "m.pt", weights_only=False) \
+            if "weights_only" in torch.load.__code__.co_varnames \
+            else torch.load(tmp_path / "m.pt")
+    x = torch.randn(4, 2, 3)
+    out, _ = mine(x)
+    out2, _ = other(x)
+    torch.testing.assert_close(out2, out, atol=0, rtol=0)
+    out2.sum().backward()
+    out.sum().backward()
+    for (n, p), q in zip(mine.named_parameters(), other.parameters()):
+        assert q.grad is not None, n
+        torch.testing.assert_close(q.grad, p.grad, atol=0, rtol=0)
+        assert q.data_ptr() != p.data_ptr(), "the copy has its own parameters"
