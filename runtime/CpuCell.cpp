@@ -376,6 +376,7 @@ llvm::Error driverSequence(const cellc::runtime::CpuCell &cell,
   s.steps = T;
   s.batch = B;
   s.resets = resetsOf(seq.resets, T, B);
+  s.lengths = seq.lengths;
   if (auto err = viewsOf(seq.inputs, cell.inputs(), e, "input", s.inputs))
     return err;
   if (auto err = viewsOf(seq.params, cell.params(), e, "param", s.params))

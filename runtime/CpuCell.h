@@ -143,6 +143,10 @@ public:
     std::vector<Array> params;
     std::vector<Array> initialStates;
     const uint8_t *resets = nullptr;
+    /// Per-sample lengths (empty: all T): sample b runs steps 0 ..
+    /// lengths[b] - 1; its outputs after them are zero and its final state
+    /// is its state after its last step (driver::Sequence::lengths).
+    std::vector<int64_t> lengths;
     int64_t steps = -1;
     int64_t batch = -1;
     /// When set, inputs, outputs, their gradients and the resets are laid out

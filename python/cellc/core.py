@@ -48,11 +48,38 @@ def _parse_mode(save_gates, recompute):
     return recompute
 
 
+def _check_lengths(lengths, T, B):
+    """Per-sample lengths as a list of B ints in [0, T] ([] for none): from
+    an int64 CPU tensor of shape [B], as torch's PackedSequence keeps them, or
+    a list."""
+    if lengths is None:
+        return []
+    if isinstance(lengths, torch.Tensor):
+        if lengths.dtype != torch.int64:
+            raise TypeError(f"lengths must be an int64 tensor, got {lengths.dtype}")
+        if lengths.device.type != "cpu":
+            raise ValueError(f"lengths must be on the CPU (as PackedSequence keeps them), "
+                             f"got {lengths.device}")
+        if lengths.dim() != 1:
+            raise ValueError(f"lengths must be [B], got shape {list(lengths.shape)}")
+        lengths = lengths.tolist()
+    elif isinstance(lengths, (list, tuple)) and all(isinstance(n, int) for n in lengths):
+        lengths = list(lengths)
+    else:
+        raise TypeError("lengths must be an int64 tensor or a list of ints")
+    if len(lengths) != B:
+        raise ValueError(f"expected {B} lengths, one a sample, got {len(lengths)}")
+    bad = [n for n in lengths if n < 0 or n > T]
+    if bad:
+        raise ValueError(f"lengths must be in [0, T = {T}], got {bad[0]}")
+    return lengths
+
+
 class _CellFunction(torch.autograd.Function):
     """One call of a compiled cell: forward and backward in the CPU runtime."""
 
     @staticmethod
-    def forward(ctx, compiled, mode, resets, training, counts, stats, *tensors):
+    def forward(ctx, compiled, mode, resets, lengths, training, counts, stats, *tensors):
         n_in, n_par, n_st, batch_first = counts
         inputs = tensors[:n_in]
         params = tensors[n_in:n_in + n_par]
@@ -66,11 +93,11 @@ class _CellFunction(torch.autograd.Function):
         resets_ptr = resets.data_ptr() if resets is not None else 0
         saved = compiled.forward(buf(inputs), buf(params), buf(states), resets_ptr,
                                  T, B, batch_first, buf(outputs), buf(finals), mode,
-                                 training)
+                                 training, lengths)
         ctx.compiled, ctx.saved, ctx.counts = compiled, saved, counts
         stats["saved_bytes"] = saved.nbytes if saved is not None else 0
         ctx.steps_batch = (T, B)
-        ctx.resets = resets
+        ctx.resets, ctx.lengths = resets, lengths
         if training:
             ctx.save_for_backward(*tensors)
         return (*outputs, *finals)
@@ -97,8 +124,8 @@ class _CellFunction(torch.autograd.Function):
         resets_ptr = ctx.resets.data_ptr() if ctx.resets is not None else 0
         ctx.compiled.backward(buf(inputs), buf(params), buf(states), resets_ptr, T, B,
                               batch_first, ctx.saved, buf(grad_out), buf(grad_fin),
-                              buf(d_in), buf(d_par), buf(d_st))
-        return (None, None, None, None, None, None, *d_in, *d_par,
+                              buf(d_in), buf(d_par), buf(d_st), ctx.lengths)
+        return (None, None, None, None, None, None, None, *d_in, *d_par,
                 *(d_st if states else ()))
 
 
@@ -249,7 +276,7 @@ class Cell:
     # Running -----------------------------------------------------------------
 
     def __call__(self, x, params, states=None, *, save_gates=True, resets=None,
-                 recompute=None, batch_first=False):
+                 recompute=None, batch_first=False, lengths=None):
         names_in = [n for n, _ in self.inputs]
         if not names_in:
             raise ValueError("this cell declares no input; the Python API needs one to "
@@ -319,9 +346,10 @@ class Cell:
             if not isinstance(resets, torch.Tensor) or tuple(resets.shape) != want:
                 raise ValueError(f"resets must be a bool tensor of shape {list(want)}")
             resets = resets.to(torch.uint8).contiguous()
+        lengths = _check_lengths(lengths, T, B)
         if device.type == "cuda":
             return self._call_cuda(sizes, names_in, inputs, names_par, params, states, resets,
-                                   save_gates, recompute, batch_first, device)
+                                   save_gates, recompute, batch_first, device, lengths)
         compiled = self.jit(sizes, dtype, batch=B, seq_len=T)
         state_list = []
         if states is not None:
@@ -333,8 +361,8 @@ class Cell:
         training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         counts = (len(inputs), len(names_par), len(state_list), batch_first)
         stats = {}
-        results = _CellFunction.apply(compiled, mode, resets, training, counts, stats,
-                                      *tensors)
+        results = _CellFunction.apply(compiled, mode, resets, lengths, training, counts,
+                                      stats, *tensors)
         self.saved_bytes = stats.get("saved_bytes", 0)
         n_out = len(compiled.outputs)
         outs, finals = results[:n_out], results[n_out:]
@@ -374,7 +402,7 @@ class Cell:
         return path
 
     def _call_cuda(self, sizes, names_in, inputs, names_par, params, states, resets,
-                   save_gates, recompute, batch_first, device):
+                   save_gates, recompute, batch_first, device, lengths):
         from . import cuda
         index = device.index if device.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
@@ -392,7 +420,8 @@ class Cell:
               for n, t in zip(names_in, inputs)}
         if resets is not None:
             resets = resets.transpose(0, 1) if batch_first else resets
-        out, final = cell(xs, {n: params[n] for n in names_par}, states, resets, mode)
+        out, final = cell(xs, {n: params[n] for n in names_par}, states, resets, mode,
+                          lengths)
         self.saved_bytes = cell.saved_bytes
         if batch_first:
             out = {n: t.transpose(0, 1) for n, t in out.items()}

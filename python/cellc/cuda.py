@@ -98,10 +98,12 @@ def _library():
     lib.cellc_driver_new.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Callbacks)] + err
     lib.cellc_driver_new.restype = ctypes.c_void_p
     lib.cellc_driver_free.argtypes = [ctypes.c_void_p]
+    lengths = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
     lib.cellc_driver_forward.argtypes = ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64,
-                                          ctypes.c_int64] + [V] * 6
+                                          ctypes.c_int64] + [V] * 4 + lengths + [V] * 2
                                          + [ctypes.POINTER(ctypes.c_void_p)] + err)
-    lib.cellc_driver_backward.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [V] * 9 + err
+    lib.cellc_driver_backward.argtypes = ([ctypes.c_void_p, ctypes.c_void_p] + [V] * 4
+                                          + lengths + [V] * 5 + err)
     lib.cellc_saved_bytes.argtypes = [ctypes.c_void_p]
     lib.cellc_saved_bytes.restype = ctypes.c_int64
     lib.cellc_saved_free.argtypes = [ctypes.c_void_p]
@@ -302,7 +304,8 @@ class CudaCell:
         self._driver_handle = handle
         return handle, self._backend
 
-    def __call__(self, inputs, params, states=None, resets=None, recompute="none"):
+    def __call__(self, inputs, params, states=None, resets=None, recompute="none",
+                 lengths=None):
         """Runs the sequence under autograd. inputs {name: [T, B, n]}, params
         {name: tensor}, states {name: [B, n]} or None: both the start states
         and the values that rows reset to. `recompute`: 'none' saves the
@@ -342,7 +345,8 @@ class CudaCell:
         flat = ([inputs[n] for n, _ in interface.inputs]
                 + [params[n] for n, _ in interface.params]
                 + [states[n] for n, _ in interface.states])
-        results = _Sequence.apply(self, recompute, resets, interface, *flat)
+        results = _Sequence.apply(self, recompute, resets, list(lengths or []), interface,
+                                  *flat)
         outs = results[:len(interface.outputs)]
         finals = results[len(interface.outputs):]
         return (dict(zip([n for n, _ in interface.outputs], outs)),
@@ -516,7 +520,7 @@ def _sequence_class():
 
     class Sequence(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, cell, mode, resets, slots, *flat):
+        def forward(ctx, cell, mode, resets, lengths, slots, *flat):
             handle, backend = cell._driver()
             n_in, n_par = len(slots.inputs), len(slots.params)
             inputs, params, states = flat[:n_in], flat[n_in:n_in + n_par], flat[n_in + n_par:]
@@ -532,18 +536,22 @@ def _sequence_class():
                      [backend.register(o) for o in outputs],
                      [backend.register(f) for f in finals])
             # Inside forward autograd is off: whether a gradient is wanted is
-            # in needs_input_grad (cell, mode, resets and slots first).
-            training = any(ctx.needs_input_grad[4:])
+            # in needs_input_grad (cell, mode, resets, lengths and slots first).
+            training = any(ctx.needs_input_grad[5:])
+            ctx_lengths = lengths
+            lengths = (ctypes.c_int64 * max(1, len(lengths)))(*lengths)
             saved = ctypes.c_void_p()
             try:
                 backend.call(_library().cellc_driver_forward, handle, mode.encode(), T, B,
                              _views(views[0]), _views(views[1]), _views(views[2]),
-                             _views(views[3]), _views(views[4]), _views(views[5]),
+                             _views(views[3]), lengths, len(ctx_lengths),
+                             _views(views[4]), _views(views[5]),
                              ctypes.byref(saved) if training else None)
             finally:
                 for v in views:
                     backend.unregister(v)
             ctx.cell, ctx.resets, ctx.slots, ctx.saved_handle = cell, r, slots, saved
+            ctx.lengths = ctx_lengths
             cell.saved_bytes = _library().cellc_saved_bytes(saved) if saved.value else 0
             ctx.save_for_backward(*flat)
             return tuple(outputs) + tuple(finals)
@@ -574,14 +582,16 @@ def _sequence_class():
                      [backend.register(t) for t in d_par],
                      [backend.register(t) for t in d_st])
             try:
+                lengths = (ctypes.c_int64 * max(1, len(ctx.lengths)))(*ctx.lengths)
                 backend.call(_library().cellc_driver_backward, handle, ctx.saved_handle,
-                             *[_views(v) for v in views])
+                             *[_views(v) for v in views[:4]], lengths, len(ctx.lengths),
+                             *[_views(v) for v in views[4:]])
             finally:
                 for v in views:
                     backend.unregister(v)
                 _library().cellc_saved_free(ctx.saved_handle)
                 ctx.saved_handle = None
-            return (None, None, None, None) + tuple(d_in) + tuple(d_par) + tuple(d_st)
+            return (None,) * 5 + tuple(d_in) + tuple(d_par) + tuple(d_st)
 
     return Sequence
 

@@ -103,7 +103,8 @@ struct PyCell {
 
   CpuCell::Sequence sequence(const Buffers &inputs, const Buffers &params,
                              const Buffers &states, uintptr_t resets,
-                             int64_t steps, int64_t batch, bool batchFirst) {
+                             int64_t steps, int64_t batch, bool batchFirst,
+                             const std::vector<int64_t> &lengths) {
     CpuCell::Sequence seq;
     seq.inputs = arrays(inputs);
     seq.params = arrays(params);
@@ -112,6 +113,7 @@ struct PyCell {
     seq.steps = steps;
     seq.batch = batch;
     seq.batchFirst = batchFirst;
+    seq.lengths = lengths;
     return seq;
   }
 
@@ -119,13 +121,14 @@ struct PyCell {
                                    const Buffers &states, uintptr_t resets,
                                    int64_t steps, int64_t batch, bool batchFirst,
                                    const Buffers &outputs, const Buffers &finals,
-                                   const std::string &mode, bool training) {
+                                   const std::string &mode, bool training,
+                                   const std::vector<int64_t> &lengths) {
     auto parsed = Recompute::parse(mode);
     if (!parsed)
       throw py::value_error(llvm::toString(parsed.takeError()));
     auto saved = std::make_shared<PySaved>();
     CpuCell::Sequence seq =
-        sequence(inputs, params, states, resets, steps, batch, batchFirst);
+        sequence(inputs, params, states, resets, steps, batch, batchFirst, lengths);
     {
       py::gil_scoped_release release;
       check(cell->forward(seq, arrays(outputs), arrays(finals), *parsed,
@@ -139,11 +142,11 @@ struct PyCell {
                 int64_t batch, bool batchFirst, const PySaved &saved,
                 const Buffers &gradOutputs, const Buffers &gradFinals,
                 const Buffers &gradInputs, const Buffers &gradParams,
-                const Buffers &gradStates) {
+                const Buffers &gradStates, const std::vector<int64_t> &lengths) {
     if (!saved.saved)
       throw py::value_error("backward needs a forward run with training=True");
     CpuCell::Sequence seq =
-        sequence(inputs, params, states, resets, steps, batch, batchFirst);
+        sequence(inputs, params, states, resets, steps, batch, batchFirst, lengths);
     py::gil_scoped_release release;
     check(cell->backward(seq, *saved.saved, arrays(gradOutputs),
                          arrays(gradFinals), arrays(gradInputs),

@@ -209,6 +209,7 @@ void cellc_driver_free(void *driver) { delete static_cast<DriverHandle *>(driver
 int cellc_driver_forward(void *handle, const char *mode, int64_t steps, int64_t batch,
                          const cellc_view *inputs, const cellc_view *params,
                          const cellc_view *initial, const cellc_view *resets,
+                         const int64_t *lengths, int64_t numLengths,
                          const cellc_view *outputs, const cellc_view *finals,
                          void **saved, char *error, size_t size) {
   return guarded(error, size, [&] {
@@ -225,6 +226,8 @@ int cellc_driver_forward(void *handle, const char *mode, int64_t steps, int64_t 
     seq.params = viewsOf(params, cell.params.size());
     seq.initialStates = viewsOf(initial, cell.states.size());
     seq.resets = viewOf(*resets);
+    if (numLengths > 0)
+      seq.lengths.assign(lengths, lengths + numLengths);
     SavedPtr kept;
     Status s = d->driver->forward(seq, viewsOf(outputs, cell.outputs.size()),
                                   viewsOf(finals, cell.states.size()), *parsed,
@@ -237,7 +240,8 @@ int cellc_driver_forward(void *handle, const char *mode, int64_t steps, int64_t 
 
 int cellc_driver_backward(void *handle, void *saved, const cellc_view *inputs,
                           const cellc_view *params, const cellc_view *initial,
-                          const cellc_view *resets, const cellc_view *gradOutputs,
+                          const cellc_view *resets, const int64_t *lengths,
+                          int64_t numLengths, const cellc_view *gradOutputs,
                           const cellc_view *gradFinals, const cellc_view *gradInputs,
                           const cellc_view *gradParams, const cellc_view *gradInitial,
                           char *error, size_t size) {
@@ -252,6 +256,8 @@ int cellc_driver_backward(void *handle, void *saved, const cellc_view *inputs,
     seq.params = viewsOf(params, cell.params.size());
     seq.initialStates = viewsOf(initial, cell.states.size());
     seq.resets = viewOf(*resets);
+    if (numLengths > 0)
+      seq.lengths.assign(lengths, lengths + numLengths);
     return d->driver->backward(seq, kept, viewsOf(gradOutputs, cell.outputs.size()),
                                viewsOf(gradFinals, cell.states.size()),
                                viewsOf(gradInputs, cell.inputs.size()),

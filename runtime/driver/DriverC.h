@@ -74,17 +74,21 @@ void *cellc_driver_new(void *interface, const cellc_callbacks *callbacks,
 void cellc_driver_free(void *driver);
 
 /* The sequence's inputs, params and initial states (buffer -1: zeros) in
- * declaration order, resets (buffer -1: none). With `saved`, forward keeps
- * what backward needs in `mode` ("none", "full", "chunk:K"). */
+ * declaration order, resets (buffer -1: none), `num_lengths` per-sample
+ * lengths on the host (0: none; driver::Sequence::lengths). With `saved`,
+ * forward keeps what backward needs in `mode` ("none", "full", "chunk:K");
+ * backward takes the same lengths. */
 int cellc_driver_forward(void *driver, const char *mode, int64_t steps,
                          int64_t batch, const cellc_view *inputs,
                          const cellc_view *params, const cellc_view *initial,
-                         const cellc_view *resets, const cellc_view *outputs,
+                         const cellc_view *resets, const int64_t *lengths,
+                         int64_t num_lengths, const cellc_view *outputs,
                          const cellc_view *finals, void **saved, char *error,
                          size_t size);
 int cellc_driver_backward(void *driver, void *saved, const cellc_view *inputs,
                           const cellc_view *params, const cellc_view *initial,
-                          const cellc_view *resets, const cellc_view *grad_outputs,
+                          const cellc_view *resets, const int64_t *lengths,
+                          int64_t num_lengths, const cellc_view *grad_outputs,
                           const cellc_view *grad_finals, const cellc_view *grad_inputs,
                           const cellc_view *grad_params,
                           const cellc_view *grad_initial, char *error, size_t size);

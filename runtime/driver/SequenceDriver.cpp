@@ -28,6 +28,21 @@ Status check(const View &view, const std::vector<int64_t> &shape,
   return Status();
 }
 
+/// Checks per-sample lengths: none, or B of them in [0, T].
+Status checkLengths(const std::vector<int64_t> &lengths, int64_t T, int64_t B) {
+  if (lengths.empty())
+    return Status();
+  if (int64_t(lengths.size()) != B)
+    return Status::error("expected " + std::to_string(B) +
+                         " lengths, one a sample, got " + std::to_string(lengths.size()));
+  for (size_t b = 0; b < lengths.size(); ++b)
+    if (lengths[b] < 0 || lengths[b] > T)
+      return Status::error("length " + std::to_string(lengths[b]) + " of sample " +
+                           std::to_string(b) + " is outside [0, T = " +
+                           std::to_string(T) + "]");
+  return Status();
+}
+
 } // namespace
 
 //===----------------------------------------------------------------------===//
@@ -102,6 +117,8 @@ public:
   /// none: the planned gate values, [T, B, S].
   SequenceDriver::Scratch gates;
   bool hasGates = false;
+  /// The forward's per-sample lengths (empty: all T).
+  std::vector<int64_t> lengths;
 };
 
 void SavedDeleter::operator()(Saved *saved) const { delete saved; }
@@ -267,6 +284,108 @@ Status SequenceDriver::resetsAndInitial(const Sequence &seq,
   return Status();
 }
 
+Status SequenceDriver::zeroPastLengths(const std::vector<int64_t> &lengths,
+                                      const std::vector<View> &views) {
+  for (const View &v : views) {
+    if (!v.valid())
+      continue;
+    int64_t T = v.shape[0], B = v.shape[1], n = v.shape[2];
+    Scratch zeros;
+    if (Status e = Scratch::make(backend, {B, n}, v.element(), true, zeros))
+      return e;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t b = 0; b < B;) {
+        if (lengths[b] > t) {
+          ++b;
+          continue;
+        }
+        int64_t end = b;
+        while (end < B && lengths[end] <= t)
+          ++end;
+        if (Status e = backend->copy(zeros.view().at(0, {end - b, n}),
+                                     v.at((t * B + b) * n, {end - b, n})))
+          return e;
+        b = end;
+      }
+  }
+  return Status();
+}
+
+Status SequenceDriver::gatherFinalStates(const std::vector<int64_t> &lengths,
+                                        int64_t t0, int64_t len,
+                                        const std::vector<View> &history,
+                                        const std::vector<View> &finalStates) {
+  int64_t B = lengths.size();
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t last = lengths[b] - 1;
+    if (last < t0 || last >= t0 + len)
+      continue;
+    for (size_t i = 0; i < cell.states.size(); ++i) {
+      int64_t n = cell.states[i].shape[0];
+      // A [B, n] view (the initial states, t0 = -1) or [len, B, n].
+      int64_t row = history[i].shape.size() == 2 ? b : (last - t0) * B + b;
+      if (Status e = backend->copy(history[i].at(row * n, {n}),
+                                   finalStates[i].at(b * n, {n})))
+        return e;
+    }
+  }
+  return Status();
+}
+
+std::vector<int64_t> SequenceDriver::pieceEnds(const std::vector<int64_t> &lengths,
+                                               int64_t t0, int64_t len) {
+  std::vector<int64_t> ends = {t0 + len - 1};
+  for (int64_t length : lengths)
+    if (length - 1 >= t0 && length - 1 < t0 + len - 1)
+      ends.push_back(length - 1);
+  std::sort(ends.rbegin(), ends.rend());
+  ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+  return ends;
+}
+
+SequenceDriver::Chunk SequenceDriver::slice(const Chunk &chunk, int64_t B,
+                                            int64_t begin, int64_t len) {
+  if (begin == chunk.t0 && len == chunk.len)
+    return chunk;
+  int64_t o = begin - chunk.t0;
+  // [len, B, n] views from step `o` on; empty ones ([0, B, n]) stay empty.
+  auto steps = [&](const View &v) {
+    return v.shape[0] == 0 ? v : v.at(o * B * v.shape[2], {len, B, v.shape[2]});
+  };
+  Chunk piece = chunk;
+  piece.t0 = begin;
+  piece.len = len;
+  piece.gates = steps(chunk.gates);
+  for (size_t p = 0; p < chunk.projections.size(); ++p)
+    piece.projections[p] = steps(chunk.projections[p]);
+  for (size_t i = 0; i < chunk.history.size(); ++i) {
+    int64_t n = chunk.history[i].shape[2];
+    piece.history[i] = steps(chunk.history[i]);
+    if (o > 0)
+      piece.start[i] = chunk.history[i].at((o - 1) * B * n, {B, n});
+  }
+  return piece;
+}
+
+Status SequenceDriver::injectFinalStateGrads(const std::vector<int64_t> &lengths,
+                                            int64_t step,
+                                            const std::vector<View> &gradFinalStates,
+                                            std::vector<Scratch> &carry) {
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    if (lengths[b] - 1 != step)
+      continue;
+    for (size_t i = 0; i < cell.states.size(); ++i) {
+      if (!gradFinalStates[i].valid())
+        continue;
+      int64_t n = cell.states[i].shape[0];
+      if (Status e = backend->add(gradFinalStates[i].at(b * n, {n}),
+                                  carry[i].view().at(b * n, {n})))
+        return e;
+    }
+  }
+  return Status();
+}
+
 Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &outputs,
                                const std::vector<View> &finalStates, Recompute mode,
                                SavedPtr *saved) {
@@ -313,6 +432,8 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
   if (seq.resets.valid())
     if (Status e = check(seq.resets, {T, B}, "resets"))
       return e;
+  if (Status e = checkLengths(seq.lengths, T, B))
+    return e;
 
   // Zeros for what the caller left out: no resets, no initial states.
   std::vector<Scratch> defaults;
@@ -389,6 +510,8 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
                             : gates.view();
     if (Status e = runForwardChunk(seq, chunk, saveGates))
       return e;
+    if (Status e = gatherFinalStates(seq.lengths, t0, len, chunk.history, finalStates))
+      return e;
     // The next chunk starts where this one ended.
     for (size_t i = 0; i < cell.states.size(); ++i) {
       int64_t n = cell.states[i].shape[0];
@@ -397,9 +520,18 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
         return e;
     }
   }
-  for (size_t i = 0; i < cell.states.size(); ++i)
-    if (Status e = backend->copy(start[i].view(), finalStates[i]))
+  if (seq.lengths.empty()) {
+    for (size_t i = 0; i < cell.states.size(); ++i)
+      if (Status e = backend->copy(start[i].view(), finalStates[i]))
+        return e;
+  } else {
+    // Samples of length 0 end where they start.
+    if (Status e = gatherFinalStates(seq.lengths, -1, 1, initial, finalStates))
       return e;
+    if (Status e = zeroPastLengths(seq.lengths, outputs))
+      return e;
+  }
+  keep->lengths = seq.lengths;
 
   if (!training)
     return Status();
@@ -477,6 +609,8 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
   for (size_t i = 0; i < cell.inputs.size(); ++i)
     if (seq.inputs[i].shape != std::vector<int64_t>{T, B, cell.inputs[i].shape[0]})
       return Status::error("backward must see the forward's inputs");
+  if (seq.lengths != saved.lengths)
+    return Status::error("backward must see the forward's lengths");
 
   std::vector<Scratch> defaults;
   View resets;
@@ -503,15 +637,30 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
       return e;
     if (Status e = Scratch::make(backend, {B, n}, cell.compute, true, carry[i]))
       return e;
-    if (gradFinalStates[i].valid())
+    // With lengths, each sample's final-state gradient joins the carry at
+    // its own last step (injectFinalStateGrads).
+    if (gradFinalStates[i].valid() && seq.lengths.empty())
       if (Status e = backend->copy(gradFinalStates[i], carry[i].view()))
         return e;
   }
-  for (size_t i = 0; i < cell.outputs.size(); ++i)
-    if (!gradOutputs[i].valid())
+  // The outputs' gradients (none: zeros); with lengths, none past a sample's
+  // last step, where its outputs are constant zeros.
+  std::vector<View> outputGrads;
+  for (size_t i = 0; i < cell.outputs.size(); ++i) {
+    if (!gradOutputs[i].valid() || !seq.lengths.empty()) {
       if (Status e = Scratch::make(backend, {T, B, cell.outputs[i].shape[0]},
                                    cell.storage, true, zeroOutputGrads[i]))
         return e;
+      if (gradOutputs[i].valid())
+        if (Status e = backend->copy(gradOutputs[i], zeroOutputGrads[i].view()))
+          return e;
+    }
+    outputGrads.push_back(zeroOutputGrads[i].view().valid() ? zeroOutputGrads[i].view()
+                                                              : gradOutputs[i]);
+  }
+  if (!seq.lengths.empty())
+    if (Status e = zeroPastLengths(seq.lengths, outputGrads))
+      return e;
 
   int64_t K = saved.chunkSteps;
   bool chunked = K < T;
@@ -585,148 +734,163 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
     }
     for (size_t i = 0; i < cell.states.size(); ++i)
       chunk.finalStateGrads.push_back(carry[i].view());
-    for (size_t i = 0; i < cell.outputs.size(); ++i)
-      chunk.outputGrads.push_back(gradOutputs[i].valid() ? gradOutputs[i]
-                                                         : zeroOutputGrads[i].view());
+    chunk.outputGrads = outputGrads;
 
-    // The backward kernel's arguments, in its order, with scratch for what it
-    // writes.
-    const Kernel &kernel = cell.backward;
-    std::vector<Arg> args;
-    std::vector<size_t> resultArgs;
-    if (Status e = bind(kernel, seq, chunk, /*backward=*/true, args, resultArgs))
-      return e;
-    std::vector<Scratch> results(kernel.args.size());
-    struct Written {
-      ArgKind kind;
-      std::string name;
-      View view;
-    };
-    std::vector<Written> written;
-    for (size_t a : resultArgs) {
-      const KernelArg &arg = kernel.args[a];
-      View &v = args[a].view;
-      if (arg.sameAs >= 0 && size_t(arg.sameAs) < a) {
-        // The same values as an earlier result: its buffer.
-        v = args[arg.sameAs].view;
-      } else {
-        std::vector<int64_t> shape = arg.shape;
-        for (size_t d = 0; d < shape.size(); ++d)
-          if (shape[d] < 0)
-            shape[d] = shape.size() == 3 && d == 0 ? len : B;
-        if (Status e = Scratch::make(backend, shape, arg.element.value_or(cell.compute),
-                                     false, results[a]))
-          return e;
-        v = results[a].view();
-      }
-      // A zero result adds nothing to what it is folded into (weight rows
-      // and vectors go in pairs, so they stay).
-      if (!arg.zero || arg.kind == ArgKind::WeightRows ||
-          arg.kind == ArgKind::WeightVectors)
-        written.push_back({arg.kind, arg.name, v});
-    }
-    std::vector<Scratch> keep;
-    if (Status e = workspace(kernel, B, args, keep))
-      return e;
-    if (Status e = backend->launch(/*backward=*/true, /*saveGates=*/!replay, args, B))
-      return e;
+    // With lengths, the chunk runs in pieces that end at samples' last
+    // steps, where their final-state gradients join the carry.
+    std::vector<int64_t> ends = pieceEnds(seq.lengths, t0, len);
+    for (size_t k = 0; k < ends.size(); ++k) {
+      // The piece's first step and its number of steps.
+      int64_t first = k + 1 < ends.size() ? ends[k + 1] + 1 : t0;
+      int64_t count = ends[k] - first + 1;
+      Chunk piece = slice(chunk, B, first, count);
+      if (Status e = injectFinalStateGrads(seq.lengths, ends[k], gradFinalStates, carry))
+        return e;
 
-    // Fold what the kernel wrote into the accumulators, with the GEMMs for
-    // the weight, bias and input gradients.
-    size_t projectionGrad = 0;
-    for (size_t w = 0; w < written.size(); ++w) {
-      const Written &out = written[w];
-      const View &r = out.view;
-      switch (out.kind) {
-      case ArgKind::InitialStateGrad: {
-        size_t i = indexOf(cell.states, out.name);
-        if (Status e = backend->add(r, dInitial[i].view()))
-          return e;
-        break;
-      }
-      case ArgKind::StartStateGrad: {
-        size_t i = indexOf(cell.states, out.name);
-        if (Status e = backend->copy(r, carry[i].view()))
-          return e;
-        break;
-      }
-      case ArgKind::InputGrad: {
-        size_t i = indexOf(cell.inputs, out.name);
-        int64_t n = cell.inputs[i].shape[0];
-        if (Status e = backend->add(r, dInputs[i].view().at(t0 * B * n, {len, B, n})))
-          return e;
-        break;
-      }
-      case ArgKind::ProjectionGrad: {
-        const Interface::Projection &p = cell.projections[projectionGrad++];
-        View rows = r.at(0, {len * B, p.rows});
-        View x = seq.inputs[p.input].at(t0 * B * p.cols, {len * B, p.cols});
-        if (Status e = backend->gemm(true, false, p.rows, p.cols, len * B, rows,
-                                     p.rows, x, p.cols, 1.0, dParams[p.weight].view(),
-                                     p.cols))
-          return e;
-        if (Status e = backend->gemm(
-                false, false, len * B, p.cols, p.rows, rows, p.rows,
-                seq.params[p.weight], p.cols, 1.0,
-                dInputs[p.input].view().at(t0 * B * p.cols, {len * B, p.cols}), p.cols))
-          return e;
-        // Every bias of the projection has the same gradient: sum the rows
-        // once (an LSTM's b_ih and b_hh).
-        if (!p.biases.empty()) {
-          Scratch sums;
-          if (Status e = Scratch::make(backend, {p.rows}, cell.compute, true, sums))
+      // The backward kernel's arguments, in its order, with scratch for what it
+      // writes.
+      const Kernel &kernel = cell.backward;
+      std::vector<Arg> args;
+      std::vector<size_t> resultArgs;
+      if (Status e = bind(kernel, seq, piece, /*backward=*/true, args, resultArgs))
+        return e;
+      std::vector<Scratch> results(kernel.args.size());
+      struct Written {
+        ArgKind kind;
+        std::string name;
+        View view;
+      };
+      std::vector<Written> written;
+      for (size_t a : resultArgs) {
+        const KernelArg &arg = kernel.args[a];
+        View &v = args[a].view;
+        if (arg.sameAs >= 0 && size_t(arg.sameAs) < a) {
+          // The same values as an earlier result: its buffer.
+          v = args[arg.sameAs].view;
+        } else {
+          std::vector<int64_t> shape = arg.shape;
+          for (size_t d = 0; d < shape.size(); ++d)
+            if (shape[d] < 0)
+              shape[d] = shape.size() == 3 && d == 0 ? count : B;
+          if (Status e = Scratch::make(backend, shape, arg.element.value_or(cell.compute),
+                                       false, results[a]))
             return e;
-          if (Status e = backend->columnSums(rows, len * B, p.rows, sums.view()))
-            return e;
-          for (size_t b : p.biases)
-            if (Status e = backend->add(sums.view(), dParams[b].view()))
-              return e;
+          v = results[a].view();
         }
-        break;
+        // A zero result adds nothing to what it is folded into (weight rows
+        // and vectors go in pairs, so they stay).
+        if (!arg.zero || arg.kind == ArgKind::WeightRows ||
+            arg.kind == ArgKind::WeightVectors)
+          written.push_back({arg.kind, arg.name, v});
       }
-      case ArgKind::WeightRows: {
-        // The next written buffer holds the matching vectors.
-        if (w + 1 >= written.size() || written[w + 1].kind != ArgKind::WeightVectors)
-          return Status::error("internal error: weight rows without their vectors");
-        const View &vecs = written[w + 1].view;
-        size_t i = indexOf(cell.params, out.name);
-        int64_t rows = cell.params[i].shape[0], cols = cell.params[i].shape[1];
-        if (Status e = backend->gemm(true, false, rows, cols, len * B,
-                                     r.at(0, {len * B, rows}), rows,
-                                     vecs.at(0, {len * B, cols}), cols, 1.0,
-                                     dParams[i].view(), cols))
-          return e;
-        ++w;
-        break;
-      }
-      case ArgKind::ParamGrad: {
-        size_t i = indexOf(cell.params, out.name);
-        if (Status e = backend->columnSums(r, B, cell.params[i].shape[0],
-                                           dParams[i].view()))
-          return e;
-        break;
-      }
-      // Read with their weight rows, or not results at all.
-      case ArgKind::WeightVectors:
-      case ArgKind::Input:
-      case ArgKind::Projection:
-      case ArgKind::Resets:
-      case ArgKind::InitialState:
-      case ArgKind::StartState:
-      case ArgKind::Param:
-      case ArgKind::Output:
-      case ArgKind::StateHistory:
-      case ArgKind::Gates:
-      case ArgKind::OutputGrad:
-      case ArgKind::FinalStateGrad:
-      case ArgKind::BatchBegin:
-      case ArgKind::BatchEnd:
-      case ArgKind::Workspace:
-      case ArgKind::GridBarrier:
-        break;
+      std::vector<Scratch> keep;
+      if (Status e = workspace(kernel, B, args, keep))
+        return e;
+      if (Status e = backend->launch(/*backward=*/true, /*saveGates=*/!replay, args, B))
+        return e;
+
+      // Fold what the kernel wrote into the accumulators, with the GEMMs for
+      // the weight, bias and input gradients.
+      size_t projectionGrad = 0;
+      for (size_t w = 0; w < written.size(); ++w) {
+        const Written &out = written[w];
+        const View &r = out.view;
+        switch (out.kind) {
+        case ArgKind::InitialStateGrad: {
+          size_t i = indexOf(cell.states, out.name);
+          if (Status e = backend->add(r, dInitial[i].view()))
+            return e;
+          break;
+        }
+        case ArgKind::StartStateGrad: {
+          size_t i = indexOf(cell.states, out.name);
+          if (Status e = backend->copy(r, carry[i].view()))
+            return e;
+          break;
+        }
+        case ArgKind::InputGrad: {
+          size_t i = indexOf(cell.inputs, out.name);
+          int64_t n = cell.inputs[i].shape[0];
+          View to = dInputs[i].view().at(first * B * n, {count, B, n});
+          if (Status e = backend->add(r, to))
+            return e;
+          break;
+        }
+        case ArgKind::ProjectionGrad: {
+          const Interface::Projection &p = cell.projections[projectionGrad++];
+          View rows = r.at(0, {count * B, p.rows});
+          View x = seq.inputs[p.input].at(first * B * p.cols, {count * B, p.cols});
+          if (Status e = backend->gemm(true, false, p.rows, p.cols, count * B, rows,
+                                       p.rows, x, p.cols, 1.0, dParams[p.weight].view(),
+                                       p.cols))
+            return e;
+          if (Status e = backend->gemm(
+                  false, false, count * B, p.cols, p.rows, rows, p.rows,
+                  seq.params[p.weight], p.cols, 1.0,
+                  dInputs[p.input].view().at(first * B * p.cols, {count * B, p.cols}),
+                  p.cols))
+            return e;
+          // Every bias of the projection has the same gradient: sum the rows
+          // once (an LSTM's b_ih and b_hh).
+          if (!p.biases.empty()) {
+            Scratch sums;
+            if (Status e = Scratch::make(backend, {p.rows}, cell.compute, true, sums))
+              return e;
+            if (Status e = backend->columnSums(rows, count * B, p.rows, sums.view()))
+              return e;
+            for (size_t b : p.biases)
+              if (Status e = backend->add(sums.view(), dParams[b].view()))
+                return e;
+          }
+          break;
+        }
+        case ArgKind::WeightRows: {
+          // The next written buffer holds the matching vectors.
+          if (w + 1 >= written.size() || written[w + 1].kind != ArgKind::WeightVectors)
+            return Status::error("internal error: weight rows without their vectors");
+          const View &vecs = written[w + 1].view;
+          size_t i = indexOf(cell.params, out.name);
+          int64_t rows = cell.params[i].shape[0], cols = cell.params[i].shape[1];
+          if (Status e = backend->gemm(true, false, rows, cols, count * B,
+                                       r.at(0, {count * B, rows}), rows,
+                                       vecs.at(0, {count * B, cols}), cols, 1.0,
+                                       dParams[i].view(), cols))
+            return e;
+          ++w;
+          break;
+        }
+        case ArgKind::ParamGrad: {
+          size_t i = indexOf(cell.params, out.name);
+          if (Status e = backend->columnSums(r, B, cell.params[i].shape[0],
+                                             dParams[i].view()))
+            return e;
+          break;
+        }
+        // Read with their weight rows, or not results at all.
+        case ArgKind::WeightVectors:
+        case ArgKind::Input:
+        case ArgKind::Projection:
+        case ArgKind::Resets:
+        case ArgKind::InitialState:
+        case ArgKind::StartState:
+        case ArgKind::Param:
+        case ArgKind::Output:
+        case ArgKind::StateHistory:
+        case ArgKind::Gates:
+        case ArgKind::OutputGrad:
+        case ArgKind::FinalStateGrad:
+        case ArgKind::BatchBegin:
+        case ArgKind::BatchEnd:
+        case ArgKind::Workspace:
+        case ArgKind::GridBarrier:
+          break;
+        }
       }
     }
   }
+  // Samples of length 0: their final states are their initial states.
+  if (Status e = injectFinalStateGrads(seq.lengths, -1, gradFinalStates, carry))
+    return e;
   // What flows into the start of the first chunk belongs to the initial state.
   for (size_t i = 0; i < cell.states.size(); ++i)
     if (Status e = backend->add(carry[i].view(), dInitial[i].view()))

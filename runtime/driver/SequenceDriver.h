@@ -190,6 +190,11 @@ struct Sequence {
   std::vector<View> inputs, params, initialStates;
   View resets;
   int64_t steps = 0, batch = 0;
+  /// Per-sample lengths, on the host (empty: every sample runs all T steps).
+  /// Sample b runs steps 0 .. lengths[b] - 1: its outputs after them are
+  /// zero, its final state is its state after its own last step (the initial
+  /// state for a length of 0), and the gradients respect both.
+  std::vector<int64_t> lengths;
 };
 
 /// Runs a cell's kernels over sequences on a backend.
@@ -241,6 +246,27 @@ private:
                    std::vector<Scratch> &keep);
   Status project(const Sequence &seq, const Interface::Projection &p, int64_t t0,
                  int64_t len, Scratch &out);
+  /// The last steps of the pieces that the backward runs chunk [t0, t0 +
+  /// len) in, latest first: the chunk's last step, and every sample's last
+  /// step inside it.
+  static std::vector<int64_t> pieceEnds(const std::vector<int64_t> &lengths,
+                                        int64_t t0, int64_t len);
+  /// Steps [begin, begin + len) of `chunk`.
+  static Chunk slice(const Chunk &chunk, int64_t B, int64_t begin, int64_t len);
+  /// Adds the final-state gradient of each sample whose last step is `step`
+  /// to the gradient carried into that step.
+  Status injectFinalStateGrads(const std::vector<int64_t> &lengths, int64_t step,
+                               const std::vector<View> &gradFinalStates,
+                               std::vector<Scratch> &carry);
+  /// Writes zeros over the rows [t, b] of `views` ([T, B, n] each) with t >=
+  /// lengths[b], in runs of consecutive samples.
+  Status zeroPastLengths(const std::vector<int64_t> &lengths,
+                         const std::vector<View> &views);
+  /// The final state of each sample whose last step is in [t0, t0 + len):
+  /// from `history` ([len, B, n] a state) into `finalStates`.
+  Status gatherFinalStates(const std::vector<int64_t> &lengths, int64_t t0,
+                           int64_t len, const std::vector<View> &history,
+                           const std::vector<View> &finalStates);
   /// The resets and initial states of `seq`, zeros (kept in `defaults`)
   /// where the caller left them out.
   Status resetsAndInitial(const Sequence &seq, std::vector<Scratch> &defaults,

@@ -232,7 +232,8 @@ class _TorchKernels(_Recorder):
 
 
 @pytest.mark.parametrize("recompute", ["none", "full", "chunk:3"])
-def test_cuda_cell_gradients_with_stand_in_kernels(tmp_path, recompute):
+@pytest.mark.parametrize("lengths", [None, [8, 3, 0, 6]])
+def test_cuda_cell_gradients_with_stand_in_kernels(tmp_path, recompute, lengths):
     cell = _TorchKernels(cuda.Package(str(make_package(tmp_path, "lstm"))))
     torch.manual_seed(0)
     T, B, I, H = 8, 4, 16, 32
@@ -246,21 +247,25 @@ def test_cuda_cell_gradients_with_stand_in_kernels(tmp_path, recompute):
     resets[3, 1] = resets[5, 2] = resets[6, 1] = True
     g_out, g_h, g_c = torch.randn(T, B, H), torch.randn(B, H), torch.randn(B, H)
 
-    out, final = cell({"x": x}, params, {"h": h0, "c": c0}, resets, recompute)
+    out, final = cell({"x": x}, params, {"h": h0, "c": c0}, resets, recompute, lengths)
     ((out["h"] * g_out).sum() + (final["h"] * g_h).sum() + (final["c"] * g_c).sum()).backward()
     got = [out["h"].detach(), final["h"].detach(), final["c"].detach(), x.grad, h0.grad,
            c0.grad] + [p.grad for p in params.values()]
 
-    # torch.nn.LSTM, run in segments between resets.
+    # torch.nn.LSTM, run in segments between resets; with lengths, a sample's
+    # state stops changing and its outputs are zero after its last step.
     leaves = [x, h0, c0] + list(params.values())
     for t in leaves:
         t.grad = None
     h, c, outs = h0[None], c0[None], []
     for t in range(T):
-        m = resets[t][None, :, None]
+        alive = torch.tensor([lengths is None or t < n for n in (lengths or [T] * B)])
+        alive = alive[None, :, None]
+        m = resets[t][None, :, None] & alive
         h, c = torch.where(m, h0[None], h), torch.where(m, c0[None], c)
-        o, (h, c) = ref(x[t:t + 1], (h, c))
-        outs.append(o)
+        o, (h2, c2) = ref(x[t:t + 1], (h, c))
+        h, c = torch.where(alive, h2, h), torch.where(alive, c2, c)
+        outs.append(torch.where(alive, o, torch.zeros_like(o)))
     want_out = torch.cat(outs)
     ((want_out * g_out).sum() + (h[0] * g_h).sum() + (c[0] * g_c).sum()).backward()
     want = [want_out.detach(), h[0].detach(), c[0].detach()] + [t.grad for t in leaves]
