@@ -6,7 +6,7 @@ import math
 import os
 
 import torch
-from torch.nn.utils.rnn import PackedSequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .core import compile as _compile
 
@@ -22,15 +22,48 @@ GRU_CELL = _shipped("gru")
 LSTMP_CELL = _shipped("lstmp")
 
 
-def _reverse_resets(resets):
-    """Resets for the reverse direction: a segment that starts at t in forward
-    time ends at t - 1, which is where the reverse pass must restart."""
+def _reverse_steps(x, lengths):
+    """`x` ([T, B, ...]) with each sample's steps reversed: its first
+    lengths[b] (all T without lengths), the padding after them left in place.
+    Its own inverse."""
+    if lengths is None:
+        return x.flip(0)
+    T, B = x.shape[:2]
+    t = torch.arange(T)[:, None]
+    index = torch.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)
+    index = index.to(x.device).view(T, B, *([1] * (x.dim() - 2))).expand_as(x)
+    return x.gather(0, index)
+
+
+def _reverse_resets(resets, lengths):
+    """Resets for the reverse direction: a segment that starts at step t ends
+    at t - 1, which is where the reverse pass must restart: step len - t of
+    the sample reversed."""
     if resets is None:
         return None
-    flipped = resets.flip(0)
-    rev = torch.zeros_like(resets)
-    rev[1:] = flipped[:-1]
-    return rev
+    T, B = resets.shape
+    lengths = torch.full((B,), T) if lengths is None else lengths
+    s = torch.arange(T)[:, None]
+    src = (lengths[None, :] - s).clamp(0, T - 1).to(resets.device)
+    valid = ((s >= 1) & (s < lengths[None, :])).to(resets.device)
+    return resets.gather(0, src) & valid
+
+
+def _unpack(packed):
+    """A PackedSequence as a padded time-major batch in its original order,
+    and the lengths."""
+    padded, lengths = pad_packed_sequence(packed)
+    return padded, lengths
+
+
+def _pack_like(out, lengths, like):
+    """Time-major `out` ([T, B, n], original order) packed like `like`."""
+    order = like.sorted_indices
+    if order is not None:
+        out = out.index_select(1, order.to(out.device))
+        lengths = lengths[order.cpu()]
+    data = pack_padded_sequence(out, lengths).data
+    return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
 
 
 class _TorchStyleRNN(torch.nn.Module):
@@ -100,8 +133,9 @@ class _TorchStyleRNN(torch.nn.Module):
             params["W_hr"] = getattr(self, names[-1])
         return params
 
-    def _run(self, x, hx, resets):
-        # x is [T, B, n]; hx is a tuple of [L * D, B, H] or None.
+    def _run(self, x, hx, resets, lengths):
+        # x is [T, B, n]; hx is a tuple of [L * D, B, H] or None; lengths [B]
+        # or None.
         directions = 2 if self.bidirectional else 1
         finals = [[] for _ in self.state_names]
         layer_input = x
@@ -113,12 +147,13 @@ class _TorchStyleRNN(torch.nn.Module):
                 states = None
                 if hx is not None:
                     states = {n: h[index] for n, h in zip(self.state_names, hx)}
-                seq = layer_input if d == 0 else layer_input.flip(0)
-                r = resets if d == 0 else _reverse_resets(resets)
+                # The reverse direction starts at each sample's own last step.
+                seq = layer_input if d == 0 else _reverse_steps(layer_input, lengths)
+                r = resets if d == 0 else _reverse_resets(resets, lengths)
                 out, final = self.cell(seq, self._params(index), states, resets=r,
-                                       recompute=self.recompute)
+                                       recompute=self.recompute, lengths=lengths)
                 self.saved_bytes += self.cell.saved_bytes
-                outs.append(out if d == 0 else out.flip(0))
+                outs.append(out if d == 0 else _reverse_steps(out, lengths))
                 for k, n in enumerate(self.state_names):
                     finals[k].append(final[n])
             layer_input = outs[0] if directions == 1 else torch.cat(outs, dim=2)
@@ -129,10 +164,18 @@ class _TorchStyleRNN(torch.nn.Module):
     def _forward(self, input, hx, resets):
         name = type(self).__name__
         if isinstance(input, PackedSequence):
-            raise TypeError(
-                f"cellc.nn.{name} does not take a PackedSequence yet: the kernels do not "
-                "run per-sample lengths. Padding it would change the final states, so "
-                f"run torch.nn.{name} for packed input")
+            # The kernels run each sample to its length; resets, if any, are
+            # [T, B] over the padded batch in its original order.
+            x, lengths = _unpack(input)
+            if hx is not None:
+                hx = tuple(self._check_state(h, i, x.shape[1], True)
+                           for i, h in enumerate(hx))
+            if resets is not None and (resets.dtype != torch.bool
+                                       or tuple(resets.shape) != tuple(x.shape[:2])):
+                raise ValueError(f"with a PackedSequence, resets must be a bool tensor "
+                                 f"of shape {list(x.shape[:2])} (time-major)")
+            out, finals = self._run(x, hx, resets, lengths)
+            return _pack_like(out, lengths, input), finals
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"cellc.nn.{name}: input must be a tensor, got "
                             f"{type(input).__name__}")
@@ -158,7 +201,7 @@ class _TorchStyleRNN(torch.nn.Module):
         if hx is not None:
             hx = tuple(self._check_state(h, i, x.shape[1], batched)
                        for i, h in enumerate(hx))
-        out, finals = self._run(x, hx, resets)
+        out, finals = self._run(x, hx, resets, None)
         if not batched:
             return out.squeeze(1), tuple(f.squeeze(1) for f in finals)
         if self.batch_first:
@@ -243,8 +286,18 @@ class Recurrent(torch.nn.Module):
                     torch.empty(*dims, dtype=dtype).uniform_(-bound, bound))
             self.layers.append(params)
 
-    def forward(self, x, states=None, resets=None):
-        if self.batch_first:
+    def forward(self, x, states=None, resets=None, lengths=None):
+        """x: [T, B, n] ([B, T, n] with batch_first) or a PackedSequence;
+        `lengths` ([B] int64 on the CPU) runs each sample to its own length.
+        Returns the last layer's first output (packed like x when x is) and
+        each layer's final states."""
+        packed = x if isinstance(x, PackedSequence) else None
+        if packed is not None:
+            if lengths is not None:
+                raise ValueError("a PackedSequence carries its own lengths; do not pass "
+                                 "lengths too")
+            x, lengths = _unpack(packed)
+        elif self.batch_first:
             x = x.transpose(0, 1)
             if resets is not None:
                 resets = resets.transpose(0, 1)
@@ -252,11 +305,14 @@ class Recurrent(torch.nn.Module):
         for k, params in enumerate(self.layers):
             out, final = self.cell(x, dict(params.items()),
                                    None if states is None else states[k],
-                                   resets=resets, recompute=self.recompute)
+                                   resets=resets, recompute=self.recompute,
+                                   lengths=lengths)
             finals.append(final)
             x = out if isinstance(out, torch.Tensor) else next(iter(out.values()))
             if self.dropout and self.training and k + 1 < self.num_layers:
                 x = torch.nn.functional.dropout(x, self.dropout, True)
+        if packed is not None:
+            return _pack_like(x, lengths, packed), finals
         if self.batch_first:
             x = x.transpose(0, 1)
         return x, finals

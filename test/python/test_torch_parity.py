@@ -138,8 +138,10 @@ def test_what_torch_accepts_and_cellc_does_not_is_refused():
     lstm = cellc.nn.LSTM(3, 4)
     x = torch.randn(5, 2, 3)
     packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([5, 3]))
-    with pytest.raises(TypeError, match="PackedSequence"):
-        lstm(packed)
+    with pytest.raises(ValueError, match="with a PackedSequence, resets must be"):
+        lstm(packed, resets=torch.zeros(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="initial state 'h' of shape \\[1, 2, 4\\]"):
+        lstm(packed, (torch.randn(1, 3, 4), torch.randn(1, 3, 4)))
     with pytest.raises(ValueError, match="proj_size"):
         cellc.nn.LSTM(3, 4, proj_size=4)
     with pytest.raises(ValueError, match="proj_size"):
@@ -176,3 +178,69 @@ def test_modules_round_trip(how, tmp_path):
         assert q.grad is not None, n
         torch.testing.assert_close(q.grad, p.grad, atol=0, rtol=0)
         assert q.data_ptr() != p.data_ptr(), "the copy has its own parameters"
+
+
+@pytest.mark.parametrize("cls,extra", [("LSTM", {}), ("LSTM", {"proj_size": 2}),
+                                       ("GRU", {})])
+@pytest.mark.parametrize("enforce_sorted", [True, False])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_packed_sequences_match_torch(cls, extra, enforce_sorted, bidirectional,
+                                      with_state):
+    torch.manual_seed(9)
+    T, B, I, H, L = 6, 4, 3, 5, 2
+    lengths = torch.tensor([6, 4, 4, 1]) if enforce_sorted else torch.tensor([3, 6, 1, 4])
+    ref = getattr(torch.nn, cls)(I, H, num_layers=L, bidirectional=bidirectional, **extra)
+    mine = getattr(cellc.nn, cls)(I, H, num_layers=L, bidirectional=bidirectional, **extra)
+    mine.load_state_dict(ref.state_dict())
+    D = 2 if bidirectional else 1
+    sizes = [extra.get("proj_size", H), H][:2 if cls == "LSTM" else 1]
+    x = torch.randn(T, B, I)
+    hx = [torch.randn(L * D, B, n) for n in sizes] if with_state else None
+    g = torch.Generator().manual_seed(3)
+
+    def run(module):
+        xs = x.clone().requires_grad_()
+        hs = [h.clone().requires_grad_() for h in hx] if hx else []
+        packed = torch.nn.utils.rnn.pack_padded_sequence(xs, lengths,
+                                                         enforce_sorted=enforce_sorted)
+        state = None if not hs else (tuple(hs) if cls == "LSTM" else hs[0])
+        out, fin = module(packed, state)
+        fin = fin if isinstance(fin, tuple) else (fin,)
+        loss = (out.data * torch.randn(out.data.shape, generator=g.manual_seed(5))).sum()
+        loss = loss + sum((f * torch.randn(f.shape, generator=g)).sum() for f in fin)
+        grads = torch.autograd.grad(loss, [xs] + hs + list(module.parameters()))
+        return out, fin, grads
+
+    out_r, fin_r, grads_r = run(ref)
+    out_m, fin_m, grads_m = run(mine)
+    assert isinstance(out_m, torch.nn.utils.rnn.PackedSequence)
+    assert torch.equal(out_m.batch_sizes, out_r.batch_sizes)
+    for a, b in [(out_m.sorted_indices, out_r.sorted_indices),
+                 (out_m.unsorted_indices, out_r.unsorted_indices)]:
+        assert (a is None and b is None) or torch.equal(a, b)
+    torch.testing.assert_close(out_m.data, out_r.data, atol=2e-5, rtol=1e-5)
+    for a, b in zip(fin_m, fin_r):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+    for a, b in zip(grads_m, grads_r):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_recurrent_takes_packed_sequences_and_lengths():
+    torch.manual_seed(10)
+    model = cellc.nn.Recurrent(cellc.nn.GRU_CELL, I=3, H=4, num_layers=2)
+    x = torch.randn(5, 3, 3)
+    lengths = torch.tensor([2, 5, 3])
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+    out_p, fin_p = model(packed)
+    out_l, fin_l = model(x, lengths=lengths)
+    padded, _ = torch.nn.utils.rnn.pad_packed_sequence(out_p)
+    torch.testing.assert_close(padded, out_l, atol=0, rtol=0)
+    # Each sample alone, to its own length.
+    for b in range(3):
+        out_b, fin_b = model(x[:lengths[b], b:b + 1])
+        torch.testing.assert_close(out_l[:lengths[b], b], out_b[:, 0], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(fin_l[1]["h"][b], fin_b[1]["h"][0], atol=1e-6, rtol=1e-6)
+    assert not out_l[2:, 0].any()
+    with pytest.raises(ValueError, match="carries its own lengths"):
+        model(packed, lengths=lengths)

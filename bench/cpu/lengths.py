@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Variable-length sequences on the CPU, side by side in one process: an LSTM
+over a batch whose lengths are drawn uniformly from 1..T, forward plus
+backward (of a weighted sum of the outputs and final states).
+
+- torch packed:  torch.nn.LSTM on a PackedSequence (enforce_sorted=False);
+- torch padded:  torch.nn.LSTM on the padded batch, all T steps;
+- cellc padded:  cellc.nn.LSTM on the padded batch, all T steps;
+- cellc lengths: cellc.nn.LSTM on the same PackedSequence (the driver's
+  per-sample lengths).
+
+The padded runs compute different final states (those of step T); they are
+there for their time. cellc's packed outputs and gradients are checked
+against torch's before anything is timed. Run it pinned, one BLAS thread:
+
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH=build/python \\
+    taskset -c 0 python3 bench/cpu/lengths.py
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import cellc
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    B, T, I, H = a.batch, a.steps, a.size, a.size
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    x = torch.randn(T, B, I, generator=g)
+    ref = torch.nn.LSTM(I, H)
+    mine = cellc.nn.LSTM(I, H)
+    mine.load_state_dict(ref.state_dict())
+    w_h, w_c = torch.randn(1, B, H, generator=g), torch.randn(1, B, H, generator=g)
+
+    def packed_step(module):
+        xs = x.clone().requires_grad_()
+        out, (h, c) = module(pack_padded_sequence(xs, lengths, enforce_sorted=False))
+        (out.data.sum() + (h * w_h).sum() + (c * w_c).sum()).backward()
+        return out, h, c, xs.grad
+
+    def padded_step(module):
+        xs = x.clone().requires_grad_()
+        out, (h, c) = module(xs)
+        (out.sum() + (h * w_h).sum() + (c * w_c).sum()).backward()
+
+    # Check before timing.
+    got, want = packed_step(mine), packed_step(ref)
+    worst = max((a - b).abs().max().item() for a, b in
+                [(got[0].data, want[0].data), (got[1], want[1]), (got[2], want[2]),
+                 (got[3], want[3])] + [(p.grad, q.grad) for p, q in
+                                       zip(mine.parameters(), ref.parameters())])
+    print(f"cellc (lengths) against torch (packed): largest difference {worst:.1e}")
+    assert worst < 1e-3
+
+    runs = {"torch packed": lambda: packed_step(ref), "torch padded": lambda: padded_step(ref),
+            "cellc padded": lambda: padded_step(mine),
+            "cellc lengths": lambda: packed_step(mine)}
+    times = {n: [] for n in runs}
+    for _ in range(a.repeats):
+        for n, f in runs.items():
+            for q in list(ref.parameters()) + list(mine.parameters()):
+                q.grad = None
+            t0 = time.perf_counter()
+            f()
+            times[n].append(time.perf_counter() - t0)
+    steps = int(lengths.sum())
+    print(f"LSTM B={B} T={T} I=H={H}, lengths uniform in 1..T ({steps} of {T * B} "
+          f"sample-steps, {100 * steps / (T * B):.0f}%), {a.threads} thread(s), "
+          f"forward+backward, median of {a.repeats}")
+    base = statistics.median(times["torch packed"])
+    for n, ts in times.items():
+        m = statistics.median(ts)
+        print(f"  {n:14s} {1e3 * m:8.1f} ms   {base / m:5.2f}x torch packed")
+
+
+if __name__ == "__main__":
+    main()
