@@ -50,18 +50,22 @@ def _reverse_resets(resets, lengths):
 
 
 def _unpack(packed):
-    """A PackedSequence as a padded time-major batch in its original order,
-    and the lengths."""
+    """A PackedSequence as a padded time-major batch and its lengths, longest
+    first (the order in which the driver runs only the samples that have not
+    ended), and `to_sorted`: how to put per-sample tensors in that order
+    (dim 1), and back with `to_sorted(t, back=True)`."""
     padded, lengths = pad_packed_sequence(packed)
-    return padded, lengths
+    order, back = packed.sorted_indices, packed.unsorted_indices
+
+    def to_sorted(t, back_=False):
+        index = back if back_ else order
+        return t if index is None or t is None else t.index_select(1, index.to(t.device))
+
+    return to_sorted(padded), to_sorted(lengths[None])[0], to_sorted
 
 
 def _pack_like(out, lengths, like):
-    """Time-major `out` ([T, B, n], original order) packed like `like`."""
-    order = like.sorted_indices
-    if order is not None:
-        out = out.index_select(1, order.to(out.device))
-        lengths = lengths[order.cpu()]
+    """Time-major `out` ([T, B, n], longest first) packed like `like`."""
     data = pack_padded_sequence(out, lengths).data
     return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
 
@@ -164,18 +168,20 @@ class _TorchStyleRNN(torch.nn.Module):
     def _forward(self, input, hx, resets):
         name = type(self).__name__
         if isinstance(input, PackedSequence):
-            # The kernels run each sample to its length; resets, if any, are
-            # [T, B] over the padded batch in its original order.
-            x, lengths = _unpack(input)
+            # The kernels run each sample to its length; hx, the final states
+            # and resets (if any: [T, B] over the padded batch) are in the
+            # batch's original order, as in torch.
+            x, lengths, to_sorted = _unpack(input)
             if hx is not None:
-                hx = tuple(self._check_state(h, i, x.shape[1], True)
+                hx = tuple(to_sorted(self._check_state(h, i, x.shape[1], True))
                            for i, h in enumerate(hx))
             if resets is not None and (resets.dtype != torch.bool
                                        or tuple(resets.shape) != tuple(x.shape[:2])):
                 raise ValueError(f"with a PackedSequence, resets must be a bool tensor "
                                  f"of shape {list(x.shape[:2])} (time-major)")
-            out, finals = self._run(x, hx, resets, lengths)
-            return _pack_like(out, lengths, input), finals
+            out, finals = self._run(x, hx, to_sorted(resets), lengths)
+            return (_pack_like(out, lengths, input),
+                    tuple(to_sorted(f, True) for f in finals))
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"cellc.nn.{name}: input must be a tensor, got "
                             f"{type(input).__name__}")
@@ -296,7 +302,11 @@ class Recurrent(torch.nn.Module):
             if lengths is not None:
                 raise ValueError("a PackedSequence carries its own lengths; do not pass "
                                  "lengths too")
-            x, lengths = _unpack(packed)
+            x, lengths, to_sorted = _unpack(packed)
+            resets = to_sorted(resets)
+            if states is not None:
+                states = [{n: to_sorted(t[None])[0] for n, t in layer.items()}
+                          for layer in states]
         elif self.batch_first:
             x = x.transpose(0, 1)
             if resets is not None:
@@ -312,6 +322,7 @@ class Recurrent(torch.nn.Module):
             if self.dropout and self.training and k + 1 < self.num_layers:
                 x = torch.nn.functional.dropout(x, self.dropout, True)
         if packed is not None:
+            finals = [{n: to_sorted(t[None], True)[0] for n, t in f.items()} for f in finals]
             return _pack_like(x, lengths, packed), finals
         if self.batch_first:
             x = x.transpose(0, 1)

@@ -206,7 +206,7 @@ Status SequenceDriver::bind(const Kernel &kernel, const Sequence &seq,
       args[a].index = 0;
       break;
     case ArgKind::BatchEnd:
-      args[a].index = B;
+      args[a].index = chunk.rows < 0 ? B : chunk.rows;
       break;
     case ArgKind::Workspace:
     case ArgKind::GridBarrier:
@@ -248,14 +248,41 @@ Status SequenceDriver::bind(const Kernel &kernel, const Sequence &seq,
 Status SequenceDriver::runForwardChunk(const Sequence &seq, const Chunk &chunk,
                                        bool saveGates) {
   const Kernel &kernel = cell.forward;
-  std::vector<Arg> args;
-  std::vector<size_t> results;
-  if (Status e = bind(kernel, seq, chunk, /*backward=*/false, args, results))
-    return e;
-  std::vector<Scratch> keep;
-  if (Status e = workspace(kernel, seq.batch, args, keep))
-    return e;
-  return backend->launch(/*backward=*/false, saveGates, args, seq.batch);
+  // Samples sorted longest first drop out of the rows that run as they end:
+  // the chunk runs in pieces that end at their last steps.
+  bool skip = skipsEndedRows(seq.lengths);
+  std::vector<int64_t> ends =
+      pieceEnds(skip ? seq.lengths : std::vector<int64_t>(), chunk.t0, chunk.len);
+  for (size_t k = ends.size(); k-- > 0;) {
+    int64_t first = k + 1 < ends.size() ? ends[k + 1] + 1 : chunk.t0;
+    Chunk piece = slice(chunk, seq.batch, first, ends[k] - first + 1);
+    piece.rows = rowsRunning(seq.lengths, seq.batch, ends[k]);
+    if (piece.rows == 0)
+      continue;
+    std::vector<Arg> args;
+    std::vector<size_t> results;
+    if (Status e = bind(kernel, seq, piece, /*backward=*/false, args, results))
+      return e;
+    std::vector<Scratch> keep;
+    if (Status e = workspace(kernel, piece.rows, args, keep))
+      return e;
+    if (Status e = backend->launch(/*backward=*/false, saveGates, args, piece.rows))
+      return e;
+  }
+  return Status();
+}
+
+bool SequenceDriver::skipsEndedRows(const std::vector<int64_t> &lengths) {
+  return !lengths.empty() && std::is_sorted(lengths.rbegin(), lengths.rend()) &&
+         lengths.front() != lengths.back();
+}
+
+int64_t SequenceDriver::rowsRunning(const std::vector<int64_t> &lengths, int64_t B,
+                                    int64_t step) {
+  if (!skipsEndedRows(lengths))
+    return B;
+  return std::count_if(lengths.begin(), lengths.end(),
+                       [&](int64_t length) { return length > step; });
 }
 
 Status SequenceDriver::resetsAndInitial(const Sequence &seq,
@@ -356,6 +383,8 @@ SequenceDriver::Chunk SequenceDriver::slice(const Chunk &chunk, int64_t B,
   piece.t0 = begin;
   piece.len = len;
   piece.gates = steps(chunk.gates);
+  for (View &output : piece.outputs)
+    output = steps(output);
   for (size_t p = 0; p < chunk.projections.size(); ++p)
     piece.projections[p] = steps(chunk.projections[p]);
   for (size_t i = 0; i < chunk.history.size(); ++i) {
@@ -744,8 +773,11 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
       int64_t first = k + 1 < ends.size() ? ends[k + 1] + 1 : t0;
       int64_t count = ends[k] - first + 1;
       Chunk piece = slice(chunk, B, first, count);
+      piece.rows = rowsRunning(seq.lengths, B, ends[k]);
       if (Status e = injectFinalStateGrads(seq.lengths, ends[k], gradFinalStates, carry))
         return e;
+      if (piece.rows == 0)
+        continue;
 
       // The backward kernel's arguments, in its order, with scratch for what it
       // writes.
@@ -772,8 +804,9 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
           for (size_t d = 0; d < shape.size(); ++d)
             if (shape[d] < 0)
               shape[d] = shape.size() == 3 && d == 0 ? count : B;
+          // Rows that do not run must add nothing where the results go.
           if (Status e = Scratch::make(backend, shape, arg.element.value_or(cell.compute),
-                                       false, results[a]))
+                                       /*zero=*/piece.rows < B, results[a]))
             return e;
           v = results[a].view();
         }
@@ -784,9 +817,10 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
           written.push_back({arg.kind, arg.name, v});
       }
       std::vector<Scratch> keep;
-      if (Status e = workspace(kernel, B, args, keep))
+      if (Status e = workspace(kernel, piece.rows, args, keep))
         return e;
-      if (Status e = backend->launch(/*backward=*/true, /*saveGates=*/!replay, args, B))
+      if (Status e =
+              backend->launch(/*backward=*/true, /*saveGates=*/!replay, args, piece.rows))
         return e;
 
       // Fold what the kernel wrote into the accumulators, with the GEMMs for

@@ -235,6 +235,7 @@ private:
     View gates;                           // [len or 0, B, gates]
     std::vector<View> finalStateGrads;    // backward: [B, n] a state
     std::vector<View> outputGrads;        // backward: [T, B, n] an output
+    int64_t rows = -1;                    // the rows that run (-1: all B)
   };
   /// Binds the arguments of `kernel` to `chunk`; the positions of the
   /// backward kernel's results, left unbound, go to `results`.
@@ -251,6 +252,12 @@ private:
   /// step inside it.
   static std::vector<int64_t> pieceEnds(const std::vector<int64_t> &lengths,
                                         int64_t t0, int64_t len);
+  /// Whether ended samples stop running: lengths sorted longest first (and
+  /// not all equal), so that the running samples are the first rows.
+  static bool skipsEndedRows(const std::vector<int64_t> &lengths);
+  /// The rows that run in a piece that ends at `step`.
+  static int64_t rowsRunning(const std::vector<int64_t> &lengths, int64_t B,
+                             int64_t step);
   /// Steps [begin, begin + len) of `chunk`.
   static Chunk slice(const Chunk &chunk, int64_t B, int64_t begin, int64_t len);
   /// Adds the final-state gradient of each sample whose last step is `step`
