@@ -60,7 +60,7 @@ template <typename E>
 Result runCell(CpuCell &cell, SequenceProblem &first,
                std::vector<std::unique_ptr<SequenceProblem>> &samples,
                const std::vector<std::vector<bool>> &resets, int64_t T,
-               Recompute mode) {
+               Recompute mode, const std::vector<int64_t> &lengths = {}) {
   int64_t B = samples.size();
   Compiled &ref = first.c;
   auto names = [](ArrayAttr a, StringRef n) {
@@ -103,6 +103,7 @@ Result runCell(CpuCell &cell, SequenceProblem &first,
   for (auto [i, slot] : llvm::enumerate(cell.states()))
     seq.initialStates.push_back({initial[i].data(), {B, slot.shape[0]}});
   seq.resets = resetBytes.data();
+  seq.lengths = lengths;
 
   std::vector<std::vector<E>> outputs, finals, dOut, dFinal, dIn, dPar, dInit;
   std::vector<Array> outArrays, finalArrays, dOutArrays, dFinalArrays, dInArrays,
@@ -382,6 +383,53 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
     ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
     Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
     compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
+  }
+}
+
+/// Per-sample lengths (the driver's) with the emulated GPU kernels, against
+/// the batched kernels (checked against torch per sample in
+/// test_lengths.py): unsorted, where every row runs; and longest first,
+/// where only the samples still running do (b_end below B, in partial tiles
+/// and across the persistent strategy's CTAs).
+TEST_P(CpuCellTest, GpuKernelsEmulatedWithLengthsMatchTheBatchedKernels) {
+  auto [name, modeText] = GetParam();
+  const int64_t T = 6, B = 5;
+  Problems s = makeProblems(source(name), kSizes, T, B);
+  auto mode = Recompute::parse(modeText);
+  ASSERT_TRUE(static_cast<bool>(mode));
+  auto batched = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64);
+  ASSERT_TRUE(static_cast<bool>(batched)) << llvm::toString(batched.takeError());
+  for (std::vector<int64_t> lengths : {std::vector<int64_t>{3, 6, 0, 5, 1},
+                                       std::vector<int64_t>{6, 5, 3, 3, 0}}) {
+    Result want = runCell<double>(**batched, *s.samples[0], s.samples, s.resets, T,
+                                  *mode, lengths);
+    for (bool persistent : {false, true}) {
+      SCOPED_TRACE(std::string(persistent ? "persistent, 3 CTAs" : "batch-tiled") +
+                   ", lengths " + std::to_string(lengths[0]) + "...");
+      CpuCell::Options options;
+      options.threads = 2;
+      options.batchTiled = true;
+      options.batchTile = 2;
+      options.persistent = persistent;
+      options.ctas = persistent ? 3 : 0;
+      auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
+      ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+      Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode,
+                                 lengths);
+      for (auto [what, got, expected] :
+           {std::tuple{"outputs", &r.outputs, &want.outputs},
+            std::tuple{"final states", &r.finals, &want.finals},
+            std::tuple{"input gradients", &r.dInputs, &want.dInputs},
+            std::tuple{"param gradients", &r.dParams, &want.dParams},
+            std::tuple{"initial-state gradients", &r.dInitial, &want.dInitial}}) {
+        ASSERT_EQ(got->size(), expected->size()) << what;
+        for (size_t i = 0; i < got->size(); ++i)
+          for (size_t j = 0; j < (*got)[i].size(); ++j)
+            EXPECT_NEAR((*got)[i][j], (*expected)[i][j],
+                        1e-10 * std::max(1.0, std::fabs((*expected)[i][j])))
+                << what << " " << i << "[" << j << "]";
+      }
+    }
   }
 }
 
