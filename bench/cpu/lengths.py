@@ -7,7 +7,9 @@ backward (of a weighted sum of the outputs and final states).
 - torch padded:  torch.nn.LSTM on the padded batch, all T steps;
 - cellc padded:  cellc.nn.LSTM on the padded batch, all T steps;
 - cellc lengths: cellc.nn.LSTM on the same PackedSequence (the driver's
-  per-sample lengths).
+  per-sample lengths, run longest first, so that ended samples stop running);
+- cellc unsorted: the cell on the padded batch with the lengths in the
+  batch's order, where every row runs every step (what sorting saves).
 
 The padded runs compute different final states (those of step T); they are
 there for their time. cellc's packed outputs and gradients are checked
@@ -52,6 +54,11 @@ def main():
         (out.data.sum() + (h * w_h).sum() + (c * w_c).sum()).backward()
         return out, h, c, xs.grad
 
+    def unsorted_step():
+        xs = x.clone().requires_grad_()
+        out, final = mine.cell(xs, mine._params(0), lengths=lengths)
+        (out.sum() + (final["h"] * w_h[0]).sum() + (final["c"] * w_c[0]).sum()).backward()
+
     def padded_step(module):
         xs = x.clone().requires_grad_()
         out, (h, c) = module(xs)
@@ -68,7 +75,7 @@ def main():
 
     runs = {"torch packed": lambda: packed_step(ref), "torch padded": lambda: padded_step(ref),
             "cellc padded": lambda: padded_step(mine),
-            "cellc lengths": lambda: packed_step(mine)}
+            "cellc lengths": lambda: packed_step(mine), "cellc unsorted": unsorted_step}
     times = {n: [] for n in runs}
     for _ in range(a.repeats):
         for n, f in runs.items():

@@ -135,6 +135,23 @@ template <typename F> int guarded(char *error, size_t size, F &&f) {
 
 } // namespace
 
+/// The driver's sequence over a caller's views.
+static Sequence sequenceOf(const Interface &cell, int64_t steps, int64_t batch,
+                           const cellc_view *inputs, const cellc_view *params,
+                           const cellc_view *initial, const cellc_view *resets,
+                           const int64_t *lengths, int64_t numLengths) {
+  Sequence seq;
+  seq.steps = steps;
+  seq.batch = batch;
+  seq.inputs = viewsOf(inputs, cell.inputs.size());
+  seq.params = viewsOf(params, cell.params.size());
+  seq.initialStates = viewsOf(initial, cell.states.size());
+  seq.resets = viewOf(*resets);
+  if (numLengths > 0)
+    seq.lengths.assign(lengths, lengths + numLengths);
+  return seq;
+}
+
 extern "C" {
 
 int32_t cellc_element(const char *name) {
@@ -219,15 +236,8 @@ int cellc_driver_forward(void *handle, const char *mode, int64_t steps, int64_t 
     if (!parsed)
       return Status::error(std::string("unknown recompute mode '") + (mode ? mode : "") +
                            "'; expected none, full or chunk:K with K > 0");
-    Sequence seq;
-    seq.steps = steps;
-    seq.batch = batch;
-    seq.inputs = viewsOf(inputs, cell.inputs.size());
-    seq.params = viewsOf(params, cell.params.size());
-    seq.initialStates = viewsOf(initial, cell.states.size());
-    seq.resets = viewOf(*resets);
-    if (numLengths > 0)
-      seq.lengths.assign(lengths, lengths + numLengths);
+    Sequence seq = sequenceOf(cell, steps, batch, inputs, params, initial, resets,
+                              lengths, numLengths);
     SavedPtr kept;
     Status s = d->driver->forward(seq, viewsOf(outputs, cell.outputs.size()),
                                   viewsOf(finals, cell.states.size()), *parsed,
@@ -249,15 +259,8 @@ int cellc_driver_backward(void *handle, void *saved, const cellc_view *inputs,
     auto *d = static_cast<DriverHandle *>(handle);
     const Interface &cell = d->interface;
     const Saved &kept = *static_cast<Saved *>(saved);
-    Sequence seq;
-    seq.steps = savedSteps(kept);
-    seq.batch = savedBatch(kept);
-    seq.inputs = viewsOf(inputs, cell.inputs.size());
-    seq.params = viewsOf(params, cell.params.size());
-    seq.initialStates = viewsOf(initial, cell.states.size());
-    seq.resets = viewOf(*resets);
-    if (numLengths > 0)
-      seq.lengths.assign(lengths, lengths + numLengths);
+    Sequence seq = sequenceOf(cell, savedSteps(kept), savedBatch(kept), inputs, params,
+                              initial, resets, lengths, numLengths);
     return d->driver->backward(seq, kept, viewsOf(gradOutputs, cell.outputs.size()),
                                viewsOf(gradFinals, cell.states.size()),
                                viewsOf(gradInputs, cell.inputs.size()),

@@ -96,22 +96,19 @@ CUSTOM = {
 }
 
 
-@pytest.mark.parametrize("name", list(CUSTOM))
-@pytest.mark.parametrize("mode", ["none", "full", "chunk:2"])
-def test_custom_cells_pass_gradcheck_in_double_precision(name, mode):
-    source, sizes = CUSTOM[name]
-    cell = cellc.compile(source)
-    T, B = 4, 2
-    g = torch.Generator().manual_seed(7)
-    dims = {n: [eval(d, {}, sizes) for d in shape] for n, shape in cell.params}
-    params = {n: (0.5 * torch.randn(*d, generator=g, dtype=torch.float64)).requires_grad_()
-              for n, d in dims.items()}
-    inputs = {n: torch.randn(T, B, eval(s[0], {}, sizes), generator=g,
+def gradcheck_cell(cell, sizes, T, B, mode, resets, lengths=None, seed=7):
+    """gradcheck of a cell in float64 over random params, inputs and states:
+    the gradients of every output and final state, by finite differences.
+    Returns the tensors it checked: params, inputs, states."""
+    g = torch.Generator().manual_seed(seed)
+    size = lambda d: sizes[d] if d in sizes else int(d)
+    params = {n: (0.5 * torch.randn(*[size(d) for d in s], generator=g,
+                                    dtype=torch.float64)).requires_grad_()
+              for n, s in cell.params}
+    inputs = {n: torch.randn(T, B, size(s[0]), generator=g,
                              dtype=torch.float64).requires_grad_() for n, s in cell.inputs}
-    states = {n: torch.rand(B, eval(s[0], {}, sizes), generator=g,
+    states = {n: torch.rand(B, size(s[0]), generator=g,
                             dtype=torch.float64).requires_grad_() for n, s in cell.states}
-    resets = torch.zeros(T, B, dtype=torch.bool)
-    resets[2, 0] = True
     names_p, names_i, names_s = list(params), list(inputs), list(states)
 
     def run(*flat):
@@ -119,12 +116,24 @@ def test_custom_cells_pass_gradcheck_in_double_precision(name, mode):
         xs = dict(zip(names_i, flat[len(names_p):len(names_p) + len(names_i)]))
         st = dict(zip(names_s, flat[len(names_p) + len(names_i):]))
         out, final = cell(xs if len(xs) > 1 else next(iter(xs.values())), p, st,
-                          resets=resets, recompute=mode)
+                          resets=resets, recompute=mode, lengths=lengths)
         outs = list(out.values()) if isinstance(out, dict) else [out]
         return (*outs, *final.values())
 
-    assert torch.autograd.gradcheck(run, (*params.values(), *inputs.values(), *states.values()),
+    assert torch.autograd.gradcheck(run, (*params.values(), *inputs.values(),
+                                          *states.values()),
                                     eps=1e-6, atol=1e-6, rtol=1e-5)
+    return params, inputs, states
+
+
+@pytest.mark.parametrize("name", list(CUSTOM))
+@pytest.mark.parametrize("mode", ["none", "full", "chunk:2"])
+def test_custom_cells_pass_gradcheck_in_double_precision(name, mode):
+    source, sizes = CUSTOM[name]
+    T, B = 4, 2
+    resets = torch.zeros(T, B, dtype=torch.bool)
+    resets[2, 0] = True
+    gradcheck_cell(cellc.compile(source), sizes, T, B, mode, resets)
 
 
 def test_no_grad_keeps_nothing_and_needs_no_grad():

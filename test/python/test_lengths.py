@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cellc
-from test_functional import CUSTOM
+from test_functional import CUSTOM, gradcheck_cell
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 with open(os.path.join(EXAMPLES, "lstm.cell")) as f:
@@ -88,31 +88,10 @@ def test_custom_cells_with_lengths_pass_gradcheck(name, mode, order):
     cell = cellc.compile(source)
     T, B = 5, 4
     lengths = torch.tensor([5, 2, 0, 3] if order == "unsorted" else [5, 3, 2, 0])
-    g = torch.Generator().manual_seed(9)
-    size = lambda d: sizes[d] if d in sizes else int(d)
-    params = {n: (0.5 * torch.randn(*[size(d) for d in s], generator=g,
-                                    dtype=torch.float64)).requires_grad_()
-              for n, s in cell.params}
-    inputs = {n: torch.randn(T, B, size(s[0]), generator=g,
-                             dtype=torch.float64).requires_grad_() for n, s in cell.inputs}
-    states = {n: torch.rand(B, size(s[0]), generator=g,
-                            dtype=torch.float64).requires_grad_() for n, s in cell.states}
     resets = torch.zeros(T, B, dtype=torch.bool)
     resets[1, 1] = resets[2, 0] = True
-    names_p, names_i, names_s = list(params), list(inputs), list(states)
-
-    def run(*flat):
-        p = dict(zip(names_p, flat[:len(names_p)]))
-        xs = dict(zip(names_i, flat[len(names_p):len(names_p) + len(names_i)]))
-        st = dict(zip(names_s, flat[len(names_p) + len(names_i):]))
-        out, final = cell(xs if len(xs) > 1 else next(iter(xs.values())), p, st,
-                          resets=resets, recompute=mode, lengths=lengths)
-        outs = list(out.values()) if isinstance(out, dict) else [out]
-        return (*outs, *final.values())
-
-    assert torch.autograd.gradcheck(run, (*params.values(), *inputs.values(),
-                                          *states.values()),
-                                    eps=1e-6, atol=1e-6, rtol=1e-5)
+    params, inputs, states = gradcheck_cell(cell, sizes, T, B, mode, resets, lengths,
+                                            seed=9)
     # A sample of length 0 ends where it starts.
     _, final = cell(next(iter(inputs.values())) if len(inputs) == 1 else inputs,
                     params, states, lengths=lengths)

@@ -171,6 +171,23 @@ Result runCell(CpuCell &cell, SequenceProblem &first,
 }
 
 /// Compares a runtime result with the reference, sample by sample.
+/// Expects two runs to agree within `tolerance` (relative, at least 1):
+/// outputs, final states and every gradient.
+void expectSameResults(const Result &got, const Result &want, double tolerance) {
+  for (auto [what, a, b] : {std::tuple{"outputs", &got.outputs, &want.outputs},
+                            std::tuple{"final states", &got.finals, &want.finals},
+                            std::tuple{"input gradients", &got.dInputs, &want.dInputs},
+                            std::tuple{"param gradients", &got.dParams, &want.dParams},
+                            std::tuple{"initial-state gradients", &got.dInitial,
+                                       &want.dInitial}}) {
+    ASSERT_EQ(a->size(), b->size()) << what;
+    for (size_t i = 0; i < a->size(); ++i)
+      for (size_t j = 0; j < (*a)[i].size(); ++j)
+        EXPECT_NEAR((*a)[i][j], (*b)[i][j], tolerance * std::max(1.0, std::fabs((*b)[i][j])))
+            << what << " " << i << "[" << j << "]";
+  }
+}
+
 void compareWithReference(CpuCell &cell, Compiled &ref,
                           std::vector<std::unique_ptr<SequenceProblem>> &samples,
                           const std::vector<std::vector<bool>> &resets,
@@ -333,19 +350,7 @@ TEST_P(CpuCellTest, BatchedKernelsMatchTheReferenceAndThePerRowKernels) {
     ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
     Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
     compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
-    auto same = [](const std::vector<std::vector<double>> &a,
-                   const std::vector<std::vector<double>> &b, const char *what) {
-      ASSERT_EQ(a.size(), b.size()) << what;
-      for (size_t i = 0; i < a.size(); ++i)
-        for (size_t j = 0; j < a[i].size(); ++j)
-          EXPECT_NEAR(a[i][j], b[i][j], 1e-12 * std::max(1.0, std::fabs(b[i][j])))
-              << what << " " << i << "[" << j << "]";
-    };
-    same(r.outputs, want.outputs, "outputs");
-    same(r.finals, want.finals, "final states");
-    same(r.dInputs, want.dInputs, "input gradients");
-    same(r.dParams, want.dParams, "param gradients");
-    same(r.dInitial, want.dInitial, "initial-state gradients");
+    expectSameResults(r, want, 1e-12);
   }
 }
 
@@ -357,12 +362,23 @@ TEST_P(CpuCellTest, BatchedKernelsMatchTheReferenceAndThePerRowKernels) {
 ///   elements; of 7, 7 and 6 gate rows), read their weights from slices
 ///   cached before the time loop, and exchange states and products through
 ///   the workspace.
+/// Then with the driver's per-sample lengths, against the batched kernels
+/// (checked against torch per sample in test_lengths.py): unsorted, where
+/// every row runs; and longest first, where only the samples still running
+/// do (b_end below B, in partial tiles and across the CTAs).
 TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
   auto [name, modeText] = GetParam();
   const int64_t T = 6, B = 5;
   Problems s = makeProblems(source(name), kSizes, T, B);
   auto mode = Recompute::parse(modeText);
   ASSERT_TRUE(static_cast<bool>(mode));
+  const std::vector<std::vector<int64_t>> lengths = {{3, 6, 0, 5, 1}, {6, 5, 3, 3, 0}};
+  auto batched = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64);
+  ASSERT_TRUE(static_cast<bool>(batched)) << llvm::toString(batched.takeError());
+  std::vector<Result> withLengths;
+  for (const std::vector<int64_t> &l : lengths)
+    withLengths.push_back(
+        runCell<double>(**batched, *s.samples[0], s.samples, s.resets, T, *mode, l));
   struct Config {
     const char *what;
     int64_t tile, ctas;
@@ -383,52 +399,11 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
     ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
     Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
     compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
-  }
-}
-
-/// Per-sample lengths (the driver's) with the emulated GPU kernels, against
-/// the batched kernels (checked against torch per sample in
-/// test_lengths.py): unsorted, where every row runs; and longest first,
-/// where only the samples still running do (b_end below B, in partial tiles
-/// and across the persistent strategy's CTAs).
-TEST_P(CpuCellTest, GpuKernelsEmulatedWithLengthsMatchTheBatchedKernels) {
-  auto [name, modeText] = GetParam();
-  const int64_t T = 6, B = 5;
-  Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = Recompute::parse(modeText);
-  ASSERT_TRUE(static_cast<bool>(mode));
-  auto batched = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64);
-  ASSERT_TRUE(static_cast<bool>(batched)) << llvm::toString(batched.takeError());
-  for (std::vector<int64_t> lengths : {std::vector<int64_t>{3, 6, 0, 5, 1},
-                                       std::vector<int64_t>{6, 5, 3, 3, 0}}) {
-    Result want = runCell<double>(**batched, *s.samples[0], s.samples, s.resets, T,
-                                  *mode, lengths);
-    for (bool persistent : {false, true}) {
-      SCOPED_TRACE(std::string(persistent ? "persistent, 3 CTAs" : "batch-tiled") +
-                   ", lengths " + std::to_string(lengths[0]) + "...");
-      CpuCell::Options options;
-      options.threads = 2;
-      options.batchTiled = true;
-      options.batchTile = 2;
-      options.persistent = persistent;
-      options.ctas = persistent ? 3 : 0;
-      auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
-      ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
-      Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode,
-                                 lengths);
-      for (auto [what, got, expected] :
-           {std::tuple{"outputs", &r.outputs, &want.outputs},
-            std::tuple{"final states", &r.finals, &want.finals},
-            std::tuple{"input gradients", &r.dInputs, &want.dInputs},
-            std::tuple{"param gradients", &r.dParams, &want.dParams},
-            std::tuple{"initial-state gradients", &r.dInitial, &want.dInitial}}) {
-        ASSERT_EQ(got->size(), expected->size()) << what;
-        for (size_t i = 0; i < got->size(); ++i)
-          for (size_t j = 0; j < (*got)[i].size(); ++j)
-            EXPECT_NEAR((*got)[i][j], (*expected)[i][j],
-                        1e-10 * std::max(1.0, std::fabs((*expected)[i][j])))
-                << what << " " << i << "[" << j << "]";
-      }
+    for (size_t k = 0; k < lengths.size(); ++k) {
+      SCOPED_TRACE(k ? "lengths longest first" : "lengths unsorted");
+      expectSameResults(runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T,
+                                        *mode, lengths[k]),
+                        withLengths[k], 1e-10);
     }
   }
 }
