@@ -272,14 +272,14 @@ def test_recurrent_module_trains():
     opt = torch.optim.Adam(list(model.parameters()) + list(head.parameters()), lr=0.05)
     x = torch.randn(10, 16, 3)
     y = x[:, :, :1].cumsum(0) * 0.1
-    losses = []
-    for _ in range(30):
+
+    def closure():
         opt.zero_grad()
-        out, _ = model(x)
-        loss = (head(out) - y).pow(2).mean()
+        loss = (head(model(x)[0]) - y).pow(2).mean()
         loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        return loss
+
+    losses = [opt.step(closure).item() for _ in range(30)]
     assert losses[-1] < 0.5 * losses[0]
 
 
