@@ -66,12 +66,15 @@ def main():
 
     # Check before timing.
     got, want = packed_step(mine), packed_step(ref)
-    worst = max((a - b).abs().max().item() for a, b in
-                [(got[0].data, want[0].data), (got[1], want[1]), (got[2], want[2]),
-                 (got[3], want[3])] + [(p.grad, q.grad) for p, q in
-                                       zip(mine.parameters(), ref.parameters())])
-    print(f"cellc (lengths) against torch (packed): largest difference {worst:.1e}")
-    assert worst < 1e-3
+    pairs = [(got[0].data, want[0].data), (got[1], want[1]), (got[2], want[2]),
+             (got[3], want[3])] + [(p.grad, q.grad) for p, q in
+                                   zip(mine.parameters(), ref.parameters())]
+    # Relative to each tensor's largest value: the weight gradients sum
+    # T * B rows in float32.
+    worst = max(((a - b).abs().max() / b.abs().max()).item() for a, b in pairs)
+    print(f"cellc (lengths) against torch (packed): largest difference {worst:.1e} "
+          "of each tensor's largest value")
+    assert worst < 1e-4
 
     runs = {"torch packed": lambda: packed_step(ref), "torch padded": lambda: padded_step(ref),
             "cellc padded": lambda: padded_step(mine),

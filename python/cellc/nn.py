@@ -6,7 +6,7 @@ import math
 import os
 
 import torch
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence
 
 from .core import compile as _compile
 
@@ -50,23 +50,33 @@ def _reverse_resets(resets, lengths):
 
 
 def _unpack(packed):
-    """A PackedSequence as a padded time-major batch and its lengths, longest
-    first (the order in which the driver runs only the samples that have not
-    ended), and `to_sorted`: how to put per-sample tensors in that order
-    (dim 1), and back with `to_sorted(t, back=True)`."""
-    padded, lengths = pad_packed_sequence(packed)
+    """A PackedSequence as a padded time-major batch ([T, B, n], zeros past
+    each length) and its lengths, longest first: the order of its data, and
+    the one in which the driver runs only the samples that have not ended.
+    Also `to_sorted`, which puts per-sample tensors (dim 1) in that order, or
+    back with `to_sorted(t, True)`."""
+    sizes = packed.batch_sizes
+    T, B = len(sizes), int(sizes[0])
+    # Row r of the data is step t of sample b (sorted order): at t * B + b.
+    starts = torch.cumsum(sizes, 0) - sizes
+    steps = torch.repeat_interleave(torch.arange(T), sizes)
+    rows = steps * B + torch.arange(len(steps)) - starts[steps]
+    rows = rows.to(packed.data.device)
+    data = packed.data
+    padded = data.new_zeros(T * B, *data.shape[1:]).index_copy(0, rows, data)
+    lengths = (sizes[None, :] > torch.arange(B)[:, None]).sum(1)
     order, back = packed.sorted_indices, packed.unsorted_indices
 
     def to_sorted(t, back_=False):
         index = back if back_ else order
         return t if index is None or t is None else t.index_select(1, index.to(t.device))
 
-    return to_sorted(padded), to_sorted(lengths[None])[0], to_sorted
+    return padded.view(T, B, *data.shape[1:]), lengths, to_sorted, rows
 
 
-def _pack_like(out, lengths, like):
+def _pack_like(out, rows, like):
     """Time-major `out` ([T, B, n], longest first) packed like `like`."""
-    data = pack_padded_sequence(out, lengths).data
+    data = out.reshape(-1, *out.shape[2:]).index_select(0, rows)
     return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
 
 
@@ -171,7 +181,7 @@ class _TorchStyleRNN(torch.nn.Module):
             # The kernels run each sample to its length; hx, the final states
             # and resets (if any: [T, B] over the padded batch) are in the
             # batch's original order, as in torch.
-            x, lengths, to_sorted = _unpack(input)
+            x, lengths, to_sorted, rows = _unpack(input)
             if hx is not None:
                 hx = tuple(to_sorted(self._check_state(h, i, x.shape[1], True))
                            for i, h in enumerate(hx))
@@ -180,7 +190,7 @@ class _TorchStyleRNN(torch.nn.Module):
                 raise ValueError(f"with a PackedSequence, resets must be a bool tensor "
                                  f"of shape {list(x.shape[:2])} (time-major)")
             out, finals = self._run(x, hx, to_sorted(resets), lengths)
-            return (_pack_like(out, lengths, input),
+            return (_pack_like(out, rows, input),
                     tuple(to_sorted(f, True) for f in finals))
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"cellc.nn.{name}: input must be a tensor, got "
@@ -302,7 +312,7 @@ class Recurrent(torch.nn.Module):
             if lengths is not None:
                 raise ValueError("a PackedSequence carries its own lengths; do not pass "
                                  "lengths too")
-            x, lengths, to_sorted = _unpack(packed)
+            x, lengths, to_sorted, rows = _unpack(packed)
             resets = to_sorted(resets)
             if states is not None:
                 states = [{n: to_sorted(t[None])[0] for n, t in layer.items()}
@@ -323,7 +333,7 @@ class Recurrent(torch.nn.Module):
                 x = torch.nn.functional.dropout(x, self.dropout, True)
         if packed is not None:
             finals = [{n: to_sorted(t[None], True)[0] for n, t in f.items()} for f in finals]
-            return _pack_like(x, lengths, packed), finals
+            return _pack_like(x, rows, packed), finals
         if self.batch_first:
             x = x.transpose(0, 1)
         return x, finals

@@ -250,9 +250,11 @@ Status SequenceDriver::runForwardChunk(const Sequence &seq, const Chunk &chunk,
   const Kernel &kernel = cell.forward;
   // Samples sorted longest first drop out of the rows that run as they end:
   // the chunk runs in pieces that end at their last steps.
-  bool skip = skipsEndedRows(seq.lengths);
-  std::vector<int64_t> ends =
-      pieceEnds(skip ? seq.lengths : std::vector<int64_t>(), chunk.t0, chunk.len);
+  // Split only where the rows that run change.
+  std::vector<int64_t> ends = {chunk.t0 + chunk.len - 1};
+  for (int64_t t = chunk.t0 + chunk.len - 2; t >= chunk.t0; --t)
+    if (rowsRunning(seq.lengths, seq.batch, t) != rowsRunning(seq.lengths, seq.batch, t + 1))
+      ends.push_back(t);
   for (size_t k = ends.size(); k-- > 0;) {
     int64_t first = k + 1 < ends.size() ? ends[k + 1] + 1 : chunk.t0;
     Chunk piece = slice(chunk, seq.batch, first, ends[k] - first + 1);
@@ -272,6 +274,11 @@ Status SequenceDriver::runForwardChunk(const Sequence &seq, const Chunk &chunk,
   return Status();
 }
 
+/// The rows that run change in steps of this many: each change splits the
+/// forward into one more launch, and a launch over few steps and rows costs
+/// more than the rows it saves (bench/cpu/lengths.py).
+static constexpr int64_t kRowGranule = 16;
+
 bool SequenceDriver::skipsEndedRows(const std::vector<int64_t> &lengths) {
   return !lengths.empty() && std::is_sorted(lengths.rbegin(), lengths.rend()) &&
          lengths.front() != lengths.back();
@@ -281,8 +288,10 @@ int64_t SequenceDriver::rowsRunning(const std::vector<int64_t> &lengths, int64_t
                                     int64_t step) {
   if (!skipsEndedRows(lengths))
     return B;
-  return std::count_if(lengths.begin(), lengths.end(),
-                       [&](int64_t length) { return length > step; });
+  // In steps of kRowGranule: fewer, longer pieces, on whole tiles.
+  int64_t running = std::count_if(lengths.begin(), lengths.end(),
+                                  [&](int64_t length) { return length > step; });
+  return std::min(B, (running + kRowGranule - 1) / kRowGranule * kRowGranule);
 }
 
 Status SequenceDriver::resetsAndInitial(const Sequence &seq,
