@@ -20,3 +20,7 @@ run() {
 run 1 0
 echo
 run 2 0,1
+echo
+# Variable lengths: cellc's per-sample lengths against torch's PackedSequence.
+OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH="$build/python" \
+  taskset -c 0 "$py" "$top/bench/cpu/lengths.py" --repeats "$rounds"
