@@ -479,17 +479,9 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
           });
         }
       });
-      e.sources.clear();
-      unsigned a = 0;
-      for (unsigned i = 0; i < numInputs; ++i)
-        e.sources[body.getArgument(a++)] = {Source::PerStep, k.arg(i), {}};
-      for (unsigned i = 0; i < numStates; ++i)
-        e.sources[body.getArgument(a++)] = {Source::Shared, prevBufs[i], {}};
-      for (unsigned i = 0; i < numOutputs; ++i)
-        e.sources[body.getArgument(a++)] = {Source::PerStep,
-                                            k.arg(args.firstDOut + i), {}};
-      for (unsigned i = 0; i < numStates; ++i)
-        e.sources[body.getArgument(a++)] = {Source::Shared, gradBufs[i], slot};
+      e.bindBackwardStep(
+          body, [&](unsigned i) { return k.arg(i); }, numInputs, numOutputs,
+          args.firstDOut, prevBufs, gradBufs, slot);
 
       SmallVector<Item> items;
       unsigned stateResult = 0;

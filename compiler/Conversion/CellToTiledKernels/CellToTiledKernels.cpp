@@ -219,16 +219,8 @@ LogicalResult buildBackwardSteps(TileLoop &tl) {
         tb.storeShared(prev, prevBufs[k], Value(), j);
       });
     tb.barrier();
-    tb.sources.clear();
-    unsigned a = 0;
-    for (unsigned k = 0; k < numInputs; ++k)
-      tb.sources[body.getArgument(a++)] = {Source::PerStep, arg(k), {}};
-    for (unsigned k = 0; k < numStates; ++k)
-      tb.sources[body.getArgument(a++)] = {Source::Shared, prevBufs[k], {}};
-    for (unsigned k = 0; k < def.getOutputNames().size(); ++k)
-      tb.sources[body.getArgument(a++)] = {Source::PerStep, arg(args.firstDOut + k), {}};
-    for (unsigned k = 0; k < numStates; ++k)
-      tb.sources[body.getArgument(a++)] = {Source::Shared, stateBufs[k], slot};
+    tb.bindBackwardStep(body, arg, numInputs, def.getOutputNames().size(),
+                        args.firstDOut, prevBufs, stateBufs, slot);
 
     SmallVector<Item> items;
     unsigned stateResult = 0;

@@ -21,6 +21,22 @@ Value StepEmitter::bufferOf(Value v, Value &slot) {
   return sharedOf.lookup(v);
 }
 
+void StepEmitter::bindBackwardStep(Block &body, function_ref<Value(unsigned)> arg,
+                                   unsigned numInputs, unsigned numOutputs,
+                                   unsigned firstDOut, ArrayRef<Value> prevBufs,
+                                   ArrayRef<Value> gradBufs, Value slot) {
+  sources.clear();
+  unsigned a = 0;
+  for (unsigned i = 0; i < numInputs; ++i)
+    sources[body.getArgument(a++)] = {Source::PerStep, arg(i), {}};
+  for (Value prev : prevBufs)
+    sources[body.getArgument(a++)] = {Source::Shared, prev, {}};
+  for (unsigned i = 0; i < numOutputs; ++i)
+    sources[body.getArgument(a++)] = {Source::PerStep, arg(firstDOut + i), {}};
+  for (Value grad : gradBufs)
+    sources[body.getArgument(a++)] = {Source::Shared, grad, slot};
+}
+
 Value StepEmitter::eval(Value v, const Index &i) {
   if (Value hit = lookup(Key(v, i.base, i.offset)))
     return hit;

@@ -88,6 +88,14 @@ public:
   }
   Value at(const Index &i) { return shifted(i.base, i.offset); }
 
+  /// Where the backward step's block arguments are read from: the inputs
+  /// and output gradients per step (kernel arguments `arg(0..numInputs)` and
+  /// `arg(firstDOut..)`), the states before the step (`prevBufs`) and the
+  /// carried state gradients (`gradBufs`, at `slot`) from shared buffers.
+  void bindBackwardStep(Block &body, function_ref<Value(unsigned)> arg,
+                        unsigned numInputs, unsigned numOutputs, unsigned firstDOut,
+                        ArrayRef<Value> prevBufs, ArrayRef<Value> gradBufs, Value slot);
+
   /// Evaluates `v` at element `i`.
   Value eval(Value v, const Index &i);
   /// Emits the phases that compute `items`.
