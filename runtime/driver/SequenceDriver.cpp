@@ -248,13 +248,16 @@ Status SequenceDriver::bind(const Kernel &kernel, const Sequence &seq,
 Status SequenceDriver::runForwardChunk(const Sequence &seq, const Chunk &chunk,
                                        bool saveGates) {
   const Kernel &kernel = cell.forward;
-  // Samples sorted longest first drop out of the rows that run as they end:
-  // the chunk runs in pieces that end at their last steps.
-  // Split only where the rows that run change.
+  // Samples sorted longest first drop out of the rows that run as they end
+  // (rowsRunning): the chunk runs in pieces split where those rows change.
   std::vector<int64_t> ends = {chunk.t0 + chunk.len - 1};
-  for (int64_t t = chunk.t0 + chunk.len - 2; t >= chunk.t0; --t)
-    if (rowsRunning(seq.lengths, seq.batch, t) != rowsRunning(seq.lengths, seq.batch, t + 1))
+  int64_t later = rowsRunning(seq.lengths, seq.batch, ends[0]);
+  for (int64_t t = ends[0] - 1; t >= chunk.t0; --t) {
+    int64_t rows = rowsRunning(seq.lengths, seq.batch, t);
+    if (rows != later)
       ends.push_back(t);
+    later = rows;
+  }
   for (size_t k = ends.size(); k-- > 0;) {
     int64_t first = k + 1 < ends.size() ? ends[k + 1] + 1 : chunk.t0;
     Chunk piece = slice(chunk, seq.batch, first, ends[k] - first + 1);

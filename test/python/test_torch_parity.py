@@ -165,9 +165,7 @@ def test_modules_round_trip(how, tmp_path):
         other = copy.deepcopy(mine)
     else:
         torch.save(mine, tmp_path / "m.pt")
-        other = torch.load(tmp_path / "m.pt", weights_only=False) \
-            if "weights_only" in torch.load.__code__.co_varnames \
-            else torch.load(tmp_path / "m.pt")
+        other = torch.load(tmp_path / "m.pt", weights_only=False)
     x = torch.randn(4, 2, 3)
     out, _ = mine(x)
     out2, _ = other(x)
