@@ -16,6 +16,9 @@ packages=(
   python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
   # The CPU benchmark's strongest peer (bench/cpu): oneDNN's RNN primitives.
   libdnnl-dev
+  # dnnl-config.cmake requires OpenCL; libdnnl-dev only recommends it, and
+  # --no-install-recommends below skips recommends: without it cmake fails.
+  ocl-icd-opencl-dev
   # `pip install .` and its test: pip, venv (scikit-build-core comes from PyPI).
   python3-pip python3-venv
 )

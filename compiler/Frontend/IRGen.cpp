@@ -29,13 +29,16 @@ namespace {
 
 /// What an expression evaluates to while the cell is checked.
 struct Val {
-  enum class Kind { Scalar, Vector, Matrix };
+  /// PerSample: one value per sample (a reduction, and what is computed
+  /// from it), held as a vector of size 1 and broadcast where it meets a
+  /// vector.
+  enum class Kind { Scalar, Vector, PerSample, Matrix };
   Kind kind = Kind::Scalar;
   /// Scalar: the folded value of a literal expression.
   double scalar = 0;
-  /// Vector and Matrix: the IR value.
+  /// Vector, PerSample and Matrix: the IR value.
   Value value;
-  /// Vector: its size. Matrix: rows and cols.
+  /// Vector: its size (PerSample: 1). Matrix: rows and cols.
   int64_t size = 0, cols = 0;
 
   static Val ofScalar(double v) {
@@ -49,6 +52,25 @@ struct Val {
     val.value = v;
     val.size = size;
     return val;
+  }
+  static Val ofPerSample(Value v) {
+    Val val = ofVector(v, 1);
+    val.kind = Kind::PerSample;
+    return val;
+  }
+  /// What the value is, for messages.
+  const char *describe() const {
+    switch (kind) {
+    case Kind::Scalar:
+      return "a constant";
+    case Kind::Vector:
+      return "a vector";
+    case Kind::PerSample:
+      return "one value per sample (from 'sum' or 'mean')";
+    case Kind::Matrix:
+      return "a matrix";
+    }
+    return "";
   }
 };
 
@@ -75,6 +97,8 @@ enum class Fn {
 #include "compiler/Frontend/Functions.def"
   Max,
   Min,
+  Sum,
+  Mean,
   Chunk
 };
 
@@ -84,6 +108,8 @@ Fn lookupFn(llvm::StringRef name) {
 #include "compiler/Frontend/Functions.def"
       .Case("max", Fn::Max)
       .Case("min", Fn::Min)
+      .Case("sum", Fn::Sum)
+      .Case("mean", Fn::Mean)
       .Case("chunk", Fn::Chunk)
       .Default(Fn::Unknown);
 }
@@ -93,7 +119,7 @@ std::string functionNames() {
   std::string names;
 #define CELLC_UNARY_FN(E, text, op, value) names += text ", ";
 #include "compiler/Frontend/Functions.def"
-  return names + "max, min and chunk";
+  return names + "max, min, sum, mean and chunk";
 }
 
 class IRGen {
@@ -114,6 +140,22 @@ private:
     return builder.create<cell::ConstantOp>(loc(at), vectorType(size),
                                             builder.getF64FloatAttr(v));
   }
+  /// `val` (a constant, a vector of `size` or a per-sample value) as a
+  /// vector of `size`.
+  Value spread(const Val &val, int64_t size, llvm::SMLoc at) {
+    switch (val.kind) {
+    case Val::Kind::Scalar:
+      return constant(val.scalar, size, at);
+    case Val::Kind::PerSample:
+      if (size == 1)
+        return val.value;
+      return builder.create<cell::BroadcastOp>(loc(at), vectorType(size), val.value);
+    case Val::Kind::Vector:
+    case Val::Kind::Matrix:
+      break;
+    }
+    return val.value;
+  }
 
   bool declare(const Decl &decl, std::vector<int64_t> &shape);
   bool assign(const Stmt &stmt);
@@ -128,6 +170,7 @@ private:
   std::optional<Val> evalBinary(const Expr &expr);
   std::optional<Val> evalMatvec(const Expr &expr);
   std::optional<Val> evalCall(const Expr &expr);
+  std::optional<Val> evalReduction(const Expr &expr, Fn fn);
   /// Evaluates an operand of an elementwise operation: a scalar or a vector.
   std::optional<Val> evalElementwise(const Expr &expr, llvm::StringRef what);
   /// Builds an elementwise binary op on two operands, broadcasting literals.
@@ -383,7 +426,7 @@ bool IRGen::assignChunk(const Stmt &stmt) {
     return false;
   if (input->kind != Val::Kind::Vector) {
     diag.error(call.operands[0]->range.Start,
-               "'chunk' needs a vector, found a constant",
+               llvm::Twine("'chunk' needs a vector, found ") + input->describe(),
                call.operands[0]->range);
     return false;
   }
@@ -443,8 +486,8 @@ bool IRGen::bind(const Ident &ident, Val val, llvm::SMRange valueRange) {
     return false;
   }
   int64_t size = binding.current.size;
-  if (val.kind == Val::Kind::Scalar) {
-    val = Val::ofVector(constant(val.scalar, size, valueRange.Start), size);
+  if (val.kind == Val::Kind::Scalar || val.kind == Val::Kind::PerSample) {
+    val = Val::ofVector(spread(val, size, valueRange.Start), size);
   } else if (val.size != size) {
     diag.error(ident.range.Start,
                "size mismatch: state '" + ident.name + "' has size " +
@@ -471,8 +514,8 @@ bool IRGen::output(const Stmt &stmt) {
     binding.used = true;
     if (binding.current.kind != Val::Kind::Vector) {
       diag.error(name.range.Start,
-                 "output '" + name.name +
-                     "' must be a vector, not a constant or a matrix",
+                 "output '" + name.name + "' must be a vector, found " +
+                     binding.current.describe(),
                  name.range);
       return false;
     }
@@ -494,9 +537,9 @@ std::optional<Val> IRGen::eval(const Expr &expr) {
       return std::nullopt;
     if (operand->kind == Val::Kind::Scalar)
       return Val::ofScalar(-operand->scalar);
-    return Val::ofVector(
-        builder.create<cell::NegOp>(loc(expr.opLoc), operand->value),
-        operand->size);
+    Val neg = *operand;
+    neg.value = builder.create<cell::NegOp>(loc(expr.opLoc), operand->value);
+    return neg;
   }
   case Expr::Kind::Binary:
     return evalBinary(expr);
@@ -585,13 +628,14 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
                {lhsExpr.range, rhsExpr.range});
     return std::nullopt;
   }
-  int64_t size = lhs.kind == Val::Kind::Vector ? lhs.size : rhs.size;
-  Value a = lhs.kind == Val::Kind::Vector
-                ? lhs.value
-                : constant(lhs.scalar, size, lhsExpr.range.Start);
-  Value b = rhs.kind == Val::Kind::Vector
-                ? rhs.value
-                : constant(rhs.scalar, size, rhsExpr.range.Start);
+  // A vector operand gives the result's size; otherwise the result is one
+  // value per sample.
+  bool vector = lhs.kind == Val::Kind::Vector || rhs.kind == Val::Kind::Vector;
+  int64_t size = lhs.kind == Val::Kind::Vector ? lhs.size
+                 : rhs.kind == Val::Kind::Vector ? rhs.size
+                                                 : 1;
+  Value a = spread(lhs, size, lhsExpr.range.Start);
+  Value b = spread(rhs, size, rhsExpr.range.Start);
   Location l = loc(expr.opLoc);
   Value result;
   if (isCall) {
@@ -610,7 +654,7 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
       llvm_unreachable("'@' is not element-wise");
     }
   }
-  return Val::ofVector(result, size);
+  return vector ? Val::ofVector(result, size) : Val::ofPerSample(result);
 }
 
 std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
@@ -645,7 +689,7 @@ std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
   if (rhs->kind != Val::Kind::Vector) {
     diag.error(rhsExpr.range.Start,
                llvm::Twine("the right operand of '@' must be a vector, found ") +
-                   (rhs->kind == Val::Kind::Scalar ? "a constant" : "a matrix"),
+                   rhs->describe(),
                rhsExpr.range);
     return std::nullopt;
   }
@@ -673,6 +717,8 @@ static double applyScalar(Fn fn, double x) {
   case Fn::Unknown:
   case Fn::Max:
   case Fn::Min:
+  case Fn::Sum:
+  case Fn::Mean:
   case Fn::Chunk:
     break;
   }
@@ -707,6 +753,8 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
   std::string what = "'" + expr.name + "'";
   if (arity == 2)
     return evalElementwise2(expr, what);
+  if (fn == Fn::Sum || fn == Fn::Mean)
+    return evalReduction(expr, fn);
 
   std::optional<Val> arg = evalElementwise(*expr.operands[0], what);
   if (!arg)
@@ -724,10 +772,35 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
   case Fn::Unknown:
   case Fn::Max:
   case Fn::Min:
+  case Fn::Sum:
+  case Fn::Mean:
   case Fn::Chunk:
     llvm_unreachable("not a function of one argument");
   }
-  return Val::ofVector(result, arg->size);
+  Val val = *arg;
+  val.value = result;
+  return val;
+}
+
+/// `sum(v)` and `mean(v)`: one value per sample, from a vector.
+std::optional<Val> IRGen::evalReduction(const Expr &expr, Fn fn) {
+  const Expr &operand = *expr.operands[0];
+  std::optional<Val> arg = evalElementwise(operand, "'" + expr.name + "'");
+  if (!arg)
+    return std::nullopt;
+  if (arg->kind != Val::Kind::Vector) {
+    diag.error(operand.range.Start,
+               "'" + expr.name + "' reduces a vector to one value per sample; found " +
+                   arg->describe(),
+               operand.range);
+    return std::nullopt;
+  }
+  Location l = loc(expr.opLoc);
+  Value sum = builder.create<cell::SumOp>(l, vectorType(1), arg->value);
+  if (fn == Fn::Mean)
+    sum = builder.create<cell::MulOp>(
+        l, sum, constant(1.0 / double(arg->size), 1, expr.opLoc));
+  return Val::ofPerSample(sum);
 }
 
 OwningOpRef<ModuleOp> cellc::buildCellIR(MLIRContext &context,

@@ -337,3 +337,73 @@ class Recurrent(torch.nn.Module):
         if self.batch_first:
             x = x.transpose(0, 1)
         return x, finals
+
+
+LAYERNORM_LSTM_CELL = _shipped("layernorm_lstm")
+
+
+class LayerNormLSTM(torch.nn.Module):
+    """Haste's LayerNormLSTM (haste_pytorch.LayerNormLSTM), on cellc's
+    kernels: the same constructor, parameter names and shapes (`kernel`
+    [I, 4H], `recurrent_kernel` [H, 4H], `bias` [4H], `gamma` [2, 4H],
+    `gamma_h` and `beta_h` [H]), initialization, gate order (i, g, f, o) and
+    DropConnect `dropout` on the recurrent kernel; zoneout is not offered.
+    The step is examples/layernorm_lstm.cell. `forward(input, state=None,
+    lengths=None, resets=None)` returns `output` [T, B, H] and `(h_n, c_n)`,
+    each [1, B, H]; `state` is such a pair. `recompute` as for cellc cells."""
+
+    def __init__(self, input_size, hidden_size, batch_first=False, forget_bias=1.0,
+                 dropout=0.0, recompute="none", dtype=None):
+        super().__init__()
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError("LayerNormLSTM: dropout must be in [0.0, 1.0]")
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.batch_first, self.forget_bias = batch_first, forget_bias
+        self.dropout, self.recompute = float(dropout), recompute
+        self.cell = _compile(LAYERNORM_LSTM_CELL)
+        H, dtype = hidden_size, dtype or torch.get_default_dtype()
+        empty = lambda *shape: torch.nn.Parameter(torch.empty(*shape, dtype=dtype))
+        self.kernel = empty(input_size, 4 * H)
+        self.recurrent_kernel = empty(H, 4 * H)
+        self.bias = empty(4 * H)
+        self.gamma = empty(2, 4 * H)
+        self.gamma_h = empty(H)
+        self.beta_h = empty(H)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        H = self.hidden_size
+        with torch.no_grad():
+            for i in range(4):
+                torch.nn.init.xavier_uniform_(self.kernel[:, i * H:(i + 1) * H])
+                torch.nn.init.orthogonal_(self.recurrent_kernel[:, i * H:(i + 1) * H])
+            torch.nn.init.zeros_(self.bias)
+            torch.nn.init.constant_(self.bias[2 * H:3 * H], self.forget_bias)
+            torch.nn.init.ones_(self.gamma)
+            torch.nn.init.ones_(self.gamma_h)
+            torch.nn.init.zeros_(self.beta_h)
+
+    def forward(self, input, state=None, lengths=None, resets=None):
+        x = input.transpose(0, 1) if self.batch_first else input
+        if resets is not None and self.batch_first:
+            resets = resets.transpose(0, 1)
+        B, H = x.shape[1], self.hidden_size
+        states = None
+        if state is not None:
+            if not isinstance(state, (tuple, list)) or len(state) != 2:
+                raise ValueError("LayerNormLSTM: state must be a pair (h_0, c_0)")
+            for name, s in zip("hc", state):
+                if s.shape != (1, B, H):
+                    raise ValueError(f"LayerNormLSTM: {name}_0 must be [1, {B}, {H}], "
+                                     f"got {list(s.shape)}")
+            states = {"h": state[0][0], "c": state[1][0]}
+        recurrent = torch.nn.functional.dropout(self.recurrent_kernel, self.dropout,
+                                                self.training)
+        params = {"W": self.kernel.t().contiguous(), "R": recurrent.t().contiguous(),
+                  "b": self.bias, "gamma_x": self.gamma[0], "gamma_r": self.gamma[1],
+                  "gamma_h": self.gamma_h, "beta_h": self.beta_h}
+        out, final = self.cell(x, params, states, resets=resets, recompute=self.recompute,
+                               lengths=lengths)
+        if self.batch_first:
+            out = out.transpose(0, 1)
+        return out, (final["h"][None], final["c"][None])

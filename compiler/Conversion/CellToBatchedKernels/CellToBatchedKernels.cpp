@@ -76,6 +76,8 @@ public:
     return row;
   }
   Value productBuffer(Operation *op) override {
+    if (isa<SumOp>(op))
+      return buffer({1});
     return alloc({tile, paddedRow(shape.panels(sizeOf(op->getResult(0))) * shape.panel())});
   }
   SmallVector<Value> indices(Value slot, Value r, Value j) {
@@ -143,9 +145,50 @@ public:
   bool computesProduct(Operation *op) override {
     return PhasePlan::isCrossUnit(op);
   }
+  /// A lane holds units of one row: the per-sample value is evaluated alone
+  /// and spread over the lane.
+  Value evalBroadcast(Value one) override {
+    VectorType wide = lane;
+    lane = VectorType::get({1}, element);
+    scopes.emplace_back();
+    Value v = eval(one, {index(0), 0, 1});
+    scopes.pop_back();
+    lane = wide;
+    Value scalar = builder.create<vector::ExtractOp>(loc, v, ArrayRef<int64_t>{0});
+    return builder.create<vector::BroadcastOp>(loc, lane, scalar);
+  }
+  /// The sum of each row's units: `lanes` at a time into one vector, whose
+  /// elements are added at the end, then the rest one at a time.
+  void emitSum(SumOp sum, Value a, Value slot, Value out) {
+    int64_t n = sizeOf(sum.getInput());
+    int64_t main = n / lanes * lanes;
+    VectorType one = VectorType::get({1}, element);
+    forEachRow([&] {
+      Value acc = splat(builder, loc, lane, 0.0);
+      if (main > 0) {
+        auto loop = builder.create<scf::ForOp>(
+            loc, index(0), index(main), index(lanes), ValueRange{acc},
+            [&](OpBuilder &b, Location l, Value j, ValueRange carried) {
+              Value x = b.create<vector::LoadOp>(l, lane, a, indices(slot, row, j));
+              b.create<scf::YieldOp>(l, ValueRange{b.create<arith::AddFOp>(l, carried[0], x)});
+            });
+        acc = loop.getResult(0);
+      }
+      Value total = builder.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, acc);
+      for (int64_t j = main; j < n; ++j) {
+        Value x = builder.create<vector::LoadOp>(loc, one, a, indices(slot, row, index(j)));
+        total = builder.create<arith::AddFOp>(
+            loc, total, builder.create<vector::ExtractOp>(loc, x, ArrayRef<int64_t>{0}));
+      }
+      builder.create<vector::StoreOp>(loc, builder.create<vector::BroadcastOp>(loc, one, total),
+                                      out, indices(Value(), row, index(0)));
+    });
+  }
   void emitProduct(Operation *op, Value out) override {
     Value vec = PhasePlan::wholeOperand(op), slot;
     Value a = bufferOf(vec, slot);
+    if (auto sum = dyn_cast<SumOp>(op))
+      return emitSum(sum, a, slot, out);
     mlir::cell::emitProduct(builder, loc, a, slot, packed.lookup(op), out, rows,
                             sizeOf(vec), shape.panels(sizeOf(op->getResult(0))),
                             shape);
@@ -155,7 +198,7 @@ public:
   /// replayed product's only when the gates were not saved.
   void packWeights(Block &step) {
     step.walk([&](Operation *op) {
-      if (!PhasePlan::isCrossUnit(op))
+      if (!PhasePlan::isProduct(op))
         return;
       Value weight =
           params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());

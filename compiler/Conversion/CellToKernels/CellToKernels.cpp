@@ -105,6 +105,16 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
               ArrayRef<int64_t>{part}, ArrayRef<int64_t>{1});
         return success();
       })
+      .Case([&](SumOp) -> LogicalResult {
+        Value total = builder.create<vector::ReductionOp>(
+            loc, vector::CombiningKind::ADD, operand(0));
+        return result(builder.create<vector::BroadcastOp>(loc, type, total));
+      })
+      .Case([&](BroadcastOp) -> LogicalResult {
+        Value one = builder.create<vector::ExtractOp>(loc, operand(0),
+                                                      ArrayRef<int64_t>{0});
+        return result(builder.create<vector::BroadcastOp>(loc, type, one));
+      })
       .Case([&](ConcatOp concat) -> LogicalResult {
         Value acc = splat(builder, loc, type, 0.0);
         int64_t offset = 0;

@@ -258,7 +258,7 @@ void Persistent::cacheWeights(Block &step) {
   Location loc = tb.loc;
   bool gpu = tb.gpu;
   step.walk([&](Operation *op) {
-    if (!tb.computesProduct(op) || weightCache.count(op))
+    if (!PhasePlan::isProduct(op) || !tb.computesProduct(op) || weightCache.count(op))
       return;
     bool transposed = isa<VecmatOp>(op);
     int64_t rows = sizeOf(op->getResult(0)), depth = sizeOf(op->getOperand(1));

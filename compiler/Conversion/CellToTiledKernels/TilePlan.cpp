@@ -80,6 +80,8 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
   for (Operation *op : matvecs)
     if (persistent || (gpu && onTensorCores(op, options.precision)))
       plan.rowElements += sizeOf(op->getResult(0));
+  // Each reduction's one value per row (TiledBuilder::emitSum).
+  body.walk([&](SumOp) { plan.rowElements += 1; });
   for (Value s : def.getStates())
     plan.rowElements += (backward ? 5 : 2) * sizeOf(s);
   if (backward)

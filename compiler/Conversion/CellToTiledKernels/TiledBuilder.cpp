@@ -53,11 +53,34 @@ void TiledBuilder::forEachElement(int64_t n, function_ref<void(Value j)> body) {
 void TiledBuilder::barrier() { strategy->barrier(); }
 
 bool TiledBuilder::computesProduct(Operation *op) {
-  return isa<MatvecOp, VecmatOp>(op) && strategy->computesProduct(op);
+  if (isa<SumOp>(op))
+    return true;
+  return PhasePlan::isProduct(op) && strategy->computesProduct(op);
 }
 
 void TiledBuilder::emitProduct(Operation *op, Value out) {
+  if (auto sum = dyn_cast<SumOp>(op))
+    return emitSum(sum, out);
   strategy->emitProduct(op, out);
+}
+
+// One thread (of the tile's CTAs) adds the units of the input, whole in its
+// buffer, for all the rows of the tile; the phase's barrier publishes it.
+void TiledBuilder::emitSum(SumOp sum, Value out) {
+  Value input = sum.getInput(), slot;
+  Value buffer = bufferOf(input, slot);
+  forEachElement(1, [&](Value j) {
+    auto loop = builder.create<scf::ForOp>(
+        loc, index(0), index(sizeOf(input)), index(1),
+        ValueRange{splat(builder, loc, lane, 0.0)},
+        [&](OpBuilder &b, Location l, Value k, ValueRange acc) {
+          OpBuilder::InsertionGuard guard(builder);
+          builder.setInsertionPointToStart(b.getInsertionBlock());
+          Value next = builder.create<arith::AddFOp>(l, acc[0], load(buffer, slot, k));
+          builder.create<scf::YieldOp>(l, next);
+        });
+    store(loop.getResult(0), out, Value(), j);
+  });
 }
 
 // matvec: result[row] = sum_k W[row, k] * u[k]; vecmat: result[col] =

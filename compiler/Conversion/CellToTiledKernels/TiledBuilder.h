@@ -118,8 +118,11 @@ public:
   Value evalProduct(Operation *op, const Index &i) override;
   void forEachElement(int64_t n, function_ref<void(Value j)> body) override;
   void barrier() override;
+  /// The reductions, and the products that the strategy computes whole.
   bool computesProduct(Operation *op) override;
   void emitProduct(Operation *op, Value out) override;
+  /// A reduction into the buffer `out` (`[1, BT]`).
+  void emitSum(SumOp sum, Value out);
 
   /// A loop from `begin` to `end` by `step`, `body` built inside it.
   void forRange(Value begin, Value end, Value step, function_ref<void(Value)> body);

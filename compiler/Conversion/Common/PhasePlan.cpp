@@ -14,14 +14,18 @@ int64_t sizeOf(Value v) {
 }
 
 bool PhasePlan::isCrossUnit(Operation *op) {
-  return isa<MatvecOp, VecmatOp>(op);
+  return isa<MatvecOp, VecmatOp, SumOp>(op);
 }
+
+bool PhasePlan::isProduct(Operation *op) { return isa<MatvecOp, VecmatOp>(op); }
 
 Value PhasePlan::wholeOperand(Operation *op) {
   if (auto m = dyn_cast<MatvecOp>(op))
     return m.getVector();
   if (auto m = dyn_cast<VecmatOp>(op))
     return m.getVector();
+  if (auto sum = dyn_cast<SumOp>(op))
+    return sum.getInput();
   return {};
 }
 
@@ -99,10 +103,11 @@ unsigned PhasePlan::level(Value v) {
   if (it != levels.end())
     return it->second;
   levels[v] = 1; // Cycles cannot happen in SSA; this guards the recursion.
-  // Whether reading an operand of `w` reads it at `w`'s own element.
+  // Whether reading an operand of `w` reads it at `w`'s own element (a
+  // broadcast reads its one value at every element).
   auto keepsElement = [](Value w) {
     Operation *op = w.getDefiningOp();
-    return op && !isView(w) && !isa<ConcatOp>(op) && !isCrossUnit(op);
+    return op && !isView(w) && !isa<ConcatOp, BroadcastOp>(op) && !isCrossUnit(op);
   };
   // A buffered value is read in the phase after the one that writes it, or
   // in the same one where it is read at its own element and that is allowed.
@@ -116,7 +121,11 @@ unsigned PhasePlan::level(Value v) {
     if (!seen.insert({u, unsigned(aligned)}).second)
       continue;
     if (materialized.contains(u)) {
-      bool samePhase = aligned && options.readAlignedInPhase;
+      // A concat is evaluated from its parts in the phase that writes it,
+      // which would choose a part within a vector: it is read back from its
+      // buffer in the next phase (as with an elementwise op after a reduction,
+      // `dx + broadcast(dmean)`, where dx is a concat of gate gradients).
+      bool samePhase = aligned && options.readAlignedInPhase && !u.getDefiningOp<ConcatOp>();
       phase = std::max(phase, level(u) + (samePhase ? 0 : 1));
       continue;
     }
@@ -201,9 +210,10 @@ void PhasePlan::print(raw_ostream &os, ArrayRef<Value> roots,
     for (Operation *op : crossUnit) {
       if (startPhase(op) != p)
         continue;
-      os << "    " << op->getName().stripDialect() << " "
-         << describe(op->getOperand(0)) << " @ " << describe(wholeOperand(op))
-         << " -> [" << sizeOf(op->getResult(0)) << "]"
+      os << "    " << op->getName().stripDialect() << " ";
+      if (isProduct(op))
+        os << describe(op->getOperand(0)) << " @ ";
+      os << describe(wholeOperand(op)) << " -> [" << sizeOf(op->getResult(0)) << "]"
          << (op->getParentOfType<RestoreOp>() ? ", replayed" : "") << "\n";
     }
     for (Value m : materialized)

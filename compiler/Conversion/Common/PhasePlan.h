@@ -1,7 +1,8 @@
 //===- PhasePlan.h - The phases of a step over a batch tile -----*- C++ -*-===//
 //
 // A step's ops are per unit of a sample, except the cross-unit ops: a
-// product (`cell.matvec`, `cell.vecmat`) reads every unit of its vector. A
+// product (`cell.matvec`, `cell.vecmat`) reads every unit of its vector, a
+// reduction (`cell.sum`) every unit of its input. A
 // strategy that computes a step unit by unit over a tile of the batch (the
 // CPU's batched kernels, the GPU's batch-tiled and persistent kernels) must
 // have such an operand whole in a buffer before the op runs, so the step is
@@ -63,8 +64,11 @@ public:
                   Options()) {}
 
   /// Whether `op` reads an operand across the units of a sample, which must
-  /// then be whole in a buffer: it ends a phase.
+  /// then be whole in a buffer: it ends a phase. These are the products and
+  /// the reductions (`cell.sum`).
   static bool isCrossUnit(Operation *op);
+  /// Whether the cross-unit op `op` is a product with a weight.
+  static bool isProduct(Operation *op);
   /// The operand that a cross-unit op reads whole.
   static Value wholeOperand(Operation *op);
 

@@ -72,6 +72,8 @@ Value StepEmitter::evalProduct(Operation *op, const Index &) {
   return splat(builder, loc, lane, 0.0);
 }
 
+Value StepEmitter::evalBroadcast(Value one) { return eval(one, {index(0), 0, 1}); }
+
 Value StepEmitter::evalOp(Operation *op, Value v, const Index &i) {
   if (auto param = dyn_cast<ParamOp>(op))
     return loadParam(params.lookup(param.getName()), at(i));
@@ -88,6 +90,8 @@ Value StepEmitter::evalOp(Operation *op, Value v, const Index &i) {
     return evalRestore(restore, cast<OpResult>(v).getResultNumber(), i);
   if (auto proj = dyn_cast<ProjectionOp>(op))
     return loadPerStep(projectionBuffers.lookup(op), at(i));
+  if (auto broadcast = dyn_cast<BroadcastOp>(op))
+    return evalBroadcast(broadcast.getInput());
   if (Value product = products.lookup(op))
     return load(product, Value(), at(i));
   if (PhasePlan::isCrossUnit(op))
@@ -230,10 +234,12 @@ LogicalResult StepEmitter::emitPhases(ArrayRef<Item> roots) {
     if (computesProduct(op))
       pending.push_back(op);
   });
+  // A per-step input (the operand of a reduction) is copied to a buffer
+  // first, like a computed value.
   auto vectorReady = [&](Value vec, unsigned p) {
     auto it = sources.find(vec);
-    if (it != sources.end())
-      return it->second.kind == Source::Shared;
+    if (it != sources.end() && it->second.kind == Source::Shared)
+      return true;
     return plan->materialized.contains(vec) && plan->level(vec) < p;
   };
 

@@ -130,6 +130,10 @@ public:
   virtual bool computesProduct(Operation *op) = 0;
   virtual void emitProduct(Operation *op, Value out) = 0;
   virtual Value evalProduct(Operation *op, const Index &i);
+  /// The per-sample value `one` (of size 1) at every element of a lane. By
+  /// default the lanes hold one element of several rows, so it is `one` at
+  /// element 0.
+  virtual Value evalBroadcast(Value one);
 
 protected:
   using Key = std::tuple<Value, Value, int64_t>;

@@ -210,3 +210,20 @@ SmallVector<Value> ConcatOp::buildGradients(OpBuilder &b, ValueRange grads) {
   auto chunk = b.create<ChunkOp>(getLoc(), getInputs().getTypes(), g);
   return SmallVector<Value>(chunk.getResults());
 }
+
+/// Each element of the input adds to the sum: its gradient is the result's,
+/// spread over the units.
+SmallVector<Value> SumOp::buildGradients(OpBuilder &b, ValueRange grads) {
+  Value g = single(grads);
+  if (!g)
+    return {Value()};
+  return {b.create<BroadcastOp>(getLoc(), getInput().getType(), g)};
+}
+
+/// The one value feeds every element: its gradient sums theirs.
+SmallVector<Value> BroadcastOp::buildGradients(OpBuilder &b, ValueRange grads) {
+  Value g = single(grads);
+  if (!g)
+    return {Value()};
+  return {b.create<SumOp>(getLoc(), getInput().getType(), g)};
+}

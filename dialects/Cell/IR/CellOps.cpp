@@ -260,6 +260,31 @@ LogicalResult ChunkOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// SumOp and BroadcastOp
+//===----------------------------------------------------------------------===//
+
+/// Checks that `from` and `to` share an element type and that `single` (one
+/// of them) has size 1.
+static LogicalResult verifyPerSample(Operation *op, Value single, StringRef what) {
+  auto from = cast<RankedTensorType>(op->getOperand(0).getType());
+  auto to = cast<RankedTensorType>(op->getResult(0).getType());
+  if (from.getElementType() != to.getElementType())
+    return op->emitOpError("expects input and result to share an element type, got ")
+           << from.getElementType() << " and " << to.getElementType();
+  if (cast<RankedTensorType>(single.getType()).getDimSize(0) != 1)
+    return op->emitOpError("expects ")
+           << what << " to hold one value per sample (size 1), got "
+           << single.getType();
+  return success();
+}
+
+LogicalResult SumOp::verify() { return verifyPerSample(*this, getResult(), "the result"); }
+
+LogicalResult BroadcastOp::verify() {
+  return verifyPerSample(*this, getInput(), "the input");
+}
+
+//===----------------------------------------------------------------------===//
 // Binary elementwise ops
 //===----------------------------------------------------------------------===//
 

@@ -201,6 +201,56 @@ def Cell_ChunkOp : Cell_Op<"chunk", [Pure,
 }
 
 //===----------------------------------------------------------------------===//
+// Reductions over the units of a sample
+//===----------------------------------------------------------------------===//
+
+def Cell_SumOp : Cell_Op<"sum", [Pure,
+    DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
+  let summary = "The sum of a vector's elements: one value per sample";
+  let description = [{
+    Computes `result[0] = sum_j input[j]`, one value per sample, held as a
+    vector of size 1. The language's `sum(v)` builds it, and `mean(v)` is
+    `sum(v)` times `1 / n`; `cell.broadcast` spreads the value over the units
+    where it meets a vector. Its gradient broadcasts back. In a kernel over a
+    batch tile it reads its operand whole, so it ends a phase, like a product.
+    The verifier rejects a result that is not a vector of size 1 of the
+    input's element type.
+
+    Example:
+
+    ```mlir
+    %s = cell.sum %v : tensor<16xf32> -> tensor<1xf32>
+    ```
+  }];
+  let arguments = (ins Cell_Vector:$input);
+  let results = (outs Cell_Vector:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Cell_BroadcastOp : Cell_Op<"broadcast", [Pure,
+    DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
+  let summary = "One value per sample, spread over the units";
+  let description = [{
+    Gives a vector whose every element is `input[0]`: a per-sample value
+    (a `cell.sum` and what is computed from it) where it meets a vector in an
+    elementwise op. Its gradient is the sum of the result's gradient. The
+    verifier rejects an input that is not of size 1 and a result of another
+    element type.
+
+    Example:
+
+    ```mlir
+    %m = cell.broadcast %s : tensor<1xf32> -> tensor<16xf32>
+    ```
+  }];
+  let arguments = (ins Cell_Vector:$input);
+  let results = (outs Cell_Vector:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Elementwise operations
 //===----------------------------------------------------------------------===//
 

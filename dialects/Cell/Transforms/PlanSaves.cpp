@@ -14,8 +14,11 @@ namespace mlir::cell {
 
 namespace {
 
-/// Ops that are cheaper to recompute from their operands than to store.
-bool isCheap(Operation *op) { return isa<AddOp, SubOp, MulOp, NegOp>(op); }
+/// Ops that are cheaper to recompute from their operands than to store. A
+/// broadcast stores one value per unit where its operand is one per sample.
+bool isCheap(Operation *op) {
+  return isa<AddOp, SubOp, MulOp, NegOp, BroadcastOp>(op);
+}
 
 /// Forward ops that the backward replays inside its cell.restore.
 bool isReplayed(Operation &op) {

@@ -270,3 +270,27 @@ func.func @restore_types(%x: tensor<4xf32>) -> tensor<2xf32> {
   }
   return %r : tensor<2xf32>
 }
+
+// -----
+
+cell.def @sum_to_two inputs() states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.sum' op expects the result to hold one value per sample (size 1), got 'tensor<2xf32>'}}
+  %s = cell.sum %h : tensor<4xf32> -> tensor<2xf32>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @broadcast_of_two inputs() states(%h: tensor<2xf32>) outputs() {
+  // expected-error @below {{'cell.broadcast' op expects the input to hold one value per sample (size 1), got 'tensor<2xf32>'}}
+  %b = cell.broadcast %h : tensor<2xf32> -> tensor<4xf32>
+  cell.yield states(%h : tensor<2xf32>)
+}
+
+// -----
+
+cell.def @sum_to_f64 inputs() states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.sum' op expects input and result to share an element type, got 'f32' and 'f64'}}
+  %s = cell.sum %h : tensor<4xf32> -> tensor<1xf64>
+  cell.yield states(%h : tensor<4xf32>)
+}

@@ -48,6 +48,10 @@ cell.def @every_op inputs(%x: tensor<3xf32>, %y: tensor<4xf32>) states(%h: tenso
   %abs = cell.abs %sp : tensor<4xf32>
   // CHECK: %[[SQRT:.*]] = cell.sqrt %[[ABS]] : tensor<4xf32>
   %sqrt = cell.sqrt %abs : tensor<4xf32>
+  // CHECK: %[[SUM:.*]] = cell.sum %[[SQRT]] : tensor<4xf32> -> tensor<1xf32>
+  %sum = cell.sum %sqrt : tensor<4xf32> -> tensor<1xf32>
+  // CHECK: cell.broadcast %[[SUM]] : tensor<1xf32> -> tensor<4xf32>
+  %bc = cell.broadcast %sum : tensor<1xf32> -> tensor<4xf32>
   // CHECK: cell.yield states(%[[SQRT]], %[[C]] : tensor<4xf32>, tensor<4xf32>) outputs(%[[SQRT]], %[[SIG]] : tensor<4xf32>, tensor<4xf32>)
   cell.yield states(%sqrt, %c : tensor<4xf32>, tensor<4xf32>) outputs(%sqrt, %sig : tensor<4xf32>, tensor<4xf32>)
 }

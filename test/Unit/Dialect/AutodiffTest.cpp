@@ -75,7 +75,9 @@ INSTANTIATE_TEST_SUITE_P(
         "sqrt(u * u * h * h + x * x + 0.5)", "u * h + x", "u * h - x",
         "(u * h) * x", "(u * h) / (x * x + 1)", "max(u * h, x)",
         "min(u * h, x)", "h * h + x", "2 * h - 1 + x",
-        "tanh(W @ h + x)", "tanh(W @ (u * h) + x)"));
+        "tanh(W @ h + x)", "tanh(W @ (u * h) + x)", "tanh(h) * sum(u * x)",
+        "(h - mean(h)) / sqrt(mean((h - mean(h)) * (h - mean(h))) + 0.1) + x",
+        "tanh(W @ (h / sqrt(mean(h * h) + 0.1)) + x)", "h * mean(x) + sum(u)"));
 
 TEST(OpDerivativeTest, ChunkWithAnUnusedPart) {
   checkCell(R"(cell chunked {
@@ -95,6 +97,10 @@ TEST(OpDerivativeTest, ChunkWithAnUnusedPart) {
 TEST(CellDerivativeTest, Lstm) { checkCell(readExample("lstm.cell"), kSizes); }
 TEST(CellDerivativeTest, Gru) { checkCell(readExample("gru.cell"), kSizes); }
 TEST(CellDerivativeTest, Elman) { checkCell(readExample("elman.cell"), kSizes); }
+TEST(CellDerivativeTest, LayerNormLstm) {
+  checkCell(readExample("layernorm_lstm.cell"), kSizes);
+}
+TEST(CellDerivativeTest, RmsNormGru) { checkCell(readExample("rmsnorm_gru.cell"), kSizes); }
 
 /// Peephole LSTM with a positive-definite forget gate: exp, log, softplus,
 /// division, sqrt and max, and vector params read in the step.

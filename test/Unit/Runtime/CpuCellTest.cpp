@@ -411,7 +411,8 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
 INSTANTIATE_TEST_SUITE_P(
     Cells, CpuCellTest,
     ::testing::Combine(::testing::Values("lstm", "gru", "elman", "peephole",
-                                         "mgu", "two", "indrnn", "peephole_lstm"),
+                                         "mgu", "two", "indrnn", "peephole_lstm",
+                                         "layernorm_lstm", "rmsnorm_gru"),
                        ::testing::Values("none", "full", "chunk:2", "chunk:4")));
 
 /// The autotuner's per-row knobs: the recurrent matvec in pieces of 2 and 4

@@ -116,6 +116,13 @@ void CellInterpreter::runOps(Block &block) {
               r[i] += get(bias)[i];
           set(r);
         })
+        .Case([&](SumOp) {
+          double total = 0;
+          for (double a : in(0))
+            total += a;
+          set(Tensor(1, total));
+        })
+        .Case([&](BroadcastOp b) { set(Tensor(sizeOf(b.getResult()), in(0)[0])); })
         .Case([&](ChunkOp c) {
           const Tensor &a = in(0);
           int64_t part = sizeOf(c.getResult(0));

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Normalized cells on the CPU, side by side in one process: forward plus
+backward (of a weighted sum of the outputs) of
+
+- the LayerNorm LSTM (examples/layernorm_lstm.cell, Haste's formulation):
+  cellc.nn.LayerNormLSTM against the same step as a PyTorch loop written
+  from the formulas, and against a loop with torch.nn.functional.layer_norm;
+- the RMS-normalized GRU (examples/rmsnorm_gru.cell): cellc against its
+  PyTorch loop.
+
+cellc's outputs and gradients are checked against the loops' before any
+timing. Run it pinned, one BLAS thread:
+
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH=build/python \\
+    taskset -c 0 python3 bench/cpu/layernorm.py
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import cellc
+
+
+def _norm(v, eps):
+    d = v - v.mean(-1, keepdim=True)
+    return d / torch.sqrt((d * d).mean(-1, keepdim=True) + eps)
+
+
+def layernorm_lstm_loop(p, x, h, c, torch_layer_norm):
+    """The LayerNorm LSTM step by step; the products of the inputs as one
+    matrix product first, as cellc hoists them."""
+    H = h.shape[1]
+    ln = ((lambda v, g, b=None: F.layer_norm(v, v.shape[-1:], g, b, 1e-5))
+          if torch_layer_norm else (lambda v, g, b=None: g * _norm(v, 1e-5) + (0 if b is None else b)))
+    wx = x @ p["W"].t()
+    outs = []
+    for t in range(x.shape[0]):
+        v = ln(wx[t], p["gamma_x"]) + ln(h @ p["R"].t(), p["gamma_r"]) + p["b"]
+        i, g, f, o = v.chunk(4, -1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(ln(c, p["gamma_h"], p["beta_h"]))
+        outs.append(h)
+    return torch.stack(outs)
+
+
+def rmsnorm_gru_loop(p, x, h):
+    xs = (x @ p["W_ih"].t() + p["b_ih"]).chunk(3, -1)
+    outs = []
+    for t in range(x.shape[0]):
+        y = p["g"] * h / torch.sqrt((h * h).mean(-1, keepdim=True) + 1e-6)
+        hr, hz, hn = (y @ p["W_hh"].t() + p["b_hh"]).chunk(3, -1)
+        r, z = torch.sigmoid(xs[0][t] + hr), torch.sigmoid(xs[1][t] + hz)
+        h = (1 - z) * torch.tanh(xs[2][t] + r * hn) + z * h
+        outs.append(h)
+    return torch.stack(outs)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    B, T, I, H = a.batch, a.steps, a.size, a.size
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, B, I, generator=g)
+    w_out = torch.randn(T, B, H, generator=g)
+    zeros = torch.zeros(B, H)
+
+    lnlstm = cellc.nn.LayerNormLSTM(I, H)
+    with torch.no_grad():
+        for q in lnlstm.parameters():
+            q.add_(0.1 * torch.randn(q.shape, generator=g))
+    ln_params = lambda: {"W": lnlstm.kernel.t(), "R": lnlstm.recurrent_kernel.t(),
+                         "b": lnlstm.bias, "gamma_x": lnlstm.gamma[0],
+                         "gamma_r": lnlstm.gamma[1], "gamma_h": lnlstm.gamma_h,
+                         "beta_h": lnlstm.beta_h}
+    gru = cellc.compile(cellc.nn._shipped("rmsnorm_gru"))
+    bound = H ** -0.5
+    gru_params = {n: (torch.empty(*gru.shape(n, {"I": I, "H": H})).uniform_(-bound, bound)
+                      + (1.0 if n == "g" else 0.0)).requires_grad_() for n, _ in gru.params}
+    runs = {
+        "LayerNorm LSTM": {
+            "cellc": lambda xs: lnlstm(xs)[0],
+            "torch loop": lambda xs: layernorm_lstm_loop(ln_params(), xs, zeros, zeros, False),
+            "torch loop, F.layer_norm":
+                lambda xs: layernorm_lstm_loop(ln_params(), xs, zeros, zeros, True),
+        },
+        "RMSNorm GRU": {
+            "cellc": lambda xs: gru(xs, gru_params, {"h": zeros})[0],
+            "torch loop": lambda xs: rmsnorm_gru_loop(gru_params, xs, zeros),
+        },
+    }
+    params = {"LayerNorm LSTM": list(lnlstm.parameters()),
+              "RMSNorm GRU": list(gru_params.values())}
+
+    def step(f, ps):
+        for q in ps:
+            q.grad = None
+        xs = x.clone().requires_grad_()
+        out = f(xs)
+        (out * w_out).sum().backward()
+        return [out, xs.grad] + [q.grad for q in ps]
+
+    print(f"B={B} T={T} I=H={H}, {a.threads} thread(s), forward+backward, "
+          f"median of {a.repeats}")
+    for cell, impls in runs.items():
+        ps = params[cell]
+        want = step(impls["torch loop"], ps)
+        got = step(impls["cellc"], ps)
+        worst = max(((u - v).abs().max() / v.abs().max()).item() for u, v in zip(got, want))
+        assert worst < 1e-4, f"{cell}: cellc differs from the torch loop by {worst:.1e}"
+        times = {n: [] for n in impls}
+        for _ in range(a.repeats):
+            for n, f in impls.items():
+                t0 = time.perf_counter()
+                step(f, ps)
+                times[n].append(time.perf_counter() - t0)
+        print(f"{cell} (cellc against the torch loop: largest difference {worst:.1e} "
+              "of each tensor's largest value)")
+        base = statistics.median(times["cellc"])
+        for n, ts in times.items():
+            m = statistics.median(ts)
+            print(f"  {n:26s} {1e3 * m:8.1f} ms   cellc {m / base:5.2f}x faster")
+
+
+if __name__ == "__main__":
+    main()
