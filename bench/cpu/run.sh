@@ -24,3 +24,7 @@ echo
 # Variable lengths: cellc's per-sample lengths against torch's PackedSequence.
 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH="$build/python" \
   taskset -c 0 "$py" "$top/bench/cpu/lengths.py" --repeats "$rounds"
+echo
+# Normalized cells (reductions): the LayerNorm LSTM and the RMSNorm GRU against torch loops.
+OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH="$build/python" \
+  taskset -c 0 "$py" "$top/bench/cpu/layernorm.py" --repeats "$rounds"
