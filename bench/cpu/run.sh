@@ -25,6 +25,6 @@ echo
 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH="$build/python" \
   taskset -c 0 "$py" "$top/bench/cpu/lengths.py" --repeats "$rounds"
 echo
-# Normalized cells (reductions): the LayerNorm LSTM and the RMSNorm GRU against torch loops.
+# Cells with reductions and block-diagonal weights against PyTorch loops.
 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH="$build/python" \
-  taskset -c 0 "$py" "$top/bench/cpu/layernorm.py" --repeats "$rounds"
+  taskset -c 0 "$py" "$top/bench/cpu/cells.py" --repeats "$rounds"

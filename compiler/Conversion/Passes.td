@@ -230,9 +230,12 @@ def ConvertKernelsToLLVM : Pass<"convert-kernels-to-llvm", "::mlir::ModuleOp"> {
 
     Runs after `cell-specialize` and canonicalization.
   }];
+  // affine: memref-expand-strided-metadata, for the views of block-diagonal
+  // weights, builds affine.apply.
   let dependentDialects = ["::mlir::LLVM::LLVMDialect",
                            "::mlir::cf::ControlFlowDialect",
-                           "::mlir::func::FuncDialect"];
+                           "::mlir::func::FuncDialect",
+                           "::mlir::affine::AffineDialect"];
 }
 
 def ConvertKernelsToNVVM : Pass<"convert-kernels-to-nvvm", "::mlir::ModuleOp"> {
@@ -252,7 +255,8 @@ def ConvertKernelsToNVVM : Pass<"convert-kernels-to-nvvm", "::mlir::ModuleOp"> {
   }];
   let dependentDialects = ["::mlir::LLVM::LLVMDialect",
                            "::mlir::NVVM::NVVMDialect",
-                           "::mlir::cf::ControlFlowDialect"];
+                           "::mlir::cf::ControlFlowDialect",
+                           "::mlir::affine::AffineDialect"];
 }
 
 #endif // CELLC_CONVERSION_PASSES_TD

@@ -38,8 +38,9 @@ struct Val {
   double scalar = 0;
   /// Vector, PerSample and Matrix: the IR value.
   Value value;
-  /// Vector: its size (PerSample: 1). Matrix: rows and cols.
-  int64_t size = 0, cols = 0;
+  /// Vector: its size (PerSample: 1). Matrix: rows and cols; of each block
+  /// when `blocks` is set (a block-diagonal [G, M, N] param).
+  int64_t size = 0, cols = 0, blocks = 0;
 
   static Val ofScalar(double v) {
     Val val;
@@ -225,6 +226,12 @@ bool IRGen::declare(const Decl &decl, std::vector<int64_t> &shape) {
                decl.range);
     return false;
   }
+  if (shape.size() == 3 && shape[0] == 0) {
+    diag.error(decl.ident.range.Start,
+               "param '" + decl.ident.name + "' has no blocks: [G, M, N] needs G >= 1",
+               decl.range);
+    return false;
+  }
   Binding &binding = it->second;
   binding.ident = decl.ident;
   binding.decl = decl.kind;
@@ -296,11 +303,13 @@ OwningOpRef<ModuleOp> IRGen::build(const CellAST &cell) {
     auto type = RankedTensorType::get(shape, elementType);
     Value value = builder.create<cell::ParamOp>(loc(binding.ident.range.Start),
                                                 type, name);
-    if (shape.size() == 2) {
+    if (shape.size() >= 2) {
+      bool blocked = shape.size() == 3;
       binding.current.kind = Val::Kind::Matrix;
       binding.current.value = value;
-      binding.current.size = shape[0];
-      binding.current.cols = shape[1];
+      binding.current.blocks = blocked ? shape[0] : 0;
+      binding.current.size = shape[blocked ? 1 : 0];
+      binding.current.cols = shape[blocked ? 2 : 1];
     } else {
       binding.current = Val::ofVector(value, shape[0]);
     }
@@ -570,8 +579,9 @@ std::optional<Val> IRGen::evalElementwise(const Expr &expr,
   std::optional<Val> val = eval(expr);
   if (val && val->kind == Val::Kind::Matrix) {
     diag.error(expr.range.Start,
-               "param '" + expr.name + "' is a matrix; it can only be the "
-               "left operand of '@', not an operand of " + what,
+               "param '" + expr.name + "' is a " +
+                   (val->blocks ? "block-diagonal matrix" : "matrix") +
+                   "; it can only be the left operand of '@', not an operand of " + what,
                expr.range);
     return std::nullopt;
   }
@@ -694,6 +704,22 @@ std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
     return std::nullopt;
   }
   const Val &w = weight->current;
+  if (w.blocks) {
+    // Block g of the result is block g of the weight times the g-th part.
+    if (rhs->size != w.blocks * w.cols) {
+      diag.error(expr.opLoc,
+                 "size mismatch in '@': '" + lhsExpr.name + "' is block-diagonal, " +
+                     llvm::Twine(w.blocks) + " blocks of [" + llvm::Twine(w.size) + ", " +
+                     llvm::Twine(w.cols) + "], so the right operand must have size " +
+                     llvm::Twine(w.blocks) + " * " + llvm::Twine(w.cols) + " = " +
+                     llvm::Twine(w.blocks * w.cols) + "; found " + llvm::Twine(rhs->size),
+                 {lhsExpr.range, rhsExpr.range});
+      return std::nullopt;
+    }
+    Value result = builder.create<cell::MatvecOp>(
+        loc(expr.opLoc), vectorType(w.blocks * w.size), w.value, rhs->value);
+    return Val::ofVector(result, w.blocks * w.size);
+  }
   if (rhs->size != w.cols) {
     diag.error(expr.opLoc,
                "size mismatch in '@': '" + lhsExpr.name + "' is [" +

@@ -130,9 +130,10 @@ bool Parser::parseShape(std::vector<SizeExpr> &shape) {
   llvm::SMRange range(open, tok.range().End);
   if (!expect(TokenKind::RBracket, "to close the shape"))
     return false;
-  if (shape.size() > 2) {
+  if (shape.size() > 3) {
     diag.error(open,
-               "expected a vector [n] or a matrix [rows, cols], found " +
+               "expected a vector [n], a matrix [rows, cols] or blocks [G, rows, "
+               "cols], found " +
                    llvm::Twine(shape.size()) + " dimensions",
                range);
     return false;

@@ -436,9 +436,12 @@ class _TorchBackend:
         # outside autograd.
         return flat[v.offset:v.offset + n].view(shape).detach()
 
-    def matrix(self, view, ld):
-        flat = self.tensor(view).reshape(-1)
-        return flat.view(-1, ld) if ld else flat
+    def matrix(self, view, ld, rows, cols):
+        """The `rows x cols` matrix at the view's first element, rows `ld`
+        apart (a block of a wider matrix when `ld > cols`)."""
+        v = view.contents if hasattr(view, "contents") else view
+        flat = self.buffers[v.buffer]
+        return flat.as_strided((rows, cols), (ld, 1), flat.storage_offset() + v.offset).detach()
 
     def _allocate(self, elements, element, zero, out):
         import torch
@@ -462,7 +465,9 @@ class _TorchBackend:
         self.cell.launch(kernel, "save" if save_gates else "replay", values, batch)
 
     def _gemm(self, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
-        A, B, C = self.matrix(a, lda), self.matrix(b, ldb), self.matrix(c, ldc)
+        A = self.matrix(a, lda, k, m) if ta else self.matrix(a, lda, m, k)
+        B = self.matrix(b, ldb, n, k) if tb else self.matrix(b, ldb, k, n)
+        C = self.matrix(c, ldc, m, n)
         A = A.t() if ta else A
         B = B.t() if tb else B
         product = (A @ B.to(A.dtype)).to(C.dtype)

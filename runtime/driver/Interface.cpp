@@ -138,7 +138,7 @@ Status Interface::finish() {
     p.weight = indexOf(params, arg.name);
     p.input = indexOf(inputs, arg.input);
     if (p.weight == size_t(-1) || p.input == size_t(-1) ||
-        params[p.weight].shape.size() != 2)
+        params[p.weight].shape.size() < 2 || params[p.weight].shape.size() > 3)
       return Status::error("the projection of '" + arg.name + "' names no matrix "
                            "param or input");
     for (const std::string &b : arg.biases) {
@@ -148,8 +148,10 @@ Status Interface::finish() {
                              "' adds an unknown param '" + b + "'");
       p.biases.push_back(bias);
     }
-    p.rows = params[p.weight].shape[0];
-    p.cols = params[p.weight].shape[1];
+    const std::vector<int64_t> &shape = params[p.weight].shape;
+    p.blocks = shape.size() == 3 ? shape[0] : 1;
+    p.rows = p.blocks * shape[shape.size() - 2];
+    p.cols = p.blocks * shape.back();
     p.element = arg.element.value_or(compute);
     projections.push_back(p);
   }

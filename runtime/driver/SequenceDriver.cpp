@@ -589,6 +589,22 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
   return Status();
 }
 
+/// `c = op(a) op(b) + beta c` for each of `blocks` diagonal blocks of a
+/// block-diagonal weight (one for a dense weight): block g of a, b and c
+/// starts g times `aStep`, `bStep` and `cStep` elements in. One GEMM a
+/// block, each over all the rows.
+static Status blockGemm(Backend &backend, int64_t blocks, bool transA, bool transB,
+                        int64_t m, int64_t n, int64_t k, const View &a, int64_t lda,
+                        int64_t aStep, const View &b, int64_t ldb, int64_t bStep,
+                        double beta, const View &c, int64_t ldc, int64_t cStep) {
+  for (int64_t g = 0; g < blocks; ++g)
+    if (Status e = backend.gemm(transA, transB, m, n, k, a.at(g * aStep, a.shape), lda,
+                                b.at(g * bStep, b.shape), ldb, beta,
+                                c.at(g * cStep, c.shape), ldc))
+      return e;
+  return Status();
+}
+
 Status SequenceDriver::project(const Sequence &seq, const Interface::Projection &p,
                                int64_t t0, int64_t len, Scratch &out) {
   int64_t B = seq.batch;
@@ -603,9 +619,10 @@ Status SequenceDriver::project(const Sequence &seq, const Interface::Projection 
     if (Status e = backend->fillRows(out.view(), len * B, p.rows, biases))
       return e;
   View x = seq.inputs[p.input].at(t0 * B * p.cols, {len * B, p.cols});
-  return backend->gemm(false, true, len * B, p.rows, p.cols, x, p.cols,
-                       seq.params[p.weight], p.cols, biases.empty() ? 0.0 : 1.0,
-                       out.view(), p.rows);
+  int64_t m = p.rows / p.blocks, n = p.cols / p.blocks;
+  return blockGemm(*backend, p.blocks, false, true, len * B, m, n, x, p.cols, n,
+                   seq.params[p.weight], n, m * n, biases.empty() ? 0.0 : 1.0,
+                   out.view(), p.rows, m);
 }
 
 Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
@@ -866,15 +883,16 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
           const Interface::Projection &p = cell.projections[projectionGrad++];
           View rows = r.at(0, {count * B, p.rows});
           View x = seq.inputs[p.input].at(first * B * p.cols, {count * B, p.cols});
-          if (Status e = backend->gemm(true, false, p.rows, p.cols, count * B, rows,
-                                       p.rows, x, p.cols, 1.0, dParams[p.weight].view(),
-                                       p.cols))
+          int64_t m = p.rows / p.blocks, n = p.cols / p.blocks;
+          if (Status e = blockGemm(*backend, p.blocks, true, false, m, n, count * B, rows,
+                                   p.rows, m, x, p.cols, n, 1.0, dParams[p.weight].view(),
+                                   n, m * n))
             return e;
-          if (Status e = backend->gemm(
-                  false, false, count * B, p.cols, p.rows, rows, p.rows,
-                  seq.params[p.weight], p.cols, 1.0,
+          if (Status e = blockGemm(
+                  *backend, p.blocks, false, false, count * B, n, m, rows, p.rows, m,
+                  seq.params[p.weight], n, m * n, 1.0,
                   dInputs[p.input].view().at(first * B * p.cols, {count * B, p.cols}),
-                  p.cols))
+                  p.cols, n))
             return e;
           // Every bias of the projection has the same gradient: sum the rows
           // once (an LSTM's b_ih and b_hh).
@@ -896,11 +914,15 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
             return Status::error("internal error: weight rows without their vectors");
           const View &vecs = written[w + 1].view;
           size_t i = indexOf(cell.params, out.name);
-          int64_t rows = cell.params[i].shape[0], cols = cell.params[i].shape[1];
-          if (Status e = backend->gemm(true, false, rows, cols, count * B,
-                                       r.at(0, {count * B, rows}), rows,
-                                       vecs.at(0, {count * B, cols}), cols, 1.0,
-                                       dParams[i].view(), cols))
+          // [rows, cols], or blocks of them: the gradient rows and the
+          // vectors hold a part a block.
+          const std::vector<int64_t> &shape = cell.params[i].shape;
+          int64_t blocks = shape.size() == 3 ? shape[0] : 1;
+          int64_t rows = shape[shape.size() - 2], cols = shape.back();
+          if (Status e = blockGemm(*backend, blocks, true, false, rows, cols, count * B,
+                                   r.at(0, {count * B, blocks * rows}), blocks * rows, rows,
+                                   vecs.at(0, {count * B, blocks * cols}), blocks * cols,
+                                   cols, 1.0, dParams[i].view(), cols, rows * cols))
             return e;
           ++w;
           break;

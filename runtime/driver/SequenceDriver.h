@@ -146,10 +146,12 @@ struct Interface {
 
   std::vector<Slot> inputs, states, params, outputs;
   /// A projection the driver computes with a GEMM: weight @ input + biases.
+  /// `rows` outputs from `cols` inputs; with a block-diagonal weight
+  /// `[blocks, rows / blocks, cols / blocks]`, block by block.
   struct Projection {
     size_t weight, input;
     std::vector<size_t> biases;
-    int64_t rows, cols;
+    int64_t rows, cols, blocks = 1;
     Element element;
   };
   std::vector<Projection> projections;

@@ -38,6 +38,14 @@ def test_custom_cell_learns():
     assert last < 0.5 * first, f"loss {first} -> {last}"
 
 
+def test_block_gru_learns():
+    out = run_example("train_block_gru.py")
+    m = re.search(r"mean loss of the first 5 steps ([\d.]+), of the last 10 ([\d.]+)", out)
+    assert m, out
+    first, last = float(m.group(1)), float(m.group(2))
+    assert last < 0.5 * first, f"loss {first} -> {last}"
+
+
 def test_ddp_gradients_equal_one_process_over_the_whole_batch():
     # Two gloo processes, each on half of every batch, for five SGD steps.
     out = run_example("ddp_lstm.py")

@@ -39,8 +39,9 @@ public:
   /// The tile's first batch row and its number of rows; the row being
   /// computed and its batch row.
   Value b0, rows, row, batchRow;
-  /// The packed weight of each product.
-  DenseMap<Operation *, Value> packed;
+  /// The packed weight of each product: one a block of a block-diagonal
+  /// weight.
+  DenseMap<Operation *, SmallVector<Value>> packed;
   /// What `free` deallocates before the kernel returns, in order.
   SmallVector<Value> allocated;
 
@@ -78,7 +79,19 @@ public:
   Value productBuffer(Operation *op) override {
     if (isa<SumOp>(op))
       return buffer({1});
-    return alloc({tile, paddedRow(shape.panels(sizeOf(op->getResult(0))) * shape.panel())});
+    // Blocks are computed in order, each writing whole panels: block g's last
+    // panel runs into block g + 1's columns, which that block then writes.
+    auto [blocks, out, in] = blockShapeOf(op);
+    return alloc({tile, paddedRow((blocks - 1) * out + shape.panels(out) * shape.panel())});
+  }
+  /// The blocks of the product `op`, and the outputs and inputs of each (one
+  /// block for a dense weight).
+  static std::tuple<int64_t, int64_t, int64_t> blockShapeOf(Operation *op) {
+    auto weight = cast<RankedTensorType>(op->getOperand(0).getType());
+    int64_t blocks = weight.getRank() == 3 ? weight.getDimSize(0) : 1;
+    int64_t out = sizeOf(op->getResult(0)) / blocks;
+    int64_t in = sizeOf(PhasePlan::wholeOperand(op)) / blocks;
+    return {blocks, out, in};
   }
   SmallVector<Value> indices(Value slot, Value r, Value j) {
     SmallVector<Value> at;
@@ -189,35 +202,47 @@ public:
     Value a = bufferOf(vec, slot);
     if (auto sum = dyn_cast<SumOp>(op))
       return emitSum(sum, a, slot, out);
-    mlir::cell::emitProduct(builder, loc, a, slot, packed.lookup(op), out, rows,
-                            sizeOf(vec), shape.panels(sizeOf(op->getResult(0))),
-                            shape);
+    auto [blocks, outs, ins] = blockShapeOf(op);
+    for (int64_t g = 0; g < blocks; ++g)
+      mlir::cell::emitProduct(builder, loc, a, slot, packed[op][g], out, rows, ins,
+                              shape.panels(outs), shape, g * ins, g * outs);
   }
 
-  /// Packs the weight of every product in `step`, at the kernel's entry; a
-  /// replayed product's only when the gates were not saved.
+  /// Packs the weight of every product in `step` (each block of a
+  /// block-diagonal one), at the kernel's entry; a replayed product's only
+  /// when the gates were not saved.
   void packWeights(Block &step) {
     step.walk([&](Operation *op) {
       if (!PhasePlan::isProduct(op))
         return;
       Value weight =
           params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
-      int64_t size = sizeOf(op->getResult(0));
-      int64_t depth = sizeOf(PhasePlan::wholeOperand(op));
+      auto [blocks, size, depth] = blockShapeOf(op);
       bool transposed = isa<VecmatOp>(op);
+      auto blockAt = [&, blocks = blocks](OpBuilder &b, int64_t g) {
+        return blocks > 1 || cast<MemRefType>(weight.getType()).getRank() == 3
+                   ? blockOf(b, loc, weight, g)
+                   : weight;
+      };
+      SmallVector<Value> &packs = packed[op];
       if (!op->getParentOfType<RestoreOp>()) {
-        packed[op] = packWeight(builder, loc, weight, transposed, size, depth, shape);
-        allocated.push_back(packed[op]);
+        for (int64_t g = 0; g < blocks; ++g) {
+          packs.push_back(packWeight(builder, loc, blockAt(builder, g), transposed, size,
+                                     depth, shape));
+          allocated.push_back(packs.back());
+        }
         return;
       }
       // Allocated either way (freed at the end), filled when replaying.
-      Value buf = alloc({shape.panels(size), depth, shape.panel()});
-      packed[op] = buf;
+      for (int64_t g = 0; g < blocks; ++g)
+        packs.push_back(alloc({shape.panels(size), depth, shape.panel()}));
       Value replaying = builder.create<arith::XOrIOp>(
           loc, saveGates, builder.create<arith::ConstantIntOp>(loc, 1, 1));
       auto ifOp = builder.create<scf::IfOp>(loc, replaying, false);
       OpBuilder inside = OpBuilder::atBlockBegin(ifOp.thenBlock());
-      packWeightInto(inside, loc, weight, buf, transposed, size, depth, shape);
+      for (int64_t g = 0; g < blocks; ++g)
+        packWeightInto(inside, loc, blockAt(inside, g), packs[g], transposed, size, depth,
+                       shape);
     });
   }
 

@@ -68,7 +68,8 @@ void packWeightInto(OpBuilder &b, Location loc, Value weight, Value packed,
 /// One register block: `count` rows from `r0`, the panel `p`.
 static void emitBlock(OpBuilder &b, Location loc, Value a, Value slot,
                       Value packed, Value out, Value p, Value r0, int64_t count,
-                      int64_t depth, const BlockShape &shape) {
+                      int64_t depth, const BlockShape &shape, int64_t aOffset,
+                      int64_t outOffset) {
   Type element = cast<MemRefType>(packed.getType()).getElementType();
   auto vectorType = VectorType::get({shape.lanes}, element);
   SmallVector<Value> rows;
@@ -90,7 +91,9 @@ static void emitBlock(OpBuilder &b, Location loc, Value a, Value slot,
           SmallVector<Value> at;
           if (slot)
             at.push_back(slot);
-          at.append({rows[r], k});
+          at.append({rows[r], aOffset ? kb.create<arith::AddIOp>(
+                                            l, k, constant(kb, l, aOffset))
+                                      : k});
           Value x = kb.create<memref::LoadOp>(l, a, at);
           Value xs = kb.create<vector::BroadcastOp>(l, vectorType, x);
           for (int64_t v = 0; v < shape.vectors; ++v)
@@ -100,6 +103,8 @@ static void emitBlock(OpBuilder &b, Location loc, Value a, Value slot,
         kb.create<scf::YieldOp>(l, next);
       });
   Value column = b.create<arith::MulIOp>(loc, p, constant(b, loc, shape.panel()));
+  if (outOffset)
+    column = b.create<arith::AddIOp>(loc, column, constant(b, loc, outOffset));
   for (int64_t r = 0; r < count; ++r)
     for (int64_t v = 0; v < shape.vectors; ++v) {
       Value c = b.create<arith::AddIOp>(loc, column,
@@ -111,7 +116,7 @@ static void emitBlock(OpBuilder &b, Location loc, Value a, Value slot,
 
 void emitProduct(OpBuilder &b, Location loc, Value a, Value slot, Value packed,
                  Value out, Value rows, int64_t depth, int64_t panels,
-                 const BlockShape &shape) {
+                 const BlockShape &shape, int64_t aOffset, int64_t outOffset) {
   int64_t R = shape.rows;
   Value rest = b.create<arith::RemUIOp>(loc, rows, constant(b, loc, R));
   Value full = b.create<arith::SubIOp>(loc, rows, rest);
@@ -121,7 +126,8 @@ void emitProduct(OpBuilder &b, Location loc, Value a, Value slot, Value packed,
         pb.create<scf::ForOp>(
             l, constant(pb, l, 0), full, constant(pb, l, R), ValueRange(),
             [&](OpBuilder &rb, Location rl, Value r0, ValueRange) {
-              emitBlock(rb, rl, a, slot, packed, out, p, r0, R, depth, shape);
+              emitBlock(rb, rl, a, slot, packed, out, p, r0, R, depth, shape, aOffset,
+                        outOffset);
               rb.create<scf::YieldOp>(rl);
             });
         // The last rows, fewer than R: a block per set bit of their count,
@@ -137,7 +143,8 @@ void emitProduct(OpBuilder &b, Location loc, Value a, Value slot, Value packed,
           Value r0 = pb.create<arith::AddIOp>(l, full, above);
           auto ifOp = pb.create<scf::IfOp>(l, has, false);
           OpBuilder ib = OpBuilder::atBlockBegin(ifOp.thenBlock());
-          emitBlock(ib, l, a, slot, packed, out, p, r0, s, depth, shape);
+          emitBlock(ib, l, a, slot, packed, out, p, r0, s, depth, shape, aOffset,
+                    outOffset);
         }
         pb.create<scf::YieldOp>(l);
       });

@@ -39,12 +39,13 @@ void packWeightInto(OpBuilder &b, Location loc, Value weight, Value packed,
                     bool transposed, int64_t size, int64_t depth,
                     const BlockShape &shape);
 
-/// Computes `out[r, c] = sum_k a[(slot,) r, k] * packed(k, c)` for the rows
-/// `r < rows` (a run-time value) and the columns of every panel: `out` is
-/// `[tile, panels * panel]`.
+/// Computes `out[r, outOffset + c] = sum_k a[(slot,) r, aOffset + k] *
+/// packed(k, c)` for the rows `r < rows` (a run-time value) and the columns
+/// of every panel: `out` is `[tile, outOffset + panels * panel]` or wider.
+/// The offsets place one block of a block-diagonal product.
 void emitProduct(OpBuilder &b, Location loc, Value a, Value slot, Value packed,
                  Value out, Value rows, int64_t depth, int64_t panels,
-                 const BlockShape &shape);
+                 const BlockShape &shape, int64_t aOffset = 0, int64_t outOffset = 0);
 
 } // namespace mlir::cell
 

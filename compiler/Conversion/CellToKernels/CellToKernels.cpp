@@ -39,6 +39,12 @@ public:
 
 private:
   LogicalResult lower(OpBuilder &builder, Operation *op);
+  Value lowerProduct(OpBuilder &builder, Location loc, Value weightValue, Value weight,
+                     Value v, VectorType type, bool transposed);
+  Value lowerMatvec(OpBuilder &builder, Location loc, Value weight, Value v,
+                    VectorType type);
+  Value lowerVecmat(OpBuilder &builder, Location loc, Value weight, Value g,
+                    VectorType type);
   Value index(OpBuilder &builder, Location loc, int64_t v) {
     return builder.create<arith::ConstantIndexOp>(loc, v);
   }
@@ -85,7 +91,7 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
         Value memref = params.lookup(param.getName());
         if (!memref)
           return param.emitOpError("has no kernel argument");
-        if (cast<RankedTensorType>(param.getType()).getRank() == 2)
+        if (cast<RankedTensorType>(param.getType()).getRank() >= 2)
           return result(memref);
         // Vector params are loaded once, at kernel entry.
         Value zero = entry.create<arith::ConstantIndexOp>(loc, 0);
@@ -127,77 +133,12 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
         return result(acc);
       })
       .Case([&](MatvecOp matvec) -> LogicalResult {
-        // result[i] = dot(W[i, :], v): `unroll` rows at a time, each row in
-        // `width`-lane pieces accumulated by FMA and reduced once. The vector
-        // goes through scratch so that pieces load at a loop index.
-        auto weightType = cast<RankedTensorType>(matvec.getWeight().getType());
-        int64_t rows = weightType.getDimSize(0), cols = weightType.getDimSize(1);
-        int64_t width = matvecWidth > 0 ? matvecWidth : cols;
-        int64_t unroll = matvecUnroll;
-        Type element = weightType.getElementType();
-        Value buffer = scratch(loc, rows, element);
-        Value vector = scratch(loc, cols, element);
-        Value weight = operand(0);
-        builder.create<vector::StoreOp>(loc, operand(1), vector,
-                                        ValueRange{index(builder, loc, 0)});
-        auto pieceType = VectorType::get({width}, element);
-        builder.create<scf::ForOp>(
-            loc, index(builder, loc, 0), index(builder, loc, rows),
-            index(builder, loc, unroll), ValueRange(),
-            [&](OpBuilder &nb, Location l, Value i, ValueRange) {
-              SmallVector<Value> rowIndex, zeros;
-              for (int64_t r = 0; r < unroll; ++r) {
-                rowIndex.push_back(
-                    r == 0 ? i
-                           : nb.create<arith::AddIOp>(l, i, index(nb, l, r)).getResult());
-                zeros.push_back(splat(nb, l, pieceType, 0.0));
-              }
-              auto pieces = nb.create<scf::ForOp>(
-                  l, index(nb, l, 0), index(nb, l, cols), index(nb, l, width),
-                  zeros, [&](OpBuilder &kb, Location kl, Value k, ValueRange acc) {
-                    Value v = kb.create<vector::LoadOp>(kl, pieceType, vector,
-                                                        ValueRange{k});
-                    SmallVector<Value> next;
-                    for (int64_t r = 0; r < unroll; ++r) {
-                      Value w = kb.create<vector::LoadOp>(
-                          kl, pieceType, weight, ValueRange{rowIndex[r], k});
-                      next.push_back(kb.create<vector::FMAOp>(kl, w, v, acc[r]));
-                    }
-                    kb.create<scf::YieldOp>(kl, next);
-                  });
-              for (int64_t r = 0; r < unroll; ++r) {
-                Value dot = nb.create<vector::ReductionOp>(
-                    l, vector::CombiningKind::ADD, pieces.getResult(r),
-                    arith::FastMathFlags::reassoc);
-                nb.create<memref::StoreOp>(l, dot, buffer, ValueRange{rowIndex[r]});
-              }
-              nb.create<scf::YieldOp>(l);
-            });
-        return result(builder.create<vector::LoadOp>(
-            loc, type, buffer, ValueRange{index(builder, loc, 0)}));
+        return result(lowerProduct(builder, loc, matvec.getWeight(), operand(0),
+                                   operand(1), type, /*transposed=*/false));
       })
       .Case([&](VecmatOp vecmat) -> LogicalResult {
-        // result = sum_i W[i, :] * g[i], with g read back through scratch.
-        auto weightType = cast<RankedTensorType>(vecmat.getWeight().getType());
-        int64_t rows = weightType.getDimSize(0);
-        Type element = weightType.getElementType();
-        Value buffer = scratch(loc, rows, element);
-        Value weight = operand(0);
-        builder.create<vector::StoreOp>(loc, operand(1), buffer,
-                                        ValueRange{index(builder, loc, 0)});
-        auto loop = builder.create<scf::ForOp>(
-            loc, index(builder, loc, 0), index(builder, loc, rows),
-            index(builder, loc, 1), ValueRange{splat(builder, loc, type, 0.0)},
-            [&](OpBuilder &nb, Location l, Value i, ValueRange acc) {
-              Value zero = nb.create<arith::ConstantIndexOp>(l, 0);
-              Value gi = nb.create<memref::LoadOp>(l, buffer, ValueRange{i});
-              Value row = nb.create<vector::LoadOp>(l, type, weight,
-                                                    ValueRange{i, zero});
-              Value splat = nb.create<vector::BroadcastOp>(l, type, gi);
-              Value next = nb.create<vector::FMAOp>(l, row, splat, acc[0]);
-              nb.create<scf::YieldOp>(l, next);
-            });
-        return result(loop.getResult(0));
+        return result(lowerProduct(builder, loc, vecmat.getWeight(), operand(0),
+                                   operand(1), type, /*transposed=*/true));
       })
       .Case([&](ProjectionOp) -> LogicalResult {
         if (nextProjection >= projections.size())
@@ -259,6 +200,104 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
       });
 }
 
+/// `weight @ v` (`v @ weight` when `transposed`) into a vector of `type`; a
+/// block-diagonal `[G, M, N]` weight block by block, each block a product
+/// on its view of the weight and its part of `v`.
+Value StepLowering::lowerProduct(OpBuilder &builder, Location loc, Value weightValue,
+                                 Value weight, Value v, VectorType type,
+                                 bool transposed) {
+  auto weightType = cast<RankedTensorType>(weightValue.getType());
+  int64_t rank = weightType.getRank();
+  if (rank == 2)
+    return transposed ? lowerVecmat(builder, loc, weight, v, type)
+                      : lowerMatvec(builder, loc, weight, v, type);
+  int64_t blocks = weightType.getDimSize(0), rows = weightType.getDimSize(1),
+          cols = weightType.getDimSize(2);
+  int64_t in = transposed ? rows : cols, out = transposed ? cols : rows;
+  Type element = weightType.getElementType();
+  auto partType = VectorType::get({out}, element);
+  Value acc = splat(builder, loc, type, 0.0);
+  for (int64_t g = 0; g < blocks; ++g) {
+    Value view = blockOf(builder, loc, weight, g);
+    Value part = builder.create<vector::ExtractStridedSliceOp>(
+        loc, v, ArrayRef<int64_t>{g * in}, ArrayRef<int64_t>{in}, ArrayRef<int64_t>{1});
+    Value r = transposed ? lowerVecmat(builder, loc, view, part, partType)
+                         : lowerMatvec(builder, loc, view, part, partType);
+    acc = builder.create<vector::InsertStridedSliceOp>(loc, r, acc, ArrayRef<int64_t>{g * out},
+                                                       ArrayRef<int64_t>{1});
+  }
+  return acc;
+}
+
+// result[i] = dot(W[i, :], v): `unroll` rows at a time, each row in
+// `width`-lane pieces accumulated by FMA and reduced once. The vector goes
+// through scratch so that pieces load at a loop index.
+Value StepLowering::lowerMatvec(OpBuilder &builder, Location loc, Value weight, Value v,
+                                VectorType type) {
+  auto weightType = cast<MemRefType>(weight.getType());
+  int64_t rows = weightType.getDimSize(0), cols = weightType.getDimSize(1);
+  int64_t width = matvecWidth > 0 ? matvecWidth : cols;
+  int64_t unroll = matvecUnroll;
+  Type element = weightType.getElementType();
+  Value buffer = scratch(loc, rows, element);
+  Value vector = scratch(loc, cols, element);
+  builder.create<vector::StoreOp>(loc, v, vector, ValueRange{index(builder, loc, 0)});
+  auto pieceType = VectorType::get({width}, element);
+  builder.create<scf::ForOp>(
+      loc, index(builder, loc, 0), index(builder, loc, rows),
+      index(builder, loc, unroll), ValueRange(),
+      [&](OpBuilder &nb, Location l, Value i, ValueRange) {
+        SmallVector<Value> rowIndex, zeros;
+        for (int64_t r = 0; r < unroll; ++r) {
+          rowIndex.push_back(
+              r == 0 ? i : nb.create<arith::AddIOp>(l, i, index(nb, l, r)).getResult());
+          zeros.push_back(splat(nb, l, pieceType, 0.0));
+        }
+        auto pieces = nb.create<scf::ForOp>(
+            l, index(nb, l, 0), index(nb, l, cols), index(nb, l, width), zeros,
+            [&](OpBuilder &kb, Location kl, Value k, ValueRange acc) {
+              Value x = kb.create<vector::LoadOp>(kl, pieceType, vector, ValueRange{k});
+              SmallVector<Value> next;
+              for (int64_t r = 0; r < unroll; ++r) {
+                Value w = kb.create<vector::LoadOp>(kl, pieceType, weight,
+                                                    ValueRange{rowIndex[r], k});
+                next.push_back(kb.create<vector::FMAOp>(kl, w, x, acc[r]));
+              }
+              kb.create<scf::YieldOp>(kl, next);
+            });
+        for (int64_t r = 0; r < unroll; ++r) {
+          Value dot = nb.create<vector::ReductionOp>(l, vector::CombiningKind::ADD,
+                                                     pieces.getResult(r),
+                                                     arith::FastMathFlags::reassoc);
+          nb.create<memref::StoreOp>(l, dot, buffer, ValueRange{rowIndex[r]});
+        }
+        nb.create<scf::YieldOp>(l);
+      });
+  return builder.create<vector::LoadOp>(loc, type, buffer,
+                                        ValueRange{index(builder, loc, 0)});
+}
+
+// result = sum_i W[i, :] * g[i], with g read back through scratch.
+Value StepLowering::lowerVecmat(OpBuilder &builder, Location loc, Value weight, Value g,
+                                VectorType type) {
+  auto weightType = cast<MemRefType>(weight.getType());
+  int64_t rows = weightType.getDimSize(0);
+  Value buffer = scratch(loc, rows, weightType.getElementType());
+  builder.create<vector::StoreOp>(loc, g, buffer, ValueRange{index(builder, loc, 0)});
+  auto loop = builder.create<scf::ForOp>(
+      loc, index(builder, loc, 0), index(builder, loc, rows), index(builder, loc, 1),
+      ValueRange{splat(builder, loc, type, 0.0)},
+      [&](OpBuilder &nb, Location l, Value i, ValueRange acc) {
+        Value zero = nb.create<arith::ConstantIndexOp>(l, 0);
+        Value gi = nb.create<memref::LoadOp>(l, buffer, ValueRange{i});
+        Value row = nb.create<vector::LoadOp>(l, type, weight, ValueRange{i, zero});
+        Value spread = nb.create<vector::BroadcastOp>(l, type, gi);
+        Value next = nb.create<vector::FMAOp>(l, row, spread, acc[0]);
+        nb.create<scf::YieldOp>(l, next);
+      });
+  return loop.getResult(0);
+}
+
 struct ConvertCellToKernels
     : public impl::ConvertCellToKernelsBase<ConvertCellToKernels> {
   using ConvertCellToKernelsBase::ConvertCellToKernelsBase;
@@ -273,7 +312,8 @@ struct ConvertCellToKernels
     // Every matvec's weight must split into whole pieces and row groups.
     WalkResult shapes = module.walk([&](MatvecOp matvec) {
       auto type = cast<RankedTensorType>(matvec.getWeight().getType());
-      int64_t rows = type.getDimSize(0), cols = type.getDimSize(1);
+      int64_t rank = type.getRank();
+      int64_t rows = type.getDimSize(rank - 2), cols = type.getDimSize(rank - 1);
       if ((matvecWidth > 0 && cols % matvecWidth) || rows % matvecUnroll) {
         matvec.emitError() << "matvec-width=" << int64_t(matvecWidth)
                            << " and matvec-unroll=" << int64_t(matvecUnroll)

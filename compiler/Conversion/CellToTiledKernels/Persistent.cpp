@@ -112,7 +112,7 @@ public:
     if (tb.gpu)
       gridBarrier();
   }
-  bool computesProduct(Operation *) override { return true; }
+  bool computesProduct(Operation *op) override { return !isBlockDiagonal(op); }
   void emitProduct(Operation *op, Value out) override { emitSlicedProduct(op, out); }
 
 private:

@@ -16,8 +16,13 @@
 
 namespace mlir::cell {
 
+bool isBlockDiagonal(Operation *op) {
+  return cast<RankedTensorType>(op->getOperand(0).getType()).getRank() == 3;
+}
+
 bool onTensorCores(Operation *op, cellc::Precision precision) {
-  if (precision == cellc::Precision::Ieee || !isa<MatvecOp, VecmatOp>(op))
+  if (precision == cellc::Precision::Ieee || !isa<MatvecOp, VecmatOp>(op) ||
+      isBlockDiagonal(op))
     return false;
   int64_t k = precision == cellc::Precision::Bf16 ? 16 : 8;
   return sizeOf(op->getResult(0)) % 16 == 0 && sizeOf(op->getOperand(1)) % k == 0;
@@ -72,7 +77,7 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
     plan.rowElements += sizeOf(m);
   SmallVector<Operation *> matvecs;
   body.walk([&](Operation *op) {
-    if (isa<MatvecOp, VecmatOp>(op))
+    if (isa<MatvecOp, VecmatOp>(op) && !isBlockDiagonal(op))
       matvecs.push_back(op);
   });
   // With the persistent strategy every product is a buffer; with a CTA per

@@ -84,7 +84,9 @@ void TiledBuilder::emitSum(SumOp sum, Value out) {
 }
 
 // matvec: result[row] = sum_k W[row, k] * u[k]; vecmat: result[col] =
-// sum_r W[r, col] * g[r]. The vector is read from workgroup memory.
+// sum_r W[r, col] * g[r]. The vector is read from workgroup memory. With a
+// block-diagonal weight `[G, M, N]`, the element's block g reads W[g] and
+// part g of the vector.
 Value TiledBuilder::evalProduct(Operation *op, const Index &i) {
   bool transposed = isa<VecmatOp>(op);
   Value weight = params.lookup(
@@ -92,17 +94,30 @@ Value TiledBuilder::evalProduct(Operation *op, const Index &i) {
   Value vec = op->getOperand(1), slot;
   Value buffer = bufferOf(vec, slot);
   Value fixed = at(i);
+  auto weightType = cast<RankedTensorType>(op->getOperand(0).getType());
+  int64_t blocks = weightType.getRank() == 3 ? weightType.getDimSize(0) : 1;
+  int64_t depth = sizeOf(vec) / blocks, outs = sizeOf(op->getResult(0)) / blocks;
+  Value block, first;
+  if (blocks > 1 || weightType.getRank() == 3) {
+    block = builder.create<arith::DivUIOp>(loc, fixed, index(outs));
+    fixed = builder.create<arith::RemUIOp>(loc, fixed, index(outs));
+    first = builder.create<arith::MulIOp>(loc, block, index(depth));
+  }
   auto loop = builder.create<scf::ForOp>(
-      loc, index(0), index(sizeOf(vec)), index(1),
+      loc, index(0), index(depth), index(1),
       ValueRange{splat(builder, loc, lane, 0.0)},
       [&](OpBuilder &b, Location l, Value k, ValueRange acc) {
         OpBuilder::InsertionGuard guard(builder);
         builder.setInsertionPointToStart(b.getInsertionBlock());
-        Value w = builder.create<memref::LoadOp>(
-            l, weight, transposed ? ValueRange{k, fixed} : ValueRange{fixed, k});
+        SmallVector<Value> at;
+        if (block)
+          at.push_back(block);
+        at.append(transposed ? SmallVector<Value>{k, fixed} : SmallVector<Value>{fixed, k});
+        Value w = builder.create<memref::LoadOp>(l, weight, at);
         Value ws = builder.create<vector::BroadcastOp>(l, lane, w);
+        Value kk = first ? builder.create<arith::AddIOp>(l, first, k).getResult() : k;
         Value next = builder.create<vector::FMAOp>(
-            l, ws, loadShared(buffer, slot, k), acc[0]);
+            l, ws, loadShared(buffer, slot, kk), acc[0]);
         builder.create<scf::YieldOp>(l, next);
       });
   return loop.getResult(0);

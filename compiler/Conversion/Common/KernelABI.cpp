@@ -2,6 +2,8 @@
 
 #include "compiler/Conversion/Common/KernelABI.h"
 
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -207,6 +209,19 @@ Value splat(OpBuilder &builder, Location loc, VectorType type, double value) {
   auto attr = FloatAttr::get(type.getElementType(), value);
   return builder.create<arith::ConstantOp>(
       loc, type, SplatElementsAttr::get(type, ArrayRef<Attribute>(attr)));
+}
+
+Value blockOf(OpBuilder &builder, Location loc, Value weight, int64_t g) {
+  auto type = cast<MemRefType>(weight.getType());
+  int64_t rows = type.getDimSize(1), cols = type.getDimSize(2);
+  SmallVector<OpFoldResult> offsets = {builder.getIndexAttr(g), builder.getIndexAttr(0),
+                                       builder.getIndexAttr(0)};
+  SmallVector<OpFoldResult> sizes = {builder.getIndexAttr(1), builder.getIndexAttr(rows),
+                                     builder.getIndexAttr(cols)};
+  SmallVector<OpFoldResult> strides(3, builder.getIndexAttr(1));
+  auto view = cast<MemRefType>(memref::SubViewOp::inferRankReducedResultType(
+      {rows, cols}, type, offsets, sizes, strides));
+  return builder.create<memref::SubViewOp>(loc, view, weight, offsets, sizes, strides);
 }
 
 Value buildElementwise(OpBuilder &builder, Operation *op, ValueRange operands,

@@ -106,6 +106,9 @@ ReverseSteps buildReverseSteps(OpBuilder &builder, Location loc, Value steps,
 /// A splat constant of `type`.
 Value splat(OpBuilder &builder, Location loc, VectorType type, double value);
 
+/// Block `g` of a block-diagonal weight `[G, M, N]`: a `[M, N]` view.
+Value blockOf(OpBuilder &builder, Location loc, Value weight, int64_t g);
+
 } // namespace mlir::cell
 
 #endif // CELLC_COMPILER_CONVERSION_COMMON_KERNELABI_H

@@ -209,29 +209,48 @@ OpFoldResult ConstantOp::fold(FoldAdaptor) {
 // MatvecOp
 //===----------------------------------------------------------------------===//
 
-LogicalResult MatvecOp::verify() {
-  auto weight = cast<RankedTensorType>(getWeight().getType());
-  auto vector = cast<RankedTensorType>(getVector().getType());
-  auto result = cast<RankedTensorType>(getResult().getType());
-  if (weight.getRank() != 2)
-    return emitOpError("expects weight to be a matrix, got ") << weight;
+/// Checks `weight @ vector -> result`, transposed when `transpose` is set. A
+/// 3-D weight `[G, M, N]` is block-diagonal: the vector and the result hold
+/// G parts, one a block.
+static LogicalResult verifyMatrixProduct(Operation *op, Value weightValue,
+                                         Value vectorValue, Value resultValue,
+                                         bool transpose) {
+  auto weight = cast<RankedTensorType>(weightValue.getType());
+  auto vector = cast<RankedTensorType>(vectorValue.getType());
+  auto result = cast<RankedTensorType>(resultValue.getType());
+  if (weight.getRank() != 2 && weight.getRank() != 3)
+    return op->emitOpError("expects weight to be a matrix, got ") << weight;
   if (vector.getRank() != 1)
-    return emitOpError("expects vector to be 1-D, got ") << vector;
-  if (weight.getDimSize(1) != vector.getDimSize(0))
-    return emitOpError("expects the columns of weight (")
-           << weight.getDimSize(1) << ") to equal the size of vector ("
+    return op->emitOpError("expects vector to be 1-D, got ") << vector;
+  int64_t rank = weight.getRank();
+  int64_t blocks = rank == 3 ? weight.getDimSize(0) : 1;
+  int64_t rows = weight.getDimSize(rank - 2), cols = weight.getDimSize(rank - 1);
+  int64_t in = blocks * (transpose ? rows : cols);
+  int64_t out = blocks * (transpose ? cols : rows);
+  std::string of = rank == 3 ? "weight's " + std::to_string(blocks) + " blocks"
+                             : std::string("weight");
+  StringRef inName = transpose ? "rows" : "columns";
+  StringRef outName = transpose ? "columns" : "rows";
+  if (in != vector.getDimSize(0))
+    return op->emitOpError("expects the ")
+           << inName << " of " << of << " (" << in << ") to equal the size of vector ("
            << vector.getDimSize(0) << ")";
-  if (weight.getDimSize(0) != result.getDimSize(0))
-    return emitOpError("expects the size of result (")
-           << result.getDimSize(0) << ") to equal the rows of weight ("
-           << weight.getDimSize(0) << ")";
+  if (out != result.getDimSize(0))
+    return op->emitOpError("expects the size of result (")
+           << result.getDimSize(0) << ") to equal the " << outName << " of " << of
+           << " (" << out << ")";
   if (weight.getElementType() != vector.getElementType() ||
       weight.getElementType() != result.getElementType())
-    return emitOpError("expects weight, vector and result to share an "
-                       "element type, got ")
+    return op->emitOpError("expects weight, vector and result to share an "
+                           "element type, got ")
            << weight.getElementType() << ", " << vector.getElementType()
            << " and " << result.getElementType();
   return success();
+}
+
+LogicalResult MatvecOp::verify() {
+  return verifyMatrixProduct(*this, getWeight(), getVector(), getResult(),
+                             /*transpose=*/false);
 }
 
 //===----------------------------------------------------------------------===//
@@ -311,38 +330,6 @@ LogicalResult GreaterOp::verify() { return verifyBinary(*this); }
 //===----------------------------------------------------------------------===//
 // ProjectionOp
 //===----------------------------------------------------------------------===//
-
-/// Checks `weight @ vector -> result`, transposed when `transpose` is set.
-static LogicalResult verifyMatrixProduct(Operation *op, Value weightValue,
-                                         Value vectorValue, Value resultValue,
-                                         bool transpose) {
-  auto weight = cast<RankedTensorType>(weightValue.getType());
-  auto vector = cast<RankedTensorType>(vectorValue.getType());
-  auto result = cast<RankedTensorType>(resultValue.getType());
-  if (weight.getRank() != 2)
-    return op->emitOpError("expects weight to be a matrix, got ") << weight;
-  if (vector.getRank() != 1)
-    return op->emitOpError("expects vector to be 1-D, got ") << vector;
-  int64_t in = weight.getDimSize(transpose ? 0 : 1);
-  int64_t out = weight.getDimSize(transpose ? 1 : 0);
-  StringRef inName = transpose ? "rows" : "columns";
-  StringRef outName = transpose ? "columns" : "rows";
-  if (in != vector.getDimSize(0))
-    return op->emitOpError("expects the ")
-           << inName << " of weight (" << in << ") to equal the size of vector ("
-           << vector.getDimSize(0) << ")";
-  if (out != result.getDimSize(0))
-    return op->emitOpError("expects the size of result (")
-           << result.getDimSize(0) << ") to equal the " << outName
-           << " of weight (" << out << ")";
-  if (weight.getElementType() != vector.getElementType() ||
-      weight.getElementType() != result.getElementType())
-    return op->emitOpError("expects weight, vector and result to share an "
-                           "element type, got ")
-           << weight.getElementType() << ", " << vector.getElementType()
-           << " and " << result.getElementType();
-  return success();
-}
 
 LogicalResult ProjectionOp::verify() {
   if (failed(verifyMatrixProduct(*this, getWeight(), getVector(), getResult(),

@@ -23,8 +23,8 @@ def Cell_Vector : RankedTensorOf<[AnyFloat],
 def Cell_Matrix : RankedTensorOf<[AnyFloat],
     [HasStaticShapePred, HasAnyRankOfPred<[2]>], "static 2-D float tensor">;
 def Cell_Value : RankedTensorOf<[AnyFloat],
-    [HasStaticShapePred, HasAnyRankOfPred<[1, 2]>],
-    "static 1-D or 2-D float tensor">;
+    [HasStaticShapePred, HasAnyRankOfPred<[1, 2, 3]>],
+    "static 1-D, 2-D or 3-D float tensor">;
 
 //===----------------------------------------------------------------------===//
 // Structure
@@ -116,8 +116,9 @@ def Cell_YieldOp : Cell_Op<"yield", [
 def Cell_ParamOp : Cell_Op<"param", [Pure]> {
   let summary = "A learnable parameter of the cell";
   let description = [{
-    Reads the learnable parameter `name`: a matrix `[rows, cols]` or a vector
-    `[n]`. Parameters are the same at every time step and for every sample.
+    Reads the learnable parameter `name`: a vector `[n]`, a matrix
+    `[rows, cols]`, or a block-diagonal matrix `[G, rows, cols]` of `G` blocks
+    (the products read it block by block). Parameters are the same at every time step and for every sample.
     The verifier rejects an empty name and a result that is not a static 1-D
     or 2-D float tensor.
 
@@ -161,9 +162,10 @@ def Cell_MatvecOp : Cell_Op<"matvec", [Pure,
   let description = [{
     Computes `result[i] = sum_j weight[i, j] * vector[j]`. `weight` is a
     static 2-D tensor `[M, N]`, `vector` a static 1-D tensor `[N]`, and the
-    result `[M]`; all share one element type. The verifier rejects a `weight`
-    that is not 2-D, a `vector` whose size is not the weight's column count,
-    and a result whose size is not the weight's row count.
+    result `[M]`; all share one element type. A 3-D `weight` `[G, M, N]` is
+    block-diagonal: `vector` is `[G*N]`, the result `[G*M]`, and block `g`
+    of the result is `weight[g] @ vector[g*N : (g+1)*N]`. The verifier
+    rejects other shapes.
 
     Example:
 

@@ -60,8 +60,8 @@ cell.def @empty_param_name inputs() states(%h: tensor<4xf32>) outputs() {
 // -----
 
 cell.def @param_rank inputs() states(%h: tensor<4xf32>) outputs() {
-  // expected-error @below {{'cell.param' op result #0 must be static 1-D or 2-D float tensor}}
-  %p = cell.param "p" : tensor<2x2x1xf32>
+  // expected-error @below {{'cell.param' op result #0 must be static 1-D, 2-D or 3-D float tensor}}
+  %p = cell.param "p" : tensor<2x2x1x1xf32>
   cell.yield states(%h : tensor<4xf32>)
 }
 
@@ -293,4 +293,22 @@ cell.def @sum_to_f64 inputs() states(%h: tensor<4xf32>) outputs() {
   // expected-error @below {{'cell.sum' op expects input and result to share an element type, got 'f32' and 'f64'}}
   %s = cell.sum %h : tensor<4xf32> -> tensor<1xf64>
   cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @block_product_size inputs() states(%h: tensor<4xf32>) outputs() {
+  %w = cell.param "W" : tensor<2x4x3xf32>
+  // expected-error @below {{'cell.matvec' op expects the columns of weight's 2 blocks (6) to equal the size of vector (4)}}
+  %y = cell.matvec %w, %h : tensor<2x4x3xf32>, tensor<4xf32> -> tensor<8xf32>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @block_vecmat_size inputs() states(%h: tensor<8xf32>) outputs() {
+  %w = cell.param "W" : tensor<2x4x3xf32>
+  // expected-error @below {{'cell.vecmat' op expects the size of result (8) to equal the columns of weight's 2 blocks (6)}}
+  %y = cell.vecmat %w, %h : tensor<2x4x3xf32>, tensor<8xf32> -> tensor<8xf32>
+  cell.yield states(%h : tensor<8xf32>)
 }

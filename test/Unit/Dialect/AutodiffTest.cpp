@@ -100,6 +100,21 @@ TEST(CellDerivativeTest, Elman) { checkCell(readExample("elman.cell"), kSizes); 
 TEST(CellDerivativeTest, LayerNormLstm) {
   checkCell(readExample("layernorm_lstm.cell"), kSizes);
 }
+/// Block-diagonal products: of the state, of an input (hoisted), and of a
+/// value normalized in the step, with blocks of two shapes.
+TEST(CellDerivativeTest, BlockDiagonalProducts) {
+  checkCell(R"(cell blocks {
+    input x: [2*N]
+    state h: [2*N]
+    param R: [2, N, N], W: [2, N, N], U: [2, 2*N, N]
+    a = R @ h + W @ x
+    y = a / sqrt(mean(a * a) + 0.5)
+    b, c = chunk(U @ y, 2)
+    h = tanh(b) * sigmoid(c)
+  })",
+            kSizes);
+}
+
 TEST(CellDerivativeTest, RmsNormGru) { checkCell(readExample("rmsnorm_gru.cell"), kSizes); }
 
 /// Peephole LSTM with a positive-definite forget gate: exp, log, softplus,

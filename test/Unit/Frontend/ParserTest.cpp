@@ -122,8 +122,9 @@ TEST(ParserTest, RejectsASecondCell) {
       << src.diagnostics();
 }
 
-TEST(ParserTest, RejectsShapesOfThreeDimensions) {
-  Source src("cell t { param W: [H, H, H] }");
+TEST(ParserTest, TakesBlocksOfThreeDimensionsAndRejectsFour) {
+  EXPECT_TRUE(Source("cell t { param W: [G, H, H] }").parse());
+  Source src("cell t { param W: [G, H, H, H] }");
   EXPECT_FALSE(src.parse());
-  EXPECT_NE(src.diagnostics().find("found 3 dimensions"), std::string::npos);
+  EXPECT_NE(src.diagnostics().find("found 4 dimensions"), std::string::npos);
 }

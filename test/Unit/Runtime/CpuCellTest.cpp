@@ -275,7 +275,8 @@ Problems makeProblems(const std::string &src, const SizeBindings &sizes, int64_t
   return s;
 }
 
-const SizeBindings kSizes = {{"H", 5}, {"I", 3}};
+// G, D and NH: the blocks of block_gru and slstm.
+const SizeBindings kSizes = {{"H", 5}, {"I", 3}, {"G", 2}, {"D", 3}, {"NH", 2}};
 
 class CpuCellTest
     : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {};
@@ -412,7 +413,8 @@ INSTANTIATE_TEST_SUITE_P(
     Cells, CpuCellTest,
     ::testing::Combine(::testing::Values("lstm", "gru", "elman", "peephole",
                                          "mgu", "two", "indrnn", "peephole_lstm",
-                                         "layernorm_lstm", "rmsnorm_gru"),
+                                         "layernorm_lstm", "rmsnorm_gru", "block_gru",
+                                         "slstm"),
                        ::testing::Values("none", "full", "chunk:2", "chunk:4")));
 
 /// The autotuner's per-row knobs: the recurrent matvec in pieces of 2 and 4

@@ -34,6 +34,27 @@ static Tensor map2(const Tensor &a, const Tensor &b, Fn fn) {
   return r;
 }
 
+/// `w @ v`, or `v @ w` when `transposed`, for a weight `[M, N]` or a
+/// block-diagonal `[G, M, N]` (block g reads part g of `v`).
+static Tensor product(Value weight, const Tensor &w, const Tensor &v, bool transposed) {
+  auto type = cast<RankedTensorType>(weight.getType());
+  int64_t rank = type.getRank();
+  int64_t blocks = rank == 3 ? type.getDimSize(0) : 1;
+  int64_t rows = type.getDimSize(rank - 2), cols = type.getDimSize(rank - 1);
+  int64_t in = transposed ? rows : cols, out = transposed ? cols : rows;
+  Tensor r(blocks * out, 0.0);
+  for (int64_t g = 0; g < blocks; ++g)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        double wij = w[(g * rows + i) * cols + j];
+        if (transposed)
+          r[g * out + j] += wij * v[g * in + i];
+        else
+          r[g * out + i] += wij * v[g * in + j];
+      }
+  return r;
+}
+
 std::vector<Tensor> CellInterpreter::run(Block &block,
                                          const std::vector<Tensor> &args) {
   values.clear();
@@ -87,32 +108,15 @@ void CellInterpreter::runOps(Block &block) {
         .Case([&](AbsOp) { set(map1(in(0), [](double a) { return std::fabs(a); })); })
         .Case([&](SqrtOp) { set(map1(in(0), [](double a) { return std::sqrt(a); })); })
         .Case([&](MatvecOp m) {
-          const Tensor &w = in(0), &v = in(1);
-          int64_t rows = sizeOf(m.getResult()), cols = v.size();
-          Tensor r(rows, 0.0);
-          for (int64_t i = 0; i < rows; ++i)
-            for (int64_t j = 0; j < cols; ++j)
-              r[i] += w[i * cols + j] * v[j];
-          set(r);
+          set(product(m.getWeight(), in(0), in(1), /*transposed=*/false));
         })
         .Case([&](VecmatOp m) {
-          const Tensor &w = in(0), &v = in(1);
-          int64_t rows = v.size(), cols = sizeOf(m.getResult());
-          Tensor r(cols, 0.0);
-          for (int64_t i = 0; i < rows; ++i)
-            for (int64_t j = 0; j < cols; ++j)
-              r[j] += w[i * cols + j] * v[i];
-          set(r);
+          set(product(m.getWeight(), in(0), in(1), /*transposed=*/true));
         })
         .Case([&](ProjectionOp p) {
-          const Tensor &w = in(0), &v = in(1);
-          int64_t rows = sizeOf(p.getResult()), cols = v.size();
-          Tensor r(rows, 0.0);
-          for (int64_t i = 0; i < rows; ++i)
-            for (int64_t j = 0; j < cols; ++j)
-              r[i] += w[i * cols + j] * v[j];
+          Tensor r = product(p.getWeight(), in(0), in(1), /*transposed=*/false);
           for (Value bias : p.getBiases())
-            for (int64_t i = 0; i < rows; ++i)
+            for (size_t i = 0; i < r.size(); ++i)
               r[i] += get(bias)[i];
           set(r);
         })

@@ -137,6 +137,16 @@ public:
           random(cast<RankedTensorType>(param.getType()).getNumElements());
   }
 
+  /// The blocks of the param `name`: G of a `[G, M, N]` param, else 1.
+  size_t blocksOf(const std::string &name) {
+    for (auto param : c.def.getBody().front().getOps<cell::ParamOp>()) {
+      auto type = cast<RankedTensorType>(param.getType());
+      if (param.getName() == name && type.getRank() == 3)
+        return type.getDimSize(0);
+    }
+    return 1;
+  }
+
   /// The loss: outputs and final states, weighted.
   double loss(const Point &p) {
     CellInterpreter interp(p.params);
@@ -231,20 +241,26 @@ public:
           size_t i = inputIndex(result.getInput());
           const Tensor &x = p.inputs[t][i];
           const Tensor &weight = p.params.at(w);
-          size_t cols = x.size(), rows = r[k].size();
-          for (size_t a = 0; a < rows; ++a)
-            for (size_t b = 0; b < cols; ++b) {
-              g.params[w][a * cols + b] += r[k][a] * x[b];
-              g.inputs[t][i][b] += weight[a * cols + b] * r[k][a];
-            }
+          // Block by block: a dense weight is one block.
+          size_t blocks = blocksOf(w), cols = x.size() / blocks,
+                 rows = r[k].size() / blocks;
+          for (size_t q = 0; q < blocks; ++q)
+            for (size_t a = 0; a < rows; ++a)
+              for (size_t b = 0; b < cols; ++b) {
+                size_t at = (q * rows + a) * cols + b;
+                g.params[w][at] += r[k][q * rows + a] * x[q * cols + b];
+                g.inputs[t][i][q * cols + b] += weight[at] * r[k][q * rows + a];
+              }
           for (StringAttr bias : result.getBiases())
             addTo(g.params[bias.str()], r[k]);
         } else if (kind == cellc::GradKind::WeightRows) {
           std::string w = result.getName().str();
           const Tensor &rows = r[k], &vec = r[k + 1];
-          for (size_t a = 0; a < rows.size(); ++a)
-            for (size_t b = 0; b < vec.size(); ++b)
-              g.params[w][a * vec.size() + b] += rows[a] * vec[b];
+          size_t blocks = blocksOf(w), m = rows.size() / blocks, n = vec.size() / blocks;
+          for (size_t q = 0; q < blocks; ++q)
+            for (size_t a = 0; a < m; ++a)
+              for (size_t b = 0; b < n; ++b)
+                g.params[w][(q * m + a) * n + b] += rows[q * m + a] * vec[q * n + b];
         } else if (kind == cellc::GradKind::Param) {
           addTo(g.params[result.getName().str()], r[k]);
         }

@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
-"""Normalized cells on the CPU, side by side in one process: forward plus
-backward (of a weighted sum of the outputs) of
+"""Cells that need reductions or block-diagonal weights, on the CPU, side by
+side in one process: forward plus backward (of a weighted sum of the
+outputs) of
 
 - the LayerNorm LSTM (examples/layernorm_lstm.cell, Haste's formulation):
   cellc.nn.LayerNormLSTM against the same step as a PyTorch loop written
   from the formulas, and against a loop with torch.nn.functional.layer_norm;
 - the RMS-normalized GRU (examples/rmsnorm_gru.cell): cellc against its
-  PyTorch loop.
+  PyTorch loop;
+- the DreamerV3-style block GRU (examples/block_gru.cell, G = 4 blocks of
+  H / 4): cellc against its PyTorch loop, whose block products are batched
+  matrix products (torch.bmm over the blocks).
 
 cellc's outputs and gradients are checked against the loops' before any
 timing. Run it pinned, one BLAS thread:
 
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH=build/python \\
-    taskset -c 0 python3 bench/cpu/layernorm.py
+    taskset -c 0 python3 bench/cpu/cells.py
 """
 
 import argparse
@@ -59,6 +63,28 @@ def rmsnorm_gru_loop(p, x, h):
     return torch.stack(outs)
 
 
+def _blocks(W, v):
+    """`W @ v` for a block-diagonal W [G, M, N] and rows v [..., G*N]: one
+    batched product over the blocks."""
+    G, N = W.shape[0], W.shape[2]
+    rows = v.reshape(-1, G, N).transpose(0, 1)               # [G, rows, N]
+    return torch.bmm(rows, W.transpose(1, 2)).transpose(0, 1).reshape(*v.shape[:-1], -1)
+
+
+def block_gru_loop(p, x, h):
+    br, bc, bu = p["b"].chunk(3)
+    xr, xc, xu = _blocks(p["Wr"], x) + br, _blocks(p["Wc"], x) + bc, _blocks(p["Wu"], x) + bu
+    outs = []
+    for t in range(x.shape[0]):
+        y = p["g"] * h / torch.sqrt((h * h).mean(-1, keepdim=True) + 1e-6)
+        r = torch.sigmoid(xr[t] + _blocks(p["Rr"], y))
+        c = torch.tanh(r * (xc[t] + _blocks(p["Rc"], y)))
+        u = torch.sigmoid(xu[t] + _blocks(p["Ru"], y) - 1)
+        h = u * c + (1 - u) * h
+        outs.append(h)
+    return torch.stack(outs)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=64)
@@ -86,6 +112,11 @@ def main():
     bound = H ** -0.5
     gru_params = {n: (torch.empty(*gru.shape(n, {"I": I, "H": H})).uniform_(-bound, bound)
                       + (1.0 if n == "g" else 0.0)).requires_grad_() for n, _ in gru.params}
+    blocks = cellc.compile(cellc.nn._shipped("block_gru"))
+    block_sizes = {"G": 4, "D": H // 4}
+    block_params = {n: (torch.empty(*blocks.shape(n, block_sizes)).uniform_(-bound, bound)
+                        + (1.0 if n == "g" else 0.0)).requires_grad_()
+                    for n, _ in blocks.params}
     runs = {
         "LayerNorm LSTM": {
             "cellc": lambda xs: lnlstm(xs)[0],
@@ -97,9 +128,14 @@ def main():
             "cellc": lambda xs: gru(xs, gru_params, {"h": zeros})[0],
             "torch loop": lambda xs: rmsnorm_gru_loop(gru_params, xs, zeros),
         },
+        "block GRU (G = 4)": {
+            "cellc": lambda xs: blocks(xs, block_params, {"h": zeros})[0],
+            "torch loop": lambda xs: block_gru_loop(block_params, xs, zeros),
+        },
     }
     params = {"LayerNorm LSTM": list(lnlstm.parameters()),
-              "RMSNorm GRU": list(gru_params.values())}
+              "RMSNorm GRU": list(gru_params.values()),
+              "block GRU (G = 4)": list(block_params.values())}
 
     def step(f, ps):
         for q in ps:
