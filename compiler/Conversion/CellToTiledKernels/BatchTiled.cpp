@@ -41,6 +41,11 @@ public:
     Value begin = tb.tid, end = tb.index(n);
     tb.forRange(begin, end, tb.ntid, body);
   }
+  void forEachPartial(int64_t n, function_ref<Value(Value j)> term,
+                      function_ref<void(Value slot, Value partial)> sink) override {
+    sink(tb.tid, tb.sumRange(tb.tid, tb.index(n), tb.ntid, term));
+  }
+  int64_t partialSlots() const override { return tb.ntidStatic; }
   void barrier() override {
     if (tb.gpu)
       tb.builder.create<gpu::BarrierOp>(tb.loc);

@@ -517,6 +517,9 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
     tl.stateBufs.clear();
     for (Value s : def.getStates())
       tl.stateBufs.push_back(tb.shared({2, sizeOf(s)}));
+    bool reduces = false;
+    body.walk([&](SumOp) { reduces = true; });
+    tb.partials = reduces ? tb.shared({tb.strategy->partialSlots()}) : Value();
     return backward ? buildBackwardSteps(tl) : buildForwardSteps(tl);
   };
 

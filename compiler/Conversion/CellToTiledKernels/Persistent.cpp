@@ -108,6 +108,23 @@ public:
     });
   }
 
+  /// A thread's slot: its CTA's threads, then the next CTA's.
+  void forEachPartial(int64_t n, function_ref<Value(Value j)> term,
+                      function_ref<void(Value slot, Value partial)> sink) override {
+    forEachCta([&] {
+      OpBuilder &builder = tb.builder;
+      Value first = builder.create<arith::MulIOp>(tb.loc, cta, tb.index(sliceOf(n)));
+      Value begin = builder.create<arith::AddIOp>(tb.loc, first, tb.tid);
+      Value end = builder.create<arith::MinUIOp>(tb.loc, tb.shifted(first, sliceOf(n)),
+                                                 tb.index(n));
+      Value slot = builder.create<arith::AddIOp>(
+          tb.loc, builder.create<arith::MulIOp>(tb.loc, cta, tb.index(tb.ntidStatic)),
+          tb.tid);
+      sink(slot, tb.sumRange(begin, end, tb.ntid, term));
+    });
+  }
+  int64_t partialSlots() const override { return plan.slices * tb.ntidStatic; }
+
   void barrier() override {
     if (tb.gpu)
       gridBarrier();

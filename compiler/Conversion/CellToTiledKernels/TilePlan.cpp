@@ -85,8 +85,14 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
   for (Operation *op : matvecs)
     if (persistent || (gpu && onTensorCores(op, options.precision)))
       plan.rowElements += sizeOf(op->getResult(0));
-  // Each reduction's one value per row (TiledBuilder::emitSum).
-  body.walk([&](SumOp) { plan.rowElements += 1; });
+  // Each reduction's one value per row, and the threads' partial sums
+  // (TiledBuilder::emitSum): a CTA's threads, or every CTA's (below).
+  int64_t sums = 0;
+  body.walk([&](SumOp) { ++sums; });
+  int64_t threads = gpu ? options.threads : 1;
+  plan.rowElements += sums;
+  if (sums && !persistent)
+    plan.rowElements += threads;
   for (Value s : def.getStates())
     plan.rowElements += (backward ? 5 : 2) * sizeOf(s);
   if (backward)
@@ -125,6 +131,8 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
            << " of " << limit << " bytes of workgroup memory each";
   plan.slices = fit->first;
   plan.dynamicSharedBytes = fit->second;
+  if (sums)
+    plan.rowElements += plan.slices * threads;
   return plan;
 }
 

@@ -64,23 +64,44 @@ void TiledBuilder::emitProduct(Operation *op, Value out) {
   strategy->emitProduct(op, out);
 }
 
-// One thread (of the tile's CTAs) adds the units of the input, whole in its
-// buffer, for all the rows of the tile; the phase's barrier publishes it.
+// Each thread (of every CTA of the tile) adds its units of the input, whole
+// in its buffer, into its slot of `partials`; after a barrier one thread
+// adds the partials, for all the rows of the tile, and a second barrier
+// frees `partials` for the next reduction (the phase's publishes `out`).
 void TiledBuilder::emitSum(SumOp sum, Value out) {
   Value input = sum.getInput(), slot;
   Value buffer = bufferOf(input, slot);
+  strategy->forEachPartial(
+      sizeOf(input), [&](Value j) { return load(buffer, slot, j); },
+      [&](Value at, Value partial) { store(partial, partials, Value(), at); });
+  barrier();
   forEachElement(1, [&](Value j) {
     auto loop = builder.create<scf::ForOp>(
-        loc, index(0), index(sizeOf(input)), index(1),
+        loc, index(0), index(strategy->partialSlots()), index(1),
         ValueRange{splat(builder, loc, lane, 0.0)},
         [&](OpBuilder &b, Location l, Value k, ValueRange acc) {
           OpBuilder::InsertionGuard guard(builder);
           builder.setInsertionPointToStart(b.getInsertionBlock());
-          Value next = builder.create<arith::AddFOp>(l, acc[0], load(buffer, slot, k));
+          Value next = builder.create<arith::AddFOp>(l, acc[0], load(partials, Value(), k));
           builder.create<scf::YieldOp>(l, next);
         });
     store(loop.getResult(0), out, Value(), j);
   });
+  barrier();
+}
+
+/// The sum of `term(j)` for j from `begin` to `end` by `step`.
+Value TiledBuilder::sumRange(Value begin, Value end, Value step,
+                             function_ref<Value(Value)> term) {
+  auto loop = builder.create<scf::ForOp>(
+      loc, begin, end, step, ValueRange{splat(builder, loc, lane, 0.0)},
+      [&](OpBuilder &b, Location l, Value j, ValueRange acc) {
+        OpBuilder::InsertionGuard guard(builder);
+        builder.setInsertionPointToStart(b.getInsertionBlock());
+        builder.create<scf::YieldOp>(
+            l, ValueRange{builder.create<arith::AddFOp>(l, acc[0], term(j))});
+      });
+  return loop.getResult(0);
 }
 
 // matvec: result[row] = sum_k W[row, k] * u[k]; vecmat: result[col] =

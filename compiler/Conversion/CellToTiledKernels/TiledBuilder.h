@@ -126,11 +126,16 @@ public:
   /// The reductions, and the products that the strategy computes whole.
   bool computesProduct(Operation *op) override;
   void emitProduct(Operation *op, Value out) override;
-  /// A reduction into the buffer `out` (`[1, BT]`).
+  /// A reduction into the buffer `out` (`[1, BT]`), through `partials`.
   void emitSum(SumOp sum, Value out);
+  /// Each thread's partial sum of a reduction (`TileStrategy::partialSlots`
+  /// of them), allocated with the states when the step has a reduction.
+  Value partials;
 
   /// A loop from `begin` to `end` by `step`, `body` built inside it.
   void forRange(Value begin, Value end, Value step, function_ref<void(Value)> body);
+  /// The sum of `term(j)` (a lane) for j from `begin` to `end` by `step`.
+  Value sumRange(Value begin, Value end, Value step, function_ref<Value(Value)> term);
 
   /// Gathers element `j` of each row of the tile from a `[T, B, n]` buffer
   /// (at step `t`, or `step`) or a `[B, n]` buffer.
@@ -184,6 +189,12 @@ public:
   virtual Value rowBuffer(ArrayRef<int64_t> full) = 0;
   /// A loop over this thread's elements of `[0, n)`.
   virtual void forEachElement(int64_t n, function_ref<void(Value j)> body) = 0;
+  /// The sum of `term(j)` over this thread's elements of `[0, n)`, handed
+  /// to `sink` with the thread's slot among `partialSlots()` (the tile's
+  /// threads, of every CTA of the tile).
+  virtual void forEachPartial(int64_t n, function_ref<Value(Value j)> term,
+                              function_ref<void(Value slot, Value partial)> sink) = 0;
+  virtual int64_t partialSlots() const = 0;
   virtual void barrier() = 0;
   /// Whether the matvec or vecmat `op` is computed whole before the element
   /// loops that read it, and how.
