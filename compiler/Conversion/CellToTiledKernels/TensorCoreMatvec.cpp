@@ -30,7 +30,14 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
   int64_t kStep = bf16 ? 16 : 8;
   int64_t rows = sizeOf(op->getResult(0));
   Value vec = op->getOperand(1), slot;
-  int64_t depth = sizeOf(vec);
+  // A block-diagonal weight: each 16-row tile lies in one block (whose rows
+  // onTensorCores checks are a multiple of 16) and reads that block of the
+  // weight and its part of the vector, `depth` deep.
+  bool blocked = isBlockDiagonal(op);
+  int64_t blocks = blocked ? cast<RankedTensorType>(op->getOperand(0).getType()).getDimSize(0)
+                           : 1;
+  int64_t blockRows = rows / blocks;
+  int64_t depth = sizeOf(vec) / blocks;
   Value vecBuffer = bufferOf(vec, slot);
   Value weight =
       params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
@@ -45,12 +52,17 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
   Value warp = divui(tid, 32);
   Value g = divui(laneId, 4), q = remui(laneId, 4);
 
-  // `r` is the row within the rows computed here.
+  // `r` is the row within the rows computed here; with blocks, the row of
+  // block `blockOfTile`, whose part of the vector starts at `vectorStart`.
+  Value blockOfTile, vectorStart;
   auto loadWeight = [&](Value r, Value c) -> Value {
     if (cached)
       return cached(r, c);
-    return builder.create<memref::LoadOp>(
-        loc, weight, transposed ? ValueRange{c, r} : ValueRange{r, c});
+    SmallVector<Value> at;
+    if (blocked)
+      at.push_back(blockOfTile);
+    at.append(transposed ? SmallVector<Value>{c, r} : SmallVector<Value>{r, c});
+    return builder.create<memref::LoadOp>(loc, weight, at);
   };
   int64_t computed = count ? count : rows;
   // Two values as one register of bf16x2, the first in the low half.
@@ -104,6 +116,8 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
       SmallVector<Value> indices;
       if (slot)
         indices.push_back(slot);
+      if (vectorStart)
+        k = builder.create<arith::AddIOp>(loc, vectorStart, k);
       indices.append({k, col});
       return builder.create<memref::LoadOp>(loc, vecBuffer, indices);
     };
@@ -111,9 +125,17 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
                                             index(ntidStatic / 32));
     OpBuilder::InsertionGuard guard(builder);
     builder.setInsertionPointToStart(tiles.getBody());
-    Value r0 = builder.create<arith::AddIOp>(
-        loc, builder.create<arith::MulIOp>(loc, tiles.getInductionVar(), index(16)), g);
+    Value tileRow = builder.create<arith::MulIOp>(loc, tiles.getInductionVar(), index(16));
+    Value r0 = builder.create<arith::AddIOp>(loc, tileRow, g);
     Value r1 = shifted(r0, 8);
+    // The weight's rows of this tile: within its block.
+    Value w0 = r0, w1 = r1;
+    if (blocked) {
+      blockOfTile = divui(tileRow, blockRows);
+      vectorStart = builder.create<arith::MulIOp>(loc, blockOfTile, index(depth));
+      w0 = remui(r0, blockRows);
+      w1 = shifted(w0, 8);
+    }
     auto steps = builder.create<scf::ForOp>(
         loc, index(0), index(depth / kStep), index(1),
         ValueRange{zero, zero, zero, zero},
@@ -126,7 +148,7 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
             Value c = builder.create<arith::AddIOp>(
                 loc, k0, builder.create<arith::MulIOp>(loc, q, index(2)));
             for (int64_t dc : {0, 8})
-              for (Value r : {r0, r1})
+              for (Value r : {w0, w1})
                 a.push_back(pack(loadWeight(r, shifted(c, dc)),
                                  loadWeight(r, shifted(c, dc + 1))));
             for (int64_t dc : {0, 8})
@@ -135,7 +157,7 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
           } else {
             Value c = builder.create<arith::AddIOp>(loc, k0, q);
             for (int64_t dc : {0, 4})
-              for (Value r : {r0, r1})
+              for (Value r : {w0, w1})
                 a.push_back(bits(loadWeight(r, shifted(c, dc))));
             for (int64_t dc : {0, 4})
               bFrag.push_back(bits(loadVector(shifted(c, dc))));

@@ -21,11 +21,15 @@ bool isBlockDiagonal(Operation *op) {
 }
 
 bool onTensorCores(Operation *op, cellc::Precision precision) {
-  if (precision == cellc::Precision::Ieee || !isa<MatvecOp, VecmatOp>(op) ||
-      isBlockDiagonal(op))
+  if (precision == cellc::Precision::Ieee || !isa<MatvecOp, VecmatOp>(op))
     return false;
+  // Each block of a block-diagonal weight must fill the tiles itself.
+  int64_t blocks = isBlockDiagonal(op)
+                       ? cast<RankedTensorType>(op->getOperand(0).getType()).getDimSize(0)
+                       : 1;
   int64_t k = precision == cellc::Precision::Bf16 ? 16 : 8;
-  return sizeOf(op->getResult(0)) % 16 == 0 && sizeOf(op->getOperand(1)) % k == 0;
+  return sizeOf(op->getResult(0)) / blocks % 16 == 0 &&
+         sizeOf(op->getOperand(1)) / blocks % k == 0;
 }
 
 namespace {
@@ -75,16 +79,21 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
   TilePlan plan;
   for (Value m : phases.materialized)
     plan.rowElements += sizeOf(m);
+  // The products the persistent strategy caches (not block-diagonal ones).
   SmallVector<Operation *> matvecs;
   body.walk([&](Operation *op) {
     if (isa<MatvecOp, VecmatOp>(op) && !isBlockDiagonal(op))
       matvecs.push_back(op);
   });
-  // With the persistent strategy every product is a buffer; with a CTA per
-  // tile, those on tensor cores.
-  for (Operation *op : matvecs)
-    if (persistent || (gpu && onTensorCores(op, options.precision)))
+  // With the persistent strategy every product it caches is a buffer; with a
+  // CTA per tile, those on tensor cores.
+  body.walk([&](Operation *op) {
+    if (!isa<MatvecOp, VecmatOp>(op))
+      return;
+    bool cached = persistent && !isBlockDiagonal(op);
+    if (cached || (!persistent && gpu && onTensorCores(op, options.precision)))
       plan.rowElements += sizeOf(op->getResult(0));
+  });
   // Each reduction's one value per row, and the threads' partial sums
   // (TiledBuilder::emitSum): a CTA's threads, or every CTA's (below).
   int64_t sums = 0;
