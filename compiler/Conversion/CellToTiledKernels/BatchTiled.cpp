@@ -43,9 +43,9 @@ public:
   }
   void forEachPartial(int64_t n, function_ref<Value(Value j)> term,
                       function_ref<void(Value slot, Value partial)> sink) override {
-    sink(tb.tid, tb.sumRange(tb.tid, tb.index(n), tb.ntid, term));
+    tb.sinkPartial(tb.index(0), tb.sumRange(tb.tid, tb.index(n), tb.ntid, term), sink);
   }
-  int64_t partialSlots() const override { return tb.ntidStatic; }
+  int64_t partialSlots() const override { return tb.partialsPerCta(); }
   void barrier() override {
     if (tb.gpu)
       tb.builder.create<gpu::BarrierOp>(tb.loc);

@@ -108,7 +108,7 @@ public:
     });
   }
 
-  /// A thread's slot: its CTA's threads, then the next CTA's.
+  /// A CTA's partials, then the next CTA's.
   void forEachPartial(int64_t n, function_ref<Value(Value j)> term,
                       function_ref<void(Value slot, Value partial)> sink) override {
     forEachCta([&] {
@@ -117,13 +117,12 @@ public:
       Value begin = builder.create<arith::AddIOp>(tb.loc, first, tb.tid);
       Value end = builder.create<arith::MinUIOp>(tb.loc, tb.shifted(first, sliceOf(n)),
                                                  tb.index(n));
-      Value slot = builder.create<arith::AddIOp>(
-          tb.loc, builder.create<arith::MulIOp>(tb.loc, cta, tb.index(tb.ntidStatic)),
-          tb.tid);
-      sink(slot, tb.sumRange(begin, end, tb.ntid, term));
+      Value firstSlot =
+          builder.create<arith::MulIOp>(tb.loc, cta, tb.index(tb.partialsPerCta()));
+      tb.sinkPartial(firstSlot, tb.sumRange(begin, end, tb.ntid, term), sink);
     });
   }
-  int64_t partialSlots() const override { return plan.slices * tb.ntidStatic; }
+  int64_t partialSlots() const override { return plan.slices * tb.partialsPerCta(); }
 
   void barrier() override {
     if (tb.gpu)

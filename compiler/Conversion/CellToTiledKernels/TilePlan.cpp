@@ -94,11 +94,12 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
     if (cached || (!persistent && gpu && onTensorCores(op, options.precision)))
       plan.rowElements += sizeOf(op->getResult(0));
   });
-  // Each reduction's one value per row, and the threads' partial sums
-  // (TiledBuilder::emitSum): a CTA's threads, or every CTA's (below).
+  // Each reduction's one value per row, and the partial sums
+  // (TiledBuilder::emitSum): one a warp of a CTA (a thread on the CPU), or
+  // of every CTA of the tile (below).
   int64_t sums = 0;
   body.walk([&](SumOp) { ++sums; });
-  int64_t threads = gpu ? options.threads : 1;
+  int64_t threads = gpu ? options.threads / 32 : 1;
   plan.rowElements += sums;
   if (sums && !persistent)
     plan.rowElements += threads;

@@ -65,9 +65,11 @@ void TiledBuilder::emitProduct(Operation *op, Value out) {
 }
 
 // Each thread (of every CTA of the tile) adds its units of the input, whole
-// in its buffer, into its slot of `partials`; after a barrier one thread
-// adds the partials, for all the rows of the tile, and a second barrier
-// frees `partials` for the next reduction (the phase's publishes `out`).
+// in its buffer; on CUDA a warp adds its threads' sums by shuffles. Each
+// warp's sum (on the CPU, each thread's) goes to its slot of `partials`;
+// after a barrier one thread adds the partials, for all the rows of the
+// tile, and a second barrier frees `partials` for the next reduction (the
+// phase's publishes `out`).
 void TiledBuilder::emitSum(SumOp sum, Value out) {
   Value input = sum.getInput(), slot;
   Value buffer = bufferOf(input, slot);
@@ -88,6 +90,32 @@ void TiledBuilder::emitSum(SumOp sum, Value out) {
     store(loop.getResult(0), out, Value(), j);
   });
   barrier();
+}
+
+void TiledBuilder::sinkPartial(Value first, Value partial,
+                               function_ref<void(Value slot, Value partial)> sink) {
+  if (!gpu)
+    return sink(builder.create<arith::AddIOp>(loc, first, tid), partial);
+  // A butterfly over the warp's 32 lanes, each row of the tile apart.
+  Value sum = partial;
+  Value width = builder.create<arith::ConstantIntOp>(loc, 32, 32);
+  for (int64_t s = 0; s < tile; ++s) {
+    Value x = builder.create<vector::ExtractOp>(loc, sum, s);
+    for (int64_t offset = 16; offset >= 1; offset /= 2) {
+      Value by = builder.create<arith::ConstantIntOp>(loc, offset, 32);
+      auto shuffle = builder.create<gpu::ShuffleOp>(loc, x, by, width,
+                                                    gpu::ShuffleMode::XOR);
+      x = builder.create<arith::AddFOp>(loc, x, shuffle.getShuffleResult());
+    }
+    sum = builder.create<vector::InsertOp>(loc, x, sum, s);
+  }
+  Value lane = builder.create<arith::RemUIOp>(loc, tid, index(32));
+  Value warp = builder.create<arith::DivUIOp>(loc, tid, index(32));
+  Value isFirst = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, lane, index(0));
+  auto ifOp = builder.create<scf::IfOp>(loc, isFirst, false);
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+  sink(builder.create<arith::AddIOp>(loc, first, warp), sum);
 }
 
 /// The sum of `term(j)` for j from `begin` to `end` by `step`.

@@ -136,6 +136,14 @@ public:
   void forRange(Value begin, Value end, Value step, function_ref<void(Value)> body);
   /// The sum of `term(j)` (a lane) for j from `begin` to `end` by `step`.
   Value sumRange(Value begin, Value end, Value step, function_ref<Value(Value)> term);
+  /// The partial sums a CTA keeps: one a warp on CUDA, where a warp's
+  /// threads add theirs with shuffles; one a thread on the CPU.
+  int64_t partialsPerCta() const { return gpu ? ntidStatic / 32 : ntidStatic; }
+  /// Hands this thread's `partial` to `sink` at slot `first` plus its warp
+  /// (CUDA: summed over the warp by shuffles, from its first lane) or its
+  /// thread (the CPU).
+  void sinkPartial(Value first, Value partial,
+                   function_ref<void(Value slot, Value partial)> sink);
 
   /// Gathers element `j` of each row of the tile from a `[T, B, n]` buffer
   /// (at step `t`, or `step`) or a `[B, n]` buffer.
