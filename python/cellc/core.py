@@ -401,6 +401,22 @@ class Cell:
                 shutil.rmtree(tmp, ignore_errors=True)
         return path
 
+    def _device_package(self, sizes, arch, storage, shared_optin):
+        """The package for a device of `arch` whose CTAs may opt in to
+        `shared_optin` bytes of shared memory: the cell's CUDA options; when
+        they name no strategy, batch-tiled, or persistent (with that shared
+        memory) where a batch-tiled CTA's buffers do not fit its 48 KiB of
+        static shared memory (a LayerNorm LSTM's backward at H = 256)."""
+        options = dict(self.cuda_options)
+        try:
+            return self.cuda_package(sizes, arch=arch, storage=storage, **options)
+        except ValueError as e:
+            if "strategy" in options or "bytes of workgroup memory per CTA" not in str(e):
+                raise
+        options.update(strategy="persistent",
+                       shared_limit=max(options.get("shared_limit", 49152), shared_optin))
+        return self.cuda_package(sizes, arch=arch, storage=storage, **options)
+
     def _call_cuda(self, sizes, names_in, inputs, names_par, params, states, resets,
                    save_gates, recompute, batch_first, device, lengths):
         from . import cuda
@@ -411,8 +427,9 @@ class Cell:
         key = (tuple(sorted(sizes.items())), storage, index)
         cell = self._cuda.get(key)
         if cell is None:
-            path = self.cuda_package(sizes, arch=f"sm_{major}{minor}", storage=storage,
-                                     **self.cuda_options)
+            props = torch.cuda.get_device_properties(index)
+            optin = getattr(props, "shared_memory_per_block_optin", 0) or 49152
+            path = self._device_package(sizes, f"sm_{major}{minor}", storage, optin)
             cell = cuda.CudaCell(cuda.Package(path), device=index)
             self._cuda[key] = cell
         mode = _parse_mode(save_gates, recompute)

@@ -5,6 +5,7 @@ from their formulas (forward and every gradient, every recompute mode, a
 batch that is not a multiple of the tile, resets), gradcheck of small cells,
 and the errors users meet."""
 
+import json
 import os
 import re
 
@@ -251,3 +252,26 @@ def test_layernorm_lstm_module_rejects_a_bad_state():
         m(x, (torch.zeros(1, 5, 3), torch.zeros(1, 5, 4)))
     with pytest.raises(ValueError, match="a pair"):
         m(x, torch.zeros(1, 5, 4))
+
+
+def test_a_cell_too_big_for_a_batch_tiled_cta_gets_the_persistent_kernels(tmp_path, monkeypatch):
+    # The LayerNorm LSTM's batch-tiled backward at H = 256 needs about 125 KB
+    # of shared memory per CTA; with no strategy asked for, a device package
+    # is persistent, with the device's opt-in shared memory (an H100's).
+    monkeypatch.setenv("CELLC_CACHE_DIR", str(tmp_path))
+    sizes = {"I": 256, "H": 256}
+    cell = _example("layernorm_lstm")
+    with pytest.raises(ValueError, match="bytes of workgroup memory per CTA"):
+        cell.cuda_package(sizes)
+    path = cell._device_package(sizes, "sm_90", "f32", 232448)
+    meta = json.load(open(os.path.join(path, "kernels.json")))
+    assert meta["kernels"]["layernorm_lstm_bwd"]["strategy"] == "persistent", meta
+    # A strategy the user names is kept, and its error raised.
+    named = cellc.compile(os.path.join(EXAMPLES, "layernorm_lstm.cell"),
+                          cuda={"strategy": "batch-tiled"})
+    with pytest.raises(ValueError, match="bytes of workgroup memory per CTA"):
+        named._device_package(sizes, "sm_90", "f32", 232448)
+    # A cell that fits stays batch-tiled.
+    small = _example("rmsnorm_gru")._device_package({"I": 64, "H": 64}, "sm_90", "f32", 232448)
+    meta = json.load(open(os.path.join(small, "kernels.json")))
+    assert meta["kernels"]["rmsnorm_gru_fwd"]["strategy"] == "batch-tiled"

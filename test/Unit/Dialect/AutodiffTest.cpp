@@ -116,6 +116,12 @@ TEST(CellDerivativeTest, BlockDiagonalProducts) {
 }
 
 TEST(CellDerivativeTest, RmsNormGru) { checkCell(readExample("rmsnorm_gru.cell"), kSizes); }
+TEST(CellDerivativeTest, BlockGru) {
+  checkCell(readExample("block_gru.cell"), {{"G", 2}, {"D", 3}});
+}
+TEST(CellDerivativeTest, SLstm) {
+  checkCell(readExample("slstm.cell"), {{"I", 3}, {"NH", 2}, {"D", 2}});
+}
 
 /// Peephole LSTM with a positive-definite forget gate: exp, log, softplus,
 /// division, sqrt and max, and vector params read in the step.
