@@ -519,7 +519,8 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
       tl.stateBufs.push_back(tb.shared({2, sizeOf(s)}));
     bool reduces = false;
     body.walk([&](SumOp) { reduces = true; });
-    tb.partials = reduces ? tb.shared({tb.strategy->partialSlots()}) : Value();
+    for (Value &set : tb.partials)
+      set = reduces ? tb.shared({tb.strategy->partialSlots()}) : Value();
     return backward ? buildBackwardSteps(tl) : buildForwardSteps(tl);
   };
 

@@ -94,7 +94,7 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
     if (cached || (!persistent && gpu && onTensorCores(op, options.precision)))
       plan.rowElements += sizeOf(op->getResult(0));
   });
-  // Each reduction's one value per row, and the partial sums
+  // Each reduction's one value per row, and two sets of partial sums
   // (TiledBuilder::emitSum): one a warp of a CTA (a thread on the CPU), or
   // of every CTA of the tile (below).
   int64_t sums = 0;
@@ -102,7 +102,7 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
   int64_t threads = gpu ? options.threads / 32 : 1;
   plan.rowElements += sums;
   if (sums && !persistent)
-    plan.rowElements += threads;
+    plan.rowElements += 2 * threads;
   for (Value s : def.getStates())
     plan.rowElements += (backward ? 5 : 2) * sizeOf(s);
   if (backward)
@@ -142,7 +142,7 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
   plan.slices = fit->first;
   plan.dynamicSharedBytes = fit->second;
   if (sums)
-    plan.rowElements += plan.slices * threads;
+    plan.rowElements += 2 * plan.slices * threads;
   return plan;
 }
 

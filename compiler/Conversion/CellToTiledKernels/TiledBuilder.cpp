@@ -68,11 +68,13 @@ void TiledBuilder::emitProduct(Operation *op, Value out) {
 // in its buffer; on CUDA a warp adds its threads' sums by shuffles. Each
 // warp's sum (on the CPU, each thread's) goes to its slot of `partials`;
 // after a barrier one thread adds the partials, for all the rows of the
-// tile, and a second barrier frees `partials` for the next reduction (the
-// phase's publishes `out`).
+// tile; the phase's barrier publishes `out`. One barrier a reduction: the
+// reductions of a phase use the two sets of partials in turn, so the set a
+// reduction writes was last read before the previous reduction's barrier.
 void TiledBuilder::emitSum(SumOp sum, Value out) {
   Value input = sum.getInput(), slot;
   Value buffer = bufferOf(input, slot);
+  Value partials = this->partials[nextPartials++ % 2];
   strategy->forEachPartial(
       sizeOf(input), [&](Value j) { return load(buffer, slot, j); },
       [&](Value at, Value partial) { store(partial, partials, Value(), at); });
@@ -89,7 +91,6 @@ void TiledBuilder::emitSum(SumOp sum, Value out) {
         });
     store(loop.getResult(0), out, Value(), j);
   });
-  barrier();
 }
 
 void TiledBuilder::sinkPartial(Value first, Value partial,

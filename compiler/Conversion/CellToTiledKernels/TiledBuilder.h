@@ -128,9 +128,11 @@ public:
   void emitProduct(Operation *op, Value out) override;
   /// A reduction into the buffer `out` (`[1, BT]`), through `partials`.
   void emitSum(SumOp sum, Value out);
-  /// Each thread's partial sum of a reduction (`TileStrategy::partialSlots`
-  /// of them), allocated with the states when the step has a reduction.
-  Value partials;
+  /// The partial sums of a reduction (`TileStrategy::partialSlots` of them),
+  /// two sets used in turn, allocated with the states when the step has a
+  /// reduction.
+  Value partials[2];
+  unsigned nextPartials = 0;
 
   /// A loop from `begin` to `end` by `step`, `body` built inside it.
   void forRange(Value begin, Value end, Value step, function_ref<void(Value)> body);
