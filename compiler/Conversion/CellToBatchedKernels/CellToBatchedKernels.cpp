@@ -219,10 +219,9 @@ public:
           params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
       auto [blocks, size, depth] = blockShapeOf(op);
       bool transposed = isa<VecmatOp>(op);
-      auto blockAt = [&, blocks = blocks](OpBuilder &b, int64_t g) {
-        return blocks > 1 || cast<MemRefType>(weight.getType()).getRank() == 3
-                   ? blockOf(b, loc, weight, g)
-                   : weight;
+      bool blocked = cast<MemRefType>(weight.getType()).getRank() == 3;
+      auto blockAt = [&](OpBuilder &b, int64_t g) {
+        return blocked ? blockOf(b, loc, weight, g) : weight;
       };
       SmallVector<Value> &packs = packed[op];
       if (!op->getParentOfType<RestoreOp>()) {
@@ -457,7 +456,6 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
   Block &body = grad.getBody().front();
   Operation *ret = body.getTerminator();
   unsigned numInputs = def.getInputNames().size();
-  unsigned numStates = def.getStateNames().size();
   unsigned numOutputs = def.getOutputNames().size();
 
   PhasePlan plan = planBackward(def, grad, planOptions());

@@ -145,10 +145,11 @@ Value TiledBuilder::evalProduct(Operation *op, const Index &i) {
   Value buffer = bufferOf(vec, slot);
   Value fixed = at(i);
   auto weightType = cast<RankedTensorType>(op->getOperand(0).getType());
-  int64_t blocks = weightType.getRank() == 3 ? weightType.getDimSize(0) : 1;
+  bool blocked = weightType.getRank() == 3;
+  int64_t blocks = blocked ? weightType.getDimSize(0) : 1;
   int64_t depth = sizeOf(vec) / blocks, outs = sizeOf(op->getResult(0)) / blocks;
   Value block, first;
-  if (blocks > 1 || weightType.getRank() == 3) {
+  if (blocked) {
     block = builder.create<arith::DivUIOp>(loc, fixed, index(outs));
     fixed = builder.create<arith::RemUIOp>(loc, fixed, index(outs));
     first = builder.create<arith::MulIOp>(loc, block, index(depth));
