@@ -19,7 +19,6 @@ timing. Run it pinned, one BLAS thread:
     taskset -c 0 python3 bench/cpu/cells.py
 """
 
-import argparse
 import statistics
 import time
 
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import cellc
+from shape import parse_shape
 
 
 def _norm(v, eps):
@@ -86,14 +86,7 @@ def block_gru_loop(p, x, h):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--size", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
-    a = p.parse_args()
-    torch.set_num_threads(a.threads)
+    a = parse_shape(__doc__.splitlines()[0], steps=100)
     B, T, I, H = a.batch, a.steps, a.size, a.size
     g = torch.Generator().manual_seed(0)
     x = torch.randn(T, B, I, generator=g)

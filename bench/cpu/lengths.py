@@ -19,7 +19,6 @@ against torch's before anything is timed. Run it pinned, one BLAS thread:
     taskset -c 0 python3 bench/cpu/lengths.py
 """
 
-import argparse
 import statistics
 import time
 
@@ -27,17 +26,11 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import cellc
+from shape import parse_shape
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--size", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
-    a = p.parse_args()
-    torch.set_num_threads(a.threads)
+    a = parse_shape(__doc__.splitlines()[0], steps=200)
     B, T, I, H = a.batch, a.steps, a.size, a.size
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
