@@ -81,17 +81,8 @@ public:
       return buffer({1});
     // Blocks are computed in order, each writing whole panels: block g's last
     // panel runs into block g + 1's columns, which that block then writes.
-    auto [blocks, out, in] = blockShapeOf(op);
-    return alloc({tile, paddedRow((blocks - 1) * out + shape.panels(out) * shape.panel())});
-  }
-  /// The blocks of the product `op`, and the outputs and inputs of each (one
-  /// block for a dense weight).
-  static std::tuple<int64_t, int64_t, int64_t> blockShapeOf(Operation *op) {
-    auto weight = cast<RankedTensorType>(op->getOperand(0).getType());
-    int64_t blocks = weight.getRank() == 3 ? weight.getDimSize(0) : 1;
-    int64_t out = sizeOf(op->getResult(0)) / blocks;
-    int64_t in = sizeOf(PhasePlan::wholeOperand(op)) / blocks;
-    return {blocks, out, in};
+    ProductBlocks b = productBlocks(op);
+    return alloc({tile, paddedRow((b.blocks - 1) * b.outs + shape.panels(b.outs) * shape.panel())});
   }
   SmallVector<Value> indices(Value slot, Value r, Value j) {
     SmallVector<Value> at;
@@ -202,10 +193,10 @@ public:
     Value a = bufferOf(vec, slot);
     if (auto sum = dyn_cast<SumOp>(op))
       return emitSum(sum, a, slot, out);
-    auto [blocks, outs, ins] = blockShapeOf(op);
-    for (int64_t g = 0; g < blocks; ++g)
-      mlir::cell::emitProduct(builder, loc, a, slot, packed[op][g], out, rows, ins,
-                              shape.panels(outs), shape, g * ins, g * outs);
+    ProductBlocks b = productBlocks(op);
+    for (int64_t g = 0; g < b.blocks; ++g)
+      mlir::cell::emitProduct(builder, loc, a, slot, packed[op][g], out, rows, b.ins,
+                              shape.panels(b.outs), shape, g * b.ins, g * b.outs);
   }
 
   /// Packs the weight of every product in `step` (each block of a
@@ -217,15 +208,15 @@ public:
         return;
       Value weight =
           params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
-      auto [blocks, size, depth] = blockShapeOf(op);
+      ProductBlocks blocks = productBlocks(op);
+      int64_t size = blocks.outs, depth = blocks.ins;
       bool transposed = isa<VecmatOp>(op);
-      bool blocked = cast<MemRefType>(weight.getType()).getRank() == 3;
       auto blockAt = [&](OpBuilder &b, int64_t g) {
-        return blocked ? blockOf(b, loc, weight, g) : weight;
+        return blocks.diagonal ? blockOf(b, loc, weight, g) : weight;
       };
       SmallVector<Value> &packs = packed[op];
       if (!op->getParentOfType<RestoreOp>()) {
-        for (int64_t g = 0; g < blocks; ++g) {
+        for (int64_t g = 0; g < blocks.blocks; ++g) {
           packs.push_back(packWeight(builder, loc, blockAt(builder, g), transposed, size,
                                      depth, shape));
           allocated.push_back(packs.back());
@@ -233,13 +224,13 @@ public:
         return;
       }
       // Allocated either way (freed at the end), filled when replaying.
-      for (int64_t g = 0; g < blocks; ++g)
+      for (int64_t g = 0; g < blocks.blocks; ++g)
         packs.push_back(alloc({shape.panels(size), depth, shape.panel()}));
       Value replaying = builder.create<arith::XOrIOp>(
           loc, saveGates, builder.create<arith::ConstantIntOp>(loc, 1, 1));
       auto ifOp = builder.create<scf::IfOp>(loc, replaying, false);
       OpBuilder inside = OpBuilder::atBlockBegin(ifOp.thenBlock());
-      for (int64_t g = 0; g < blocks; ++g)
+      for (int64_t g = 0; g < blocks.blocks; ++g)
         packWeightInto(inside, loc, blockAt(inside, g), packs[g], transposed, size, depth,
                        shape);
     });

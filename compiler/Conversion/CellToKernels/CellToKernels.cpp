@@ -39,8 +39,8 @@ public:
 
 private:
   LogicalResult lower(OpBuilder &builder, Operation *op);
-  Value lowerProduct(OpBuilder &builder, Location loc, Value weightValue, Value weight,
-                     Value v, VectorType type, bool transposed);
+  Value lowerProduct(OpBuilder &builder, Location loc, Value weight, Value v,
+                     VectorType type, bool transposed);
   Value lowerMatvec(OpBuilder &builder, Location loc, Value weight, Value v,
                     VectorType type);
   Value lowerVecmat(OpBuilder &builder, Location loc, Value weight, Value g,
@@ -132,13 +132,13 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
         }
         return result(acc);
       })
-      .Case([&](MatvecOp matvec) -> LogicalResult {
-        return result(lowerProduct(builder, loc, matvec.getWeight(), operand(0),
-                                   operand(1), type, /*transposed=*/false));
+      .Case([&](MatvecOp) -> LogicalResult {
+        return result(lowerProduct(builder, loc, operand(0), operand(1), type,
+                                   /*transposed=*/false));
       })
-      .Case([&](VecmatOp vecmat) -> LogicalResult {
-        return result(lowerProduct(builder, loc, vecmat.getWeight(), operand(0),
-                                   operand(1), type, /*transposed=*/true));
+      .Case([&](VecmatOp) -> LogicalResult {
+        return result(lowerProduct(builder, loc, operand(0), operand(1), type,
+                                   /*transposed=*/true));
       })
       .Case([&](ProjectionOp) -> LogicalResult {
         if (nextProjection >= projections.size())
@@ -203,10 +203,9 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
 /// `weight @ v` (`v @ weight` when `transposed`) into a vector of `type`; a
 /// block-diagonal `[G, M, N]` weight block by block, each block a product
 /// on its view of the weight and its part of `v`.
-Value StepLowering::lowerProduct(OpBuilder &builder, Location loc, Value weightValue,
-                                 Value weight, Value v, VectorType type,
-                                 bool transposed) {
-  auto weightType = cast<RankedTensorType>(weightValue.getType());
+Value StepLowering::lowerProduct(OpBuilder &builder, Location loc, Value weight, Value v,
+                                 VectorType type, bool transposed) {
+  auto weightType = cast<MemRefType>(weight.getType());
   int64_t rank = weightType.getRank();
   if (rank == 2)
     return transposed ? lowerVecmat(builder, loc, weight, v, type)

@@ -155,7 +155,6 @@ LogicalResult buildBackwardSteps(TileLoop &tl) {
   ArrayRef<Value> stateBufs = tl.stateBufs;
   Value c0 = tl.c0, c1 = tl.c1, c2 = tl.c2, steps = tl.steps;
   int64_t tile = tb.tile;
-  unsigned numStates = def.getStateNames().size();
   unsigned numInputs = def.getInputNames().size();
 
   SmallVector<Value> prevBufs, accInit, accStart;

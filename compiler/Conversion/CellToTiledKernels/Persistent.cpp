@@ -128,7 +128,9 @@ public:
     if (tb.gpu)
       gridBarrier();
   }
-  bool computesProduct(Operation *op) override { return !isBlockDiagonal(op); }
+  /// Block-diagonal products are computed element by element, the weight
+  /// read from global memory, not from a CTA's cache.
+  bool computesProduct(Operation *op) override { return !productBlocks(op).diagonal; }
   void emitProduct(Operation *op, Value out) override { emitSlicedProduct(op, out); }
 
 private:

@@ -33,11 +33,9 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
   // A block-diagonal weight: each 16-row tile lies in one block (whose rows
   // onTensorCores checks are a multiple of 16) and reads that block of the
   // weight and its part of the vector, `depth` deep.
-  bool blocked = isBlockDiagonal(op);
-  int64_t blocks = blocked ? cast<RankedTensorType>(op->getOperand(0).getType()).getDimSize(0)
-                           : 1;
-  int64_t blockRows = rows / blocks;
-  int64_t depth = sizeOf(vec) / blocks;
+  ProductBlocks blocks = productBlocks(op);
+  bool blocked = blocks.diagonal;
+  int64_t blockRows = blocks.outs, depth = blocks.ins;
   Value vecBuffer = bufferOf(vec, slot);
   Value weight =
       params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());

@@ -16,20 +16,14 @@
 
 namespace mlir::cell {
 
-bool isBlockDiagonal(Operation *op) {
-  return cast<RankedTensorType>(op->getOperand(0).getType()).getRank() == 3;
-}
 
 bool onTensorCores(Operation *op, cellc::Precision precision) {
   if (precision == cellc::Precision::Ieee || !isa<MatvecOp, VecmatOp>(op))
     return false;
   // Each block of a block-diagonal weight must fill the tiles itself.
-  int64_t blocks = isBlockDiagonal(op)
-                       ? cast<RankedTensorType>(op->getOperand(0).getType()).getDimSize(0)
-                       : 1;
+  ProductBlocks b = productBlocks(op);
   int64_t k = precision == cellc::Precision::Bf16 ? 16 : 8;
-  return sizeOf(op->getResult(0)) / blocks % 16 == 0 &&
-         sizeOf(op->getOperand(1)) / blocks % k == 0;
+  return b.outs % 16 == 0 && b.ins % k == 0;
 }
 
 namespace {
@@ -82,15 +76,15 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
   // The products the persistent strategy caches (not block-diagonal ones).
   SmallVector<Operation *> matvecs;
   body.walk([&](Operation *op) {
-    if (isa<MatvecOp, VecmatOp>(op) && !isBlockDiagonal(op))
+    if (PhasePlan::isProduct(op) && !productBlocks(op).diagonal)
       matvecs.push_back(op);
   });
   // With the persistent strategy every product it caches is a buffer; with a
   // CTA per tile, those on tensor cores.
   body.walk([&](Operation *op) {
-    if (!isa<MatvecOp, VecmatOp>(op))
+    if (!PhasePlan::isProduct(op))
       return;
-    bool cached = persistent && !isBlockDiagonal(op);
+    bool cached = persistent && !productBlocks(op).diagonal;
     if (cached || (!persistent && gpu && onTensorCores(op, options.precision)))
       plan.rowElements += sizeOf(op->getResult(0));
   });
@@ -99,10 +93,10 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
   // of every CTA of the tile (below).
   int64_t sums = 0;
   body.walk([&](SumOp) { ++sums; });
-  int64_t threads = gpu ? options.threads / 32 : 1;
+  int64_t partialsPerCta = gpu ? options.threads / 32 : 1;
   plan.rowElements += sums;
   if (sums && !persistent)
-    plan.rowElements += 2 * threads;
+    plan.rowElements += 2 * partialsPerCta;
   for (Value s : def.getStates())
     plan.rowElements += (backward ? 5 : 2) * sizeOf(s);
   if (backward)
@@ -142,7 +136,7 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
   plan.slices = fit->first;
   plan.dynamicSharedBytes = fit->second;
   if (sums)
-    plan.rowElements += 2 * plan.slices * threads;
+    plan.rowElements += 2 * plan.slices * partialsPerCta;
   return plan;
 }
 

@@ -144,12 +144,10 @@ Value TiledBuilder::evalProduct(Operation *op, const Index &i) {
   Value vec = op->getOperand(1), slot;
   Value buffer = bufferOf(vec, slot);
   Value fixed = at(i);
-  auto weightType = cast<RankedTensorType>(op->getOperand(0).getType());
-  bool blocked = weightType.getRank() == 3;
-  int64_t blocks = blocked ? weightType.getDimSize(0) : 1;
-  int64_t depth = sizeOf(vec) / blocks, outs = sizeOf(op->getResult(0)) / blocks;
+  ProductBlocks blocks = productBlocks(op);
+  int64_t depth = blocks.ins, outs = blocks.outs;
   Value block, first;
-  if (blocked) {
+  if (blocks.diagonal) {
     block = builder.create<arith::DivUIOp>(loc, fixed, index(outs));
     fixed = builder.create<arith::RemUIOp>(loc, fixed, index(outs));
     first = builder.create<arith::MulIOp>(loc, block, index(depth));

@@ -38,11 +38,6 @@ struct TiledOptions {
   int64_t batchTile = 0, threads = 128, sharedLimit = 0, ctas = 0, maxRegisters = 0;
 };
 
-/// Whether the product `op` has a block-diagonal `[G, M, N]` weight. The
-/// tiled strategies compute its elements one by one (FMA, the weight read
-/// from global memory), not on tensor cores or from the persistent cache.
-bool isBlockDiagonal(Operation *op);
-
 /// Whether `op` (a matvec or vecmat) runs on tensor cores at `precision`:
 /// its rows must fill 16-row MMA tiles and its depth the MMA's k.
 bool onTensorCores(Operation *op, cellc::Precision precision);

@@ -13,6 +13,16 @@ int64_t sizeOf(Value v) {
   return cast<RankedTensorType>(v.getType()).getDimSize(0);
 }
 
+ProductBlocks productBlocks(Operation *product) {
+  auto weight = cast<RankedTensorType>(product->getOperand(0).getType());
+  ProductBlocks b;
+  b.diagonal = weight.getRank() == 3;
+  b.blocks = b.diagonal ? weight.getDimSize(0) : 1;
+  b.outs = sizeOf(product->getResult(0)) / b.blocks;
+  b.ins = sizeOf(product->getOperand(1)) / b.blocks;
+  return b;
+}
+
 bool PhasePlan::isCrossUnit(Operation *op) {
   return isa<MatvecOp, VecmatOp, SumOp>(op);
 }

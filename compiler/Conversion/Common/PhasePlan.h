@@ -33,6 +33,15 @@ namespace mlir::cell {
 /// The size of a 1-D cell value.
 int64_t sizeOf(Value v);
 
+/// The blocks of a product (`cell.matvec`, `cell.vecmat`): a block-diagonal
+/// `[G, M, N]` weight has G, each giving `outs` outputs from `ins` inputs
+/// (M and N, or N and M transposed); a dense weight is one block.
+struct ProductBlocks {
+  bool diagonal = false;
+  int64_t blocks = 1, outs = 0, ins = 0;
+};
+ProductBlocks productBlocks(Operation *product);
+
 /// Which values of a step are written to buffers, and in which phase each
 /// value that is written somewhere is computed.
 class PhasePlan {
