@@ -118,9 +118,9 @@ def Cell_ParamOp : Cell_Op<"param", [Pure]> {
   let description = [{
     Reads the learnable parameter `name`: a vector `[n]`, a matrix
     `[rows, cols]`, or a block-diagonal matrix `[G, rows, cols]` of `G` blocks
-    (the products read it block by block). Parameters are the same at every time step and for every sample.
-    The verifier rejects an empty name and a result that is not a static 1-D
-    or 2-D float tensor.
+    (the products read it block by block). Parameters are the same at every
+    time step and for every sample. The verifier rejects an empty name and a
+    result that is not a static 1-D, 2-D or 3-D float tensor.
 
     Example:
 
