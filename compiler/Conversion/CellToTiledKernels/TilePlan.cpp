@@ -16,7 +16,6 @@
 
 namespace mlir::cell {
 
-
 bool onTensorCores(Operation *op, cellc::Precision precision) {
   if (precision == cellc::Precision::Ieee || !isa<MatvecOp, VecmatOp>(op))
     return false;
@@ -74,18 +73,16 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
   for (Value m : phases.materialized)
     plan.rowElements += sizeOf(m);
   // The products the persistent strategy caches (not block-diagonal ones).
+  // With the persistent strategy each of those is a buffer; with a CTA per
+  // tile, those on tensor cores.
   SmallVector<Operation *> matvecs;
-  body.walk([&](Operation *op) {
-    if (PhasePlan::isProduct(op) && !productBlocks(op).diagonal)
-      matvecs.push_back(op);
-  });
-  // With the persistent strategy every product it caches is a buffer; with a
-  // CTA per tile, those on tensor cores.
   body.walk([&](Operation *op) {
     if (!PhasePlan::isProduct(op))
       return;
-    bool cached = persistent && !productBlocks(op).diagonal;
-    if (cached || (!persistent && gpu && onTensorCores(op, options.precision)))
+    bool cached = !productBlocks(op).diagonal;
+    if (cached)
+      matvecs.push_back(op);
+    if (persistent ? cached : gpu && onTensorCores(op, options.precision))
       plan.rowElements += sizeOf(op->getResult(0));
   });
   // Each reduction's one value per row, and two sets of partial sums
