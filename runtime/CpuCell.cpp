@@ -18,6 +18,7 @@
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialects/Cell/IR/CellOps.h"
 
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
@@ -29,6 +30,7 @@
 #include "llvm/TargetParser/Host.h"
 
 #include <cblas.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -58,53 +60,31 @@ std::string shapeStr(llvm::ArrayRef<int64_t> shape) {
   return s + "]";
 }
 
-/// Memory that scratch buffers return for the next call to reuse. The same
-/// sizes come back every call, and fresh large allocations are fresh pages:
-/// their page faults were about a tenth of a training step (LSTM, B = 64,
-/// H = 256). At most `kKeptBytes` are kept; the rest goes back to the system.
-class BufferPool {
-public:
-  static BufferPool &get() {
-    // Never destroyed: buffers may come back while the process exits.
-    static BufferPool *pool = new BufferPool();
-    return *pool;
-  }
+/// The driver's buffers. Large ones are pages of their own (mmap), so that
+/// what the driver releases goes back to the system at once: the heap's free
+/// lists would keep it resident, and a later buffer of another size would
+/// not fit in it. The driver allocates once a call what it reuses over the
+/// pieces, so fresh pages fault once a call, not once a piece. What a
+/// process holds is then what the driver's ledger says.
+constexpr int64_t kMappedBytes = int64_t(64) << 10;
 
-  /// A buffer of at least `words` doubles; `zero` clears it.
-  std::unique_ptr<double[]> take(int64_t words, bool zero) {
-    std::unique_ptr<double[]> buffer;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      // The smallest kept buffer that fits, if it is not twice too large.
-      auto it = free.lower_bound(words);
-      if (it != free.end() && it->first <= 2 * words) {
-        buffer = std::move(it->second);
-        keptBytes -= it->first * 8;
-        free.erase(it);
-      }
-    }
-    if (!buffer)
-      return std::unique_ptr<double[]>(zero ? new double[words]() : new double[words]);
-    if (zero)
-      std::memset(buffer.get(), 0, words * 8);
-    return buffer;
-  }
+void *allocateBytes(int64_t bytes, bool zero) {
+  bytes = std::max<int64_t>(bytes, 1);
+  if (bytes < kMappedBytes)
+    return zero ? std::calloc(bytes, 1) : std::malloc(bytes);
+  // Fresh pages are zeros.
+  void *buffer =
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return buffer == MAP_FAILED ? nullptr : buffer;
+}
 
-  /// Takes back a buffer of `words` doubles.
-  void give(std::unique_ptr<double[]> buffer, int64_t words) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (keptBytes + words * 8 > kKeptBytes)
-      return;
-    keptBytes += words * 8;
-    free.emplace(words, std::move(buffer));
-  }
-
-private:
-  static constexpr int64_t kKeptBytes = int64_t(1) << 30;
-  std::mutex mutex;
-  std::multimap<int64_t, std::unique_ptr<double[]>> free;
-  int64_t keptBytes = 0;
-};
+void releaseBytes(void *buffer, int64_t bytes) {
+  bytes = std::max<int64_t>(bytes, 1);
+  if (bytes < kMappedBytes)
+    std::free(buffer);
+  else
+    munmap(buffer, bytes);
+}
 
 /// Row-major C = alpha op(A) op(B) + beta C.
 void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
@@ -214,16 +194,21 @@ public:
 
   driver::Status allocate(int64_t elements, driver::Element element, bool zero,
                           driver::Buffer &out) override {
-    int64_t words = (elements * driver::bytesOf(element) + 7) / 8 + 1;
-    std::unique_ptr<double[]> memory = BufferPool::get().take(words, zero);
-    out.data = memory.release();
-    out.id = words;
+    int64_t bytes = elements * driver::bytesOf(element);
+    out.data = allocateBytes(bytes, zero);
+    if (!out.data)
+      return driver::Status::error("out of memory: a buffer of " + std::to_string(bytes) +
+                                   " bytes");
+    // The id keeps the size, for release.
+    out.id = bytes;
     out.element = element;
     return driver::Status();
   }
   void release(const driver::Buffer &buffer) override {
-    BufferPool::get().give(std::unique_ptr<double[]>(static_cast<double *>(buffer.data)),
-                           buffer.id);
+    releaseBytes(buffer.data, buffer.id);
+  }
+  int64_t instances(int64_t batch) const override {
+    return std::max<int64_t>(1, std::min<int64_t>(threads, batch));
   }
 
   driver::Status launch(bool backward, bool saveGates,
@@ -291,6 +276,18 @@ private:
   std::string cell;
   JitKernels &saving, &replaying;
 };
+
+/// The bytes a kernel allocates for itself as it runs (memref.alloc: its
+/// tile's buffers and packed weights), which the driver counts per instance.
+int64_t scratchBytesOf(mlir::func::FuncOp func) {
+  int64_t bytes = 0;
+  func.walk([&](mlir::memref::AllocOp alloc) {
+    mlir::MemRefType type = alloc.getType();
+    if (type.hasStaticShape())
+      bytes += type.getNumElements() * type.getElementTypeBitWidth() / 8;
+  });
+  return bytes;
+}
 
 /// A kernel's interface, from its `cell.kernel_args` and argument types.
 driver::Kernel kernelOf(mlir::func::FuncOp func) {
@@ -437,10 +434,25 @@ struct CpuCell::Impl {
   driver::Kernel fwd, bwd;
   std::shared_ptr<CpuBackend> backend;
   std::unique_ptr<driver::SequenceDriver> driver;
+  int64_t pieceRows = driver::SequenceDriver::kPieceRows;
 };
 
 CpuCell::CpuCell(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
 CpuCell::~CpuCell() = default;
+
+driver::MemoryStats CpuCell::memoryStats() const { return impl->driver->stats(); }
+
+llvm::Expected<driver::MemoryPlan> CpuCell::memoryPlan(int64_t steps, int64_t batch,
+                                                       Recompute mode) const {
+  if (steps < 1 || batch < 1)
+    return fail("a memory plan needs steps >= 1 and batch >= 1");
+  driver::MemoryPlan plan;
+  if (auto err = errorOf(driver::SequenceDriver::plan(
+          impl->driver->interface(), steps, batch, mode, plan, impl->pieceRows,
+          impl->backend->instances(batch))))
+    return std::move(err);
+  return plan;
+}
 
 void CpuCell::setThreads(int threads) {
   numThreads = threads > 0 ? threads
@@ -533,10 +545,14 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
     buildPipeline(pm, Stage::Kernels, pipeline);
     if (mlir::failed(pm.run(*copy)))
       return fail("cellc: building the kernels failed:\n" + os.str());
+    auto fwd = copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_fwd");
+    auto bwd = copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_bwd");
     if (saveGates) {
-      impl->fwd = kernelOf(copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_fwd"));
-      impl->bwd = kernelOf(copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_bwd"));
+      impl->fwd = kernelOf(fwd);
+      impl->bwd = kernelOf(bwd);
     }
+    impl->fwd.scratchBytes[saveGates] = scratchBytesOf(fwd);
+    impl->bwd.scratchBytes[saveGates] = scratchBytesOf(bwd);
     mlir::PassManager lower(&context);
     lower.addPass(mlir::cell::createConvertKernelsToLLVM());
     if (mlir::failed(lower.run(*copy)))
@@ -580,6 +596,9 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
       dtype, impl->name, *impl->saving, *impl->replaying, cell->numThreads);
   impl->driver = std::make_unique<driver::SequenceDriver>(std::move(*interface),
                                                           impl->backend);
+  impl->pieceRows =
+      options.pieceRows > 0 ? options.pieceRows : driver::SequenceDriver::kPieceRows;
+  impl->driver->setPieceRows(impl->pieceRows);
   cell->impl = std::move(impl);
   return cell;
 }
@@ -705,7 +724,8 @@ llvm::Error CpuCell::forward(const Sequence &batchFirstOrNot,
     return err;
   if (auto err = viewsOf(outputs, outputSlots, e, "output", outs))
     return err;
-  if (auto err = errorOf(impl->driver->forward(s, outs, finals, mode, saved)))
+  if (auto err = errorOf(impl->driver->forward(s, outs, finals, mode, saved,
+                                               seq.outputsOutliveSaved && !tm)))
     return err;
   if (tm)
     tm->copyBack(outputs, callerOutputs);

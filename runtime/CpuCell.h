@@ -100,6 +100,9 @@ public:
     /// replaces the knobs above.
     int64_t batchHint = 0;
     bool useTuned = true;
+    /// Rows (steps times the batch) per piece of the projections and the
+    /// gradients' GEMMs; 0: the driver's default.
+    int64_t pieceRows = 0;
   };
 
   ~CpuCell();
@@ -153,6 +156,11 @@ public:
     /// `[B, T, ...]` instead of `[T, B, ...]`. They are transposed into and
     /// out of the kernels' layout.
     bool batchFirst = false;
+    /// Forward: the caller keeps the output buffers alive and unchanged as
+    /// long as the Saved, so that an output that is a state (`output h`)
+    /// serves as that state's history instead of a copy (not with
+    /// `batchFirst`, whose outputs are copies).
+    bool outputsOutliveSaved = false;
   };
 
   /// Runs the cell over the sequence, writing outputs `[T, B, n]` and final
@@ -172,8 +180,18 @@ public:
                        const std::vector<Array> &gradParams,
                        const std::vector<Array> &gradInitialStates);
 
-  /// Bytes that `saved` holds between forward and backward.
+  /// Bytes that `saved` holds between forward and backward (not the outputs
+  /// it reads as states).
   static int64_t savedBytes(const Saved &saved);
+
+  /// The bytes the driver held in the last forward and backward, and holds
+  /// now.
+  driver::MemoryStats memoryStats() const;
+
+  /// What a training step of `steps` x `batch` in `mode` holds
+  /// (driver::SequenceDriver::plan).
+  llvm::Expected<driver::MemoryPlan> memoryPlan(int64_t steps, int64_t batch,
+                                                Recompute mode) const;
 
   /// Whether both kernel sets came from the kernel cache, with no compile.
   bool loadedFromCache() const { return fromCache; }

@@ -91,21 +91,24 @@ class _CellFunction(torch.autograd.Function):
         finals = [x0.new_empty(B, shape[0]) for _, shape in compiled.states]
         buf = lambda ts: [(t.data_ptr(), list(t.shape)) for t in ts]
         resets_ptr = resets.data_ptr() if resets is not None else 0
+        # An output that is a state is that state's history for the backward:
+        # saved here, so that autograd keeps it and catches an in-place change.
         saved = compiled.forward(buf(inputs), buf(params), buf(states), resets_ptr,
                                  T, B, batch_first, buf(outputs), buf(finals), mode,
-                                 training, lengths)
+                                 training, lengths, outputs_outlive_saved=True)
         ctx.compiled, ctx.saved, ctx.counts = compiled, saved, counts
         stats["saved_bytes"] = saved.nbytes if saved is not None else 0
         ctx.steps_batch = (T, B)
         ctx.resets, ctx.lengths = resets, lengths
         if training:
-            ctx.save_for_backward(*tensors)
+            ctx.save_for_backward(*tensors, *[outputs[i] for i in saved.outputs_read])
         return (*outputs, *finals)
 
     @staticmethod
     def backward(ctx, *grads):
         n_in, n_par, n_st, batch_first = ctx.counts
-        tensors = ctx.saved_tensors
+        # The saved outputs (read by the driver through ctx.saved) come last.
+        tensors = ctx.saved_tensors[:n_in + n_par + n_st]
         inputs = tensors[:n_in]
         params = tensors[n_in:n_in + n_par]
         states = tensors[n_in + n_par:]
@@ -114,11 +117,16 @@ class _CellFunction(torch.autograd.Function):
                           for t in ts]
         grad_out = [g.contiguous() if g is not None else None for g in grads[:n_out]]
         grad_fin = [g.contiguous() if g is not None else None for g in grads[n_out:]]
-        d_in = [torch.empty_like(t) for t in inputs]
-        d_par = [torch.empty_like(t) for t in params]
-        # Without initial states the runtime starts from zeros, whose gradient
-        # nobody wants.
-        d_st = ([torch.empty_like(t) for t in states] if states
+        # Only the gradients autograd wants (compiled, mode, resets, lengths,
+        # training, counts and stats come first): an input's that nobody wants
+        # costs neither its buffer nor its GEMM. Without initial states the
+        # runtime starts from zeros, whose gradient nobody wants.
+        wanted = ctx.needs_input_grad[7:]
+        grad_like = lambda ts, first: [torch.empty_like(t) if wanted[first + i] else None
+                                       for i, t in enumerate(ts)]
+        d_in = grad_like(inputs, 0)
+        d_par = grad_like(params, n_in)
+        d_st = (grad_like(states, n_in + n_par) if states
                 else [None] * len(ctx.compiled.states))
         T, B = ctx.steps_batch
         resets_ptr = ctx.resets.data_ptr() if ctx.resets is not None else 0
@@ -364,12 +372,38 @@ class Cell:
         results = _CellFunction.apply(compiled, mode, resets, lengths, training, counts,
                                       stats, *tensors)
         self.saved_bytes = stats.get("saved_bytes", 0)
+        self._last = compiled
         n_out = len(compiled.outputs)
         outs, finals = results[:n_out], results[n_out:]
         out = outs[0] if n_out == 1 else {n: t for (n, _), t in zip(compiled.outputs, outs)}
         final = {n: t for (n, _), t in zip(compiled.states, finals)}
         return out, final
 
+
+    # Memory ------------------------------------------------------------------
+
+    def memory_stats(self):
+        """The bytes the CPU runtime held for this cell's last call: a dict with
+        "kept_bytes" (what the last forward keeps for its backward; an output
+        that is a state is not counted, it is the output), "forward_peak_bytes"
+        and "backward_peak_bytes" (the most its buffers held at once during
+        the last forward and backward, kept bytes and the kernels' own
+        buffers included) and "live_bytes" (kept now)."""
+        last = getattr(self, "_last", None)
+        if last is None:
+            raise RuntimeError("memory_stats: the cell has not run on the CPU yet")
+        return last.memory_stats()
+
+    def memory_plan(self, sizes, steps, batch, recompute="full", dtype=torch.float32):
+        """What one training step of `steps` x `batch` holds in `recompute`
+        mode, in bytes, as cellc's runtime will allocate it (the driver run on
+        a backend that only counts): a dict with "kept", "forward_peak",
+        "backward_peak" (the driver's buffers), the caller's "outputs",
+        "final_states", "grad_outputs", "grad_inputs" and "grad_params",
+        "piece_steps", and "peak" (the most held at once over the step, above
+        the inputs and params) and "floor" (what any implementation holds at
+        its end)."""
+        return self.jit(sizes, dtype, batch=batch).memory_plan(steps, batch, recompute)
 
     # CUDA --------------------------------------------------------------------
 

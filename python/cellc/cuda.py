@@ -484,6 +484,9 @@ class _TorchBackend:
 
     def _fill_rows(self, m, rows, cols, n, vectors):
         M = self.tensor(m).reshape(rows, cols)
+        if n == 0:
+            M.zero_()
+            return
         total = sum(self.tensor(vectors[i]).reshape(-1).to(M.dtype) for i in range(n))
         M.copy_(total.expand(rows, cols))
 

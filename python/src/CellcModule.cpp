@@ -122,13 +122,15 @@ struct PyCell {
                                    int64_t steps, int64_t batch, bool batchFirst,
                                    const Buffers &outputs, const Buffers &finals,
                                    const std::string &mode, bool training,
-                                   const std::vector<int64_t> &lengths) {
+                                   const std::vector<int64_t> &lengths,
+                                   bool outputsOutliveSaved) {
     auto parsed = Recompute::parse(mode);
     if (!parsed)
       throw py::value_error(llvm::toString(parsed.takeError()));
     auto saved = std::make_shared<PySaved>();
     CpuCell::Sequence seq =
         sequence(inputs, params, states, resets, steps, batch, batchFirst, lengths);
+    seq.outputsOutliveSaved = outputsOutliveSaved;
     {
       py::gil_scoped_release release;
       check(cell->forward(seq, arrays(outputs), arrays(finals), *parsed,
@@ -153,6 +155,24 @@ struct PyCell {
                          arrays(gradParams), arrays(gradStates)));
   }
 };
+
+/// A memory plan as Python sees it: bytes by name.
+py::dict planDict(const driver::MemoryPlan &plan) {
+  py::dict d;
+  d["kept"] = plan.driver.kept;
+  d["kept_outputs"] = plan.keptOutputs;
+  d["forward_peak"] = plan.driver.forwardPeak;
+  d["backward_peak"] = plan.driver.backwardPeak;
+  d["piece_steps"] = plan.pieceSteps;
+  d["outputs"] = plan.outputs;
+  d["final_states"] = plan.finalStates;
+  d["grad_outputs"] = plan.gradOutputs;
+  d["grad_inputs"] = plan.gradInputs;
+  d["grad_params"] = plan.gradParams;
+  d["peak"] = plan.peak();
+  d["floor"] = plan.floor();
+  return d;
+}
 
 /// The declarations of a cell: (kind, name, shape), each size a list of
 /// (coefficient, [size names]) terms. Raises ValueError with the front end's
@@ -302,7 +322,11 @@ PYBIND11_MODULE(_cellc, m) {
 
   py::class_<PySaved, std::shared_ptr<PySaved>>(m, "Saved")
       .def_property_readonly("nbytes", &PySaved::nbytes,
-                             "Bytes kept between forward and backward");
+                             "Bytes kept between forward and backward")
+      .def_property_readonly(
+          "outputs_read",
+          [](const PySaved &s) { return driver::savedOutputsRead(*s.saved); },
+          "The outputs (indices) that the backward reads as states' histories");
 
   py::class_<PyCell>(m, "CompiledCell")
       .def_property_readonly("inputs", [](PyCell &c) { return PyCell::slots(c.cell->inputs()); })
@@ -318,8 +342,37 @@ PYBIND11_MODULE(_cellc, m) {
                              "'tuned' when the config came from the tuning cache")
       .def_property("threads", [](PyCell &c) { return c.cell->threads(); },
                     [](PyCell &c, int t) { c.cell->setThreads(t); })
-      .def("forward", &PyCell::forward)
-      .def("backward", &PyCell::backward);
+      .def("forward", &PyCell::forward, py::arg("inputs"), py::arg("params"),
+           py::arg("states"), py::arg("resets"), py::arg("steps"), py::arg("batch"),
+           py::arg("batch_first"), py::arg("outputs"), py::arg("finals"),
+           py::arg("mode"), py::arg("training"), py::arg("lengths"),
+           py::arg("outputs_outlive_saved") = false)
+      .def("backward", &PyCell::backward)
+      .def(
+          "memory_stats",
+          [](PyCell &c) {
+            driver::MemoryStats s = c.cell->memoryStats();
+            py::dict d;
+            d["kept_bytes"] = s.kept;
+            d["forward_peak_bytes"] = s.forwardPeak;
+            d["backward_peak_bytes"] = s.backwardPeak;
+            d["live_bytes"] = s.live;
+            return d;
+          },
+          "The bytes the driver held in the last forward and backward")
+      .def(
+          "memory_plan",
+          [](PyCell &c, int64_t steps, int64_t batch, const std::string &mode) {
+            auto parsed = Recompute::parse(mode);
+            if (!parsed)
+              throw py::value_error(llvm::toString(parsed.takeError()));
+            auto plan = c.cell->memoryPlan(steps, batch, *parsed);
+            if (!plan)
+              throw py::value_error(llvm::toString(plan.takeError()));
+            return planDict(*plan);
+          },
+          py::arg("steps"), py::arg("batch"), py::arg("mode"),
+          "What a training step of steps x batch in mode holds, in bytes");
 
   m.def(
       "compile",

@@ -157,6 +157,23 @@ Status Interface::finish() {
   }
   if (states.empty())
     return Status::error("the forward kernel has no state");
+  // An output named as a state is that state after each step (an output is
+  // the last statement), so one buffer can hold both where they are stored
+  // alike.
+  auto elementOf = [&](ArgKind kind, const std::string &name) {
+    for (const KernelArg &arg : forward.args)
+      if (arg.kind == kind && arg.name == name)
+        return arg.element;
+    return std::optional<Element>();
+  };
+  stateOutputs.assign(states.size(), -1);
+  for (size_t i = 0; i < states.size(); ++i) {
+    size_t o = indexOf(outputs, states[i].name);
+    if (o != size_t(-1) && outputs[o].shape == states[i].shape &&
+        elementOf(ArgKind::Output, states[i].name) ==
+            elementOf(ArgKind::StateHistory, states[i].name))
+      stateOutputs[i] = int64_t(o);
+  }
   return Status();
 }
 

@@ -3,6 +3,7 @@
 #include "runtime/driver/SequenceDriver.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 
 using namespace cellc;
@@ -46,10 +47,25 @@ Status checkLengths(const std::vector<int64_t> &lengths, int64_t T, int64_t B) {
 } // namespace
 
 //===----------------------------------------------------------------------===//
-// Scratch and Saved
+// Scratch, the ledger and Saved
 //===----------------------------------------------------------------------===//
 
-/// A buffer the driver owns: released through its backend.
+/// The bytes a driver's buffers hold: now, and the most since `restart`.
+struct SequenceDriver::Ledger {
+  std::atomic<int64_t> live{0}, peak{0};
+
+  void add(int64_t bytes) {
+    int64_t now = live += bytes;
+    int64_t high = peak.load();
+    while (now > high && !peak.compare_exchange_weak(high, now)) {
+    }
+  }
+  void remove(int64_t bytes) { live -= bytes; }
+  void restart() { peak = live.load(); }
+};
+
+/// A buffer the driver owns: released through its backend, and counted in
+/// its driver's ledger while it lives.
 class SequenceDriver::Scratch {
 public:
   Scratch() = default;
@@ -57,6 +73,7 @@ public:
   Scratch &operator=(Scratch &&other) noexcept {
     release();
     backend = std::move(other.backend);
+    ledger = std::move(other.ledger);
     buffer = other.buffer;
     shape = std::move(other.shape);
     other.buffer = Buffer();
@@ -65,8 +82,8 @@ public:
   ~Scratch() { release(); }
 
   static Status make(const std::shared_ptr<Backend> &backend,
-                     std::vector<int64_t> shape, Element element, bool zero,
-                     Scratch &out) {
+                     const std::shared_ptr<Ledger> &ledger, std::vector<int64_t> shape,
+                     Element element, bool zero, Scratch &out) {
     int64_t elements = 1;
     for (int64_t d : shape)
       elements *= d;
@@ -77,6 +94,8 @@ public:
                                      zero, s.buffer))
       return e;
     s.buffer.element = element;
+    s.ledger = ledger;
+    s.ledger->add(s.bytes());
     out = std::move(s);
     return Status();
   }
@@ -96,11 +115,15 @@ public:
 
 private:
   void release() {
-    if (backend && buffer.valid())
+    if (backend && buffer.valid()) {
       backend->release(buffer);
+      if (ledger)
+        ledger->remove(bytes());
+    }
     buffer = Buffer();
   }
   std::shared_ptr<Backend> backend;
+  std::shared_ptr<Ledger> ledger;
   Buffer buffer;
   std::vector<int64_t> shape;
 };
@@ -112,30 +135,80 @@ public:
   /// Steps per chunk: T unless the mode is chunk:K with K < T.
   int64_t chunkSteps = 0;
   /// none, full: each state after each step, [T, B, n]. chunk: the state
-  /// before each chunk, [chunks, B, n].
-  std::vector<SequenceDriver::Scratch> states;
+  /// before each chunk, [chunks, B, n]. A view of `owned`, or of the output
+  /// that is the state.
+  std::vector<View> states;
+  std::vector<SequenceDriver::Scratch> owned;
   /// none: the planned gate values, [T, B, S].
   SequenceDriver::Scratch gates;
   bool hasGates = false;
   /// The forward's per-sample lengths (empty: all T).
   std::vector<int64_t> lengths;
+  /// The outputs that `states` reads (the caller's buffers).
+  std::vector<size_t> outputsRead;
 };
 
 void SavedDeleter::operator()(Saved *saved) const { delete saved; }
 
 int64_t cellc::driver::savedBytes(const Saved &saved) {
   int64_t bytes = saved.hasGates ? saved.gates.bytes() : 0;
-  for (const auto &s : saved.states)
+  for (const auto &s : saved.owned)
     bytes += s.bytes();
   return bytes;
 }
 
+const std::vector<size_t> &cellc::driver::savedOutputsRead(const Saved &saved) {
+  return saved.outputsRead;
+}
 int64_t cellc::driver::savedSteps(const Saved &saved) { return saved.steps; }
 int64_t cellc::driver::savedBatch(const Saved &saved) { return saved.batch; }
+
+/// Where the backward's gradients go: the caller's buffers, or scratch for
+/// those nobody wants (`unwanted`); the gradient carried into the end of
+/// the piece being worked on.
+struct SequenceDriver::Gradients {
+  std::vector<View> params, initial, inputs, outputs, finalStates;
+  std::vector<Scratch> carry, unwanted;
+};
+
+/// The backward's buffers, made once a call for the longest chunk and
+/// piece and used through views, so that fresh memory faults once a call,
+/// not once a piece.
+struct SequenceDriver::Workspace {
+  bool replay = false;
+  int64_t pieceMax = 0;
+  std::vector<Scratch> projected, history, outputs, outputGrads, results, sums;
+  Scratch gates;
+  /// For each backward argument, the projection whose replay buffer holds
+  /// its result (chunk:K's projection gradients), or -1.
+  std::vector<int64_t> projectionOf;
+};
 
 //===----------------------------------------------------------------------===//
 // The driver
 //===----------------------------------------------------------------------===//
+
+SequenceDriver::SequenceDriver(Interface cell, std::shared_ptr<Backend> backend)
+    : cell(std::move(cell)), backend(std::move(backend)),
+      ledger(std::make_shared<Ledger>()) {}
+
+SequenceDriver::~SequenceDriver() = default;
+
+MemoryStats SequenceDriver::stats() const {
+  MemoryStats s = last;
+  s.live = ledger->live;
+  return s;
+}
+
+Status SequenceDriver::scratch(std::vector<int64_t> shape, Element element, bool zero,
+                               Scratch &out) {
+  return Scratch::make(backend, ledger, std::move(shape), element, zero, out);
+}
+
+int64_t SequenceDriver::pieceSteps(int64_t batch, int64_t steps) const {
+  batch = std::max<int64_t>(batch, 1);
+  return std::max<int64_t>(1, std::min((pieceRows + batch - 1) / batch, steps));
+}
 
 Status SequenceDriver::workspace(const Kernel &kernel, int64_t batch,
                                  std::vector<Arg> &args, std::vector<Scratch> &keep) {
@@ -150,7 +223,7 @@ Status SequenceDriver::workspace(const Kernel &kernel, int64_t batch,
     Element element = arg.element.value_or(words ? Element::I32 : cell.compute);
     int64_t n = words ? 2 * tiles : tiles * kernel.workspaceBytes / bytesOf(element);
     keep.emplace_back();
-    if (Status e = Scratch::make(backend, {n}, element, /*zero=*/words, keep.back()))
+    if (Status e = scratch({n}, element, /*zero=*/words, keep.back()))
       return e;
     args[i].view = keep.back().view();
   }
@@ -224,9 +297,7 @@ Status SequenceDriver::bind(const Kernel &kernel, const Sequence &seq,
     case ArgKind::OutputGrad: {
       if (!backward)
         return misplaced(arg, backward);
-      size_t i = indexOf(cell.outputs, arg.name);
-      int64_t n = cell.outputs[i].shape[0];
-      v = chunk.outputGrads[i].at(t0 * B * n, {len, B, n});
+      v = chunk.outputGrads[indexOf(cell.outputs, arg.name)];
       break;
     }
     case ArgKind::InitialStateGrad:
@@ -271,7 +342,7 @@ Status SequenceDriver::runForwardChunk(const Sequence &seq, const Chunk &chunk,
     std::vector<Scratch> keep;
     if (Status e = workspace(kernel, piece.rows, args, keep))
       return e;
-    if (Status e = backend->launch(/*backward=*/false, saveGates, args, piece.rows))
+    if (Status e = launch(kernel, /*backward=*/false, saveGates, args, piece.rows))
       return e;
   }
   return Status();
@@ -304,7 +375,7 @@ Status SequenceDriver::resetsAndInitial(const Sequence &seq,
   resets = seq.resets;
   if (!resets.valid()) {
     defaults.emplace_back();
-    if (Status e = Scratch::make(backend, {T, B}, Element::U8, true, defaults.back()))
+    if (Status e = scratch({T, B}, Element::U8, true, defaults.back()))
       return e;
     resets = defaults.back().view();
   }
@@ -315,7 +386,7 @@ Status SequenceDriver::resetsAndInitial(const Sequence &seq,
       continue;
     }
     defaults.emplace_back();
-    if (Status e = Scratch::make(backend, {B, cell.states[i].shape[0]}, cell.compute,
+    if (Status e = scratch({B, cell.states[i].shape[0]}, cell.compute,
                                  true, defaults.back()))
       return e;
     initial.push_back(defaults.back().view());
@@ -324,25 +395,22 @@ Status SequenceDriver::resetsAndInitial(const Sequence &seq,
 }
 
 Status SequenceDriver::zeroPastLengths(const std::vector<int64_t> &lengths,
-                                      const std::vector<View> &views) {
+                                      int64_t first, const std::vector<View> &views) {
   for (const View &v : views) {
     if (!v.valid())
       continue;
-    int64_t T = v.shape[0], B = v.shape[1], n = v.shape[2];
-    Scratch zeros;
-    if (Status e = Scratch::make(backend, {B, n}, v.element(), true, zeros))
-      return e;
-    for (int64_t t = 0; t < T; ++t)
+    int64_t len = v.shape[0], B = v.shape[1], n = v.shape[2];
+    for (int64_t s = 0; s < len; ++s)
       for (int64_t b = 0; b < B;) {
-        if (lengths[b] > t) {
+        if (lengths[b] > first + s) {
           ++b;
           continue;
         }
         int64_t end = b;
-        while (end < B && lengths[end] <= t)
+        while (end < B && lengths[end] <= first + s)
           ++end;
-        if (Status e = backend->copy(zeros.view().at(0, {end - b, n}),
-                                     v.at((t * B + b) * n, {end - b, n})))
+        if (Status e = backend->fillRows(v.at((s * B + b) * n, {end - b, n}), end - b,
+                                         n, {}))
           return e;
         b = end;
       }
@@ -372,14 +440,21 @@ Status SequenceDriver::gatherFinalStates(const std::vector<int64_t> &lengths,
 }
 
 std::vector<int64_t> SequenceDriver::pieceEnds(const std::vector<int64_t> &lengths,
-                                               int64_t t0, int64_t len) {
+                                               int64_t t0, int64_t len, int64_t steps) {
   std::vector<int64_t> ends = {t0 + len - 1};
   for (int64_t length : lengths)
     if (length - 1 >= t0 && length - 1 < t0 + len - 1)
       ends.push_back(length - 1);
   std::sort(ends.rbegin(), ends.rend());
   ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
-  return ends;
+  // No piece longer than `steps`: more ends where a gap is.
+  std::vector<int64_t> all;
+  for (size_t k = 0; k < ends.size(); ++k) {
+    int64_t first = k + 1 < ends.size() ? ends[k + 1] + 1 : t0;
+    for (int64_t end = ends[k]; end >= first; end -= steps)
+      all.push_back(end);
+  }
+  return all;
 }
 
 SequenceDriver::Chunk SequenceDriver::slice(const Chunk &chunk, int64_t B,
@@ -429,7 +504,7 @@ Status SequenceDriver::injectFinalStateGrads(const std::vector<int64_t> &lengths
 
 Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &outputs,
                                const std::vector<View> &finalStates, Recompute mode,
-                               SavedPtr *saved) {
+                               SavedPtr *saved, bool outputsOutliveSaved) {
   int64_t T = seq.steps, B = seq.batch;
   if (T < 1 || B < 1)
     return Status::error("the sequence needs T >= 1 steps and B >= 1 rows; got T=" +
@@ -476,6 +551,7 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
   if (Status e = checkLengths(seq.lengths, T, B))
     return e;
 
+  ledger->restart();
   // Zeros for what the caller left out: no resets, no initial states.
   std::vector<Scratch> defaults;
   View resets;
@@ -483,64 +559,85 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
   if (Status e = resetsAndInitial(seq, defaults, resets, initial))
     return e;
 
-  // The hoisted projections: one GEMM each over all T*B rows.
-  std::vector<Scratch> projected(cell.projections.size());
-  std::vector<View> projectedViews;
-  for (size_t p = 0; p < cell.projections.size(); ++p) {
-    if (Status e = project(seq, cell.projections[p], 0, T, projected[p]))
-      return e;
-    projectedViews.push_back(projected[p].view());
-  }
-
   bool training = saved != nullptr;
   bool saveGates = training && mode.kind == Recompute::Kind::None;
+  // Steps per chunk (chunk:K keeps the states before each), and per span:
+  // the steps that one projection buffer holds, never across a chunk.
   int64_t K = mode.kind == Recompute::Kind::Chunk && training ? std::min(mode.chunk, T)
                                                               : T;
   int64_t chunks = (T + K - 1) / K;
+  int64_t span = std::min(K, pieceSteps(B, T));
+  // none and full keep every state after every step.
+  bool keepsHistory = training && K == T;
   SavedPtr keep(new Saved());
   keep->mode = mode;
   keep->steps = T;
   keep->batch = B;
   keep->chunkSteps = K;
+  keep->lengths = seq.lengths;
 
   Scratch gates;
-  if (Status e = Scratch::make(backend, {saveGates ? T : 0, B, cell.gatesWidth},
-                               cell.storage, false, gates))
+  if (Status e = scratch({saveGates ? T : 0, B, cell.gatesWidth}, cell.storage, false,
+                         gates))
     return e;
-  std::vector<Scratch> history(cell.states.size()), boundaries, start(cell.states.size());
+  // Each state's history: the output that is the state, a buffer of the
+  // whole sequence that the mode keeps, or a span's buffer.
+  std::vector<View> history =
+      historyOutputs(seq, outputs, keepsHistory, outputsOutliveSaved);
+  std::vector<Scratch> historyBuffers(cell.states.size()), boundaries,
+      start(cell.states.size());
   if (K < T)
     boundaries.resize(cell.states.size());
   for (size_t i = 0; i < cell.states.size(); ++i) {
     int64_t n = cell.states[i].shape[0];
-    if (Status e = Scratch::make(backend, {K, B, n}, cell.storage, false, history[i]))
-      return e;
+    if (!history[i].valid()) {
+      if (Status e = scratch({keepsHistory ? T : span, B, n}, cell.storage, false,
+                             historyBuffers[i]))
+        return e;
+      history[i] = historyBuffers[i].view();
+    }
     // Chunked: the state before each chunk.
     if (K < T)
-      if (Status e = Scratch::make(backend, {chunks, B, n}, cell.compute, false,
-                                   boundaries[i]))
+      if (Status e = scratch({chunks, B, n}, cell.compute, false, boundaries[i]))
         return e;
-    if (Status e = Scratch::make(backend, {B, n}, cell.compute, false, start[i]))
+    if (Status e = scratch({B, n}, cell.compute, false, start[i]))
       return e;
     if (Status e = backend->copy(initial[i], start[i].view()))
       return e;
   }
+  std::vector<Scratch> projected(cell.projections.size());
+  for (size_t p = 0; p < cell.projections.size(); ++p)
+    if (Status e = scratch({span, B, cell.projections[p].rows},
+                           cell.projections[p].element, false, projected[p]))
+      return e;
 
-  for (int64_t c = 0; c < chunks; ++c) {
-    Chunk chunk;
-    int64_t t0 = chunk.t0 = c * K, len = chunk.len = std::min(K, T - t0);
-    chunk.resets = resets;
-    chunk.initial = initial;
-    for (size_t p = 0; p < cell.projections.size(); ++p)
-      chunk.projections.push_back(projectedViews[p].at(
-          t0 * B * cell.projections[p].rows, {len, B, cell.projections[p].rows}));
-    for (size_t i = 0; i < cell.states.size(); ++i) {
-      int64_t n = cell.states[i].shape[0];
-      if (!boundaries.empty())
+  for (int64_t t0 = 0, len = 0; t0 < T; t0 += len) {
+    int64_t c = t0 / K;
+    len = std::min(span, std::min((c + 1) * K, T) - t0);
+    if (t0 == c * K && K < T)
+      for (size_t i = 0; i < cell.states.size(); ++i) {
+        int64_t n = cell.states[i].shape[0];
         if (Status e = backend->copy(start[i].view(),
                                      boundaries[i].view().at(c * B * n, {B, n})))
           return e;
+      }
+    Chunk chunk;
+    chunk.t0 = t0;
+    chunk.len = len;
+    chunk.resets = resets;
+    chunk.initial = initial;
+    for (size_t p = 0; p < cell.projections.size(); ++p) {
+      View rows = projected[p].view().at(0, {len, B, cell.projections[p].rows});
+      if (Status e = project(seq, cell.projections[p], t0, len, rows))
+        return e;
+      chunk.projections.push_back(rows);
+    }
+    for (size_t i = 0; i < cell.states.size(); ++i) {
+      int64_t n = cell.states[i].shape[0];
       chunk.start.push_back(start[i].view());
-      chunk.history.push_back(history[i].view().at(0, {len, B, n}));
+      // A span's buffer, or the steps of a whole sequence's.
+      int64_t at = history[i].shape[0] == T ? t0 : 0;
+      chunk.history.push_back(history[i].at(at * B * n, {len, B, n}));
     }
     for (size_t i = 0; i < cell.outputs.size(); ++i) {
       int64_t n = cell.outputs[i].shape[0];
@@ -553,10 +650,10 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
       return e;
     if (Status e = gatherFinalStates(seq.lengths, t0, len, chunk.history, finalStates))
       return e;
-    // The next chunk starts where this one ended.
+    // The next span starts where this one ended.
     for (size_t i = 0; i < cell.states.size(); ++i) {
       int64_t n = cell.states[i].shape[0];
-      if (Status e = backend->copy(history[i].view().at((len - 1) * B * n, {B, n}),
+      if (Status e = backend->copy(chunk.history[i].at((len - 1) * B * n, {B, n}),
                                    start[i].view()))
         return e;
     }
@@ -569,24 +666,49 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
     // Samples of length 0 end where they start.
     if (Status e = gatherFinalStates(seq.lengths, -1, 1, initial, finalStates))
       return e;
-    if (Status e = zeroPastLengths(seq.lengths, outputs))
+    if (Status e = zeroPastLengths(seq.lengths, 0, outputs))
       return e;
   }
-  keep->lengths = seq.lengths;
 
-  if (!training)
-    return Status();
-  if (K < T) {
-    keep->states = std::move(boundaries);
-  } else {
-    keep->states = std::move(history);
-    if (saveGates) {
-      keep->gates = std::move(gates);
-      keep->hasGates = true;
+  if (training) {
+    if (K < T) {
+      for (Scratch &b : boundaries)
+        keep->states.push_back(b.view());
+      keep->owned = std::move(boundaries);
+    } else {
+      keep->states = history;
+      for (size_t i = 0; i < cell.states.size(); ++i) {
+        if (historyBuffers[i].view().valid())
+          keep->owned.push_back(std::move(historyBuffers[i]));
+        else
+          keep->outputsRead.push_back(cell.stateOutputs[i]);
+      }
+      if (saveGates) {
+        keep->gates = std::move(gates);
+        keep->hasGates = true;
+      }
     }
+    last.kept = savedBytes(*keep);
+    *saved = std::move(keep);
+  } else {
+    last.kept = 0;
   }
-  *saved = std::move(keep);
+  last.forwardPeak = ledger->peak;
   return Status();
+}
+
+std::vector<View> SequenceDriver::historyOutputs(const Sequence &seq,
+                                                 const std::vector<View> &outputs,
+                                                 bool kept,
+                                                 bool outputsOutliveSaved) const {
+  // A kept history must outlive the call; with lengths, the outputs past a
+  // sample's last step become zeros, which its kept history must not.
+  bool alias = !kept || (outputsOutliveSaved && seq.lengths.empty());
+  std::vector<View> history(cell.states.size());
+  for (size_t i = 0; i < cell.states.size(); ++i)
+    if (alias && cell.stateOutputs[i] >= 0)
+      history[i] = outputs[cell.stateOutputs[i]];
+  return history;
 }
 
 /// `c = op(a) op(b) + beta c` for each of `blocks` diagonal blocks of a
@@ -606,23 +728,21 @@ static Status blockGemm(Backend &backend, int64_t blocks, bool transA, bool tran
 }
 
 Status SequenceDriver::project(const Sequence &seq, const Interface::Projection &p,
-                               int64_t t0, int64_t len, Scratch &out) {
+                               int64_t t0, int64_t len, const View &out) {
   int64_t B = seq.batch;
   // The rows start as the biases' sum, and the GEMM adds to them: no pass
   // over the result adds the biases afterwards.
-  if (Status e = Scratch::make(backend, {len, B, p.rows}, p.element, false, out))
-    return e;
   std::vector<View> biases;
   for (size_t b : p.biases)
     biases.push_back(seq.params[b]);
   if (!biases.empty())
-    if (Status e = backend->fillRows(out.view(), len * B, p.rows, biases))
+    if (Status e = backend->fillRows(out, len * B, p.rows, biases))
       return e;
   View x = seq.inputs[p.input].at(t0 * B * p.cols, {len * B, p.cols});
   int64_t m = p.rows / p.blocks, n = p.cols / p.blocks;
   return blockGemm(*backend, p.blocks, false, true, len * B, m, n, x, p.cols, n,
-                   seq.params[p.weight], n, m * n, biases.empty() ? 0.0 : 1.0,
-                   out.view(), p.rows, m);
+                   seq.params[p.weight], n, m * n, biases.empty() ? 0.0 : 1.0, out,
+                   p.rows, m);
 }
 
 Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
@@ -632,7 +752,6 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
                                 const std::vector<View> &gradParams,
                                 const std::vector<View> &gradInitialStates) {
   int64_t T = saved.steps, B = saved.batch;
-  const Recompute &mode = saved.mode;
   if (gradOutputs.size() != cell.outputs.size() ||
       gradFinalStates.size() != cell.states.size() ||
       gradInputs.size() != cell.inputs.size() ||
@@ -670,310 +789,525 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
   if (seq.lengths != saved.lengths)
     return Status::error("backward must see the forward's lengths");
 
+  ledger->restart();
   std::vector<Scratch> defaults;
   View resets;
   std::vector<View> initial;
   if (Status e = resetsAndInitial(seq, defaults, resets, initial))
     return e;
 
-  // Accumulators: params, inputs and initial states, and the gradient that
-  // flows into the end of the chunk being worked on.
-  std::vector<Scratch> dParams(cell.params.size()), dInputs(cell.inputs.size()),
-      dInitial(cell.states.size()), carry(cell.states.size()),
-      zeroOutputGrads(cell.outputs.size());
+  // The gradients go straight into the caller's buffers, zeroed first: the
+  // pieces add to them. Scratch takes those of params and initial states
+  // that nobody wants; an input's that nobody wants is not computed.
+  Gradients g;
+  g.params.resize(cell.params.size());
+  g.initial.resize(cell.states.size());
+  g.carry.resize(cell.states.size());
+  g.outputs = gradOutputs;
+  g.finalStates = gradFinalStates;
+  g.inputs = gradInputs;
+  auto zeroed = [&](const View &wanted, std::vector<int64_t> shape, View &to) {
+    if (wanted.valid()) {
+      to = wanted;
+      int64_t cols = shape.back(), rows = wanted.size() / std::max<int64_t>(cols, 1);
+      return backend->fillRows(wanted, rows, cols, {});
+    }
+    g.unwanted.emplace_back();
+    if (Status e = scratch(std::move(shape), cell.compute, true, g.unwanted.back()))
+      return e;
+    to = g.unwanted.back().view();
+    return Status();
+  };
   for (size_t i = 0; i < cell.params.size(); ++i)
-    if (Status e = Scratch::make(backend, cell.params[i].shape, cell.compute, true,
-                                 dParams[i]))
+    if (Status e = zeroed(gradParams[i], cell.params[i].shape, g.params[i]))
       return e;
   for (size_t i = 0; i < cell.inputs.size(); ++i)
-    if (Status e = Scratch::make(backend, {T, B, cell.inputs[i].shape[0]},
-                                 cell.compute, true, dInputs[i]))
-      return e;
+    if (gradInputs[i].valid())
+      if (Status e = backend->fillRows(gradInputs[i], T * B, cell.inputs[i].shape[0], {}))
+        return e;
   for (size_t i = 0; i < cell.states.size(); ++i) {
     int64_t n = cell.states[i].shape[0];
-    if (Status e = Scratch::make(backend, {B, n}, cell.compute, true, dInitial[i]))
+    if (Status e = zeroed(gradInitialStates[i], {B, n}, g.initial[i]))
       return e;
-    if (Status e = Scratch::make(backend, {B, n}, cell.compute, true, carry[i]))
+    if (Status e = scratch({B, n}, cell.compute, true, g.carry[i]))
       return e;
     // With lengths, each sample's final-state gradient joins the carry at
     // its own last step (injectFinalStateGrads).
     if (gradFinalStates[i].valid() && seq.lengths.empty())
-      if (Status e = backend->copy(gradFinalStates[i], carry[i].view()))
+      if (Status e = backend->copy(gradFinalStates[i], g.carry[i].view()))
         return e;
   }
-  // The outputs' gradients (none: zeros); with lengths, none past a sample's
-  // last step, where its outputs are constant zeros.
-  std::vector<View> outputGrads;
-  for (size_t i = 0; i < cell.outputs.size(); ++i) {
-    if (!gradOutputs[i].valid() || !seq.lengths.empty()) {
-      if (Status e = Scratch::make(backend, {T, B, cell.outputs[i].shape[0]},
-                                   cell.storage, true, zeroOutputGrads[i]))
-        return e;
-      if (gradOutputs[i].valid())
-        if (Status e = backend->copy(gradOutputs[i], zeroOutputGrads[i].view()))
-          return e;
-    }
-    outputGrads.push_back(zeroOutputGrads[i].view().valid() ? zeroOutputGrads[i].view()
-                                                              : gradOutputs[i]);
-  }
-  if (!seq.lengths.empty())
-    if (Status e = zeroPastLengths(seq.lengths, outputGrads))
-      return e;
 
+  Workspace w;
+  if (Status e = backwardWorkspace(seq, saved, g, w))
+    return e;
   int64_t K = saved.chunkSteps;
-  bool chunked = K < T;
-  int64_t chunks = (T + K - 1) / K;
-  // Unchunked and without saved gates (full, or chunk:K with K >= T): replay.
-  bool replay = !chunked && mode.kind != Recompute::Kind::None;
-
-  for (int64_t c = chunks - 1; c >= 0; --c) {
-    int64_t t0 = c * K, len = std::min(K, T - t0);
-    // The projections for this chunk, when the step is replayed.
-    std::vector<Scratch> projected(cell.projections.size());
-    for (size_t p = 0; p < cell.projections.size(); ++p) {
-      const Interface::Projection &proj = cell.projections[p];
-      Status e = mode.kind == Recompute::Kind::None
-                     ? Scratch::make(backend, {0, B, proj.rows}, proj.element, false,
-                                     projected[p])
-                     : project(seq, proj, t0, len, projected[p]);
-      if (e)
-        return e;
-    }
-
-    // The chunk's states and gates: saved, or recomputed by a forward pass
-    // over the chunk that saves its gates.
+  for (int64_t c = (T + K - 1) / K - 1; c >= 0; --c) {
     Chunk chunk;
-    chunk.t0 = t0;
-    chunk.len = len;
+    chunk.t0 = c * K;
+    chunk.len = std::min(K, T - chunk.t0);
     chunk.resets = resets;
     chunk.initial = initial;
-    for (Scratch &p : projected)
-      chunk.projections.push_back(p.view());
-    std::vector<Scratch> chunkHistory(cell.states.size()),
-        chunkOutputs(cell.outputs.size());
-    Scratch chunkGates;
-    if (chunked) {
-      for (size_t i = 0; i < cell.states.size(); ++i) {
-        int64_t n = cell.states[i].shape[0];
-        if (Status e = Scratch::make(backend, {len, B, n}, cell.storage, false,
-                                     chunkHistory[i]))
-          return e;
-        chunk.history.push_back(chunkHistory[i].view());
-        chunk.start.push_back(saved.states[i].view().at(c * B * n, {B, n}));
-      }
-      for (size_t i = 0; i < cell.outputs.size(); ++i) {
-        if (Status e = Scratch::make(backend, {len, B, cell.outputs[i].shape[0]},
-                                     cell.storage, false, chunkOutputs[i]))
-          return e;
-        chunk.outputs.push_back(chunkOutputs[i].view());
-      }
-      if (Status e = Scratch::make(backend, {len, B, cell.gatesWidth}, cell.storage,
-                                   false, chunkGates))
-        return e;
-      chunk.gates = chunkGates.view();
-      if (Status e = runForwardChunk(seq, chunk, /*saveGates=*/true))
-        return e;
-    } else {
-      for (size_t i = 0; i < cell.states.size(); ++i) {
-        int64_t n = cell.states[i].shape[0];
-        chunk.history.push_back(saved.states[i].view().at(t0 * B * n, {len, B, n}));
-        chunk.start.push_back(initial[i]);
-      }
-      chunk.gates = mode.kind == Recompute::Kind::None && saved.hasGates
-                        ? saved.gates.view().at(t0 * B * cell.gatesWidth,
-                                                {len, B, cell.gatesWidth})
-                        : View();
-      if (!chunk.gates.valid()) {
-        if (Status e = Scratch::make(backend, {0, B, cell.gatesWidth}, cell.storage,
-                                     false, chunkGates))
-          return e;
-        chunk.gates = chunkGates.view();
-      }
-    }
-    for (size_t i = 0; i < cell.states.size(); ++i)
-      chunk.finalStateGrads.push_back(carry[i].view());
-    chunk.outputGrads = outputGrads;
-
-    // With lengths, the chunk runs in pieces that end at samples' last
-    // steps, where their final-state gradients join the carry.
-    std::vector<int64_t> ends = pieceEnds(seq.lengths, t0, len);
-    for (size_t k = 0; k < ends.size(); ++k) {
-      // The piece's first step and its number of steps.
-      int64_t first = k + 1 < ends.size() ? ends[k + 1] + 1 : t0;
-      int64_t count = ends[k] - first + 1;
-      Chunk piece = slice(chunk, B, first, count);
-      piece.rows = rowsRunning(seq.lengths, B, ends[k]);
-      if (Status e = injectFinalStateGrads(seq.lengths, ends[k], gradFinalStates, carry))
-        return e;
-      if (piece.rows == 0)
-        continue;
-
-      // The backward kernel's arguments, in its order, with scratch for what it
-      // writes.
-      const Kernel &kernel = cell.backward;
-      std::vector<Arg> args;
-      std::vector<size_t> resultArgs;
-      if (Status e = bind(kernel, seq, piece, /*backward=*/true, args, resultArgs))
-        return e;
-      std::vector<Scratch> results(kernel.args.size());
-      struct Written {
-        ArgKind kind;
-        std::string name;
-        View view;
-      };
-      std::vector<Written> written;
-      for (size_t a : resultArgs) {
-        const KernelArg &arg = kernel.args[a];
-        View &v = args[a].view;
-        if (arg.sameAs >= 0 && size_t(arg.sameAs) < a) {
-          // The same values as an earlier result: its buffer.
-          v = args[arg.sameAs].view;
-        } else {
-          std::vector<int64_t> shape = arg.shape;
-          for (size_t d = 0; d < shape.size(); ++d)
-            if (shape[d] < 0)
-              shape[d] = shape.size() == 3 && d == 0 ? count : B;
-          // Rows that do not run must add nothing where the results go.
-          if (Status e = Scratch::make(backend, shape, arg.element.value_or(cell.compute),
-                                       /*zero=*/piece.rows < B, results[a]))
-            return e;
-          v = results[a].view();
-        }
-        // A zero result adds nothing to what it is folded into (weight rows
-        // and vectors go in pairs, so they stay).
-        if (!arg.zero || arg.kind == ArgKind::WeightRows ||
-            arg.kind == ArgKind::WeightVectors)
-          written.push_back({arg.kind, arg.name, v});
-      }
-      std::vector<Scratch> keep;
-      if (Status e = workspace(kernel, piece.rows, args, keep))
-        return e;
-      if (Status e =
-              backend->launch(/*backward=*/true, /*saveGates=*/!replay, args, piece.rows))
-        return e;
-
-      // Fold what the kernel wrote into the accumulators, with the GEMMs for
-      // the weight, bias and input gradients.
-      size_t projectionGrad = 0;
-      for (size_t w = 0; w < written.size(); ++w) {
-        const Written &out = written[w];
-        const View &r = out.view;
-        switch (out.kind) {
-        case ArgKind::InitialStateGrad: {
-          size_t i = indexOf(cell.states, out.name);
-          if (Status e = backend->add(r, dInitial[i].view()))
-            return e;
-          break;
-        }
-        case ArgKind::StartStateGrad: {
-          size_t i = indexOf(cell.states, out.name);
-          if (Status e = backend->copy(r, carry[i].view()))
-            return e;
-          break;
-        }
-        case ArgKind::InputGrad: {
-          size_t i = indexOf(cell.inputs, out.name);
-          int64_t n = cell.inputs[i].shape[0];
-          View to = dInputs[i].view().at(first * B * n, {count, B, n});
-          if (Status e = backend->add(r, to))
-            return e;
-          break;
-        }
-        case ArgKind::ProjectionGrad: {
-          const Interface::Projection &p = cell.projections[projectionGrad++];
-          View rows = r.at(0, {count * B, p.rows});
-          View x = seq.inputs[p.input].at(first * B * p.cols, {count * B, p.cols});
-          int64_t m = p.rows / p.blocks, n = p.cols / p.blocks;
-          if (Status e = blockGemm(*backend, p.blocks, true, false, m, n, count * B, rows,
-                                   p.rows, m, x, p.cols, n, 1.0, dParams[p.weight].view(),
-                                   n, m * n))
-            return e;
-          if (Status e = blockGemm(
-                  *backend, p.blocks, false, false, count * B, n, m, rows, p.rows, m,
-                  seq.params[p.weight], n, m * n, 1.0,
-                  dInputs[p.input].view().at(first * B * p.cols, {count * B, p.cols}),
-                  p.cols, n))
-            return e;
-          // Every bias of the projection has the same gradient: sum the rows
-          // once (an LSTM's b_ih and b_hh).
-          if (!p.biases.empty()) {
-            Scratch sums;
-            if (Status e = Scratch::make(backend, {p.rows}, cell.compute, true, sums))
-              return e;
-            if (Status e = backend->columnSums(rows, count * B, p.rows, sums.view()))
-              return e;
-            for (size_t b : p.biases)
-              if (Status e = backend->add(sums.view(), dParams[b].view()))
-                return e;
-          }
-          break;
-        }
-        case ArgKind::WeightRows: {
-          // The next written buffer holds the matching vectors.
-          if (w + 1 >= written.size() || written[w + 1].kind != ArgKind::WeightVectors)
-            return Status::error("internal error: weight rows without their vectors");
-          const View &vecs = written[w + 1].view;
-          size_t i = indexOf(cell.params, out.name);
-          // [rows, cols], or blocks of them: the gradient rows and the
-          // vectors hold a part a block.
-          const std::vector<int64_t> &shape = cell.params[i].shape;
-          int64_t blocks = shape.size() == 3 ? shape[0] : 1;
-          int64_t rows = shape[shape.size() - 2], cols = shape.back();
-          if (Status e = blockGemm(*backend, blocks, true, false, rows, cols, count * B,
-                                   r.at(0, {count * B, blocks * rows}), blocks * rows, rows,
-                                   vecs.at(0, {count * B, blocks * cols}), blocks * cols,
-                                   cols, 1.0, dParams[i].view(), cols, rows * cols))
-            return e;
-          ++w;
-          break;
-        }
-        case ArgKind::ParamGrad: {
-          size_t i = indexOf(cell.params, out.name);
-          if (Status e = backend->columnSums(r, B, cell.params[i].shape[0],
-                                             dParams[i].view()))
-            return e;
-          break;
-        }
-        // Read with their weight rows, or not results at all.
-        case ArgKind::WeightVectors:
-        case ArgKind::Input:
-        case ArgKind::Projection:
-        case ArgKind::Resets:
-        case ArgKind::InitialState:
-        case ArgKind::StartState:
-        case ArgKind::Param:
-        case ArgKind::Output:
-        case ArgKind::StateHistory:
-        case ArgKind::Gates:
-        case ArgKind::OutputGrad:
-        case ArgKind::FinalStateGrad:
-        case ArgKind::BatchBegin:
-        case ArgKind::BatchEnd:
-        case ArgKind::Workspace:
-        case ArgKind::GridBarrier:
-          break;
-        }
-      }
-    }
+    if (Status e = backwardChunk(seq, saved, chunk, w, g))
+      return e;
   }
   // Samples of length 0: their final states are their initial states.
-  if (Status e = injectFinalStateGrads(seq.lengths, -1, gradFinalStates, carry))
+  if (Status e = injectFinalStateGrads(seq.lengths, -1, gradFinalStates, g.carry))
     return e;
   // What flows into the start of the first chunk belongs to the initial state.
   for (size_t i = 0; i < cell.states.size(); ++i)
-    if (Status e = backend->add(carry[i].view(), dInitial[i].view()))
+    if (Status e = backend->add(g.carry[i].view(), g.initial[i]))
       return e;
+  last.backwardPeak = ledger->peak;
+  return Status();
+}
 
-  auto copyOut = [&](const std::vector<View> &to, std::vector<Scratch> &from) {
-    for (size_t i = 0; i < to.size(); ++i)
-      if (to[i].valid())
-        if (Status e = backend->copy(from[i].view(), to[i]))
+Status SequenceDriver::backwardWorkspace(const Sequence &seq, const Saved &saved,
+                                         const Gradients &g, Workspace &w) {
+  int64_t T = saved.steps, B = seq.batch, K = saved.chunkSteps;
+  bool chunked = K < T;
+  w.replay = !chunked && saved.mode.kind != Recompute::Kind::None;
+  w.pieceMax = std::min(K, pieceSteps(B, T));
+  // The projections: chunk:K's replay of a chunk, or each piece's for full,
+  // which replays inside the backward kernel; none with saved gates.
+  int64_t projectedSteps = chunked ? K : w.replay ? w.pieceMax : 0;
+  for (const Interface::Projection &p : cell.projections) {
+    w.projected.emplace_back();
+    if (Status e = scratch({projectedSteps, B, p.rows}, p.element, false,
+                           w.projected.back()))
+      return e;
+  }
+  // chunk:K's replay: the chunk's states, outputs (an output that is a
+  // state is its history) and gates.
+  if (chunked) {
+    w.history.resize(cell.states.size());
+    for (size_t i = 0; i < cell.states.size(); ++i)
+      if (Status e = scratch({K, B, cell.states[i].shape[0]}, cell.storage, false,
+                             w.history[i]))
+        return e;
+    w.outputs.resize(cell.outputs.size());
+    for (size_t i = 0; i < cell.outputs.size(); ++i)
+      if (std::find(cell.stateOutputs.begin(), cell.stateOutputs.end(), int64_t(i)) ==
+          cell.stateOutputs.end())
+        if (Status e = scratch({K, B, cell.outputs[i].shape[0]}, cell.storage, false,
+                               w.outputs[i]))
           return e;
+  }
+  if (Status e = scratch({chunked ? K : 0, B, cell.gatesWidth}, cell.storage, false,
+                         w.gates))
+    return e;
+  // Output gradients of a piece where the caller's cannot serve: none given,
+  // or lengths that make some zeros.
+  w.outputGrads.resize(cell.outputs.size());
+  for (size_t i = 0; i < cell.outputs.size(); ++i)
+    if (!seq.lengths.empty() || !g.outputs[i].valid())
+      if (Status e = scratch({w.pieceMax, B, cell.outputs[i].shape[0]}, cell.storage,
+                             false, w.outputGrads[i]))
+        return e;
+  // What the backward kernel writes, at the longest piece. After chunk:K's
+  // replay, its projections are dead, and the projections' gradients (the
+  // same shape) take their buffers.
+  const Kernel &kernel = cell.backward;
+  w.results.resize(kernel.args.size());
+  w.projectionOf.assign(kernel.args.size(), -1);
+  size_t projection = 0;
+  for (size_t a = 0; a < kernel.args.size(); ++a) {
+    const KernelArg &arg = kernel.args[a];
+    if (!isBackwardResult(arg.kind) || (arg.sameAs >= 0 && size_t(arg.sameAs) < a))
+      continue;
+    Element element = arg.element.value_or(cell.compute);
+    if (arg.kind == ArgKind::ProjectionGrad) {
+      size_t p = projection++;
+      if (chunked && p < cell.projections.size() &&
+          cell.projections[p].element == element) {
+        w.projectionOf[a] = int64_t(p);
+        continue;
+      }
+    }
+    std::vector<int64_t> shape = arg.shape;
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (shape[d] < 0)
+        shape[d] = shape.size() == 3 && d == 0 ? w.pieceMax : B;
+    if (Status e = scratch(shape, element, false, w.results[a]))
+      return e;
+  }
+  for (const Interface::Projection &p : cell.projections) {
+    w.sums.emplace_back();
+    if (!p.biases.empty())
+      if (Status e = scratch({p.rows}, cell.compute, false, w.sums.back()))
+        return e;
+  }
+  return Status();
+}
+
+Status SequenceDriver::backwardChunk(const Sequence &seq, const Saved &saved,
+                                     Chunk &chunk, Workspace &w, Gradients &g) {
+  int64_t B = seq.batch, t0 = chunk.t0, len = chunk.len;
+  bool chunked = saved.chunkSteps < saved.steps;
+  // The chunk's states and gates: saved, or replayed by a forward over the
+  // chunk that saves its gates (chunk:K).
+  for (size_t p = 0; p < cell.projections.size(); ++p) {
+    const Interface::Projection &proj = cell.projections[p];
+    View v = w.projected[p].view();
+    chunk.projections.push_back(chunked ? v.at(0, {len, B, proj.rows}) : v);
+    if (chunked)
+      if (Status e = project(seq, proj, t0, len, chunk.projections.back()))
+        return e;
+  }
+  if (chunked) {
+    for (size_t i = 0; i < cell.states.size(); ++i) {
+      int64_t n = cell.states[i].shape[0];
+      chunk.history.push_back(w.history[i].view().at(0, {len, B, n}));
+      chunk.start.push_back(saved.states[i].at(t0 / saved.chunkSteps * B * n, {B, n}));
+    }
+    for (size_t i = 0; i < cell.outputs.size(); ++i) {
+      auto state = std::find(cell.stateOutputs.begin(), cell.stateOutputs.end(),
+                             int64_t(i));
+      int64_t n = cell.outputs[i].shape[0];
+      chunk.outputs.push_back(state != cell.stateOutputs.end()
+                                  ? chunk.history[state - cell.stateOutputs.begin()]
+                                  : w.outputs[i].view().at(0, {len, B, n}));
+    }
+    chunk.gates = w.gates.view().at(0, {len, B, cell.gatesWidth});
+    if (Status e = runForwardChunk(seq, chunk, /*saveGates=*/true))
+      return e;
+    // The backward reads the gates that the replay saved, not its
+    // projections.
+    for (size_t p = 0; p < cell.projections.size(); ++p)
+      chunk.projections[p] = chunk.projections[p].at(0, {0, B, cell.projections[p].rows});
+  } else {
+    for (size_t i = 0; i < cell.states.size(); ++i) {
+      int64_t n = cell.states[i].shape[0];
+      chunk.history.push_back(saved.states[i].at(t0 * B * n, {len, B, n}));
+      chunk.start.push_back(chunk.initial[i]);
+    }
+    chunk.gates = saved.hasGates ? saved.gates.view().at(t0 * B * cell.gatesWidth,
+                                                         {len, B, cell.gatesWidth})
+                                 : w.gates.view();
+  }
+  for (size_t i = 0; i < cell.states.size(); ++i)
+    chunk.finalStateGrads.push_back(g.carry[i].view());
+
+  // Pieces, latest first, that end at samples' last steps (where their
+  // final-state gradients join the carry) and are at most pieceMax long.
+  std::vector<int64_t> ends = pieceEnds(seq.lengths, t0, len, w.pieceMax);
+  for (size_t k = 0; k < ends.size(); ++k) {
+    int64_t first = k + 1 < ends.size() ? ends[k + 1] + 1 : t0;
+    int64_t count = ends[k] - first + 1;
+    Chunk piece = slice(chunk, B, first, count);
+    piece.rows = rowsRunning(seq.lengths, B, ends[k]);
+    if (Status e = injectFinalStateGrads(seq.lengths, ends[k], g.finalStates, g.carry))
+      return e;
+    if (piece.rows == 0)
+      continue;
+    if (w.replay)
+      for (size_t p = 0; p < cell.projections.size(); ++p) {
+        const Interface::Projection &proj = cell.projections[p];
+        piece.projections[p] = w.projected[p].view().at(0, {count, B, proj.rows});
+        if (Status e = project(seq, proj, first, count, piece.projections[p]))
+          return e;
+      }
+    if (Status e = outputGradsOf(seq, g.outputs, first, count, w, piece.outputGrads))
+      return e;
+    if (Status e = backwardPiece(seq, piece, w, g))
+      return e;
+  }
+  return Status();
+}
+
+Status SequenceDriver::outputGradsOf(const Sequence &seq,
+                                     const std::vector<View> &gradOutputs,
+                                     int64_t first, int64_t count, Workspace &w,
+                                     std::vector<View> &out) {
+  int64_t B = seq.batch;
+  out.clear();
+  for (size_t i = 0; i < cell.outputs.size(); ++i) {
+    int64_t n = cell.outputs[i].shape[0];
+    View given = gradOutputs[i].valid()
+                     ? gradOutputs[i].at(first * B * n, {count, B, n})
+                     : View();
+    // The caller's, unless there are none, or lengths make some zeros.
+    if (!w.outputGrads[i].view().valid()) {
+      out.push_back(given);
+      continue;
+    }
+    View v = w.outputGrads[i].view().at(0, {count, B, n});
+    Status e = given.valid() ? backend->copy(given, v)
+                             : backend->fillRows(v, count * B, n, {});
+    if (e)
+      return e;
+    if (!seq.lengths.empty())
+      if (Status e = zeroPastLengths(seq.lengths, first, {v}))
+        return e;
+    out.push_back(v);
+  }
+  return Status();
+}
+
+Status SequenceDriver::launch(const Kernel &kernel, bool backward, bool saveGates,
+                              const std::vector<Arg> &args, int64_t rows) {
+  // The kernel's own buffers, in each instance that runs at once.
+  int64_t bytes = kernel.scratchBytes[saveGates] * backend->instances(rows);
+  ledger->add(bytes);
+  Status e = backend->launch(backward, saveGates, args, rows);
+  ledger->remove(bytes);
+  return e;
+}
+
+Status SequenceDriver::backwardPiece(const Sequence &seq, const Chunk &piece,
+                                     Workspace &w, Gradients &g) {
+  int64_t B = seq.batch, count = piece.len;
+  // The backward kernel's arguments, in its order, with the workspace's
+  // buffers for what it writes.
+  const Kernel &kernel = cell.backward;
+  std::vector<Arg> args;
+  std::vector<size_t> resultArgs;
+  if (Status e = bind(kernel, seq, piece, /*backward=*/true, args, resultArgs))
+    return e;
+  std::vector<Written> written;
+  for (size_t a : resultArgs) {
+    const KernelArg &arg = kernel.args[a];
+    View &v = args[a].view;
+    if (arg.sameAs >= 0 && size_t(arg.sameAs) < a) {
+      // The same values as an earlier result: its buffer.
+      v = args[arg.sameAs].view;
+    } else {
+      View buffer = w.projectionOf[a] >= 0 ? w.projected[w.projectionOf[a]].view()
+                                           : w.results[a].view();
+      std::vector<int64_t> shape = arg.shape;
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (shape[d] < 0)
+          shape[d] = shape.size() == 3 && d == 0 ? count : B;
+      v = buffer.at(0, shape);
+      // Rows that do not run must add nothing where the results go.
+      if (piece.rows < B)
+        if (Status e = backend->fillRows(v, v.size() / shape.back(), shape.back(), {}))
+          return e;
+    }
+    // A zero result adds nothing to what it is folded into (weight rows
+    // and vectors go in pairs, so they stay).
+    if (!arg.zero || arg.kind == ArgKind::WeightRows ||
+        arg.kind == ArgKind::WeightVectors)
+      written.push_back({arg.kind, arg.name, v});
+  }
+  std::vector<Scratch> keep;
+  if (Status e = workspace(kernel, piece.rows, args, keep))
+    return e;
+  if (Status e = launch(kernel, /*backward=*/true, /*saveGates=*/!w.replay, args,
+                        piece.rows))
+    return e;
+  return fold(seq, piece.t0, count, written, w, g);
+}
+
+Status SequenceDriver::fold(const Sequence &seq, int64_t first, int64_t count,
+                            const std::vector<Written> &written, Workspace &work,
+                            Gradients &g) {
+  int64_t B = seq.batch;
+  // Fold what the kernel wrote into the gradients, with the GEMMs for the
+  // weight, bias and input gradients.
+  size_t projectionGrad = 0;
+  for (size_t w = 0; w < written.size(); ++w) {
+    const Written &out = written[w];
+    const View &r = out.view;
+    switch (out.kind) {
+    case ArgKind::InitialStateGrad: {
+      size_t i = indexOf(cell.states, out.name);
+      if (Status e = backend->add(r, g.initial[i]))
+        return e;
+      break;
+    }
+    case ArgKind::StartStateGrad: {
+      size_t i = indexOf(cell.states, out.name);
+      if (Status e = backend->copy(r, g.carry[i].view()))
+        return e;
+      break;
+    }
+    case ArgKind::InputGrad: {
+      size_t i = indexOf(cell.inputs, out.name);
+      int64_t n = cell.inputs[i].shape[0];
+      if (!g.inputs[i].valid())
+        break;
+      if (Status e = backend->add(r, g.inputs[i].at(first * B * n, {count, B, n})))
+        return e;
+      break;
+    }
+    case ArgKind::ProjectionGrad: {
+      size_t index = projectionGrad++;
+      const Interface::Projection &p = cell.projections[index];
+      View rows = r.at(0, {count * B, p.rows});
+      View x = seq.inputs[p.input].at(first * B * p.cols, {count * B, p.cols});
+      int64_t m = p.rows / p.blocks, n = p.cols / p.blocks;
+      if (Status e = blockGemm(*backend, p.blocks, true, false, m, n, count * B, rows,
+                               p.rows, m, x, p.cols, n, 1.0, g.params[p.weight], n,
+                               m * n))
+        return e;
+      if (g.inputs[p.input].valid())
+        if (Status e = blockGemm(
+                *backend, p.blocks, false, false, count * B, n, m, rows, p.rows, m,
+                seq.params[p.weight], n, m * n, 1.0,
+                g.inputs[p.input].at(first * B * p.cols, {count * B, p.cols}), p.cols,
+                n))
+          return e;
+      // Every bias of the projection has the same gradient: sum the rows
+      // once (an LSTM's b_ih and b_hh).
+      if (!p.biases.empty()) {
+        View sums = work.sums[index].view();
+        if (Status e = backend->fillRows(sums, 1, p.rows, {}))
+          return e;
+        if (Status e = backend->columnSums(rows, count * B, p.rows, sums))
+          return e;
+        for (size_t b : p.biases)
+          if (Status e = backend->add(sums, g.params[b]))
+            return e;
+      }
+      break;
+    }
+    case ArgKind::WeightRows: {
+      // The next written buffer holds the matching vectors.
+      if (w + 1 >= written.size() || written[w + 1].kind != ArgKind::WeightVectors)
+        return Status::error("internal error: weight rows without their vectors");
+      const View &vecs = written[w + 1].view;
+      size_t i = indexOf(cell.params, out.name);
+      // [rows, cols], or blocks of them: the gradient rows and the
+      // vectors hold a part a block.
+      const std::vector<int64_t> &shape = cell.params[i].shape;
+      int64_t blocks = shape.size() == 3 ? shape[0] : 1;
+      int64_t rows = shape[shape.size() - 2], cols = shape.back();
+      if (Status e = blockGemm(*backend, blocks, true, false, rows, cols, count * B,
+                               r.at(0, {count * B, blocks * rows}), blocks * rows, rows,
+                               vecs.at(0, {count * B, blocks * cols}), blocks * cols,
+                               cols, 1.0, g.params[i], cols, rows * cols))
+        return e;
+      ++w;
+      break;
+    }
+    case ArgKind::ParamGrad: {
+      size_t i = indexOf(cell.params, out.name);
+      if (Status e = backend->columnSums(r, B, cell.params[i].shape[0], g.params[i]))
+        return e;
+      break;
+    }
+    // Read with their weight rows, or not results at all.
+    case ArgKind::WeightVectors:
+    case ArgKind::Input:
+    case ArgKind::Projection:
+    case ArgKind::Resets:
+    case ArgKind::InitialState:
+    case ArgKind::StartState:
+    case ArgKind::Param:
+    case ArgKind::Output:
+    case ArgKind::StateHistory:
+    case ArgKind::Gates:
+    case ArgKind::OutputGrad:
+    case ArgKind::FinalStateGrad:
+    case ArgKind::BatchBegin:
+    case ArgKind::BatchEnd:
+    case ArgKind::Workspace:
+    case ArgKind::GridBarrier:
+      break;
+    }
+  }
+  return Status();
+}
+
+//===----------------------------------------------------------------------===//
+// The plan
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// A backend that allocates nothing and runs nothing: the driver's ledger
+/// then counts what a call would hold.
+class CountingBackend : public Backend {
+public:
+  explicit CountingBackend(int64_t threads) : threads(threads) {}
+  int64_t instances(int64_t batch) const override {
+    return std::max<int64_t>(1, std::min(threads, batch));
+  }
+  Status allocate(int64_t, Element element, bool, Buffer &out) override {
+    out.id = next++;
+    out.element = element;
     return Status();
+  }
+  void release(const Buffer &) override {}
+  Status launch(bool, bool, const std::vector<Arg> &, int64_t) override {
+    return Status();
+  }
+  Status gemm(bool, bool, int64_t, int64_t, int64_t, const View &, int64_t,
+              const View &, int64_t, double, const View &, int64_t) override {
+    return Status();
+  }
+  Status columnSums(const View &, int64_t, int64_t, const View &) override {
+    return Status();
+  }
+  Status fillRows(const View &, int64_t, int64_t, const std::vector<View> &) override {
+    return Status();
+  }
+  Status copy(const View &, const View &) override { return Status(); }
+  Status add(const View &, const View &) override { return Status(); }
+
+  int64_t next = 0, threads;
+};
+} // namespace
+
+int64_t MemoryPlan::peak() const {
+  int64_t held = outputs + finalStates;
+  return std::max(held + driver.forwardPeak,
+                  held + gradOutputs + gradInputs + gradParams + driver.backwardPeak);
+}
+
+int64_t MemoryPlan::floor() const {
+  return outputs + gradOutputs + gradInputs + gradParams + driver.kept;
+}
+
+Status SequenceDriver::plan(const Interface &cell, int64_t T, int64_t B, Recompute mode,
+                            MemoryPlan &out, int64_t pieceRows, int64_t threads) {
+  auto backend = std::make_shared<CountingBackend>(threads);
+  SequenceDriver driver(cell, backend);
+  driver.setPieceRows(pieceRows);
+  out = MemoryPlan();
+  out.pieceSteps = driver.pieceSteps(B, T);
+  // The caller's buffers, as views of buffers of their own.
+  auto caller = [&](const std::vector<int64_t> &shape, Element element, int64_t &bytes) {
+    Buffer buffer;
+    backend->allocate(0, element, false, buffer);
+    View v;
+    v.buffer = buffer;
+    v.shape = shape;
+    bytes += v.size() * bytesOf(element);
+    return v;
   };
-  if (Status e = copyOut(gradInputs, dInputs))
+  int64_t none = 0;
+  Sequence seq;
+  seq.steps = T;
+  seq.batch = B;
+  for (const Slot &s : cell.inputs)
+    seq.inputs.push_back(caller({T, B, s.shape[0]}, cell.storage, none));
+  for (const Slot &s : cell.params)
+    seq.params.push_back(caller(s.shape, cell.compute, none));
+  std::vector<View> outputs, finals, gradOutputs, gradInputs, gradParams;
+  for (const Slot &s : cell.outputs) {
+    outputs.push_back(caller({T, B, s.shape[0]}, cell.storage, out.outputs));
+    gradOutputs.push_back(caller({T, B, s.shape[0]}, cell.storage, out.gradOutputs));
+  }
+  for (const Slot &s : cell.states)
+    finals.push_back(caller({B, s.shape[0]}, cell.compute, out.finalStates));
+  for (const Slot &s : cell.inputs)
+    gradInputs.push_back(caller({T, B, s.shape[0]}, cell.storage, out.gradInputs));
+  for (const Slot &s : cell.params)
+    gradParams.push_back(caller(s.shape, cell.compute, out.gradParams));
+  SavedPtr saved;
+  if (Status e = driver.forward(seq, outputs, finals, mode, &saved,
+                                /*outputsOutliveSaved=*/true))
     return e;
-  if (Status e = copyOut(gradParams, dParams))
+  if (Status e = driver.backward(seq, *saved, gradOutputs,
+                                 std::vector<View>(cell.states.size()), gradInputs,
+                                 gradParams, std::vector<View>(cell.states.size())))
     return e;
-  return copyOut(gradInitialStates, dInitial);
+  out.driver = driver.stats();
+  for (size_t i = 0; i < cell.states.size(); ++i)
+    if (std::any_of(outputs.begin(), outputs.end(), [&](const View &o) {
+          return o.buffer.id == saved->states[i].buffer.id;
+        }))
+      out.keptOutputs += saved->states[i].size() * bytesOf(cell.storage);
+  return Status();
 }

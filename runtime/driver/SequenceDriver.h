@@ -18,6 +18,7 @@
 
 #include "dialects/Cell/IR/KernelInterface.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -91,6 +92,9 @@ public:
   /// two are b_begin = 0 and b_end = batch) over `batch` rows.
   virtual Status launch(bool backward, bool saveGates, const std::vector<Arg> &args,
                         int64_t batch) = 0;
+  /// How many instances of a kernel a launch over `batch` rows runs at once
+  /// (each with its own scratch).
+  virtual int64_t instances(int64_t batch) const { return 1; }
   /// Row-major `c = op(a) op(b) + beta c`, with leading dimensions; in the
   /// element type of `a`, accumulated and stored in `c`'s.
   virtual Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
@@ -99,7 +103,8 @@ public:
   /// `acc[j] += sum over the rows of m[row, j]`.
   virtual Status columnSums(const View &m, int64_t rows, int64_t cols,
                             const View &acc) = 0;
-  /// Every row of `m` (`rows x cols`) becomes the sum of `vectors`.
+  /// Every row of `m` (`rows x cols`) becomes the sum of `vectors`: zeros
+  /// when there are none.
   virtual Status fillRows(const View &m, int64_t rows, int64_t cols,
                           const std::vector<View> &vectors) = 0;
   /// `to = from`, converting the element type; `to += from`.
@@ -135,6 +140,10 @@ struct Kernel {
   std::vector<KernelArg> args;
   int64_t batchTile = 1;
   int64_t workspaceBytes = 0;
+  /// What one instance of the kernel allocates for itself as it runs (the
+  /// CPU's tile buffers and packed weights), in the variant that replays
+  /// (0) or reads saved gates (1).
+  int64_t scratchBytes[2] = {0, 0};
 };
 
 /// What the driver knows of a compiled cell: its kernels' interfaces, from
@@ -145,6 +154,10 @@ struct Interface {
   Element compute = Element::F32;
 
   std::vector<Slot> inputs, states, params, outputs;
+  /// For each state, the output that is the state (`output h` of a state
+  /// h: the same values after every step, in the same element type), or -1.
+  /// Such an output can be the state's history.
+  std::vector<int64_t> stateOutputs;
   /// A projection the driver computes with a GEMM: weight @ input + biases.
   /// `rows` outputs from `cols` inputs; with a block-diagonal weight
   /// `[blocks, rows / blocks, cols / blocks]`, block by block.
@@ -180,7 +193,12 @@ struct SavedDeleter {
   void operator()(Saved *saved) const;
 };
 using SavedPtr = std::unique_ptr<Saved, SavedDeleter>;
+/// The bytes `saved` owns: the states and gates it keeps, not the outputs
+/// that it reads as states' histories.
 int64_t savedBytes(const Saved &saved);
+/// The outputs (their indices) that `saved` reads as states' histories: the
+/// caller must keep them alive and unchanged until the backward.
+const std::vector<size_t> &savedOutputsRead(const Saved &saved);
 /// The steps and batch rows of the forward that made `saved`.
 int64_t savedSteps(const Saved &saved);
 int64_t savedBatch(const Saved &saved);
@@ -199,20 +217,59 @@ struct Sequence {
   std::vector<int64_t> lengths;
 };
 
+/// The bytes the driver holds (what forward keeps, and its scratch) over
+/// the calls of a driver.
+struct MemoryStats {
+  /// What the last forward kept for its backward (savedBytes).
+  int64_t kept = 0;
+  /// The most the driver held at once during the last forward and the last
+  /// backward, kept bytes of every live Saved included.
+  int64_t forwardPeak = 0, backwardPeak = 0;
+  /// What it holds now: the kept bytes of every live Saved.
+  int64_t live = 0;
+};
+
+/// What a training step of T x B in a mode holds, from a run of the driver
+/// on a backend that allocates nothing (SequenceDriver::plan). The caller's
+/// buffers are those the Python layer allocates: the outputs and final
+/// states, then for the backward the outputs' gradients and the inputs' and
+/// params' gradients.
+struct MemoryPlan {
+  MemoryStats driver;
+  /// Steps per piece: the projections and gradient GEMMs run over this many
+  /// steps at a time.
+  int64_t pieceSteps = 0;
+  int64_t outputs = 0, finalStates = 0, gradOutputs = 0, gradInputs = 0,
+          gradParams = 0;
+  /// The bytes of the kept states that are outputs (not in `driver.kept`).
+  int64_t keptOutputs = 0;
+  /// The peak over the step: the larger of the forward's (outputs, final
+  /// states, the driver's forward peak) and the backward's (those, the
+  /// gradients, the driver's backward peak).
+  int64_t peak() const;
+  /// What any implementation holds at the end of the step: the outputs,
+  /// their gradients, the inputs' and params' gradients, and the kept
+  /// states.
+  int64_t floor() const;
+};
+
 /// Runs a cell's kernels over sequences on a backend.
 class SequenceDriver {
 public:
   class Scratch;
-  SequenceDriver(Interface cell, std::shared_ptr<Backend> backend)
-      : cell(std::move(cell)), backend(std::move(backend)) {}
+  struct Ledger;
+  SequenceDriver(Interface cell, std::shared_ptr<Backend> backend);
+  ~SequenceDriver();
 
   const Interface &interface() const { return cell; }
 
   /// Outputs `[T, B, n]` and final states `[B, n]`; with `saved`, what
-  /// `backward` needs in `mode`.
+  /// `backward` needs in `mode`. With `outputsOutliveSaved`, the caller keeps
+  /// the outputs alive and unchanged as long as `saved`: an output that is a
+  /// state is then that state's history in `saved`, not a copy.
   Status forward(const Sequence &seq, const std::vector<View> &outputs,
                  const std::vector<View> &finalStates, Recompute mode,
-                 SavedPtr *saved);
+                 SavedPtr *saved, bool outputsOutliveSaved = false);
 
   /// The gradients of the inputs, params and initial states (invalid views:
   /// not wanted) from those of the outputs and final states (invalid:
@@ -223,6 +280,28 @@ public:
                   const std::vector<View> &gradInputs,
                   const std::vector<View> &gradParams,
                   const std::vector<View> &gradInitialStates);
+
+  /// The bytes held by the last calls.
+  MemoryStats stats() const;
+
+  /// About this many rows (steps times the batch) per piece by default:
+  /// enough for the projections' and gradients' GEMMs to run near the BLAS's
+  /// peak, and a small buffer next to the sequence (bench/cpu/memory.py).
+  static constexpr int64_t kPieceRows = 1024;
+  void setPieceRows(int64_t rows) { pieceRows = std::max<int64_t>(rows, 1); }
+
+  /// What a training step of `steps` x `batch` in `mode` holds, with the
+  /// outputs kept by the caller (as the Python layer does): forward and
+  /// backward run on a backend that allocates nothing.
+  static Status plan(const Interface &cell, int64_t steps, int64_t batch,
+                     Recompute mode, MemoryPlan &out, int64_t pieceRows = kPieceRows,
+                     int64_t threads = 1);
+
+  /// Steps per piece for a batch of `batch` rows: the projections and the
+  /// gradient GEMMs run over pieces of this many steps (about `pieceRows`
+  /// rows, at least one step), so that no buffer but what the mode keeps
+  /// spans the sequence.
+  int64_t pieceSteps(int64_t batch, int64_t steps) const;
 
 private:
   /// What a kernel of the cell reads over steps [t0, t0 + len), and what the
@@ -236,9 +315,39 @@ private:
     std::vector<View> outputs;            // forward: [len, B, n] an output
     View gates;                           // [len or 0, B, gates]
     std::vector<View> finalStateGrads;    // backward: [B, n] a state
-    std::vector<View> outputGrads;        // backward: [T, B, n] an output
+    std::vector<View> outputGrads;        // backward: [len, B, n] an output
     int64_t rows = -1;                    // the rows that run (-1: all B)
   };
+  /// Where the backward's gradients go, and the buffers it works in
+  /// (defined with the backward).
+  struct Gradients;
+  struct Workspace;
+  /// A result the backward kernel wrote.
+  struct Written {
+    ArgKind kind;
+    std::string name;
+    View view;
+  };
+  /// The backward over `chunk` (its steps, resets and initial states set):
+  /// its states and gates (saved, or replayed), then its pieces, latest
+  /// first.
+  Status backwardChunk(const Sequence &seq, const Saved &saved, Chunk &chunk,
+                       Workspace &w, Gradients &g);
+  /// Makes the backward's buffers (`g` says which output gradients are
+  /// given).
+  Status backwardWorkspace(const Sequence &seq, const Saved &saved,
+                           const Gradients &g, Workspace &w);
+  /// Runs the backward kernel over `piece` (the variant that replays the
+  /// step, or the one that reads saved gates) and folds what it wrote.
+  Status backwardPiece(const Sequence &seq, const Chunk &piece, Workspace &w,
+                       Gradients &g);
+  /// Adds what the backward kernel wrote for steps [first, first + count) to
+  /// the gradients, with the GEMMs of the weight, bias and input gradients.
+  Status fold(const Sequence &seq, int64_t first, int64_t count,
+              const std::vector<Written> &written, Workspace &work, Gradients &g);
+  /// Launches `kernel`, counting its own buffers in the ledger while it runs.
+  Status launch(const Kernel &kernel, bool backward, bool saveGates,
+                const std::vector<Arg> &args, int64_t rows);
   /// Binds the arguments of `kernel` to `chunk`; the positions of the
   /// backward kernel's results, left unbound, go to `results`.
   Status bind(const Kernel &kernel, const Sequence &seq, const Chunk &chunk,
@@ -247,13 +356,28 @@ private:
   Status runForwardChunk(const Sequence &seq, const Chunk &chunk, bool saveGates);
   Status workspace(const Kernel &kernel, int64_t batch, std::vector<Arg> &args,
                    std::vector<Scratch> &keep);
+  /// A buffer of the driver's, counted in its ledger.
+  Status scratch(std::vector<int64_t> shape, Element element, bool zero,
+                 Scratch &out);
+  /// Projection `p` of steps [t0, t0 + len) into `out` ([len, B, rows]).
   Status project(const Sequence &seq, const Interface::Projection &p, int64_t t0,
-                 int64_t len, Scratch &out);
+                 int64_t len, const View &out);
   /// The last steps of the pieces that the backward runs chunk [t0, t0 +
-  /// len) in, latest first: the chunk's last step, and every sample's last
-  /// step inside it.
+  /// len) in, latest first: the chunk's last step, every sample's last step
+  /// inside it, and enough more that no piece is longer than `steps`.
   static std::vector<int64_t> pieceEnds(const std::vector<int64_t> &lengths,
-                                        int64_t t0, int64_t len);
+                                        int64_t t0, int64_t len, int64_t steps);
+  /// For each state, the output that is its history in this forward, or an
+  /// invalid view.
+  std::vector<View> historyOutputs(const Sequence &seq,
+                                   const std::vector<View> &outputs,
+                                   bool kept, bool outputsOutliveSaved) const;
+  /// The gradients of the outputs over steps [first, first + count): the
+  /// caller's, or a copy in the workspace with zeros where none are given
+  /// and past each sample's length.
+  Status outputGradsOf(const Sequence &seq, const std::vector<View> &gradOutputs,
+                       int64_t first, int64_t count, Workspace &w,
+                       std::vector<View> &out);
   /// Whether ended samples stop running: lengths sorted longest first (and
   /// not all equal), so that the running samples are the first rows.
   static bool skipsEndedRows(const std::vector<int64_t> &lengths);
@@ -267,9 +391,9 @@ private:
   Status injectFinalStateGrads(const std::vector<int64_t> &lengths, int64_t step,
                                const std::vector<View> &gradFinalStates,
                                std::vector<Scratch> &carry);
-  /// Writes zeros over the rows [t, b] of `views` ([T, B, n] each) with t >=
-  /// lengths[b], in runs of consecutive samples.
-  Status zeroPastLengths(const std::vector<int64_t> &lengths,
+  /// Writes zeros over the rows [t, b] of `views` ([len, B, n] each, from
+  /// step `first` on) with t >= lengths[b], in runs of consecutive samples.
+  Status zeroPastLengths(const std::vector<int64_t> &lengths, int64_t first,
                          const std::vector<View> &views);
   /// The final state of each sample whose last step is in [t0, t0 + len):
   /// from `history` ([len, B, n] a state) into `finalStates`.
@@ -283,6 +407,9 @@ private:
 
   Interface cell;
   std::shared_ptr<Backend> backend;
+  std::shared_ptr<Ledger> ledger;
+  MemoryStats last;
+  int64_t pieceRows = kPieceRows;
 };
 
 } // namespace cellc::driver

@@ -60,7 +60,8 @@ template <typename E>
 Result runCell(CpuCell &cell, SequenceProblem &first,
                std::vector<std::unique_ptr<SequenceProblem>> &samples,
                const std::vector<std::vector<bool>> &resets, int64_t T,
-               Recompute mode, const std::vector<int64_t> &lengths = {}) {
+               Recompute mode, const std::vector<int64_t> &lengths = {},
+               bool outputsOutliveSaved = false) {
   int64_t B = samples.size();
   Compiled &ref = first.c;
   auto names = [](ArrayAttr a, StringRef n) {
@@ -104,6 +105,7 @@ Result runCell(CpuCell &cell, SequenceProblem &first,
     seq.initialStates.push_back({initial[i].data(), {B, slot.shape[0]}});
   seq.resets = resetBytes.data();
   seq.lengths = lengths;
+  seq.outputsOutliveSaved = outputsOutliveSaved;
 
   std::vector<std::vector<E>> outputs, finals, dOut, dFinal, dIn, dPar, dInit;
   std::vector<Array> outArrays, finalArrays, dOutArrays, dFinalArrays, dInArrays,
@@ -405,6 +407,55 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
       expectSameResults(runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T,
                                         *mode, lengths[k]),
                         withLengths[k], 1e-10);
+    }
+  }
+}
+
+/// The driver's pieces: the forward's projections, and the backward with its
+/// projections, output gradients and gradient GEMMs, over pieces of one step
+/// (1 row a piece) and of two (10 rows), against the reference and, with
+/// lengths, against one piece; each with outputs that are states kept as
+/// their histories (what Python asks for) and without.
+TEST_P(CpuCellTest, PiecesMatchTheReference) {
+  auto [name, modeText] = GetParam();
+  const int64_t T = 6, B = 5;
+  Problems s = makeProblems(source(name), kSizes, T, B);
+  auto mode = Recompute::parse(modeText);
+  ASSERT_TRUE(static_cast<bool>(mode));
+  const std::vector<std::vector<int64_t>> lengths = {{3, 6, 0, 5, 1}, {6, 5, 3, 3, 0}};
+  auto whole = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64);
+  ASSERT_TRUE(static_cast<bool>(whole)) << llvm::toString(whole.takeError());
+  std::vector<Result> withLengths;
+  for (const std::vector<int64_t> &l : lengths)
+    withLengths.push_back(
+        runCell<double>(**whole, *s.samples[0], s.samples, s.resets, T, *mode, l));
+  int64_t copied = 0;
+  for (int64_t rows : {1, 10}) {
+    CpuCell::Options options;
+    options.pieceRows = rows;
+    options.threads = 2;
+    auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
+    ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+    for (bool keep : {false, true}) {
+      SCOPED_TRACE("rows a piece " + std::to_string(rows) +
+                   (keep ? ", outputs kept" : ", outputs copied"));
+      Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode,
+                                 {}, keep);
+      compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
+      if (!keep)
+        copied = r.savedBytes;
+      // An output that is a state (each of these cells has one) is not kept
+      // twice in none and full; chunk:K keeps states before chunks only.
+      if (keep && mode->kind != Recompute::Kind::Chunk)
+        EXPECT_LT(r.savedBytes, copied);
+      else
+        EXPECT_EQ(r.savedBytes, copied);
+      for (size_t k = 0; k < lengths.size(); ++k) {
+        SCOPED_TRACE(k ? "lengths longest first" : "lengths unsorted");
+        expectSameResults(runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T,
+                                          *mode, lengths[k], keep),
+                          withLengths[k], 1e-12);
+      }
     }
   }
 }

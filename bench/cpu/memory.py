@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Training memory on the CPU: the process's peak resident memory of one
+forward plus backward, over its baseline, for torch.nn.LSTM/GRU and
+cellc.nn.LSTM/GRU in each recompute mode, each in a fresh process.
+
+A run builds the module and the input x ([T, B, I], requires_grad), runs a
+first step of the same shape (the JIT compiles there, and torch, OpenBLAS
+and the heap allocate what they keep), gives what that step freed back to
+the system (malloc_trim), resets the peak (5 to /proc/self/clear_refs), reads the baseline
+(VmRSS), runs the forward, materializes a gradient for the outputs (as a
+loss head's backward would) and runs the backward. The peak is VmHWM minus
+the baseline. The floor is what any implementation holds at the end: the
+outputs, their gradient, the input's gradient, the parameters' gradients,
+and for cellc the states its mode keeps beyond the outputs (an LSTM's c in
+none and full; an output that is a state is that state's history). cellc's
+own prediction (cellc --emit=plan) stands beside the measure.
+
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH=build/python \\
+    taskset -c 0 python3 bench/cpu/memory.py
+"""
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import subprocess
+import sys
+
+MiB = 1 << 20
+
+
+def _status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def one(kind, impl, mode, T, B, size):
+    """Runs one measure in this process; prints a JSON line."""
+    import torch
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    I = H = size
+    if impl == "torch":
+        module = getattr(torch.nn, kind.upper())(I, H)
+    else:
+        import cellc
+        module = getattr(cellc.nn, kind.upper())(I, H, recompute=mode)
+
+    def step(steps):
+        x = torch.randn(steps, B, I, requires_grad=True)
+        out, _ = module(x)
+        out.backward(torch.randn_like(out))
+        return x
+
+    # A first step of the same shape: the JIT, and what torch, OpenBLAS and
+    # the heap allocate on first use. The second step is measured, as in
+    # training.
+    step(T)
+    module.zero_grad(set_to_none=True)
+    x = torch.randn(T, B, I, requires_grad=True)
+    gc.collect()
+    # What the first step freed goes back to the system, so that the baseline
+    # is what is live.
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status("VmRSS")
+    out, _ = module(x)
+    after_forward = _status("VmRSS") - base
+    out.backward(torch.randn_like(out))
+    peak = _status("VmHWM") - base
+    result = {"peak": peak, "held_after_forward": after_forward}
+    if impl == "cellc":
+        result["stats"] = module.cell.memory_stats()
+        result["plan"] = module.cell.memory_plan({"I": I, "H": H}, T, B, mode)
+    print(json.dumps(result))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--size", type=int, default=512)
+    p.add_argument("--modes", default="none,full,chunk:16")
+    p.add_argument("--cells", default="lstm,gru")
+    p.add_argument("--one", nargs=3, metavar=("CELL", "IMPL", "MODE"),
+                   help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.one:
+        one(*a.one, a.steps, a.batch, a.size)
+        return
+    T, B, size = a.steps, a.batch, a.size
+    print(f"T = {T}, B = {B}, I = H = {size}, float32; peak resident memory over the "
+          f"baseline, MiB (each a fresh process)")
+    here = os.path.dirname(os.path.abspath(__file__))
+    for kind in a.cells.split(","):
+        runs = [("torch", "-")] + [("cellc", m) for m in a.modes.split(",")]
+        measured = {}
+        for impl, mode in runs:
+            out = subprocess.run([sys.executable, os.path.join(here, "memory.py"),
+                                  "--steps", str(T), "--batch", str(B), "--size",
+                                  str(size), "--one", kind, impl, mode],
+                                 check=True, capture_output=True, text=True)
+            measured[(impl, mode)] = json.loads(out.stdout.strip().splitlines()[-1])
+        torch_peak = measured[("torch", "-")]["peak"]
+        print(f"\n{kind.upper()}: torch {torch_peak / MiB:.0f} MiB")
+        print(f"  {'mode':<10} {'peak':>6} {'x torch':>8} {'predicted':>10} {'error':>7} "
+              f"{'kept':>7} {'floor':>6} {'piece':>6}")
+        for impl, mode in runs[1:]:
+            r = measured[(impl, mode)]
+            plan = r["plan"]
+            error = (r["peak"] - plan["peak"]) / plan["peak"]
+            print(f"  {mode:<10} {r['peak'] / MiB:6.0f} {r['peak'] / torch_peak:7.2f}x "
+                  f"{plan['peak'] / MiB:10.0f} {100 * error:+6.1f}% "
+                  f"{r['stats']['kept_bytes'] / MiB:7.1f} {plan['floor'] / MiB:6.0f} "
+                  f"{plan['piece_steps']:6d}")
+
+
+if __name__ == "__main__":
+    main()
