@@ -18,7 +18,6 @@
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialects/Cell/IR/CellOps.h"
 
-#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
@@ -67,15 +66,21 @@ std::string shapeStr(llvm::ArrayRef<int64_t> shape) {
 /// pieces, so fresh pages fault once a call, not once a piece. What a
 /// process holds is then what the driver's ledger says.
 constexpr int64_t kMappedBytes = int64_t(64) << 10;
+constexpr int64_t kHugePage = int64_t(2) << 20;
 
 void *allocateBytes(int64_t bytes, bool zero) {
   bytes = std::max<int64_t>(bytes, 1);
   if (bytes < kMappedBytes)
     return zero ? std::calloc(bytes, 1) : std::malloc(bytes);
-  // Fresh pages are zeros.
+  // Fresh pages are zeros. Huge ones where the system gives them: a fresh
+  // buffer faults once every 2 MiB, not every 4 KiB.
   void *buffer =
       mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return buffer == MAP_FAILED ? nullptr : buffer;
+  if (buffer == MAP_FAILED)
+    return nullptr;
+  if (bytes >= kHugePage)
+    madvise(buffer, bytes, MADV_HUGEPAGE);
+  return buffer;
 }
 
 void releaseBytes(void *buffer, int64_t bytes) {
@@ -277,55 +282,6 @@ private:
   JitKernels &saving, &replaying;
 };
 
-/// The bytes a kernel allocates for itself as it runs (memref.alloc: its
-/// tile's buffers and packed weights), which the driver counts per instance.
-int64_t scratchBytesOf(mlir::func::FuncOp func) {
-  int64_t bytes = 0;
-  func.walk([&](mlir::memref::AllocOp alloc) {
-    mlir::MemRefType type = alloc.getType();
-    if (type.hasStaticShape())
-      bytes += type.getNumElements() * type.getElementTypeBitWidth() / 8;
-  });
-  return bytes;
-}
-
-/// A kernel's interface, from its `cell.kernel_args` and argument types.
-driver::Kernel kernelOf(mlir::func::FuncOp func) {
-  driver::Kernel kernel;
-  for (auto [attr, type] :
-       llvm::zip(mlir::cell::kernelArgsOf(func), func.getArgumentTypes())) {
-    driver::KernelArg arg;
-    arg.kind = attr.getKind();
-    arg.name = attr.getName().str();
-    arg.input = attr.getInput().str();
-    for (mlir::StringAttr b : attr.getBiases())
-      arg.biases.push_back(b.str());
-    arg.sameAs = attr.getSameAs();
-    arg.zero = attr.getZero();
-    if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type)) {
-      for (int64_t d : memref.getShape())
-        arg.shape.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
-      std::string element;
-      llvm::raw_string_ostream os(element);
-      os << memref.getElementType();
-      arg.element = driver::parseElement(os.str());
-    }
-    kernel.args.push_back(std::move(arg));
-  }
-  return kernel;
-}
-
-llvm::Expected<driver::Interface> interfaceOf(driver::Kernel fwd, driver::Kernel bwd,
-                                              DType dtype) {
-  driver::Interface cell;
-  cell.forward = std::move(fwd);
-  cell.backward = std::move(bwd);
-  cell.compute = dtype == DType::F32 ? driver::Element::F32 : driver::Element::F64;
-  if (driver::Status e = cell.finish())
-    return fail(e.message());
-  return cell;
-}
-
 /// A caller's buffer as a view, checked: present (unless optional), aligned,
 /// and of the expected shape.
 /// The caller's arrays as the driver's views (null data: an invalid view),
@@ -431,7 +387,7 @@ int64_t CpuCell::savedBytes(const Saved &saved) { return driver::savedBytes(save
 struct CpuCell::Impl {
   std::string name;
   std::unique_ptr<JitKernels> saving, replaying;
-  driver::Kernel fwd, bwd;
+  driver::Interface interface;
   std::shared_ptr<CpuBackend> backend;
   std::unique_ptr<driver::SequenceDriver> driver;
   int64_t pieceRows = driver::SequenceDriver::kPieceRows;
@@ -545,14 +501,8 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
     buildPipeline(pm, Stage::Kernels, pipeline);
     if (mlir::failed(pm.run(*copy)))
       return fail("cellc: building the kernels failed:\n" + os.str());
-    auto fwd = copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_fwd");
-    auto bwd = copy->lookupSymbol<mlir::func::FuncOp>(impl->name + "_bwd");
-    if (saveGates) {
-      impl->fwd = kernelOf(fwd);
-      impl->bwd = kernelOf(bwd);
-    }
-    impl->fwd.scratchBytes[saveGates] = scratchBytesOf(fwd);
-    impl->bwd.scratchBytes[saveGates] = scratchBytesOf(bwd);
+    if (llvm::Error e = readKernels(*copy, impl->name, saveGates, impl->interface))
+      return std::move(e);
     mlir::PassManager lower(&context);
     lower.addPass(mlir::cell::createConvertKernelsToLLVM());
     if (mlir::failed(lower.run(*copy)))
@@ -589,12 +539,13 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
   }
 
   // The driver runs the kernels through their interface.
-  auto interface = interfaceOf(impl->fwd, impl->bwd, dtype);
-  if (!interface)
-    return interface.takeError();
+  impl->interface.compute =
+      dtype == DType::F32 ? driver::Element::F32 : driver::Element::F64;
+  if (driver::Status e = impl->interface.finish())
+    return fail(e.message());
   impl->backend = std::make_shared<CpuBackend>(
       dtype, impl->name, *impl->saving, *impl->replaying, cell->numThreads);
-  impl->driver = std::make_unique<driver::SequenceDriver>(std::move(*interface),
+  impl->driver = std::make_unique<driver::SequenceDriver>(std::move(impl->interface),
                                                           impl->backend);
   impl->pieceRows =
       options.pieceRows > 0 ? options.pieceRows : driver::SequenceDriver::kPieceRows;

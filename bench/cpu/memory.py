@@ -49,6 +49,7 @@ def one(kind, impl, mode, T, B, size):
     else:
         import cellc
         module = getattr(cellc.nn, kind.upper())(I, H, recompute=mode)
+        module.cell.threads = 1
 
     def step(steps):
         x = torch.randn(steps, B, I, requires_grad=True)

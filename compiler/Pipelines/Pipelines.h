@@ -4,6 +4,7 @@
 #define CELLC_COMPILER_PIPELINES_PIPELINES_H
 
 #include "dialects/Cell/IR/KernelInterface.h"
+#include "runtime/driver/SequenceDriver.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/PassManager.h"
@@ -82,6 +83,9 @@ struct PipelineOptions {
   Precision precision = Precision::Ieee;
   /// For CUDA kernels: the per-step sequences' element type in memory.
   Storage storage = Storage::F32;
+  /// For --emit=plan: the sequence whose training step's memory it predicts.
+  int64_t planSteps = 100;
+  int64_t planBatch = 64;
 };
 
 /// Adds the passes that take front-end cell IR to `stage`. This is the only
@@ -109,6 +113,20 @@ llvm::Error writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
 llvm::Error printStage(mlir::ModuleOp module, Emit emit,
                        const PipelineOptions &options, llvm::StringRef chip,
                        llvm::raw_ostream &os);
+
+/// Reads the kernels `<cell>_fwd` and `_bwd` of `kernels` (at Stage::Kernels,
+/// SAVE_GATES specialized to `saveGates`) into `interface`: their arguments
+/// (from the variant that saves gates) and what each variant allocates as it
+/// runs. Call it for both variants, then `interface.finish()`.
+llvm::Error readKernels(mlir::ModuleOp kernels, llvm::StringRef cell, bool saveGates,
+                        driver::Interface &interface);
+
+/// Prints what a training step of `steps` x `batch` holds on the CPU in each
+/// recompute mode (driver::SequenceDriver::plan over the kernels that
+/// `options` build from `cell`, front-end cell IR). Prints nothing for an
+/// element type the CPU does not run.
+llvm::Error printMemoryPlan(mlir::ModuleOp cell, PipelineOptions options,
+                            int64_t steps, int64_t batch, llvm::raw_ostream &os);
 
 /// Registers the pipelines with the pass registry, for cellc-opt.
 void registerPipelines();

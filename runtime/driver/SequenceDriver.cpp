@@ -180,8 +180,9 @@ struct SequenceDriver::Workspace {
   std::vector<Scratch> projected, history, outputs, outputGrads, results, sums;
   Scratch gates;
   /// For each backward argument, the projection whose replay buffer holds
-  /// its result (chunk:K's projection gradients), or -1.
-  std::vector<int64_t> projectionOf;
+  /// its result (chunk:K's projection gradients), or -1; the input whose
+  /// gradient (the caller's) the kernel writes into, or -1.
+  std::vector<int64_t> projectionOf, inputOf;
 };
 
 //===----------------------------------------------------------------------===//
@@ -258,7 +259,8 @@ Status SequenceDriver::bind(const Kernel &kernel, const Sequence &seq,
       v = chunk.projections[projection++];
       break;
     case ArgKind::Resets:
-      v = chunk.resets.at(t0 * B, {len, B});
+      // The caller's [T, B], or zeros for a launch.
+      v = chunk.resets.at(chunk.resets.shape[0] < seq.steps ? 0 : t0 * B, {len, B});
       break;
     case ArgKind::InitialState:
       v = chunk.initial[indexOf(cell.states, arg.name)];
@@ -368,14 +370,16 @@ int64_t SequenceDriver::rowsRunning(const std::vector<int64_t> &lengths, int64_t
   return std::min(B, (running + kRowGranule - 1) / kRowGranule * kRowGranule);
 }
 
-Status SequenceDriver::resetsAndInitial(const Sequence &seq,
+Status SequenceDriver::resetsAndInitial(const Sequence &seq, int64_t longest,
                                         std::vector<Scratch> &defaults, View &resets,
                                         std::vector<View> &initial) {
   int64_t T = seq.steps, B = seq.batch;
   resets = seq.resets;
   if (!resets.valid()) {
+    // Zeros for the longest launch, which every launch reads from its start
+    // (bind).
     defaults.emplace_back();
-    if (Status e = scratch({T, B}, Element::U8, true, defaults.back()))
+    if (Status e = scratch({std::min(T, longest), B}, Element::U8, true, defaults.back()))
       return e;
     resets = defaults.back().view();
   }
@@ -552,13 +556,6 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
     return e;
 
   ledger->restart();
-  // Zeros for what the caller left out: no resets, no initial states.
-  std::vector<Scratch> defaults;
-  View resets;
-  std::vector<View> initial;
-  if (Status e = resetsAndInitial(seq, defaults, resets, initial))
-    return e;
-
   bool training = saved != nullptr;
   bool saveGates = training && mode.kind == Recompute::Kind::None;
   // Steps per chunk (chunk:K keeps the states before each), and per span:
@@ -567,6 +564,14 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
                                                               : T;
   int64_t chunks = (T + K - 1) / K;
   int64_t span = std::min(K, pieceSteps(B, T));
+
+  // Zeros for what the caller left out: no resets, no initial states.
+  std::vector<Scratch> defaults;
+  View resets;
+  std::vector<View> initial;
+  if (Status e = resetsAndInitial(seq, span, defaults, resets, initial))
+    return e;
+
   // none and full keep every state after every step.
   bool keepsHistory = training && K == T;
   SavedPtr keep(new Saved());
@@ -793,7 +798,10 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
   std::vector<Scratch> defaults;
   View resets;
   std::vector<View> initial;
-  if (Status e = resetsAndInitial(seq, defaults, resets, initial))
+  // The longest launch: chunk:K's replay of a chunk, or a piece.
+  int64_t K = saved.chunkSteps;
+  int64_t longest = K < T ? K : std::min(K, pieceSteps(B, T));
+  if (Status e = resetsAndInitial(seq, longest, defaults, resets, initial))
     return e;
 
   // The gradients go straight into the caller's buffers, zeroed first: the
@@ -841,7 +849,6 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
   Workspace w;
   if (Status e = backwardWorkspace(seq, saved, g, w))
     return e;
-  int64_t K = saved.chunkSteps;
   for (int64_t c = (T + K - 1) / K - 1; c >= 0; --c) {
     Chunk chunk;
     chunk.t0 = c * K;
@@ -910,12 +917,22 @@ Status SequenceDriver::backwardWorkspace(const Sequence &seq, const Saved &saved
   const Kernel &kernel = cell.backward;
   w.results.resize(kernel.args.size());
   w.projectionOf.assign(kernel.args.size(), -1);
+  w.inputOf.assign(kernel.args.size(), -1);
   size_t projection = 0;
   for (size_t a = 0; a < kernel.args.size(); ++a) {
     const KernelArg &arg = kernel.args[a];
     if (!isBackwardResult(arg.kind) || (arg.sameAs >= 0 && size_t(arg.sameAs) < a))
       continue;
     Element element = arg.element.value_or(cell.compute);
+    // A piece's steps of an input gradient are written by its kernel first
+    // (the projections' GEMMs add to them after): into the caller's buffer.
+    if (arg.kind == ArgKind::InputGrad) {
+      size_t i = indexOf(cell.inputs, arg.name);
+      if (g.inputs[i].valid() && g.inputs[i].element() == element) {
+        w.inputOf[a] = int64_t(i);
+        continue;
+      }
+    }
     if (arg.kind == ArgKind::ProjectionGrad) {
       size_t p = projection++;
       if (chunked && p < cell.projections.size() &&
@@ -1071,6 +1088,11 @@ Status SequenceDriver::backwardPiece(const Sequence &seq, const Chunk &piece,
     if (arg.sameAs >= 0 && size_t(arg.sameAs) < a) {
       // The same values as an earlier result: its buffer.
       v = args[arg.sameAs].view;
+    } else if (w.inputOf[a] >= 0) {
+      // Rows that do not run keep the zeros they start with.
+      int64_t n = cell.inputs[w.inputOf[a]].shape[0];
+      v = g.inputs[w.inputOf[a]].at(piece.t0 * B * n, {count, B, n});
+      continue;
     } else {
       View buffer = w.projectionOf[a] >= 0 ? w.projected[w.projectionOf[a]].view()
                                            : w.results[a].view();

@@ -401,9 +401,10 @@ private:
                            int64_t len, const std::vector<View> &history,
                            const std::vector<View> &finalStates);
   /// The resets and initial states of `seq`, zeros (kept in `defaults`)
-  /// where the caller left them out.
-  Status resetsAndInitial(const Sequence &seq, std::vector<Scratch> &defaults,
-                          View &resets, std::vector<View> &initial);
+  /// where the caller left them out: resets for the `longest` launch.
+  Status resetsAndInitial(const Sequence &seq, int64_t longest,
+                          std::vector<Scratch> &defaults, View &resets,
+                          std::vector<View> &initial);
 
   Interface cell;
   std::shared_ptr<Backend> backend;

@@ -137,6 +137,17 @@ static cl::opt<bool> splitInputFile(
              "own, keeping line numbers, as mlir-opt does for tests"),
     cl::init(false));
 
+static cl::opt<int64_t> planSteps(
+    "seq-len",
+    cl::desc("With --emit=plan: the steps T of the training step whose memory the "
+             "plan predicts (100)"),
+    cl::init(100));
+
+static cl::opt<int64_t> planBatch(
+    "batch",
+    cl::desc("With --emit=plan: the batch rows B of that training step (64)"),
+    cl::init(64));
+
 static cl::opt<std::string> dtype("dtype",
                                   cl::desc("Element type: f32, f64, f16, bf16"),
                                   cl::init("f32"));
@@ -263,6 +274,8 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
   PipelineOptions options = targetsCuda() ? cudaOptions() : cpuOptions();
   if (saveGatesFlag >= 0)
     options.saveGates = saveGatesFlag != 0;
+  options.planSteps = planSteps;
+  options.planBatch = planBatch;
   mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
   if (llvm::Error e = printStage(*module, emitAction, options, arch, os)) {
     // Pass failures were reported through the handler already.
@@ -378,6 +391,10 @@ int main(int argc, char **argv) {
   words.precision = precisionWord.value_or(Precision::Ieee);
   words.storage = storageWord.value_or(Storage::F32);
   bool cuda = targetsCuda();
+  if (planSteps < 1 || planBatch < 1) {
+    llvm::errs() << "cellc: error: --seq-len and --batch must be at least 1\n";
+    return 1;
+  }
   if (emitAction == Emit::Package && (outputFilename == "-" || splitInputFile)) {
     llvm::errs() << "cellc: error: --emit=package writes a directory: give it "
                     "with -o DIR\n";

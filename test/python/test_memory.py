@@ -1,0 +1,166 @@
+"""Training memory: the driver runs a sequence in pieces (about 1024 rows
+each), keeps only what the recompute mode keeps (an output that is a state
+is that state's history, not a copy), and says what a step holds
+(memory_plan) and held (memory_stats). Checked against torch in float64
+over several pieces with resets and lengths, against the process's measured
+peak, and against an in-place change of a kept output."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import cellc
+from test_lengths import LSTM, _reference
+
+MODES = ["none", "full", "chunk:3", "chunk:20"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("lengths", [None, "unsorted", "longest first"])
+def test_pieces_match_torch_in_float64(mode, lengths):
+    # B = 64 rows: pieces of 16 steps, so T = 40 runs in three, the last
+    # short; chunk:20 splits a chunk in two pieces; with lengths, pieces also
+    # end at every sample's last step.
+    torch.manual_seed(0)
+    T, B, I, H = 40, 64, 3, 4
+    g = torch.Generator().manual_seed(1)
+    if lengths is None:
+        steps = [T] * B
+    else:
+        steps = torch.randint(0, T + 1, (B,), generator=g).tolist()
+        steps[0] = T
+        if lengths == "longest first":
+            steps.sort(reverse=True)
+    ref = torch.nn.LSTM(I, H).double()
+    params = {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0,
+              "b_ih": ref.bias_ih_l0, "b_hh": ref.bias_hh_l0}
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
+    c0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
+    resets = torch.rand(T, B, generator=g) < 0.05
+    g_out = torch.randn(T, B, H, dtype=torch.float64)
+    g_h, g_c = torch.randn(B, H, dtype=torch.float64), torch.randn(B, H, dtype=torch.float64)
+
+    cell = cellc.compile(LSTM)
+    out, final = cell(x, params, {"h": h0, "c": c0}, resets=resets, recompute=mode,
+                      lengths=None if lengths is None else steps)
+    want_out, want_h, want_c = _reference(ref, x, h0, c0, resets, steps)
+    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(final["h"], want_h, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(final["c"], want_c, rtol=1e-10, atol=1e-12)
+    wrt = [x, h0, c0] + list(params.values())
+    got = torch.autograd.grad((out * g_out).sum() + (final["h"] * g_h).sum()
+                              + (final["c"] * g_c).sum(), wrt)
+    want = torch.autograd.grad((want_out * g_out).sum() + (want_h * g_h).sum()
+                               + (want_c * g_c).sum(), wrt)
+    for name, a, b in zip(["x", "h0", "c0"] + list(params), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["none", "full"])
+def test_an_output_kept_as_a_state_cannot_change_in_place(mode):
+    # The backward reads h's history from the output itself: autograd must
+    # refuse a backward after the output changed.
+    torch.manual_seed(1)
+    lstm = cellc.nn.LSTM(3, 4, recompute=mode)
+    x = torch.randn(5, 2, 3, requires_grad=True)
+    out, _ = lstm(x)
+    out.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_an_output_not_kept_can_change_in_place():
+    # chunk:K keeps the states before chunks only; the output is not read.
+    torch.manual_seed(1)
+    lstm = cellc.nn.LSTM(3, 4, recompute="chunk:2")
+    x = torch.randn(5, 2, 3, requires_grad=True)
+    out, _ = lstm(x)
+    out.mul_(2.0)
+    out.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", ["none", "full", "chunk:8"])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_the_plan_is_what_the_runtime_holds(kind, mode):
+    # The plan runs the driver on a backend that only counts; the runtime's
+    # ledger counts the same buffers as they come and go.
+    torch.manual_seed(2)
+    T, B, I, H = 50, 32, 16, 24
+    module = getattr(cellc.nn, kind)(I, H, recompute=mode)
+    x = torch.randn(T, B, I, requires_grad=True)
+    out, _ = module(x)
+    out.backward(torch.randn_like(out))
+    stats = module.cell.memory_stats()
+    plan = module.cell.memory_plan({"I": I, "H": H}, T, B, mode)
+    assert stats["kept_bytes"] == plan["kept"]
+    assert stats["forward_peak_bytes"] == plan["forward_peak"]
+    assert stats["backward_peak_bytes"] == plan["backward_peak"]
+    # What a mode keeps: LSTM's c (h is the output) in full, GRU nothing
+    # beyond its output, chunk:8 a state per chunk.
+    states = {"LSTM": 2, "GRU": 1}[kind]
+    if mode == "full":
+        assert plan["kept"] == (states - 1) * T * B * H * 4
+    if mode == "chunk:8":
+        assert plan["kept"] == states * ((T + 7) // 8) * B * H * 4
+    assert plan["outputs"] == T * B * H * 4
+    assert plan["grad_inputs"] == T * B * I * 4
+    assert plan["piece_steps"] == 1024 // B
+    assert plan["floor"] <= plan["peak"]
+
+
+def test_no_buffer_spans_the_sequence_in_full():
+    # Beyond what full keeps, the driver's buffers do not grow with T.
+    cell = cellc.compile(LSTM)
+    sizes = {"I": 64, "H": 64}
+    short, long = (cell.memory_plan(sizes, T, 64, "full") for T in (100, 1000))
+    grown = long["backward_peak"] - short["backward_peak"]
+    assert grown == long["kept"] - short["kept"]
+    assert long["kept"] == 1000 * 64 * 64 * 4
+
+
+MEASURE = textwrap.dedent("""
+    import ctypes, gc, json, sys, torch, cellc
+    torch.set_num_threads(1)
+    kind, mode, T, B, size = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+    module = getattr(cellc.nn, kind)(size, size, recompute=mode)
+    module.cell.threads = 1
+
+    def status(field):
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
+
+    def step(x):
+        out, _ = module(x)
+        out.backward(torch.randn_like(out))
+
+    step(torch.randn(T, B, size, requires_grad=True))
+    module.zero_grad(set_to_none=True)
+    x = torch.randn(T, B, size, requires_grad=True)
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = status("VmRSS")
+    step(x)
+    plan = module.cell.memory_plan({"I": size, "H": size}, T, B, mode)
+    print(json.dumps({"peak": status("VmHWM") - base, "plan": plan["peak"]}))
+""")
+
+
+@pytest.mark.parametrize("mode", ["none", "full", "chunk:16"])
+def test_the_plan_predicts_the_measured_peak(mode):
+    # The process's peak resident memory over a training step (VmHWM after
+    # 5 to clear_refs), in a fresh process, within 10% of the plan's.
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", MEASURE, "LSTM", mode, "200", "64",
+                           "256"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert abs(r["peak"] - r["plan"]) <= 0.10 * r["plan"], r
