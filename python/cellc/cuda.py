@@ -101,12 +101,19 @@ def _library():
     lengths = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
     lib.cellc_driver_forward.argtypes = ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64,
                                           ctypes.c_int64] + [V] * 4 + lengths + [V] * 2
-                                         + [ctypes.POINTER(ctypes.c_void_p)] + err)
+                                         + [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int32]
+                                         + err)
     lib.cellc_driver_backward.argtypes = ([ctypes.c_void_p, ctypes.c_void_p] + [V] * 4
                                           + lengths + [V] * 5 + err)
     lib.cellc_saved_bytes.argtypes = [ctypes.c_void_p]
     lib.cellc_saved_bytes.restype = ctypes.c_int64
     lib.cellc_saved_free.argtypes = [ctypes.c_void_p]
+    lib.cellc_saved_outputs_read.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64),
+                                             ctypes.c_int64]
+    lib.cellc_saved_outputs_read.restype = ctypes.c_int64
+    lib.cellc_driver_memory_stats.argtypes = [ctypes.c_void_p,
+                                              ctypes.POINTER(ctypes.c_int64)]
+    lib.cellc_driver_memory_stats.restype = None
     _LIB = lib
     return lib
 
@@ -189,6 +196,15 @@ class CudaCell:
     def __del__(self):
         for handle in getattr(self, "modules", {}).values():
             self._lib.cellc_cuda_unload(handle)
+
+    def memory_stats(self):
+        """The bytes the driver held in the last forward and backward, as
+        cellc.Cell.memory_stats says for the CPU (the buffers come from torch's
+        allocator: torch.cuda.max_memory_allocated counts them too)."""
+        out = (ctypes.c_int64 * 4)()
+        _library().cellc_driver_memory_stats(self._driver()[0], out)
+        return dict(zip(["kept_bytes", "forward_peak_bytes", "backward_peak_bytes",
+                         "live_bytes"], out))
 
     def registers(self, kernel, variant="save"):
         n = ctypes.c_int()
@@ -519,6 +535,29 @@ class _TorchBackend:
             raise CudaError(message)
 
 
+class _Saved:
+    """What a forward keeps for its backward (the driver's Saved), with the
+    registrations of the outputs it reads as states' histories: freed when
+    autograd frees the graph, so that a second backward (retain_graph) finds
+    it."""
+
+    def __init__(self, handle, backend, outputs):
+        self.handle, self.backend, self.outputs = handle, backend, outputs
+        self._lib = _library()
+
+    def outputs_read(self):
+        n = len(self.outputs)
+        indices = (ctypes.c_int64 * max(1, n))()
+        count = self._lib.cellc_saved_outputs_read(self.handle, indices, n)
+        return list(indices[:count])
+
+    def __del__(self):
+        if self.handle:
+            self._lib.cellc_saved_free(self.handle)
+            self.backend.unregister(self.outputs)
+            self.handle = None
+
+
 def _views(views):
     return (_View * max(1, len(views)))(*views)
 
@@ -550,35 +589,50 @@ def _sequence_class():
             lengths = (ctypes.c_int64 * max(1, len(lengths)))(*lengths)
             saved = ctypes.c_void_p()
             try:
+                # An output that is a state is that state's history: its
+                # buffer stays registered as long as what forward keeps.
                 backend.call(_library().cellc_driver_forward, handle, mode.encode(), T, B,
                              _views(views[0]), _views(views[1]), _views(views[2]),
                              _views(views[3]), lengths, len(ctx_lengths),
                              _views(views[4]), _views(views[5]),
-                             ctypes.byref(saved) if training else None)
+                             ctypes.byref(saved) if training else None, 1)
             finally:
-                for v in views:
+                for v in views[:4] + views[5:]:
                     backend.unregister(v)
-            ctx.cell, ctx.resets, ctx.slots, ctx.saved_handle = cell, r, slots, saved
+                if not saved.value:
+                    backend.unregister(views[4])
+            ctx.cell, ctx.resets, ctx.slots = cell, r, slots
+            ctx.saved = _Saved(saved, backend, views[4]) if saved.value else None
             ctx.lengths = ctx_lengths
             cell.saved_bytes = _library().cellc_saved_bytes(saved) if saved.value else 0
-            ctx.save_for_backward(*flat)
+            read = ctx.saved.outputs_read() if ctx.saved else []
+            # Saved, so that autograd catches an in-place change of them.
+            ctx.save_for_backward(*flat, *[outputs[i] for i in read])
             return tuple(outputs) + tuple(finals)
 
         @staticmethod
         def backward(ctx, *grads):
             cell, slots = ctx.cell, ctx.slots
             handle, backend = cell._driver()
-            flat = ctx.saved_tensors
             n_in, n_par = len(slots.inputs), len(slots.params)
+            # The kept outputs (read through ctx.saved) come last.
+            flat = ctx.saved_tensors[:n_in + n_par + len(slots.states)]
             inputs, params, states = flat[:n_in], flat[n_in:n_in + n_par], flat[n_in + n_par:]
             n_out = len(slots.outputs)
             g_out = [g.to(inputs[0].dtype).contiguous() if g is not None else None
                      for g in grads[:n_out]]
             g_fin = [g.to(states[i].dtype).contiguous() if g is not None else None
                      for i, g in enumerate(grads[n_out:])]
-            d_in = [torch.empty_like(t) for t in inputs]
-            d_par = [torch.empty_like(t) for t in params]
-            d_st = [torch.empty_like(t) for t in states]
+            # Contiguous, whatever the strides of what they are the gradients
+            # of (a transposed param): the driver writes into them. Only those
+            # autograd wants (cell, mode, resets, lengths and slots come first).
+            wanted = ctx.needs_input_grad[5:]
+            grads_of = lambda ts, first: [
+                torch.empty(t.shape, dtype=t.dtype, device=t.device) if wanted[first + i]
+                else None for i, t in enumerate(ts)]
+            d_in = grads_of(inputs, 0)
+            d_par = grads_of(params, n_in)
+            d_st = grads_of(states, n_in + n_par)
             backend.device = inputs[0].device
             views = ([backend.register(t) for t in inputs],
                      [backend.register(p.detach()) for p in params],
@@ -591,14 +645,12 @@ def _sequence_class():
                      [backend.register(t) for t in d_st])
             try:
                 lengths = (ctypes.c_int64 * max(1, len(ctx.lengths)))(*ctx.lengths)
-                backend.call(_library().cellc_driver_backward, handle, ctx.saved_handle,
+                backend.call(_library().cellc_driver_backward, handle, ctx.saved.handle,
                              *[_views(v) for v in views[:4]], lengths, len(ctx.lengths),
                              *[_views(v) for v in views[4:]])
             finally:
                 for v in views:
                     backend.unregister(v)
-                _library().cellc_saved_free(ctx.saved_handle)
-                ctx.saved_handle = None
             return (None,) * 5 + tuple(d_in) + tuple(d_par) + tuple(d_st)
 
     return Sequence

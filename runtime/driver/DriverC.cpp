@@ -228,7 +228,8 @@ int cellc_driver_forward(void *handle, const char *mode, int64_t steps, int64_t 
                          const cellc_view *initial, const cellc_view *resets,
                          const int64_t *lengths, int64_t numLengths,
                          const cellc_view *outputs, const cellc_view *finals,
-                         void **saved, char *error, size_t size) {
+                         void **saved, int32_t outputsOutliveSaved, char *error,
+                         size_t size) {
   return guarded(error, size, [&] {
     auto *d = static_cast<DriverHandle *>(handle);
     const Interface &cell = d->interface;
@@ -241,7 +242,7 @@ int cellc_driver_forward(void *handle, const char *mode, int64_t steps, int64_t 
     SavedPtr kept;
     Status s = d->driver->forward(seq, viewsOf(outputs, cell.outputs.size()),
                                   viewsOf(finals, cell.states.size()), *parsed,
-                                  saved ? &kept : nullptr);
+                                  saved ? &kept : nullptr, outputsOutliveSaved != 0);
     if (!s && saved)
       *saved = kept.release();
     return s;
@@ -271,6 +272,21 @@ int cellc_driver_backward(void *handle, void *saved, const cellc_view *inputs,
 
 int64_t cellc_saved_bytes(void *saved) {
   return savedBytes(*static_cast<Saved *>(saved));
+}
+
+int64_t cellc_saved_outputs_read(void *saved, int64_t *indices, int64_t capacity) {
+  const std::vector<size_t> &read = savedOutputsRead(*static_cast<Saved *>(saved));
+  for (size_t i = 0; i < read.size() && int64_t(i) < capacity; ++i)
+    indices[i] = int64_t(read[i]);
+  return int64_t(read.size());
+}
+
+void cellc_driver_memory_stats(void *driver, int64_t *out) {
+  MemoryStats s = static_cast<DriverHandle *>(driver)->driver->stats();
+  out[0] = s.kept;
+  out[1] = s.forwardPeak;
+  out[2] = s.backwardPeak;
+  out[3] = s.live;
 }
 
 void cellc_saved_free(void *saved) { SavedDeleter()(static_cast<Saved *>(saved)); }

@@ -77,14 +77,17 @@ void cellc_driver_free(void *driver);
  * declaration order, resets (buffer -1: none), `num_lengths` per-sample
  * lengths on the host (0: none; driver::Sequence::lengths). With `saved`,
  * forward keeps what backward needs in `mode` ("none", "full", "chunk:K");
- * backward takes the same lengths. */
+ * backward takes the same lengths. With `outputs_outlive_saved`, the caller
+ * keeps the output buffers (their ids) alive and unchanged as long as
+ * `saved`, and an output that is a state is that state's history in it
+ * (cellc_saved_outputs_read says which). */
 int cellc_driver_forward(void *driver, const char *mode, int64_t steps,
                          int64_t batch, const cellc_view *inputs,
                          const cellc_view *params, const cellc_view *initial,
                          const cellc_view *resets, const int64_t *lengths,
                          int64_t num_lengths, const cellc_view *outputs,
-                         const cellc_view *finals, void **saved, char *error,
-                         size_t size);
+                         const cellc_view *finals, void **saved,
+                         int32_t outputs_outlive_saved, char *error, size_t size);
 int cellc_driver_backward(void *driver, void *saved, const cellc_view *inputs,
                           const cellc_view *params, const cellc_view *initial,
                           const cellc_view *resets, const int64_t *lengths,
@@ -93,6 +96,12 @@ int cellc_driver_backward(void *driver, void *saved, const cellc_view *inputs,
                           const cellc_view *grad_params,
                           const cellc_view *grad_initial, char *error, size_t size);
 int64_t cellc_saved_bytes(void *saved);
+/* The outputs (indices, at most `capacity` of them) that `saved` reads as
+ * states' histories; returns how many there are. */
+int64_t cellc_saved_outputs_read(void *saved, int64_t *indices, int64_t capacity);
+/* The bytes the driver held: kept by the last forward, the last forward's
+ * and backward's peaks, and kept now (driver::MemoryStats), into `out[4]`. */
+void cellc_driver_memory_stats(void *driver, int64_t *out);
 void cellc_saved_free(void *saved);
 
 #ifdef __cplusplus
