@@ -43,8 +43,9 @@ demo: build
 	@echo "== cellc examples/lstm.cell -D H=256 -D I=256 --emit=mlir"
 	@$(BUILD)/bin/cellc examples/lstm.cell -D H=256 -D I=256 --emit=mlir
 	@echo
-	@echo "== cellc examples/lstm.cell -D H=256 -D I=256 --emit=plan"
-	@$(BUILD)/bin/cellc examples/lstm.cell -D H=256 -D I=256 --emit=plan
+	@echo "== cellc examples/lstm.cell -D H=256 -D I=256 --emit=plan --seq-len 100 --batch 64"
+	@$(BUILD)/bin/cellc examples/lstm.cell -D H=256 -D I=256 --emit=plan --seq-len 100 \
+	  --batch 64
 	@echo
 	@echo "== LSTM forward and backward on the CPU, per recompute mode (medians of 3)"
 	@$(BUILD)/bin/cellc-bench examples/lstm.cell -D H=256 -D I=256 --batch-size 64 \

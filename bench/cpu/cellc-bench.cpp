@@ -2,7 +2,7 @@
 //
 // Runs a cell through the CPU runtime on random data and prints, for each
 // recompute mode, the median time of the forward alone, of forward plus
-// backward, and the bytes kept between them.
+// backward, the bytes kept between them, and the most the runtime held.
 //
 //===----------------------------------------------------------------------===//
 
@@ -99,8 +99,9 @@ int main(int argc, char **argv) {
       "cell {0}, {1}, T={2}, B={3}, {4} config {5}, compiled in {6:F2} s\n",
       cellFile, f64 ? "f64" : "f32", T, B, cell.configSource(), cell.config(),
       compileSeconds);
-  llvm::outs() << llvm::formatv("{0,-10} {1,12} {2,16} {3,14}\n", "mode",
-                                "forward ms", "fwd+bwd ms", "kept MiB");
+  llvm::outs() << llvm::formatv("{0,-10} {1,12} {2,16} {3,14} {4,14}\n", "mode",
+                                "forward ms", "fwd+bwd ms", "kept MiB",
+                                "runtime peak");
   for (const std::string &m : modeList) {
     auto mode = Recompute::parse(m);
     if (!mode) {
@@ -128,9 +129,12 @@ int main(int argc, char **argv) {
       fwd.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       both.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     }
-    llvm::outs() << llvm::formatv("{0,-10} {1,12:F2} {2,16:F2} {3,14:F2}\n", m,
-                                  median(fwd), median(both),
-                                  kept / (1024.0 * 1024.0));
+    // The most the runtime's buffers held at once over forward and backward.
+    driver::MemoryStats held = cell.memoryStats();
+    llvm::outs() << llvm::formatv("{0,-10} {1,12:F2} {2,16:F2} {3,14:F2} {4,14:F2}\n", m,
+                                  median(fwd), median(both), kept / (1024.0 * 1024.0),
+                                  std::max(held.forwardPeak, held.backwardPeak) /
+                                      (1024.0 * 1024.0));
   }
   return 0;
 }

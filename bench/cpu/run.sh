@@ -28,3 +28,8 @@ echo
 # Cells with reductions and block-diagonal weights against PyTorch loops.
 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH="$build/python" \
   taskset -c 0 "$py" "$top/bench/cpu/cells.py" --repeats "$rounds"
+echo
+# Training memory: the process's peak over a training step against torch's,
+# each in a fresh process, with cellc's prediction beside it.
+OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH="$build/python" \
+  taskset -c 0 "$py" "$top/bench/cpu/memory.py"

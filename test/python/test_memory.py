@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -125,42 +124,19 @@ def test_no_buffer_spans_the_sequence_in_full():
     assert long["kept"] == 1000 * 64 * 64 * 4
 
 
-MEASURE = textwrap.dedent("""
-    import ctypes, gc, json, sys, torch, cellc
-    torch.set_num_threads(1)
-    kind, mode, T, B, size = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
-    module = getattr(cellc.nn, kind)(size, size, recompute=mode)
-    module.cell.threads = 1
-
-    def status(field):
-        with open("/proc/self/status") as f:
-            return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
-
-    def step(x):
-        out, _ = module(x)
-        out.backward(torch.randn_like(out))
-
-    step(torch.randn(T, B, size, requires_grad=True))
-    module.zero_grad(set_to_none=True)
-    x = torch.randn(T, B, size, requires_grad=True)
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = status("VmRSS")
-    step(x)
-    plan = module.cell.memory_plan({"I": size, "H": size}, T, B, mode)
-    print(json.dumps({"peak": status("VmHWM") - base, "plan": plan["peak"]}))
-""")
+MEMORY = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "cpu", "memory.py")
 
 
 @pytest.mark.parametrize("mode", ["none", "full", "chunk:16"])
 def test_the_plan_predicts_the_measured_peak(mode):
     # The process's peak resident memory over a training step (VmHWM after
     # 5 to clear_refs), in a fresh process, within 10% of the plan's.
+    # The measure is bench/cpu/memory.py's, for one configuration.
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", MEASURE, "LSTM", mode, "200", "64",
-                           "256"], capture_output=True, text=True, env=env)
+    done = subprocess.run([sys.executable, MEMORY, "--steps", "200", "--batch", "64",
+                           "--size", "256", "--one", "lstm", "cellc", mode],
+                          capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     r = json.loads(done.stdout.strip().splitlines()[-1])
-    assert abs(r["peak"] - r["plan"]) <= 0.10 * r["plan"], r
+    predicted = r["plan"]["peak"]
+    assert abs(r["peak"] - predicted) <= 0.10 * predicted, (r["peak"], predicted)

@@ -283,6 +283,22 @@ const SizeBindings kSizes = {{"H", 5}, {"I", 3}, {"G", 2}, {"D", 3}, {"NH", 2}};
 class CpuCellTest
     : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {};
 
+/// Per-sample lengths for B = 5 rows over T = 6 steps: unsorted, where every
+/// row runs; and longest first, where only the samples still running do.
+const std::vector<std::vector<int64_t>> kLengths = {{3, 6, 0, 5, 1}, {6, 5, 3, 3, 0}};
+
+/// The default (batched) kernels' results with each of kLengths: what the
+/// other kernels and configs must give with them (test_lengths.py checks
+/// these against torch, sample by sample).
+void runWithLengths(const char *name, Problems &s, int64_t T, Recompute mode,
+                    std::vector<Result> &out) {
+  auto batched = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64);
+  ASSERT_TRUE(static_cast<bool>(batched)) << llvm::toString(batched.takeError());
+  for (const std::vector<int64_t> &l : kLengths)
+    out.push_back(runCell<double>(**batched, *s.samples[0], s.samples, s.resets, T, mode,
+                                  l));
+}
+
 } // namespace
 
 TEST_P(CpuCellTest, MatchesTheReferenceInDoublePrecision) {
@@ -375,13 +391,8 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
   Problems s = makeProblems(source(name), kSizes, T, B);
   auto mode = Recompute::parse(modeText);
   ASSERT_TRUE(static_cast<bool>(mode));
-  const std::vector<std::vector<int64_t>> lengths = {{3, 6, 0, 5, 1}, {6, 5, 3, 3, 0}};
-  auto batched = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64);
-  ASSERT_TRUE(static_cast<bool>(batched)) << llvm::toString(batched.takeError());
   std::vector<Result> withLengths;
-  for (const std::vector<int64_t> &l : lengths)
-    withLengths.push_back(
-        runCell<double>(**batched, *s.samples[0], s.samples, s.resets, T, *mode, l));
+  ASSERT_NO_FATAL_FAILURE(runWithLengths(name, s, T, *mode, withLengths));
   struct Config {
     const char *what;
     int64_t tile, ctas;
@@ -402,10 +413,10 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
     ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
     Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
     compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
-    for (size_t k = 0; k < lengths.size(); ++k) {
+    for (size_t k = 0; k < kLengths.size(); ++k) {
       SCOPED_TRACE(k ? "lengths longest first" : "lengths unsorted");
       expectSameResults(runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T,
-                                        *mode, lengths[k]),
+                                        *mode, kLengths[k]),
                         withLengths[k], 1e-10);
     }
   }
@@ -422,13 +433,8 @@ TEST_P(CpuCellTest, PiecesMatchTheReference) {
   Problems s = makeProblems(source(name), kSizes, T, B);
   auto mode = Recompute::parse(modeText);
   ASSERT_TRUE(static_cast<bool>(mode));
-  const std::vector<std::vector<int64_t>> lengths = {{3, 6, 0, 5, 1}, {6, 5, 3, 3, 0}};
-  auto whole = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64);
-  ASSERT_TRUE(static_cast<bool>(whole)) << llvm::toString(whole.takeError());
   std::vector<Result> withLengths;
-  for (const std::vector<int64_t> &l : lengths)
-    withLengths.push_back(
-        runCell<double>(**whole, *s.samples[0], s.samples, s.resets, T, *mode, l));
+  ASSERT_NO_FATAL_FAILURE(runWithLengths(name, s, T, *mode, withLengths));
   int64_t copied = 0;
   for (int64_t rows : {1, 10}) {
     CpuCell::Options options;
@@ -450,10 +456,10 @@ TEST_P(CpuCellTest, PiecesMatchTheReference) {
         EXPECT_LT(r.savedBytes, copied);
       else
         EXPECT_EQ(r.savedBytes, copied);
-      for (size_t k = 0; k < lengths.size(); ++k) {
+      for (size_t k = 0; k < kLengths.size(); ++k) {
         SCOPED_TRACE(k ? "lengths longest first" : "lengths unsorted");
         expectSameResults(runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T,
-                                          *mode, lengths[k], keep),
+                                          *mode, kLengths[k], keep),
                           withLengths[k], 1e-12);
       }
     }
