@@ -307,3 +307,18 @@ def test_the_cuda_backend_allocates_pieces_not_sequences(tmp_path, monkeypatch):
     stats = cell.memory_stats()
     assert stats["kept_bytes"] == T * B * H * 4
     assert stats["backward_peak_bytes"] >= stats["kept_bytes"]
+
+
+def test_a_second_backward_finds_what_forward_kept(tmp_path):
+    # The Saved (and the output it reads as h's history) lives with the graph,
+    # not only until the first backward.
+    cell = _TorchKernels(cuda.Package(str(make_package(tmp_path, "lstm"))))
+    torch.manual_seed(4)
+    x = torch.randn(5, 3, 16, requires_grad=True)
+    params = {"W_ih": torch.randn(128, 16) * 0.1, "W_hh": torch.randn(128, 32) * 0.1,
+              "b_ih": torch.zeros(128), "b_hh": torch.zeros(128)}
+    out, _ = cell({"x": x}, params, recompute="full")
+    out["h"].sum().backward(retain_graph=True)
+    first = x.grad.clone()
+    out["h"].sum().backward()
+    torch.testing.assert_close(x.grad, 2 * first)

@@ -140,3 +140,16 @@ def test_the_plan_predicts_the_measured_peak(mode):
     r = json.loads(done.stdout.strip().splitlines()[-1])
     predicted = r["plan"]["peak"]
     assert abs(r["peak"] - predicted) <= 0.10 * predicted, (r["peak"], predicted)
+
+
+def test_a_second_backward_through_the_graph_gives_the_same_gradients():
+    # retain_graph: what forward kept (the output as h's history included)
+    # lives as long as the graph.
+    torch.manual_seed(3)
+    lstm = cellc.nn.LSTM(3, 4, recompute="full")
+    x = torch.randn(6, 2, 3, requires_grad=True)
+    out, _ = lstm(x)
+    out.sum().backward(retain_graph=True)
+    first = x.grad.clone()
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * first)
