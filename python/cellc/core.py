@@ -180,6 +180,8 @@ class Cell:
         self._cuda = {}
         #: Bytes the last call keeps for its backward (0 without autograd).
         self.saved_bytes = 0
+        # The compiled cell of the last call on the CPU (memory_stats).
+        self._last = None
 
     def __repr__(self):
         return (f"cellc.Cell(inputs={self.inputs}, states={self.states}, "
@@ -389,10 +391,9 @@ class Cell:
         and "backward_peak_bytes" (the most its buffers held at once during
         the last forward and backward, kept bytes and the kernels' own
         buffers included) and "live_bytes" (kept now)."""
-        last = getattr(self, "_last", None)
-        if last is None:
+        if self._last is None:
             raise RuntimeError("memory_stats: the cell has not run on the CPU yet")
-        return last.memory_stats()
+        return self._last.memory_stats()
 
     def memory_plan(self, sizes, steps, batch, recompute="full", dtype=torch.float32):
         """What one training step of `steps` x `batch` holds in `recompute`
