@@ -1298,14 +1298,15 @@ Status SequenceDriver::plan(const Interface &cell, int64_t T, int64_t B, Recompu
     bytes += v.size() * bytesOf(element);
     return v;
   };
-  int64_t none = 0;
+  // The inputs and params are there before the step: not counted.
+  int64_t before = 0;
   Sequence seq;
   seq.steps = T;
   seq.batch = B;
   for (const Slot &s : cell.inputs)
-    seq.inputs.push_back(caller({T, B, s.shape[0]}, cell.storage, none));
+    seq.inputs.push_back(caller({T, B, s.shape[0]}, cell.storage, before));
   for (const Slot &s : cell.params)
-    seq.params.push_back(caller(s.shape, cell.compute, none));
+    seq.params.push_back(caller(s.shape, cell.compute, before));
   std::vector<View> outputs, finals, gradOutputs, gradInputs, gradParams;
   for (const Slot &s : cell.outputs) {
     outputs.push_back(caller({T, B, s.shape[0]}, cell.storage, out.outputs));
