@@ -21,7 +21,7 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 
 .PHONY: all deps configure build demo test check lit pytest test-install fuzz fuzz-smoke \
-        test-sanitize bench-cpu clean
+        test-sanitize test-torch2 bench-cpu clean
 
 all: build
 
@@ -68,6 +68,12 @@ test-install: build
 
 test: lit pytest test-install fuzz-smoke
 check: test
+
+# The pytest suite, torch.compile and torch.export on a pinned torch 2.x from
+# PyPI, with cellc installed by pip into a venv (scripts/test-torch2.sh). Not
+# in `make test`: the wheels are about 4 GB (cached after the first run).
+test-torch2: build
+	scripts/test-torch2.sh
 
 # The lit suite (FileCheck tests and the GoogleTest binaries) with every
 # tool and test built with AddressSanitizer and UndefinedBehaviorSanitizer,

@@ -8,10 +8,10 @@ import subprocess
 import pytest
 import torch
 
-from conftest import BUILD
+from conftest import TOOLS
 from cellc import cuda
 
-CELLC = os.path.join(os.path.abspath(BUILD), "bin", "cellc")
+CELLC = os.path.join(TOOLS, "cellc")
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 

@@ -10,9 +10,9 @@ import torch
 
 import cellc
 from cellc import _cellc
-from conftest import BUILD
+from conftest import TOOLS
 
-TUNE = os.path.join(os.path.abspath(BUILD), "bin", "cellc-tune")
+TUNE = os.path.join(TOOLS, "cellc-tune")
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 LSTM = os.path.join(EXAMPLES, "lstm.cell")
 SIZES = {"I": 8, "H": 8}
