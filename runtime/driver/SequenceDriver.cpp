@@ -132,16 +132,17 @@ class cellc::driver::Saved {
 public:
   Recompute mode;
   int64_t steps = 0, batch = 0;
-  /// Steps per chunk: T unless the mode is chunk:K with K < T.
+  /// Steps per chunk: chunk:K's K (at most T), otherwise T.
   int64_t chunkSteps = 0;
-  /// none, full: each state after each step, [T, B, n]. chunk: the state
-  /// before each chunk, [chunks, B, n]. A view of `owned`, or of the output
-  /// that is the state.
+  /// none and full: each state after each step, [T, B, n]. chunk: the state
+  /// before each chunk, [chunks, B, n]. A view of `owned`, of the caller's
+  /// kept buffers, or of the output that is the state.
   std::vector<View> states;
+  /// none: the planned gate values, [T, B, S]; invalid otherwise.
+  View gates;
   std::vector<SequenceDriver::Scratch> owned;
-  /// none: the planned gate values, [T, B, S].
-  SequenceDriver::Scratch gates;
-  bool hasGates = false;
+  /// The bytes of `states` and `gates`, the outputs among them not counted.
+  int64_t keptBytes = 0;
   /// The forward's per-sample lengths (empty: all T).
   std::vector<int64_t> lengths;
   /// The outputs that `states` reads (the caller's buffers).
@@ -150,12 +151,7 @@ public:
 
 void SavedDeleter::operator()(Saved *saved) const { delete saved; }
 
-int64_t cellc::driver::savedBytes(const Saved &saved) {
-  int64_t bytes = saved.hasGates ? saved.gates.bytes() : 0;
-  for (const auto &s : saved.owned)
-    bytes += s.bytes();
-  return bytes;
-}
+int64_t cellc::driver::savedBytes(const Saved &saved) { return saved.keptBytes; }
 
 const std::vector<size_t> &cellc::driver::savedOutputsRead(const Saved &saved) {
   return saved.outputsRead;
@@ -508,7 +504,8 @@ Status SequenceDriver::injectFinalStateGrads(const std::vector<int64_t> &lengths
 
 Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &outputs,
                                const std::vector<View> &finalStates, Recompute mode,
-                               SavedPtr *saved, bool outputsOutliveSaved) {
+                               SavedPtr *saved, bool outputsOutliveSaved,
+                               const std::vector<View> *kept) {
   int64_t T = seq.steps, B = seq.batch;
   if (T < 1 || B < 1)
     return Status::error("the sequence needs T >= 1 steps and B >= 1 rows; got T=" +
@@ -560,9 +557,8 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
   bool saveGates = training && mode.kind == Recompute::Kind::None;
   // Steps per chunk (chunk:K keeps the states before each), and per span:
   // the steps that one projection buffer holds, never across a chunk.
-  int64_t K = mode.kind == Recompute::Kind::Chunk && training ? std::min(mode.chunk, T)
-                                                              : T;
-  int64_t chunks = (T + K - 1) / K;
+  bool chunked = training && mode.kind == Recompute::Kind::Chunk;
+  int64_t K = chunked ? std::min(mode.chunk, T) : T;
   int64_t span = std::min(K, pieceSteps(B, T));
 
   // Zeros for what the caller left out: no resets, no initial states.
@@ -572,39 +568,31 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
   if (Status e = resetsAndInitial(seq, span, defaults, resets, initial))
     return e;
 
-  // none and full keep every state after every step.
-  bool keepsHistory = training && K == T;
-  SavedPtr keep(new Saved());
-  keep->mode = mode;
-  keep->steps = T;
-  keep->batch = B;
-  keep->chunkSteps = K;
-  keep->lengths = seq.lengths;
-
-  Scratch gates;
-  if (Status e = scratch({saveGates ? T : 0, B, cell.gatesWidth}, cell.storage, false,
-                         gates))
+  SavedPtr keep;
+  if (training)
+    if (Status e = makeSaved(seq, mode, outputs, outputsOutliveSaved, kept, keep))
+      return e;
+  // Each state's history: what none and full keep, the output that is the
+  // state, or a span's buffer; chunk:K's states before each chunk.
+  std::vector<View> history(cell.states.size()), boundaries(cell.states.size());
+  std::vector<Scratch> spanBuffers(cell.states.size()), start(cell.states.size());
+  Scratch noGates;
+  if (Status e = scratch({0, B, cell.gatesWidth}, cell.storage, false, noGates))
     return e;
-  // Each state's history: the output that is the state, a buffer of the
-  // whole sequence that the mode keeps, or a span's buffer.
-  std::vector<View> history =
-      historyOutputs(seq, outputs, keepsHistory, outputsOutliveSaved);
-  std::vector<Scratch> historyBuffers(cell.states.size()), boundaries,
-      start(cell.states.size());
-  if (K < T)
-    boundaries.resize(cell.states.size());
+  View gates = saveGates ? keep->gates : noGates.view();
   for (size_t i = 0; i < cell.states.size(); ++i) {
     int64_t n = cell.states[i].shape[0];
+    if (training && !chunked)
+      history[i] = keep->states[i];
+    else if (cell.stateOutputs[i] >= 0)
+      history[i] = outputs[cell.stateOutputs[i]];
     if (!history[i].valid()) {
-      if (Status e = scratch({keepsHistory ? T : span, B, n}, cell.storage, false,
-                             historyBuffers[i]))
+      if (Status e = scratch({span, B, n}, cell.storage, false, spanBuffers[i]))
         return e;
-      history[i] = historyBuffers[i].view();
+      history[i] = spanBuffers[i].view();
     }
-    // Chunked: the state before each chunk.
-    if (K < T)
-      if (Status e = scratch({chunks, B, n}, cell.compute, false, boundaries[i]))
-        return e;
+    if (chunked)
+      boundaries[i] = keep->states[i];
     if (Status e = scratch({B, n}, cell.compute, false, start[i]))
       return e;
     if (Status e = backend->copy(initial[i], start[i].view()))
@@ -619,11 +607,10 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
   for (int64_t t0 = 0, len = 0; t0 < T; t0 += len) {
     int64_t c = t0 / K;
     len = std::min(span, std::min((c + 1) * K, T) - t0);
-    if (t0 == c * K && K < T)
+    if (t0 == c * K && chunked)
       for (size_t i = 0; i < cell.states.size(); ++i) {
         int64_t n = cell.states[i].shape[0];
-        if (Status e = backend->copy(start[i].view(),
-                                     boundaries[i].view().at(c * B * n, {B, n})))
+        if (Status e = backend->copy(start[i].view(), boundaries[i].at(c * B * n, {B, n})))
           return e;
       }
     Chunk chunk;
@@ -648,9 +635,8 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
       int64_t n = cell.outputs[i].shape[0];
       chunk.outputs.push_back(outputs[i].at(t0 * B * n, {len, B, n}));
     }
-    chunk.gates = saveGates ? gates.view().at(t0 * B * cell.gatesWidth,
-                                              {len, B, cell.gatesWidth})
-                            : gates.view();
+    chunk.gates = saveGates ? gates.at(t0 * B * cell.gatesWidth, {len, B, cell.gatesWidth})
+                            : gates;
     if (Status e = runForwardChunk(seq, chunk, saveGates))
       return e;
     if (Status e = gatherFinalStates(seq.lengths, t0, len, chunk.history, finalStates))
@@ -675,45 +661,101 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
       return e;
   }
 
-  if (training) {
-    if (K < T) {
-      for (Scratch &b : boundaries)
-        keep->states.push_back(b.view());
-      keep->owned = std::move(boundaries);
-    } else {
-      keep->states = history;
-      for (size_t i = 0; i < cell.states.size(); ++i) {
-        if (historyBuffers[i].view().valid())
-          keep->owned.push_back(std::move(historyBuffers[i]));
-        else
-          keep->outputsRead.push_back(cell.stateOutputs[i]);
-      }
-      if (saveGates) {
-        keep->gates = std::move(gates);
-        keep->hasGates = true;
-      }
-    }
-    last.kept = savedBytes(*keep);
-    *saved = std::move(keep);
-  } else {
-    last.kept = 0;
-  }
+  last.kept = training ? savedBytes(*keep) : 0;
   last.forwardPeak = ledger->peak;
+  if (training)
+    *saved = std::move(keep);
   return Status();
 }
 
-std::vector<View> SequenceDriver::historyOutputs(const Sequence &seq,
-                                                 const std::vector<View> &outputs,
-                                                 bool kept,
-                                                 bool outputsOutliveSaved) const {
-  // A kept history must outlive the call; with lengths, the outputs past a
-  // sample's last step become zeros, which its kept history must not.
-  bool alias = !kept || (outputsOutliveSaved && seq.lengths.empty());
-  std::vector<View> history(cell.states.size());
+int64_t SequenceDriver::keptOutput(size_t state, Recompute mode, bool hasLengths,
+                                   bool outputsOutliveSaved) const {
+  // A kept history is read after the call, and with lengths the outputs
+  // past a sample's last step become zeros, which its history must not.
+  if (mode.kind == Recompute::Kind::Chunk || hasLengths || !outputsOutliveSaved)
+    return -1;
+  return cell.stateOutputs[state];
+}
+
+std::vector<KeptBuffer> SequenceDriver::keptLayout(Recompute mode, bool hasLengths,
+                                                   bool outputsOutliveSaved) const {
+  std::vector<KeptBuffer> layout;
+  bool chunked = mode.kind == Recompute::Kind::Chunk;
   for (size_t i = 0; i < cell.states.size(); ++i)
-    if (alias && cell.stateOutputs[i] >= 0)
-      history[i] = outputs[cell.stateOutputs[i]];
-  return history;
+    if (keptOutput(i, mode, hasLengths, outputsOutliveSaved) < 0)
+      layout.push_back({chunked, cell.states[i].shape[0],
+                        chunked ? cell.compute : cell.storage});
+  if (mode.kind == Recompute::Kind::None)
+    layout.push_back({false, cell.gatesWidth, cell.storage});
+  return layout;
+}
+
+Status SequenceDriver::makeSaved(const Sequence &seq, Recompute mode,
+                                 const std::vector<View> &outputs,
+                                 bool outputsOutliveSaved, const std::vector<View> *kept,
+                                 SavedPtr &out) {
+  int64_t T = seq.steps, B = seq.batch;
+  SavedPtr s(new Saved());
+  s->mode = mode;
+  s->steps = T;
+  s->batch = B;
+  s->chunkSteps = mode.kind == Recompute::Kind::Chunk ? std::min(mode.chunk, T) : T;
+  s->lengths = seq.lengths;
+  int64_t chunks = (T + s->chunkSteps - 1) / s->chunkSteps;
+  std::vector<KeptBuffer> layout =
+      keptLayout(mode, !seq.lengths.empty(), outputsOutliveSaved);
+  if (kept && kept->size() != layout.size())
+    return Status::error("expected " + std::to_string(layout.size()) +
+                         " kept buffers for recompute " + mode.str() + ", got " +
+                         std::to_string(kept->size()));
+  size_t next = 0;
+  // The next kept buffer: the caller's, checked, or the driver's.
+  auto take = [&](View &view) {
+    const KeptBuffer &b = layout[next];
+    std::vector<int64_t> shape = {b.perChunk ? chunks : T, B, b.width};
+    std::string what = "kept buffer " + std::to_string(next++);
+    if (kept) {
+      view = (*kept)[next - 1];
+      if (Status e = check(view, shape, what))
+        return e;
+      if (view.element() != b.element)
+        return Status::error(what + " has the wrong element type");
+    } else {
+      s->owned.emplace_back();
+      if (Status e = scratch(shape, b.element, false, s->owned.back()))
+        return e;
+      view = s->owned.back().view();
+    }
+    s->keptBytes += view.size() * bytesOf(b.element);
+    return Status();
+  };
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    int64_t o = keptOutput(i, mode, !seq.lengths.empty(), outputsOutliveSaved);
+    s->states.emplace_back();
+    if (o >= 0) {
+      s->states.back() = outputs[o];
+      s->outputsRead.push_back(o);
+    } else if (Status e = take(s->states.back())) {
+      return e;
+    }
+  }
+  if (mode.kind == Recompute::Kind::None)
+    if (Status e = take(s->gates))
+      return e;
+  out = std::move(s);
+  return Status();
+}
+
+Status SequenceDriver::adopt(const Sequence &seq, Recompute mode,
+                             const std::vector<View> &outputs,
+                             const std::vector<View> &kept, SavedPtr &out) {
+  if (outputs.size() != cell.outputs.size())
+    return Status::error("expected " + std::to_string(cell.outputs.size()) + " outputs");
+  for (size_t i = 0; i < cell.outputs.size(); ++i)
+    if (Status e = check(outputs[i], {seq.steps, seq.batch, cell.outputs[i].shape[0]},
+                         "output '" + cell.outputs[i].name + "'"))
+      return e;
+  return makeSaved(seq, mode, outputs, /*outputsOutliveSaved=*/true, &kept, out);
 }
 
 /// `c = op(a) op(b) + beta c` for each of `blocks` diagonal blocks of a
@@ -800,7 +842,8 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
   std::vector<View> initial;
   // The longest launch: chunk:K's replay of a chunk, or a piece.
   int64_t K = saved.chunkSteps;
-  int64_t longest = K < T ? K : std::min(K, pieceSteps(B, T));
+  bool chunked = saved.mode.kind == Recompute::Kind::Chunk;
+  int64_t longest = chunked ? K : std::min(K, pieceSteps(B, T));
   if (Status e = resetsAndInitial(seq, longest, defaults, resets, initial))
     return e;
 
@@ -872,7 +915,7 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
 Status SequenceDriver::backwardWorkspace(const Sequence &seq, const Saved &saved,
                                          const Gradients &g, Workspace &w) {
   int64_t T = saved.steps, B = seq.batch, K = saved.chunkSteps;
-  bool chunked = K < T;
+  bool chunked = saved.mode.kind == Recompute::Kind::Chunk;
   w.replay = !chunked && saved.mode.kind != Recompute::Kind::None;
   w.pieceMax = std::min(K, pieceSteps(B, T));
   // The projections: chunk:K's replay of a chunk, or each piece's for full,
@@ -960,7 +1003,7 @@ Status SequenceDriver::backwardWorkspace(const Sequence &seq, const Saved &saved
 Status SequenceDriver::backwardChunk(const Sequence &seq, const Saved &saved,
                                      Chunk &chunk, Workspace &w, Gradients &g) {
   int64_t B = seq.batch, t0 = chunk.t0, len = chunk.len;
-  bool chunked = saved.chunkSteps < saved.steps;
+  bool chunked = saved.mode.kind == Recompute::Kind::Chunk;
   // The chunk's states and gates: saved, or replayed by a forward over the
   // chunk that saves its gates (chunk:K).
   for (size_t p = 0; p < cell.projections.size(); ++p) {
@@ -998,9 +1041,9 @@ Status SequenceDriver::backwardChunk(const Sequence &seq, const Saved &saved,
       chunk.history.push_back(saved.states[i].at(t0 * B * n, {len, B, n}));
       chunk.start.push_back(chunk.initial[i]);
     }
-    chunk.gates = saved.hasGates ? saved.gates.view().at(t0 * B * cell.gatesWidth,
-                                                         {len, B, cell.gatesWidth})
-                                 : w.gates.view();
+    chunk.gates = saved.gates.valid() ? saved.gates.at(t0 * B * cell.gatesWidth,
+                                                       {len, B, cell.gatesWidth})
+                                      : w.gates.view();
   }
   for (size_t i = 0; i < cell.states.size(); ++i)
     chunk.finalStateGrads.push_back(g.carry[i].view());

@@ -253,6 +253,14 @@ struct MemoryPlan {
   int64_t floor() const;
 };
 
+/// A buffer a forward keeps for its backward, as a caller that holds it
+/// allocates it: `[T, B, width]`, or `[chunks, B, width]` per chunk.
+struct KeptBuffer {
+  bool perChunk = false;
+  int64_t width = 0;
+  Element element = Element::F32;
+};
+
 /// Runs a cell's kernels over sequences on a backend.
 class SequenceDriver {
 public:
@@ -267,9 +275,24 @@ public:
   /// `backward` needs in `mode`. With `outputsOutliveSaved`, the caller keeps
   /// the outputs alive and unchanged as long as `saved`: an output that is a
   /// state is then that state's history in `saved`, not a copy.
+  /// With `kept` (the buffers `keptLayout` says, in its order), what forward
+  /// keeps goes there, the caller's, and `saved` reads them.
   Status forward(const Sequence &seq, const std::vector<View> &outputs,
                  const std::vector<View> &finalStates, Recompute mode,
-                 SavedPtr *saved, bool outputsOutliveSaved = false);
+                 SavedPtr *saved, bool outputsOutliveSaved = false,
+                 const std::vector<View> *kept = nullptr);
+
+  /// What a training forward in `mode` keeps beyond the outputs it reads, in
+  /// order: each state's history ([T, B, n], none and full; none for a state
+  /// that is an output the caller keeps, without lengths) or its value before
+  /// each chunk of `mode.chunk` steps (chunk:K); then the gates (none).
+  std::vector<KeptBuffer> keptLayout(Recompute mode, bool hasLengths,
+                                     bool outputsOutliveSaved) const;
+
+  /// What a forward of `seq` in `mode` kept into the caller's `kept` buffers
+  /// (keptLayout's, with the outputs kept by the caller), for `backward`.
+  Status adopt(const Sequence &seq, Recompute mode, const std::vector<View> &outputs,
+               const std::vector<View> &kept, SavedPtr &out);
 
   /// The gradients of the inputs, params and initial states (invalid views:
   /// not wanted) from those of the outputs and final states (invalid:
@@ -367,11 +390,14 @@ private:
   /// inside it, and enough more that no piece is longer than `steps`.
   static std::vector<int64_t> pieceEnds(const std::vector<int64_t> &lengths,
                                         int64_t t0, int64_t len, int64_t steps);
-  /// For each state, the output that is its history in this forward, or an
-  /// invalid view.
-  std::vector<View> historyOutputs(const Sequence &seq,
-                                   const std::vector<View> &outputs,
-                                   bool kept, bool outputsOutliveSaved) const;
+  /// The output that a training forward keeps as `state`'s history, or -1.
+  int64_t keptOutput(size_t state, Recompute mode, bool hasLengths,
+                     bool outputsOutliveSaved) const;
+  /// What a training forward keeps, as keptLayout says: in the caller's
+  /// `kept` buffers, or the driver's.
+  Status makeSaved(const Sequence &seq, Recompute mode, const std::vector<View> &outputs,
+                   bool outputsOutliveSaved, const std::vector<View> *kept,
+                   SavedPtr &out);
   /// The gradients of the outputs over steps [first, first + count): the
   /// caller's, or a copy in the workspace with zeros where none are given
   /// and past each sample's length.
