@@ -645,10 +645,68 @@ llvm::Error timeMajor(const cellc::runtime::CpuCell::Sequence &seq, int64_t eb,
 }
 } // namespace
 
+std::vector<driver::KeptBuffer> CpuCell::keptLayout(Recompute mode,
+                                                   bool hasLengths) const {
+  return impl->driver->keptLayout(mode, hasLengths, /*outputsOutliveSaved=*/true);
+}
+
+std::vector<size_t> CpuCell::keptOutputs(Recompute mode, bool hasLengths) const {
+  std::vector<size_t> outputs;
+  for (int64_t o : impl->driver->keptOutputs(mode, hasLengths, /*outputsOutliveSaved=*/true))
+    if (o >= 0)
+      outputs.push_back(size_t(o));
+  return outputs;
+}
+
+namespace {
+/// The caller's kept buffers as the driver's views, in the layout's element
+/// types.
+llvm::Error keptViews(const std::vector<driver::KeptBuffer> &layout,
+                      const std::vector<Array> &kept, std::vector<View> &out) {
+  if (kept.size() != layout.size())
+    return fail("expected " + llvm::Twine(layout.size()) + " kept buffers, got " +
+                llvm::Twine(kept.size()));
+  out.clear();
+  for (auto [i, array] : llvm::enumerate(kept)) {
+    std::vector<Slot> names = {{"#" + std::to_string(i), {}}};
+    std::vector<View> one;
+    if (auto e = viewsOf({array}, names, layout[i].element, "kept buffer", one))
+      return e;
+    out.push_back(one[0]);
+  }
+  return llvm::Error::success();
+}
+} // namespace
+
+llvm::Expected<SavedPtr> CpuCell::adopt(const Sequence &seq, Recompute mode,
+                                        const std::vector<Array> &outputs,
+                                        const std::vector<Array> &kept) const {
+  if (seq.batchFirst)
+    return fail("kept buffers are time-major only");
+  if (seq.inputs.empty() || seq.inputs[0].shape.size() != 3)
+    return fail("adopt needs the forward's inputs, [T, B, n]");
+  int64_t T = seq.inputs[0].shape[0], B = seq.inputs[0].shape[1];
+  driver::Element e = elementOf(elementType);
+  driver::Sequence s;
+  if (auto err = driverSequence(*this, seq, T, B, e, s))
+    return std::move(err);
+  std::vector<View> outs, keptIn;
+  if (auto err = viewsOf(outputs, outputSlots, e, "output", outs))
+    return std::move(err);
+  if (auto err = keptViews(keptLayout(mode, !seq.lengths.empty()), kept, keptIn))
+    return std::move(err);
+  SavedPtr saved;
+  if (auto err = errorOf(impl->driver->adopt(s, mode, outs, keptIn, saved)))
+    return std::move(err);
+  return saved;
+}
+
 llvm::Error CpuCell::forward(const Sequence &batchFirstOrNot,
                              const std::vector<Array> &callerOutputs,
                              const std::vector<Array> &finalStates, Recompute mode,
-                             SavedPtr *saved) {
+                             SavedPtr *saved, const std::vector<Array> *kept) {
+  if (kept && (batchFirstOrNot.batchFirst || !saved))
+    return fail("kept buffers need a time-major training forward");
   // Batch-first sequences run time-major, on copies.
   std::optional<TimeMajor> tm;
   Sequence seq;
@@ -675,8 +733,13 @@ llvm::Error CpuCell::forward(const Sequence &batchFirstOrNot,
     return err;
   if (auto err = viewsOf(outputs, outputSlots, e, "output", outs))
     return err;
+  std::vector<View> keptIn;
+  if (kept)
+    if (auto err = keptViews(keptLayout(mode, !seq.lengths.empty()), *kept, keptIn))
+      return err;
   if (auto err = errorOf(impl->driver->forward(s, outs, finals, mode, saved,
-                                               seq.outputsOutliveSaved && !tm)))
+                                               (seq.outputsOutliveSaved || kept) && !tm,
+                                               kept ? &keptIn : nullptr)))
     return err;
   if (tm)
     tm->copyBack(outputs, callerOutputs);

@@ -165,9 +165,25 @@ public:
 
   /// Runs the cell over the sequence, writing outputs `[T, B, n]` and final
   /// states `[B, n]`. With `saved`, keeps what `backward` needs in `mode`.
+  /// With `kept` (time-major only), what forward keeps goes into the
+  /// caller's buffers, those that `keptLayout` says, and the outputs are kept
+  /// by the caller too (`outputsOutliveSaved`): a caller that holds them as
+  /// tensors (a torch operator) rebuilds the Saved with `adopt`.
   llvm::Error forward(const Sequence &seq, const std::vector<Array> &outputs,
                       const std::vector<Array> &finalStates, Recompute mode,
-                      SavedPtr *saved);
+                      SavedPtr *saved, const std::vector<Array> *kept = nullptr);
+
+  /// What a training forward in `mode` keeps, as a caller that holds it
+  /// allocates it (driver::SequenceDriver::keptLayout; the outputs kept).
+  std::vector<driver::KeptBuffer> keptLayout(Recompute mode, bool hasLengths) const;
+  /// The outputs such a forward keeps as states' histories (sorted, once).
+  std::vector<size_t> keptOutputs(Recompute mode, bool hasLengths) const;
+
+  /// The Saved of a forward of `seq` in `mode` whose kept buffers are the
+  /// caller's `kept`, with its `outputs`: for `backward`.
+  llvm::Expected<SavedPtr> adopt(const Sequence &seq, Recompute mode,
+                                 const std::vector<Array> &outputs,
+                                 const std::vector<Array> &kept) const;
 
   /// The gradients of a loss given its gradients with respect to the outputs
   /// `[T, B, n]` and the final states `[B, n]` (null data: zeros). Writes the

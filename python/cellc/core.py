@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from . import _cellc, _tools
+from . import _cellc, _ops, _tools
 
 _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 
@@ -54,6 +54,18 @@ def _check_lengths(lengths, T, B):
     a list."""
     if lengths is None:
         return []
+    lengths = _lengths_tensor(lengths, B).tolist()
+    bad = [n for n in lengths if n < 0 or n > T]
+    if bad:
+        raise ValueError(f"lengths must be in [0, T = {T}], got {bad[0]}")
+    return lengths
+
+
+def _lengths_tensor(lengths, B):
+    """Per-sample lengths as an int64 CPU tensor [B] (or None), its
+    values unread: what the torch operators take."""
+    if lengths is None:
+        return None
     if isinstance(lengths, torch.Tensor):
         if lengths.dtype != torch.int64:
             raise TypeError(f"lengths must be an int64 tensor, got {lengths.dtype}")
@@ -62,17 +74,25 @@ def _check_lengths(lengths, T, B):
                              f"got {lengths.device}")
         if lengths.dim() != 1:
             raise ValueError(f"lengths must be [B], got shape {list(lengths.shape)}")
-        lengths = lengths.tolist()
     elif isinstance(lengths, (list, tuple)) and all(isinstance(n, int) for n in lengths):
-        lengths = list(lengths)
+        lengths = torch.tensor(list(lengths), dtype=torch.int64)
     else:
         raise TypeError("lengths must be an int64 tensor or a list of ints")
-    if len(lengths) != B:
-        raise ValueError(f"expected {B} lengths, one a sample, got {len(lengths)}")
-    bad = [n for n in lengths if n < 0 or n > T]
-    if bad:
-        raise ValueError(f"lengths must be in [0, T = {T}], got {bad[0]}")
+    if lengths.shape[0] != B:
+        raise ValueError(f"expected {B} lengths, one a sample, got {lengths.shape[0]}")
     return lengths
+
+
+def _autocast_cpu():
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4
+        return torch.is_autocast_cpu_enabled()
+
+
+def _compiling():
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and compiler.is_compiling()
 
 
 class _CellFunction(torch.autograd.Function):
@@ -167,6 +187,8 @@ class Cell:
         # show at compile time; warnings (an unused param) are issued here.
         symbols = {n for _, _, shape in decls for terms in shape for _, names in terms
                    for n in names}
+        #: The size symbols, in the order the torch operators list their values.
+        self.size_symbols = sorted(symbols)
         self.outputs = _cellc.output_names(source, file_name)
         try:
             _, messages = _cellc.emit(source, file_name, {s: 60 for s in symbols},
@@ -177,7 +199,9 @@ class Cell:
             if messages:
                 warnings.warn(messages, stacklevel=3)
         self._compiled = {}
+        self._layouts = {}
         self._cuda = {}
+        self._key = _ops.cell_key(self) if _ops.AVAILABLE else None
         #: Bytes the last call keeps for its backward (0 without autograd).
         self.saved_bytes = 0
         # The compiled cell of the last call on the CPU (memory_stats).
@@ -271,6 +295,26 @@ class Cell:
                                                  batch if bucket else 0)
         return self._compiled[key]
 
+    def layout(self, sizes, dtype, mode, has_lengths):
+        """What a call at `sizes` returns and keeps, from the cell's interface
+        (no sizes of T or B in it): a dict with the widths of the "outputs"
+        and "states", the "kept" buffers of a training forward in `mode` as
+        (per chunk, width, element) and the outputs it "read"s as states'
+        histories. Compiles the cell at `sizes` if no config of it is
+        compiled yet."""
+        key = (tuple(sorted(sizes.items())), dtype, mode, has_lengths)
+        layout = self._layouts.get(key)
+        if layout is None:
+            same = [c for (s, d, _), c in self._compiled.items()
+                    if s == key[0] and d == dtype]
+            compiled = same[0] if same else self.jit(sizes, dtype)
+            kept, read = compiled.kept_layout(mode, has_lengths)
+            layout = {"outputs": [shape[0] for _, shape in compiled.outputs],
+                      "states": [shape[0] for _, shape in compiled.states],
+                      "kept": kept, "read": read}
+            self._layouts[key] = layout
+        return layout
+
     def emit(self, stage, sizes=None, dtype=torch.float32, save_gates=None):
         """The IR at `stage`: "mlir", "split", "grad", "saves", "plan", "phases",
         "kernels", "llvm" or "ptx" (the CUDA kernels for sm_90, gates saved
@@ -356,6 +400,10 @@ class Cell:
             if not isinstance(resets, torch.Tensor) or tuple(resets.shape) != want:
                 raise ValueError(f"resets must be a bool tensor of shape {list(want)}")
             resets = resets.to(torch.uint8).contiguous()
+        mode = _parse_mode(save_gates, recompute)
+        if _ops.AVAILABLE and device.type == "cpu":
+            return self._call_op(sizes, inputs, [params[n] for n in names_par], states,
+                                 resets, mode, batch_first, lengths)
         lengths = _check_lengths(lengths, T, B)
         if device.type == "cuda":
             return self._call_cuda(sizes, names_in, inputs, names_par, params, states, resets,
@@ -366,7 +414,6 @@ class Cell:
             for (n, shape) in compiled.states:
                 t = states.get(n)
                 state_list.append(t if t is not None else inputs[0].new_zeros(B, shape[0]))
-        mode = _parse_mode(save_gates, recompute)
         tensors = [t.contiguous() for t in tensors + state_list]
         training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         counts = (len(inputs), len(names_par), len(state_list), batch_first)
@@ -381,6 +428,46 @@ class Cell:
         final = {n: t for (n, _), t in zip(compiled.states, finals)}
         return out, final
 
+    def _call_op(self, sizes, inputs, params, states, resets, mode, batch_first, lengths):
+        """A call through the torch operator cellc::sequence (torch >= 2.4):
+        what torch.compile and torch.export trace. Reads no tensor's values."""
+        x0 = inputs[0]
+        if x0.dtype not in _DTYPES:
+            raise TypeError(f"cellc runs float32 and float64 tensors on the CPU, not "
+                            f"{x0.dtype}" + (" (under torch.autocast: give the cell "
+                                             "float32 tensors, e.g. x.float())"
+                                             if _autocast_cpu() else ""))
+        if batch_first:
+            inputs = [t.transpose(0, 1) for t in inputs]
+            resets = resets.transpose(0, 1) if resets is not None else None
+        B = inputs[0].shape[1]
+        lengths = _lengths_tensor(lengths, B)
+        state_list = []
+        if states is not None:
+            for n, _ in self.states:
+                t = states.get(n)
+                state_list.append(t if t is not None
+                                  else x0.new_zeros(B, self.shape(n, sizes)[0]))
+        inputs, params, state_list = ([t.contiguous() for t in ts]
+                                      for ts in (inputs, params, state_list))
+        training = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (*inputs, *params, *state_list))
+        # The sizes key the kernels; the fake implementation reads them too.
+        # (Under torch.compile, int() makes a size that Dynamo would leave
+        # symbolic a constant; T and B stay symbolic.)
+        values = [int(sizes[n]) if n in sizes else -1 for n in self.size_symbols]
+        results = torch.ops.cellc.sequence(self._key, mode, values, training, inputs,
+                                           params, state_list,
+                                           resets.contiguous() if resets is not None
+                                           else None, lengths)
+        n_out, n_st = len(self.outputs), len(self.states)
+        if not _compiling():
+            self.saved_bytes = sum(k.numel() * k.element_size()
+                                   for k in results[n_out + n_st:])
+        outs = [o.transpose(0, 1) if batch_first else o for o in results[:n_out]]
+        out = outs[0] if n_out == 1 else dict(zip(self.outputs, outs))
+        final = {n: t for (n, _), t in zip(self.states, results[n_out:n_out + n_st])}
+        return out, final
 
     # Memory ------------------------------------------------------------------
 

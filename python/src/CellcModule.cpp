@@ -24,6 +24,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 namespace py = pybind11;
 using namespace cellc;
 using namespace cellc::runtime;
@@ -123,20 +125,61 @@ struct PyCell {
                                    const Buffers &outputs, const Buffers &finals,
                                    const std::string &mode, bool training,
                                    const std::vector<int64_t> &lengths,
-                                   bool outputsOutliveSaved) {
-    auto parsed = Recompute::parse(mode);
-    if (!parsed)
-      throw py::value_error(llvm::toString(parsed.takeError()));
+                                   bool outputsOutliveSaved,
+                                   const std::optional<Buffers> &kept) {
     auto saved = std::make_shared<PySaved>();
     CpuCell::Sequence seq =
         sequence(inputs, params, states, resets, steps, batch, batchFirst, lengths);
     seq.outputsOutliveSaved = outputsOutliveSaved;
+    Recompute parsed = parseMode(mode);
+    std::vector<Array> keptArrays = kept ? arrays(*kept) : std::vector<Array>();
     {
       py::gil_scoped_release release;
-      check(cell->forward(seq, arrays(outputs), arrays(finals), *parsed,
-                          training ? &saved->saved : nullptr));
+      check(cell->forward(seq, arrays(outputs), arrays(finals), parsed,
+                          training ? &saved->saved : nullptr, kept ? &keptArrays : nullptr));
     }
     return training ? saved : nullptr;
+  }
+
+  static Recompute parseMode(const std::string &mode) {
+    auto parsed = Recompute::parse(mode);
+    if (!parsed)
+      throw py::value_error(llvm::toString(parsed.takeError()));
+    return *parsed;
+  }
+
+  /// What a training forward in `mode` keeps: (per chunk, width, dtype)
+  /// buffers `[T or chunks, B, width]` that the caller allocates, and the
+  /// outputs (indices) it keeps as states' histories.
+  py::tuple keptLayout(const std::string &mode, bool hasLengths) {
+    Recompute parsed = parseMode(mode);
+    py::list layout;
+    for (const driver::KeptBuffer &b : cell->keptLayout(parsed, hasLengths))
+      layout.append(py::make_tuple(b.perChunk, b.width,
+                                   b.element == driver::Element::F64 ? "f64" : "f32"));
+    return py::make_tuple(layout, cell->keptOutputs(parsed, hasLengths));
+  }
+
+  /// The backward of a forward whose kept buffers (and outputs) the caller
+  /// holds.
+  void backwardKept(const Buffers &inputs, const Buffers &params, const Buffers &states,
+                    uintptr_t resets, int64_t steps, int64_t batch,
+                    const std::string &mode, const std::vector<int64_t> &lengths,
+                    const Buffers &outputs, const Buffers &kept,
+                    const Buffers &gradOutputs, const Buffers &gradFinals,
+                    const Buffers &gradInputs, const Buffers &gradParams,
+                    const Buffers &gradStates) {
+    CpuCell::Sequence seq =
+        sequence(inputs, params, states, resets, steps, batch, false, lengths);
+    Recompute parsed = parseMode(mode);
+    py::gil_scoped_release release;
+    auto saved = cell->adopt(seq, parsed, arrays(outputs), arrays(kept));
+    if (!saved) {
+      py::gil_scoped_acquire acquire;
+      check(saved.takeError());
+    }
+    check(cell->backward(seq, **saved, arrays(gradOutputs), arrays(gradFinals),
+                         arrays(gradInputs), arrays(gradParams), arrays(gradStates)));
   }
 
   void backward(const Buffers &inputs, const Buffers &params,
@@ -346,8 +389,10 @@ PYBIND11_MODULE(_cellc, m) {
            py::arg("states"), py::arg("resets"), py::arg("steps"), py::arg("batch"),
            py::arg("batch_first"), py::arg("outputs"), py::arg("finals"),
            py::arg("mode"), py::arg("training"), py::arg("lengths"),
-           py::arg("outputs_outlive_saved") = false)
+           py::arg("outputs_outlive_saved") = false, py::arg("kept") = py::none())
       .def("backward", &PyCell::backward)
+      .def("kept_layout", &PyCell::keptLayout, py::arg("mode"), py::arg("has_lengths"))
+      .def("backward_kept", &PyCell::backwardKept)
       .def(
           "memory_stats",
           [](PyCell &c) {

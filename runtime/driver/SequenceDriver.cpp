@@ -147,6 +147,16 @@ public:
   std::vector<int64_t> lengths;
   /// The outputs that `states` reads (the caller's buffers).
   std::vector<size_t> outputsRead;
+  /// The caller's kept buffers (bytes) that this Saved views: counted in
+  /// `ledger` while it lives, as `owned` is, so that the driver's figures do
+  /// not depend on who allocates.
+  std::shared_ptr<SequenceDriver::Ledger> ledger;
+  int64_t callerBytes = 0;
+
+  ~Saved() {
+    if (ledger)
+      ledger->remove(callerBytes);
+  }
 };
 
 void SavedDeleter::operator()(Saved *saved) const { delete saved; }
@@ -677,6 +687,14 @@ int64_t SequenceDriver::keptOutput(size_t state, Recompute mode, bool hasLengths
   return cell.stateOutputs[state];
 }
 
+std::vector<int64_t> SequenceDriver::keptOutputs(Recompute mode, bool hasLengths,
+                                                 bool outputsOutliveSaved) const {
+  std::vector<int64_t> outputs;
+  for (size_t i = 0; i < cell.states.size(); ++i)
+    outputs.push_back(keptOutput(i, mode, hasLengths, outputsOutliveSaved));
+  return outputs;
+}
+
 std::vector<KeptBuffer> SequenceDriver::keptLayout(Recompute mode, bool hasLengths,
                                                    bool outputsOutliveSaved) const {
   std::vector<KeptBuffer> layout;
@@ -720,6 +738,7 @@ Status SequenceDriver::makeSaved(const Sequence &seq, Recompute mode,
         return e;
       if (view.element() != b.element)
         return Status::error(what + " has the wrong element type");
+      s->callerBytes += view.size() * bytesOf(b.element);
     } else {
       s->owned.emplace_back();
       if (Status e = scratch(shape, b.element, false, s->owned.back()))
@@ -742,6 +761,10 @@ Status SequenceDriver::makeSaved(const Sequence &seq, Recompute mode,
   if (mode.kind == Recompute::Kind::None)
     if (Status e = take(s->gates))
       return e;
+  if (s->callerBytes) {
+    s->ledger = ledger;
+    ledger->add(s->callerBytes);
+  }
   out = std::move(s);
   return Status();
 }
@@ -751,9 +774,13 @@ Status SequenceDriver::adopt(const Sequence &seq, Recompute mode,
                              const std::vector<View> &kept, SavedPtr &out) {
   if (outputs.size() != cell.outputs.size())
     return Status::error("expected " + std::to_string(cell.outputs.size()) + " outputs");
+  // Only the outputs kept as states' histories are read; the others may be
+  // absent.
+  std::vector<int64_t> read = keptOutputs(mode, !seq.lengths.empty(), true);
   for (size_t i = 0; i < cell.outputs.size(); ++i)
     if (Status e = check(outputs[i], {seq.steps, seq.batch, cell.outputs[i].shape[0]},
-                         "output '" + cell.outputs[i].name + "'"))
+                         "output '" + cell.outputs[i].name + "'",
+                         /*optional=*/std::find(read.begin(), read.end(), int64_t(i)) == read.end()))
       return e;
   return makeSaved(seq, mode, outputs, /*outputsOutliveSaved=*/true, &kept, out);
 }

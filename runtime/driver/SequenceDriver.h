@@ -288,9 +288,14 @@ public:
   /// each chunk of `mode.chunk` steps (chunk:K); then the gates (none).
   std::vector<KeptBuffer> keptLayout(Recompute mode, bool hasLengths,
                                      bool outputsOutliveSaved) const;
+  /// For each state, the output that such a forward keeps as its history
+  /// (which the caller must keep unchanged until the backward), or -1.
+  std::vector<int64_t> keptOutputs(Recompute mode, bool hasLengths,
+                                   bool outputsOutliveSaved) const;
 
   /// What a forward of `seq` in `mode` kept into the caller's `kept` buffers
   /// (keptLayout's, with the outputs kept by the caller), for `backward`.
+  /// Outputs that it does not keep (keptOutputs) may be absent.
   Status adopt(const Sequence &seq, Recompute mode, const std::vector<View> &outputs,
                const std::vector<View> &kept, SavedPtr &out);
 

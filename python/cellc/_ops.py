@@ -1,0 +1,216 @@
+"""A cell's sequence as torch operators (torch >= 2.4): `cellc::sequence` and
+`cellc::sequence_backward`, with fake implementations that give the exact
+shapes from the cell's interface and an autograd formula. torch.compile and
+torch.export see one op a call: no graph break, and T and B stay symbolic.
+
+The forward returns the outputs, the final states and what the backward
+needs (the kept buffers of `CpuCell::keptLayout`: states' histories or chunk
+starts, and gates), allocated by torch so that autograd holds them; the
+outputs that are states' histories are saved as outputs. Nothing in here
+reads a tensor's values while tracing: the lengths' values are checked in
+the real implementation, which runs the same driver as torch 1.13's
+autograd.Function (core._CellFunction)."""
+
+import itertools
+import json
+import weakref
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+#: Whether this torch can register cellc's operators.
+AVAILABLE = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
+
+_ELEMENTS = {"f32": torch.float32, "f64": torch.float64}
+
+# The cells that ops name, by key (cell_key), while they live. A key whose
+# cell is gone (an exported program loaded in another process) makes its
+# cell again from the key itself.
+_CELLS = weakref.WeakValueDictionary()
+_NEXT = itertools.count()
+
+
+def cell_key(cell):
+    """The string that names `cell` in its ops: its source and options, and
+    which Cell it is (each keeps its own memory_stats)."""
+    key = json.dumps({"source": cell.source, "file": cell.file_name,
+                      "target": cell.target, "threads": cell.threads,
+                      "cuda": sorted(cell.cuda_options.items()), "id": next(_NEXT)},
+                     sort_keys=True)
+    _CELLS[key] = cell
+    return key
+
+
+def _cell(key):
+    cell = _CELLS.get(key)
+    if cell is None:
+        from .core import Cell
+        spec = json.loads(key)
+        cell = Cell(spec["source"], spec["file"], spec["target"], spec["threads"],
+                    dict(spec["cuda"]))
+        _CELLS[key] = cell
+    return cell
+
+
+def _sizes(cell, sizes):
+    """The size symbols' values from the ops' list (-1: not bound)."""
+    return {n: v for n, v in zip(cell.size_symbols, sizes) if v >= 0}
+
+
+def _lead(mode, T):
+    """The leading dimension of a per-chunk kept buffer."""
+    if mode.startswith("chunk:"):
+        K = int(mode[len("chunk:"):])
+        return (T + K - 1) // K
+    return T
+
+
+def _empty_outputs(cell, sizes, mode, training, x0, has_lengths):
+    """The op's results, allocated (fake or real): outputs [T, B, n], final
+    states [B, n], and the kept buffers when training."""
+    T, B = x0.shape[0], x0.shape[1]
+    layout = cell.layout(sizes, x0.dtype, mode, has_lengths)
+    results = [x0.new_empty(T, B, n) for n in layout["outputs"]]
+    results += [x0.new_empty(B, n) for n in layout["states"]]
+    if training:
+        results += [x0.new_empty(_lead(mode, T) if per_chunk else T, B, n,
+                                 dtype=_ELEMENTS[element])
+                    for per_chunk, n, element in layout["kept"]]
+    return results
+
+
+def _contiguous(*lists):
+    """Each list's tensors, contiguous (the driver reads dense buffers). The
+    caller holds the copies while the driver runs."""
+    return [[t.contiguous() if t is not None else None for t in ts] for ts in lists]
+
+
+def _buffers(tensors):
+    return [(t.data_ptr(), list(t.shape)) if t is not None else (0, []) for t in tensors]
+
+
+if AVAILABLE:
+    @torch.library.custom_op("cellc::sequence", mutates_args=())
+    def sequence(cell: str, mode: str, sizes: List[int], training: bool,
+                 inputs: List[Tensor], params: List[Tensor], states: List[Tensor],
+                 resets: Optional[Tensor], lengths: Optional[Tensor]) -> List[Tensor]:
+        """Runs the cell over time-major `inputs`: its outputs, final states and,
+        when `training`, the kept buffers for `sequence_backward`."""
+        from .core import _check_lengths
+        c = _cell(cell)
+        inputs, params, states = _contiguous(inputs, params, states)
+        x0 = inputs[0]
+        T, B = x0.shape[0], x0.shape[1]
+        values = _check_lengths(lengths, T, B)
+        bound = _sizes(c, sizes)
+        compiled = c.jit(bound, x0.dtype, batch=B, seq_len=T)
+        results = _empty_outputs(c, bound, mode, training, x0, lengths is not None)
+        n_out, n_st = len(compiled.outputs), len(compiled.states)
+        outputs, finals = results[:n_out], results[n_out:n_out + n_st]
+        kept = results[n_out + n_st:] if training else None
+        compiled.forward(_buffers(inputs), _buffers(params), _buffers(states),
+                         resets.data_ptr() if resets is not None else 0, T, B, False,
+                         _buffers(outputs), _buffers(finals), mode, training, values,
+                         outputs_outlive_saved=True,
+                         kept=_buffers(kept) if training else None)
+        c._last = compiled
+        return results
+
+    @sequence.register_fake
+    def _(cell, mode, sizes, training, inputs, params, states, resets, lengths):
+        c = _cell(cell)
+        return _empty_outputs(c, _sizes(c, sizes), mode, training, inputs[0],
+                              lengths is not None)
+
+    @torch.library.custom_op("cellc::sequence_backward", mutates_args=())
+    def sequence_backward(cell: str, mode: str, sizes: List[int], inputs: List[Tensor],
+                          params: List[Tensor], states: List[Tensor],
+                          resets: Optional[Tensor], lengths: Optional[Tensor],
+                          outputs: List[Optional[Tensor]], kept: List[Tensor],
+                          grad_outputs: List[Optional[Tensor]],
+                          grad_finals: List[Optional[Tensor]],
+                          wanted: List[bool]) -> List[Tensor]:
+        """The gradients of the inputs, params and states of a `sequence` call
+        (empty where not `wanted`) from those of its outputs and final states
+        (None: zeros), given its kept buffers and the outputs it reads."""
+        from .core import _check_lengths
+        c = _cell(cell)
+        inputs, params, states, outputs, kept = _contiguous(inputs, params, states, outputs,
+                                                            kept)
+        x0 = inputs[0]
+        T, B = x0.shape[0], x0.shape[1]
+        values = _check_lengths(lengths, T, B)
+        compiled = c.jit(_sizes(c, sizes), x0.dtype, batch=B, seq_len=T)
+        grads = _empty_grads(inputs, params, states, wanted)
+        n_in, n_par = len(inputs), len(params)
+        d_in, d_par, d_st = grads[:n_in], grads[n_in:n_in + n_par], grads[n_in + n_par:]
+        unwanted = lambda ts, first: [t if wanted[first + i] else None
+                                      for i, t in enumerate(ts)]
+        # Held here while the driver reads them (an expanded gradient, such
+        # as that of a sum, becomes a copy).
+        grad_outputs, grad_finals = _contiguous(grad_outputs, grad_finals)
+        compiled.backward_kept(
+            _buffers(inputs), _buffers(params), _buffers(states),
+            resets.data_ptr() if resets is not None else 0, T, B, mode, values,
+            _buffers(outputs), _buffers(kept), _buffers(grad_outputs),
+            _buffers(grad_finals), _buffers(unwanted(d_in, 0)),
+            _buffers(unwanted(d_par, n_in)),
+            _buffers(unwanted(d_st, n_in + n_par) if states
+                     else [None] * len(compiled.states)))
+        c._last = compiled
+        return grads
+
+    def _empty_grads(inputs, params, states, wanted):
+        tensors = [*inputs, *params, *states]
+        return [torch.empty(t.shape, dtype=t.dtype, device=t.device) if w
+                else t.new_empty(0) for t, w in zip(tensors, wanted)]
+
+    @sequence_backward.register_fake
+    def _(cell, mode, sizes, inputs, params, states, resets, lengths, outputs, kept,
+          grad_outputs, grad_finals, wanted):
+        return _empty_grads(inputs, params, states, wanted)
+
+    def _setup_context(ctx, inputs, output):
+        cell, mode, sizes, training, ins, params, states, resets, lengths = inputs
+        c = _cell(cell)
+        layout = c.layout(_sizes(c, sizes), ins[0].dtype, mode, lengths is not None)
+        n_out, n_st = len(layout["outputs"]), len(layout["states"])
+        kept = output[n_out + n_st:]
+        if kept:
+            ctx.mark_non_differentiable(*kept)
+        # Gradients nobody produced stay None: the driver reads null as zeros.
+        ctx.set_materialize_grads(False)
+        read = layout["read"] if training else []
+        ctx.counts = (len(ins), len(params), len(states), read, n_out, n_st)
+        ctx.call = (cell, mode, sizes, training)
+        # An output that is a state's history is saved: autograd then refuses
+        # a backward after an in-place change to it.
+        ctx.save_for_backward(*ins, *params, *states, *[output[i] for i in read], *kept,
+                              resets, lengths)
+
+    def _backward(ctx, grads):
+        cell, mode, sizes, training = ctx.call
+        if not training:
+            raise RuntimeError("cellc: this call ran without autograd (no tensor required "
+                               "a gradient, or grad mode was off); it cannot backward")
+        n_in, n_par, n_st, read, n_out, n_states = ctx.counts
+        saved = ctx.saved_tensors
+        ins, params = list(saved[:n_in]), list(saved[n_in:n_in + n_par])
+        states = list(saved[n_in + n_par:n_in + n_par + n_st])
+        rest = saved[n_in + n_par + n_st:]
+        outputs = [None] * n_out
+        for i, t in zip(read, rest):
+            outputs[i] = t
+        kept, (resets, lengths) = list(rest[len(read):-2]), rest[-2:]
+        needs = ctx.needs_input_grad
+        wanted = [*needs[4], *needs[5], *needs[6]]
+        grads = list(grads)
+        result = torch.ops.cellc.sequence_backward(
+            cell, mode, sizes, ins, params, states, resets, lengths, outputs, kept,
+            grads[:n_out], grads[n_out:n_out + n_states], wanted)
+        result = [g if w else None for g, w in zip(result, wanted)]
+        return (None, None, None, None, result[:n_in], result[n_in:n_in + n_par],
+                result[n_in + n_par:], None, None)
+
+    sequence.register_autograd(_backward, setup_context=_setup_context)
