@@ -364,6 +364,14 @@ class Cell:
         for t in tensors + list((states or {}).values()):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"expected tensors, got {type(t).__name__}")
+        if _autocast_cpu() and inputs[0].device.type == "cpu":
+            # Under autocast, the CPU kernels run float32, as autocast runs
+            # its float32 ops: lower-precision tensors are cast up.
+            up = lambda t: t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+            inputs = [up(t) for t in inputs]
+            params = {n: up(t) for n, t in params.items()}
+            states = {n: up(t) for n, t in states.items()} if states is not None else None
+            tensors = list(inputs) + [params[n] for n in names_par]
         dtype = inputs[0].dtype
         for t in tensors + list((states or {}).values()):
             if t.dtype != dtype:
@@ -434,9 +442,8 @@ class Cell:
         x0 = inputs[0]
         if x0.dtype not in _DTYPES:
             raise TypeError(f"cellc runs float32 and float64 tensors on the CPU, not "
-                            f"{x0.dtype}" + (" (under torch.autocast: give the cell "
-                                             "float32 tensors, e.g. x.float())"
-                                             if _autocast_cpu() else ""))
+                            f"{x0.dtype} (under torch.autocast it casts bfloat16 and "
+                            f"float16 to float32)")
         if batch_first:
             inputs = [t.transpose(0, 1) for t in inputs]
             resets = resets.transpose(0, 1) if resets is not None else None

@@ -8,7 +8,7 @@ import os
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
-from .core import compile as _compile
+from .core import _compiling, compile as _compile
 
 
 def _shipped(name):
@@ -153,7 +153,9 @@ class _TorchStyleRNN(torch.nn.Module):
         directions = 2 if self.bidirectional else 1
         finals = [[] for _ in self.state_names]
         layer_input = x
-        self.saved_bytes = 0
+        # Eager bookkeeping: a compiled graph neither reads nor guards on it.
+        count = not _compiling()
+        saved_bytes = 0
         for layer in range(self.num_layers):
             outs = []
             for d in range(directions):
@@ -166,13 +168,16 @@ class _TorchStyleRNN(torch.nn.Module):
                 r = resets if d == 0 else _reverse_resets(resets, lengths)
                 out, final = self.cell(seq, self._params(index), states, resets=r,
                                        recompute=self.recompute, lengths=lengths)
-                self.saved_bytes += self.cell.saved_bytes
+                if count:
+                    saved_bytes += self.cell.saved_bytes
                 outs.append(out if d == 0 else _reverse_steps(out, lengths))
                 for k, n in enumerate(self.state_names):
                     finals[k].append(final[n])
             layer_input = outs[0] if directions == 1 else torch.cat(outs, dim=2)
-            if self.dropout and self.training and layer + 1 < self.num_layers:
+            if layer + 1 < self.num_layers and self.training and self.dropout:
                 layer_input = torch.nn.functional.dropout(layer_input, self.dropout, True)
+        if count:
+            self.saved_bytes = saved_bytes
         return layer_input, tuple(torch.stack(f) for f in finals)
 
     def _forward(self, input, hx, resets):
@@ -329,7 +334,7 @@ class Recurrent(torch.nn.Module):
                                    lengths=lengths)
             finals.append(final)
             x = out if isinstance(out, torch.Tensor) else next(iter(out.values()))
-            if self.dropout and self.training and k + 1 < self.num_layers:
+            if k + 1 < self.num_layers and self.training and self.dropout:
                 x = torch.nn.functional.dropout(x, self.dropout, True)
         if packed is not None:
             finals = [{n: to_sorted(t[None], True)[0] for n, t in f.items()} for f in finals]
@@ -397,8 +402,9 @@ class LayerNormLSTM(torch.nn.Module):
                     raise ValueError(f"LayerNormLSTM: {name}_0 must be [1, {B}, {H}], "
                                      f"got {list(s.shape)}")
             states = {"h": state[0][0], "c": state[1][0]}
-        recurrent = torch.nn.functional.dropout(self.recurrent_kernel, self.dropout,
-                                                self.training)
+        recurrent = self.recurrent_kernel
+        if self.training and self.dropout:
+            recurrent = torch.nn.functional.dropout(recurrent, self.dropout, True)
         params = {"W": self.kernel.t().contiguous(), "R": recurrent.t().contiguous(),
                   "b": self.bias, "gamma_x": self.gamma[0], "gamma_r": self.gamma[1],
                   "gamma_h": self.gamma_h, "beta_h": self.beta_h}
