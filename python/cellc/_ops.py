@@ -70,13 +70,12 @@ def _empty_outputs(cell, sizes, mode, training, x0, has_lengths):
     """The op's results, allocated (fake or real): outputs [T, B, n], final
     states [B, n], and the kept buffers when training."""
     T, B = x0.shape[0], x0.shape[1]
-    layout = cell.layout(sizes, x0.dtype, mode, has_lengths)
-    results = [x0.new_empty(T, B, n) for n in layout["outputs"]]
-    results += [x0.new_empty(B, n) for n in layout["states"]]
+    layout = cell.layout(sizes, x0.dtype, mode, has_lengths, x0.device)
+    results = [x0.new_empty(T, B, n, dtype=dtype) for n, dtype in layout["outputs"]]
+    results += [x0.new_empty(B, n, dtype=dtype) for n, dtype in layout["states"]]
     if training:
-        results += [x0.new_empty(_lead(mode, T) if per_chunk else T, B, n,
-                                 dtype=_ELEMENTS[element])
-                    for per_chunk, n, element in layout["kept"]]
+        results += [x0.new_empty(_lead(mode, T) if per_chunk else T, B, n, dtype=dtype)
+                    for per_chunk, n, dtype in layout["kept"]]
     return results
 
 
@@ -88,6 +87,43 @@ def _contiguous(*lists):
 
 def _buffers(tensors):
     return [(t.data_ptr(), list(t.shape)) if t is not None else (0, []) for t in tensors]
+
+
+class CpuRunner:
+    """The JIT-compiled cell as the operators run it (CudaCell has the same
+    three methods)."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def memory_stats(self):
+        return self.compiled.memory_stats()
+
+    def layout(self, mode, has_lengths):
+        kept, read = self.compiled.kept_layout(mode, has_lengths)
+        return {"outputs": [(shape[0], None) for _, shape in self.compiled.outputs],
+                "states": [(shape[0], None) for _, shape in self.compiled.states],
+                "kept": [(per_chunk, n, _ELEMENTS[e]) for per_chunk, n, e in kept],
+                "read": read}
+
+    def forward_kept(self, mode, inputs, params, states, resets, lengths, outputs, finals,
+                     kept):
+        T, B = inputs[0].shape[:2]
+        self.compiled.forward(_buffers(inputs), _buffers(params), _buffers(states),
+                              resets.data_ptr() if resets is not None else 0, T, B, False,
+                              _buffers(outputs), _buffers(finals), mode, kept is not None,
+                              lengths, outputs_outlive_saved=True,
+                              kept=_buffers(kept) if kept is not None else None)
+
+    def backward_kept(self, mode, inputs, params, states, resets, lengths, outputs, kept,
+                      grad_outputs, grad_finals, grad_inputs, grad_params, grad_states):
+        T, B = inputs[0].shape[:2]
+        self.compiled.backward_kept(
+            _buffers(inputs), _buffers(params), _buffers(states),
+            resets.data_ptr() if resets is not None else 0, T, B, mode, lengths,
+            _buffers(outputs), _buffers(kept), _buffers(grad_outputs), _buffers(grad_finals),
+            _buffers(grad_inputs), _buffers(grad_params),
+            _buffers(grad_states if states else [None] * len(self.compiled.states)))
 
 
 if AVAILABLE:
@@ -104,17 +140,13 @@ if AVAILABLE:
         T, B = x0.shape[0], x0.shape[1]
         values = _check_lengths(lengths, T, B)
         bound = _sizes(c, sizes)
-        compiled = c.jit(bound, x0.dtype, batch=B, seq_len=T)
+        runner = c._runner(bound, x0.dtype, x0.device, batch=B, seq_len=T)
         results = _empty_outputs(c, bound, mode, training, x0, lengths is not None)
-        n_out, n_st = len(compiled.outputs), len(compiled.states)
-        outputs, finals = results[:n_out], results[n_out:n_out + n_st]
-        kept = results[n_out + n_st:] if training else None
-        compiled.forward(_buffers(inputs), _buffers(params), _buffers(states),
-                         resets.data_ptr() if resets is not None else 0, T, B, False,
-                         _buffers(outputs), _buffers(finals), mode, training, values,
-                         outputs_outlive_saved=True,
-                         kept=_buffers(kept) if training else None)
-        c._last = compiled
+        n_out, n_st = len(c.outputs), len(c.states)
+        runner.forward_kept(mode, inputs, params, states, resets, values, results[:n_out],
+                            results[n_out:n_out + n_st],
+                            results[n_out + n_st:] if training else None)
+        c._last = runner
         return results
 
     @sequence.register_fake
@@ -136,29 +168,21 @@ if AVAILABLE:
         (None: zeros), given its kept buffers and the outputs it reads."""
         from .core import _check_lengths
         c = _cell(cell)
-        inputs, params, states, outputs, kept = _contiguous(inputs, params, states, outputs,
-                                                            kept)
+        # Held here while the driver reads them (an expanded gradient, such
+        # as that of a sum, becomes a copy).
+        inputs, params, states, outputs, kept, grad_outputs, grad_finals = _contiguous(
+            inputs, params, states, outputs, kept, grad_outputs, grad_finals)
         x0 = inputs[0]
         T, B = x0.shape[0], x0.shape[1]
         values = _check_lengths(lengths, T, B)
-        compiled = c.jit(_sizes(c, sizes), x0.dtype, batch=B, seq_len=T)
+        runner = c._runner(_sizes(c, sizes), x0.dtype, x0.device, batch=B, seq_len=T)
         grads = _empty_grads(inputs, params, states, wanted)
+        want = [g if w else None for g, w in zip(grads, wanted)]
         n_in, n_par = len(inputs), len(params)
-        d_in, d_par, d_st = grads[:n_in], grads[n_in:n_in + n_par], grads[n_in + n_par:]
-        unwanted = lambda ts, first: [t if wanted[first + i] else None
-                                      for i, t in enumerate(ts)]
-        # Held here while the driver reads them (an expanded gradient, such
-        # as that of a sum, becomes a copy).
-        grad_outputs, grad_finals = _contiguous(grad_outputs, grad_finals)
-        compiled.backward_kept(
-            _buffers(inputs), _buffers(params), _buffers(states),
-            resets.data_ptr() if resets is not None else 0, T, B, mode, values,
-            _buffers(outputs), _buffers(kept), _buffers(grad_outputs),
-            _buffers(grad_finals), _buffers(unwanted(d_in, 0)),
-            _buffers(unwanted(d_par, n_in)),
-            _buffers(unwanted(d_st, n_in + n_par) if states
-                     else [None] * len(compiled.states)))
-        c._last = compiled
+        runner.backward_kept(mode, inputs, params, states, resets, values, outputs, kept,
+                             grad_outputs, grad_finals, want[:n_in], want[n_in:n_in + n_par],
+                             want[n_in + n_par:])
+        c._last = runner
         return grads
 
     def _empty_grads(inputs, params, states, wanted):
@@ -174,7 +198,8 @@ if AVAILABLE:
     def _setup_context(ctx, inputs, output):
         cell, mode, sizes, training, ins, params, states, resets, lengths = inputs
         c = _cell(cell)
-        layout = c.layout(_sizes(c, sizes), ins[0].dtype, mode, lengths is not None)
+        layout = c.layout(_sizes(c, sizes), ins[0].dtype, mode, lengths is not None,
+                          ins[0].device)
         n_out, n_st = len(layout["outputs"]), len(layout["states"])
         kept = output[n_out + n_st:]
         if kept:

@@ -295,25 +295,31 @@ class Cell:
                                                  batch if bucket else 0)
         return self._compiled[key]
 
-    def layout(self, sizes, dtype, mode, has_lengths):
+    def layout(self, sizes, dtype, mode, has_lengths, device=torch.device("cpu")):
         """What a call at `sizes` returns and keeps, from the cell's interface
-        (no sizes of T or B in it): a dict with the widths of the "outputs"
-        and "states", the "kept" buffers of a training forward in `mode` as
-        (per chunk, width, element) and the outputs it "read"s as states'
-        histories. Compiles the cell at `sizes` if no config of it is
-        compiled yet."""
-        key = (tuple(sorted(sizes.items())), dtype, mode, has_lengths)
+        (no sizes of T or B in it): a dict with the (width, dtype) of the
+        "outputs" and final "states", the "kept" buffers of a training
+        forward in `mode` as (per chunk, width, dtype) and the outputs it
+        "read"s as states' histories. Compiles the cell at `sizes` if it is
+        not compiled yet."""
+        key = (tuple(sorted(sizes.items())), dtype, mode, has_lengths, device.type)
         layout = self._layouts.get(key)
         if layout is None:
-            same = [c for (s, d, _), c in self._compiled.items()
-                    if s == key[0] and d == dtype]
-            compiled = same[0] if same else self.jit(sizes, dtype)
-            kept, read = compiled.kept_layout(mode, has_lengths)
-            layout = {"outputs": [shape[0] for _, shape in compiled.outputs],
-                      "states": [shape[0] for _, shape in compiled.states],
-                      "kept": kept, "read": read}
+            layout = self._runner(sizes, dtype, device).layout(mode, has_lengths)
             self._layouts[key] = layout
         return layout
+
+    def _runner(self, sizes, dtype, device, batch=0, seq_len=100):
+        """What runs the torch operators' calls at `sizes` on `device`: the
+        JIT-compiled cell (for `batch`'s tuned config; batch 0: any compiled
+        one) or the CUDA kernels, each with layout, forward_kept and
+        backward_kept."""
+        if device.type == "cuda":
+            return self._cuda_cell(sizes, dtype, device)
+        same = [c for (s, d, _), c in self._compiled.items()
+                if s == tuple(sorted(sizes.items())) and d == dtype] if not batch else []
+        return _ops.CpuRunner(same[0] if same
+                              else self.jit(sizes, dtype, batch=batch, seq_len=seq_len))
 
     def emit(self, stage, sizes=None, dtype=torch.float32, save_gates=None):
         """The IR at `stage`: "mlir", "split", "grad", "saves", "plan", "phases",
@@ -409,7 +415,7 @@ class Cell:
                 raise ValueError(f"resets must be a bool tensor of shape {list(want)}")
             resets = resets.to(torch.uint8).contiguous()
         mode = _parse_mode(save_gates, recompute)
-        if _ops.AVAILABLE and device.type == "cpu":
+        if _ops.AVAILABLE:
             return self._call_op(sizes, inputs, [params[n] for n in names_par], states,
                                  resets, mode, batch_first, lengths)
         lengths = _check_lengths(lengths, T, B)
@@ -440,7 +446,10 @@ class Cell:
         """A call through the torch operator cellc::sequence (torch >= 2.4):
         what torch.compile and torch.export trace. Reads no tensor's values."""
         x0 = inputs[0]
-        if x0.dtype not in _DTYPES:
+        if x0.is_cuda and x0.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"cellc's CUDA kernels take float32 or bfloat16 tensors, not "
+                            f"{x0.dtype}")
+        if not x0.is_cuda and x0.dtype not in _DTYPES:
             raise TypeError(f"cellc runs float32 and float64 tensors on the CPU, not "
                             f"{x0.dtype} (under torch.autocast it casts bfloat16 and "
                             f"float16 to float32)")
@@ -453,8 +462,10 @@ class Cell:
         if states is not None:
             for n, _ in self.states:
                 t = states.get(n)
-                state_list.append(t if t is not None
-                                  else x0.new_zeros(B, self.shape(n, sizes)[0]))
+                # The CUDA kernels' states are float32 whatever the storage.
+                state_list.append(t if t is not None else x0.new_zeros(
+                    B, self.shape(n, sizes)[0],
+                    dtype=torch.float32 if x0.is_cuda else x0.dtype))
         inputs, params, state_list = ([t.contiguous() for t in ts]
                                       for ts in (inputs, params, state_list))
         training = torch.is_grad_enabled() and any(
@@ -546,21 +557,27 @@ class Cell:
                        shared_limit=max(options.get("shared_limit", 49152), shared_optin))
         return self.cuda_package(sizes, arch=arch, storage=storage, **options)
 
-    def _call_cuda(self, sizes, names_in, inputs, names_par, params, states, resets,
-                   save_gates, recompute, batch_first, device, lengths):
+    def _cuda_cell(self, sizes, dtype, device):
+        """The CUDA kernels at `sizes` for `device`, stored as `dtype`
+        (bfloat16, else float32): loaded once."""
         from . import cuda
         index = device.index if device.index is not None else torch.cuda.current_device()
-        major, minor = torch.cuda.get_device_capability(index)
-        storage = (_cellc.Storage.bf16 if inputs[0].dtype == torch.bfloat16
+        storage = (_cellc.Storage.bf16 if dtype == torch.bfloat16
                    else _cellc.Storage.f32).name
         key = (tuple(sorted(sizes.items())), storage, index)
         cell = self._cuda.get(key)
         if cell is None:
+            major, minor = torch.cuda.get_device_capability(index)
             props = torch.cuda.get_device_properties(index)
             optin = getattr(props, "shared_memory_per_block_optin", 0) or 49152
             path = self._device_package(sizes, f"sm_{major}{minor}", storage, optin)
             cell = cuda.CudaCell(cuda.Package(path), device=index)
             self._cuda[key] = cell
+        return cell
+
+    def _call_cuda(self, sizes, names_in, inputs, names_par, params, states, resets,
+                   save_gates, recompute, batch_first, device, lengths):
+        cell = self._cuda_cell(sizes, inputs[0].dtype, device)
         mode = _parse_mode(save_gates, recompute)
         xs = {n: (t.transpose(0, 1) if batch_first else t).contiguous()
               for n, t in zip(names_in, inputs)}

@@ -105,6 +105,16 @@ def _library():
                                          + err)
     lib.cellc_driver_backward.argtypes = ([ctypes.c_void_p, ctypes.c_void_p] + [V] * 4
                                           + lengths + [V] * 5 + err)
+    I64 = ctypes.POINTER(ctypes.c_int64)
+    lib.cellc_driver_kept_layout.argtypes = ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
+                                              I64, ctypes.c_int64, I64, I64, I64] + err)
+    lib.cellc_driver_forward_kept.argtypes = ([ctypes.c_void_p, ctypes.c_char_p,
+                                               ctypes.c_int64, ctypes.c_int64] + [V] * 4
+                                              + lengths + [V] * 3 + [ctypes.c_int64] + err)
+    lib.cellc_driver_adopt.argtypes = ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64,
+                                        ctypes.c_int64] + [V] * 4 + lengths + [V] * 2
+                                       + [ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p)]
+                                       + err)
     lib.cellc_saved_bytes.argtypes = [ctypes.c_void_p]
     lib.cellc_saved_bytes.restype = ctypes.c_int64
     lib.cellc_saved_free.argtypes = [ctypes.c_void_p]
@@ -367,6 +377,100 @@ class CudaCell:
         finals = results[len(interface.outputs):]
         return (dict(zip([n for n, _ in interface.outputs], outs)),
                 dict(zip([n for n, _ in interface.states], finals)))
+
+
+    # The sequence as a torch operator (cellc::sequence) runs it --------------
+
+    def layout(self, mode, has_lengths):
+        """What a call returns and keeps, as cellc.Cell.layout says: the
+        outputs' and final states' (width, dtype), the kept buffers (per
+        chunk, width, dtype) of a training forward in `mode`, and the outputs
+        it reads as states' histories."""
+        import torch
+        handle, backend = self._driver()
+        slots = _Slots(self.package.meta["slots"])
+        capacity = 16
+        layout = (ctypes.c_int64 * (3 * capacity))()
+        count, num_read = ctypes.c_int64(), ctypes.c_int64()
+        read = (ctypes.c_int64 * max(1, len(slots.outputs)))()
+        backend.call(_library().cellc_driver_kept_layout, handle, mode.encode(),
+                     int(bool(has_lengths)), layout, capacity, ctypes.byref(count), read,
+                     ctypes.byref(num_read))
+        dtypes = _TorchBackend._DTYPES
+        return {"outputs": [(n, self.storage) for _, n in slots.outputs],
+                "states": [(n, torch.float32) for _, n in slots.states],
+                "kept": [(bool(layout[3 * i]), layout[3 * i + 1], dtypes[layout[3 * i + 2]])
+                         for i in range(min(count.value, capacity))],
+                "read": list(read[:num_read.value])}
+
+    def _register_call(self, backend, inputs, params, states, resets):
+        backend.device = inputs[0].device
+        return ([backend.register(t) for t in inputs],
+                [backend.register(p.detach()) for p in params],
+                [backend.register(t.detach() if t is not None else None) for t in states],
+                [backend.register(resets)])
+
+    def forward_kept(self, mode, inputs, params, states, resets, lengths, outputs, finals,
+                     kept):
+        """One forward into the caller's `outputs`, `finals` and, when `kept`
+        is not None, kept buffers (a training forward). `states` may be
+        empty (zeros), `lengths` a list."""
+        handle, backend = self._driver()
+        T, B = inputs[0].shape[:2]
+        views = self._register_call(backend, inputs, params,
+                                    states or [None] * len(self.layout_states()), resets)
+        views += ([backend.register(t) for t in outputs],
+                  [backend.register(t) for t in finals],
+                  [backend.register(t) for t in kept or []])
+        n = (ctypes.c_int64 * max(1, len(lengths)))(*lengths)
+        lib = _library()
+        try:
+            if kept is None:
+                backend.call(lib.cellc_driver_forward, handle, mode.encode(), T, B,
+                             *[_views(v) for v in views[:4]], n, len(lengths),
+                             _views(views[4]), _views(views[5]), None, 0)
+            else:
+                backend.call(lib.cellc_driver_forward_kept, handle, mode.encode(), T, B,
+                             *[_views(v) for v in views[:4]], n, len(lengths),
+                             *[_views(v) for v in views[4:]], len(kept))
+        finally:
+            for v in views:
+                backend.unregister(v)
+
+    def backward_kept(self, mode, inputs, params, states, resets, lengths, outputs, kept,
+                      grad_outputs, grad_finals, grad_inputs, grad_params, grad_states):
+        """The backward of a `forward_kept`: its Saved made again from the
+        caller's kept buffers and outputs (None: not read), gradients written
+        into the caller's (None: not wanted)."""
+        handle, backend = self._driver()
+        T, B = inputs[0].shape[:2]
+        n_states = len(self.layout_states())
+        views = self._register_call(backend, inputs, params, states or [None] * n_states,
+                                    resets)
+        rest = ([backend.register(t) for t in outputs],
+                [backend.register(t) for t in kept],
+                [backend.register(g) for g in grad_outputs],
+                [backend.register(g) for g in grad_finals],
+                [backend.register(g) for g in grad_inputs],
+                [backend.register(g) for g in grad_params],
+                [backend.register(g) for g in grad_states or [None] * n_states])
+        n = (ctypes.c_int64 * max(1, len(lengths)))(*lengths)
+        lib = _library()
+        saved = ctypes.c_void_p()
+        try:
+            backend.call(lib.cellc_driver_adopt, handle, mode.encode(), T, B,
+                         *[_views(v) for v in views], n, len(lengths), _views(rest[0]),
+                         _views(rest[1]), len(kept), ctypes.byref(saved))
+            backend.call(lib.cellc_driver_backward, handle, saved, *[_views(v) for v in views],
+                         n, len(lengths), *[_views(v) for v in rest[2:]])
+        finally:
+            if saved.value:
+                lib.cellc_saved_free(saved)
+            for v in views + rest:
+                backend.unregister(v)
+
+    def layout_states(self):
+        return _Slots(self.package.meta["slots"]).states
 
 
 class _Slots:

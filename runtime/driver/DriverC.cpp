@@ -223,6 +223,87 @@ void *cellc_driver_new(void *handle, const cellc_callbacks *callbacks, char *err
 
 void cellc_driver_free(void *driver) { delete static_cast<DriverHandle *>(driver); }
 
+namespace {
+Status parseMode(const char *mode, Recompute &out) {
+  std::optional<Recompute> parsed = Recompute::parse(mode ? mode : "");
+  if (!parsed)
+    return Status::error(std::string("unknown recompute mode '") + (mode ? mode : "") +
+                         "'; expected none, full or chunk:K with K > 0");
+  out = *parsed;
+  return Status();
+}
+} // namespace
+
+int cellc_driver_kept_layout(void *handle, const char *mode, int32_t hasLengths,
+                             int64_t *layout, int64_t capacity, int64_t *count,
+                             int64_t *outputsRead, int64_t *numRead, char *error,
+                             size_t size) {
+  return guarded(error, size, [&] {
+    auto *d = static_cast<DriverHandle *>(handle);
+    Recompute parsed;
+    if (Status e = parseMode(mode, parsed))
+      return e;
+    std::vector<KeptBuffer> kept = d->driver->keptLayout(parsed, hasLengths != 0, true);
+    *count = int64_t(kept.size());
+    for (size_t i = 0; i < kept.size() && int64_t(i) < capacity; ++i) {
+      layout[3 * i] = kept[i].perChunk;
+      layout[3 * i + 1] = kept[i].width;
+      layout[3 * i + 2] = int64_t(kept[i].element);
+    }
+    *numRead = 0;
+    for (int64_t o : d->driver->keptOutputs(parsed, hasLengths != 0, true))
+      if (o >= 0)
+        outputsRead[(*numRead)++] = o;
+    return Status();
+  });
+}
+
+int cellc_driver_forward_kept(void *handle, const char *mode, int64_t steps,
+                              int64_t batch, const cellc_view *inputs,
+                              const cellc_view *params, const cellc_view *initial,
+                              const cellc_view *resets, const int64_t *lengths,
+                              int64_t numLengths, const cellc_view *outputs,
+                              const cellc_view *finals, const cellc_view *kept,
+                              int64_t numKept, char *error, size_t size) {
+  return guarded(error, size, [&] {
+    auto *d = static_cast<DriverHandle *>(handle);
+    const Interface &cell = d->interface;
+    Recompute parsed;
+    if (Status e = parseMode(mode, parsed))
+      return e;
+    Sequence seq = sequenceOf(cell, steps, batch, inputs, params, initial, resets,
+                              lengths, numLengths);
+    std::vector<View> keptViews = viewsOf(kept, size_t(numKept));
+    SavedPtr saved;
+    return d->driver->forward(seq, viewsOf(outputs, cell.outputs.size()),
+                              viewsOf(finals, cell.states.size()), parsed, &saved,
+                              /*outputsOutliveSaved=*/true, &keptViews);
+  });
+}
+
+int cellc_driver_adopt(void *handle, const char *mode, int64_t steps, int64_t batch,
+                       const cellc_view *inputs, const cellc_view *params,
+                       const cellc_view *initial, const cellc_view *resets,
+                       const int64_t *lengths, int64_t numLengths,
+                       const cellc_view *outputs, const cellc_view *kept, int64_t numKept,
+                       void **saved, char *error, size_t size) {
+  return guarded(error, size, [&] {
+    auto *d = static_cast<DriverHandle *>(handle);
+    const Interface &cell = d->interface;
+    Recompute parsed;
+    if (Status e = parseMode(mode, parsed))
+      return e;
+    Sequence seq = sequenceOf(cell, steps, batch, inputs, params, initial, resets,
+                              lengths, numLengths);
+    SavedPtr adopted;
+    Status s = d->driver->adopt(seq, parsed, viewsOf(outputs, cell.outputs.size()),
+                                viewsOf(kept, size_t(numKept)), adopted);
+    if (!s)
+      *saved = adopted.release();
+    return s;
+  });
+}
+
 int cellc_driver_forward(void *handle, const char *mode, int64_t steps, int64_t batch,
                          const cellc_view *inputs, const cellc_view *params,
                          const cellc_view *initial, const cellc_view *resets,
@@ -233,15 +314,14 @@ int cellc_driver_forward(void *handle, const char *mode, int64_t steps, int64_t 
   return guarded(error, size, [&] {
     auto *d = static_cast<DriverHandle *>(handle);
     const Interface &cell = d->interface;
-    std::optional<Recompute> parsed = Recompute::parse(mode ? mode : "");
-    if (!parsed)
-      return Status::error(std::string("unknown recompute mode '") + (mode ? mode : "") +
-                           "'; expected none, full or chunk:K with K > 0");
+    Recompute parsed;
+    if (Status e = parseMode(mode, parsed))
+      return e;
     Sequence seq = sequenceOf(cell, steps, batch, inputs, params, initial, resets,
                               lengths, numLengths);
     SavedPtr kept;
     Status s = d->driver->forward(seq, viewsOf(outputs, cell.outputs.size()),
-                                  viewsOf(finals, cell.states.size()), *parsed,
+                                  viewsOf(finals, cell.states.size()), parsed,
                                   saved ? &kept : nullptr, outputsOutliveSaved != 0);
     if (!s && saved)
       *saved = kept.release();

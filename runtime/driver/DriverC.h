@@ -95,6 +95,35 @@ int cellc_driver_backward(void *driver, void *saved, const cellc_view *inputs,
                           const cellc_view *grad_finals, const cellc_view *grad_inputs,
                           const cellc_view *grad_params,
                           const cellc_view *grad_initial, char *error, size_t size);
+/* For a caller that holds what a training forward keeps (a torch operator):
+ * the buffers that forward in `mode` keeps (driver::KeptBuffer, with the
+ * outputs outliving the Saved), each as `layout[3 i .. 3 i + 2]` = per chunk
+ * (leading dimension: the chunks, else T; then B and the width), width and
+ * element, for at most `capacity` of them, their count in `count`; and the
+ * outputs kept as states' histories, into `outputs_read` (room for every
+ * output), their count in `num_read`. */
+int cellc_driver_kept_layout(void *driver, const char *mode, int32_t has_lengths,
+                             int64_t *layout, int64_t capacity, int64_t *count,
+                             int64_t *outputs_read, int64_t *num_read, char *error,
+                             size_t size);
+/* A training forward that keeps into the caller's `kept` buffers (in that
+ * layout); the caller keeps them and the outputs unchanged until the
+ * backward, whose Saved cellc_driver_adopt makes from them. */
+int cellc_driver_forward_kept(void *driver, const char *mode, int64_t steps,
+                              int64_t batch, const cellc_view *inputs,
+                              const cellc_view *params, const cellc_view *initial,
+                              const cellc_view *resets, const int64_t *lengths,
+                              int64_t num_lengths, const cellc_view *outputs,
+                              const cellc_view *finals, const cellc_view *kept,
+                              int64_t num_kept, char *error, size_t size);
+/* The Saved of such a forward, for cellc_driver_backward (free it with
+ * cellc_saved_free). Outputs it does not read may be buffer -1. */
+int cellc_driver_adopt(void *driver, const char *mode, int64_t steps, int64_t batch,
+                       const cellc_view *inputs, const cellc_view *params,
+                       const cellc_view *initial, const cellc_view *resets,
+                       const int64_t *lengths, int64_t num_lengths,
+                       const cellc_view *outputs, const cellc_view *kept, int64_t num_kept,
+                       void **saved, char *error, size_t size);
 int64_t cellc_saved_bytes(void *saved);
 /* The outputs (indices, at most `capacity` of them) that `saved` reads as
  * states' histories; returns how many there are. */

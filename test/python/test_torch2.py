@@ -276,3 +276,72 @@ def test_bad_lengths_are_errors_inside_the_op():
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     with pytest.raises(ValueError, match="lengths"):
         compiled(x, h0, torch.tensor([1, 6, 2]))
+
+
+@pytest.mark.parametrize("recompute", ["none", "full", "chunk:3"])
+def test_the_cuda_path_compiles_through_the_same_op(tmp_path, monkeypatch, recompute):
+    # The CUDA host path (runtime/driver through its C interface and
+    # cellc.cuda's torch backend) with stand-in kernels in torch on CPU
+    # tensors, as test_cuda_runtime checks it: cellc::sequence runs it when
+    # the tensors are on a GPU. Compiled with fullgraph and dynamic shapes,
+    # its outputs and gradients are those of the CPU kernels.
+    from test_cuda_runtime import _TorchKernels
+    from cellc import cuda
+
+    outside = (torch._C._dispatch_tls_local_include_set(),
+               torch._C._dispatch_tls_local_exclude_set())
+
+    class StandIn(_TorchKernels):
+        # The stand-in takes its own derivatives with autograd, which is off
+        # below the op (real kernels need none): the dispatch keys of outside
+        # the op for its launches.
+        def launch(self, *args, **kw):
+            with torch._C._ForceDispatchKeyGuard(*outside):
+                super().launch(*args, **kw)
+
+    torch.manual_seed(9)
+    I, H = 16, 32
+    gpu = cellc.compile(cellc.nn.LSTM_CELL)
+    stand_in = StandIn(cuda.Package(gpu.cuda_package({"I": I, "H": H})))
+    monkeypatch.setattr(gpu, "_runner", lambda *args, **kw: stand_in)
+    cpu = cellc.compile(cellc.nn.LSTM_CELL)
+    ref = torch.nn.LSTM(I, H)
+    params = {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0,
+              "b_ih": ref.bias_ih_l0, "b_hh": ref.bias_hh_l0}
+
+    class Model(torch.nn.Module):
+        def __init__(self, cell):
+            super().__init__()
+            self.cell = cell
+
+        def forward(self, x, h0, lengths):
+            out, final = self.cell(x, params, {"h": h0}, recompute=recompute,
+                                   lengths=lengths)
+            return out, final["c"]
+
+    import torch._dynamo as dynamo
+    dynamo.reset()
+    counter = _Counter()
+    compiled = torch.compile(Model(gpu), backend=counter.inner, fullgraph=True,
+                             dynamic=True)
+    eager = Model(cpu)
+    try:
+        for i, (T, B) in enumerate(SHAPES[:4]):
+            x = torch.randn(T, B, I, requires_grad=True)
+            h0 = (0.5 * torch.randn(B, H)).requires_grad_()
+            lengths = torch.randint(1, T + 1, (B,))
+            wrt = [x, h0, *params.values()]
+            results = []
+            for model in (compiled, eager):
+                out, c = model(x, h0, lengths)
+                loss = (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum() + c.sum()
+                results.append([out, c, *torch.autograd.grad(loss, wrt)])
+            for a, b in zip(*results):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+            if i == 0:
+                first = counter.graphs
+                dynamo.config.error_on_recompile = True
+    finally:
+        dynamo.config.error_on_recompile = False
+    assert counter.graphs == first
+    assert any(k == "lstm_bwd" for k, *_ in stand_in.launches)
