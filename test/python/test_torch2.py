@@ -91,6 +91,15 @@ def test_lstm_compiles_to_one_graph_for_every_T_and_B():
     _compile_and_check(model, make, loss)
 
 
+def test_a_bidirectional_batch_first_gru_compiles():
+    torch.manual_seed(10)
+    model = cellc.nn.GRU(8, 12, bidirectional=True, batch_first=True)
+    make = lambda T, B: (torch.randn(B, T, 8, requires_grad=True),
+                         torch.randn(2, B, 12, requires_grad=True))
+    loss = lambda r: r[0].square().sum() + r[1].sum()
+    _compile_and_check(model, make, loss)
+
+
 class _CustomCell(torch.nn.Module):
     def __init__(self):
         super().__init__()
