@@ -232,6 +232,26 @@ Status parseMode(const char *mode, Recompute &out) {
   out = *parsed;
   return Status();
 }
+
+/// What each sequence entry point starts from: the driver, the parsed mode
+/// and the sequence.
+struct Call {
+  DriverHandle *driver = nullptr;
+  Recompute mode;
+  Sequence seq;
+};
+
+Status callOf(void *handle, const char *mode, int64_t steps, int64_t batch,
+              const cellc_view *inputs, const cellc_view *params,
+              const cellc_view *initial, const cellc_view *resets,
+              const int64_t *lengths, int64_t numLengths, Call &out) {
+  out.driver = static_cast<DriverHandle *>(handle);
+  if (Status e = parseMode(mode, out.mode))
+    return e;
+  out.seq = sequenceOf(out.driver->interface, steps, batch, inputs, params, initial, resets,
+                       lengths, numLengths);
+  return Status();
+}
 } // namespace
 
 int cellc_driver_kept_layout(void *handle, const char *mode, int32_t hasLengths,
@@ -266,18 +286,16 @@ int cellc_driver_forward_kept(void *handle, const char *mode, int64_t steps,
                               const cellc_view *finals, const cellc_view *kept,
                               int64_t numKept, char *error, size_t size) {
   return guarded(error, size, [&] {
-    auto *d = static_cast<DriverHandle *>(handle);
-    const Interface &cell = d->interface;
-    Recompute parsed;
-    if (Status e = parseMode(mode, parsed))
+    Call c;
+    if (Status e = callOf(handle, mode, steps, batch, inputs, params, initial, resets,
+                          lengths, numLengths, c))
       return e;
-    Sequence seq = sequenceOf(cell, steps, batch, inputs, params, initial, resets,
-                              lengths, numLengths);
+    const Interface &cell = c.driver->interface;
     std::vector<View> keptViews = viewsOf(kept, size_t(numKept));
     SavedPtr saved;
-    return d->driver->forward(seq, viewsOf(outputs, cell.outputs.size()),
-                              viewsOf(finals, cell.states.size()), parsed, &saved,
-                              /*outputsOutliveSaved=*/true, &keptViews);
+    return c.driver->driver->forward(c.seq, viewsOf(outputs, cell.outputs.size()),
+                                     viewsOf(finals, cell.states.size()), c.mode, &saved,
+                                     /*outputsOutliveSaved=*/true, &keptViews);
   });
 }
 
@@ -288,16 +306,14 @@ int cellc_driver_adopt(void *handle, const char *mode, int64_t steps, int64_t ba
                        const cellc_view *outputs, const cellc_view *kept, int64_t numKept,
                        void **saved, char *error, size_t size) {
   return guarded(error, size, [&] {
-    auto *d = static_cast<DriverHandle *>(handle);
-    const Interface &cell = d->interface;
-    Recompute parsed;
-    if (Status e = parseMode(mode, parsed))
+    Call c;
+    if (Status e = callOf(handle, mode, steps, batch, inputs, params, initial, resets,
+                          lengths, numLengths, c))
       return e;
-    Sequence seq = sequenceOf(cell, steps, batch, inputs, params, initial, resets,
-                              lengths, numLengths);
+    const Interface &cell = c.driver->interface;
     SavedPtr adopted;
-    Status s = d->driver->adopt(seq, parsed, viewsOf(outputs, cell.outputs.size()),
-                                viewsOf(kept, size_t(numKept)), adopted);
+    Status s = c.driver->driver->adopt(c.seq, c.mode, viewsOf(outputs, cell.outputs.size()),
+                                       viewsOf(kept, size_t(numKept)), adopted);
     if (!s)
       *saved = adopted.release();
     return s;
@@ -312,17 +328,15 @@ int cellc_driver_forward(void *handle, const char *mode, int64_t steps, int64_t 
                          void **saved, int32_t outputsOutliveSaved, char *error,
                          size_t size) {
   return guarded(error, size, [&] {
-    auto *d = static_cast<DriverHandle *>(handle);
-    const Interface &cell = d->interface;
-    Recompute parsed;
-    if (Status e = parseMode(mode, parsed))
+    Call c;
+    if (Status e = callOf(handle, mode, steps, batch, inputs, params, initial, resets,
+                          lengths, numLengths, c))
       return e;
-    Sequence seq = sequenceOf(cell, steps, batch, inputs, params, initial, resets,
-                              lengths, numLengths);
+    const Interface &cell = c.driver->interface;
     SavedPtr kept;
-    Status s = d->driver->forward(seq, viewsOf(outputs, cell.outputs.size()),
-                                  viewsOf(finals, cell.states.size()), parsed,
-                                  saved ? &kept : nullptr, outputsOutliveSaved != 0);
+    Status s = c.driver->driver->forward(c.seq, viewsOf(outputs, cell.outputs.size()),
+                                         viewsOf(finals, cell.states.size()), c.mode,
+                                         saved ? &kept : nullptr, outputsOutliveSaved != 0);
     if (!s && saved)
       *saved = kept.release();
     return s;
