@@ -25,6 +25,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/WithColor.h"
 #include "llvm/Config/llvm-config.h"
 #include "llvm/TargetParser/Host.h"
 
@@ -439,8 +440,14 @@ CpuCell::compile(llvm::StringRef source, llvm::StringRef fileName,
   if (options.useTuned && options.batchHint > 0) {
     std::string key = tuningKey(source, sizes, dtype, options.batchHint,
                                 TuneTarget::Cpu, deviceName(TuneTarget::Cpu));
-    if (auto tuned = lookupTuned(key, TuneTarget::Cpu, options.cacheDir)) {
-      applyConfig(*tuned, options);
+    auto tuned = lookupTuned(key, TuneTarget::Cpu, options.cacheDir);
+    if (!tuned) {
+      // Lost tuning is worth a word, not a failure: the default config runs.
+      llvm::WithColor::warning(llvm::errs(), "cellc")
+          << llvm::toString(tuned.takeError())
+          << "; it is ignored and the default config used (cellc-tune writes it again)\n";
+    } else if (*tuned) {
+      applyConfig(**tuned, options);
       cell->configOrigin = "tuned";
     }
   }

@@ -80,6 +80,24 @@ std::unique_ptr<llvm::MemoryBuffer> KernelCache::load(llvm::StringRef key) const
       (*file)->getBuffer().drop_front(kHeader), key);
 }
 
+llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>>
+KernelCache::loadChecked(llvm::StringRef key) const {
+  std::string path = pathOf(key);
+  auto file = llvm::MemoryBuffer::getFile(path, /*IsText=*/false,
+                                          /*RequiresNullTerminator=*/false);
+  if (!file) {
+    if (file.getError() == std::errc::no_such_file_or_directory)
+      return nullptr;
+    return llvm::createStringError(file.getError(), "cannot read %s: %s", path.c_str(),
+                                   file.getError().message().c_str());
+  }
+  if (!isSound((*file)->getBuffer()))
+    return llvm::createStringError(std::errc::illegal_byte_sequence,
+                                   "%s is corrupt (its length or checksum is wrong)",
+                                   path.c_str());
+  return llvm::MemoryBuffer::getMemBufferCopy((*file)->getBuffer().drop_front(kHeader), key);
+}
+
 llvm::Error KernelCache::store(llvm::StringRef key, llvm::StringRef object) const {
   if (std::error_code ec = llvm::sys::fs::create_directories(dir))
     return llvm::createStringError(ec, "cannot create the kernel cache %s: %s",

@@ -36,6 +36,10 @@ public:
 
   /// The object stored under `key`, if there is a sound one.
   std::unique_ptr<llvm::MemoryBuffer> load(llvm::StringRef key) const;
+  /// The same, but an entry that is there and fails its checks is an error
+  /// that names its file (null: no entry): for entries that cannot simply be
+  /// made again, such as tuned configs.
+  llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>> loadChecked(llvm::StringRef key) const;
   /// Stores `object` under `key`, atomically.
   llvm::Error store(llvm::StringRef key, llvm::StringRef object) const;
 

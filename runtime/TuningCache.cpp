@@ -146,27 +146,30 @@ std::string cellc::runtime::tuningCacheDir(llvm::StringRef kernelCacheDir) {
   return dir.str().str();
 }
 
-std::optional<KernelConfig> cellc::runtime::lookupTuned(llvm::StringRef key,
-                                                        TuneTarget target,
-                                                        llvm::StringRef kernelCacheDir) {
+llvm::Expected<std::optional<KernelConfig>>
+cellc::runtime::lookupTuned(llvm::StringRef key, TuneTarget target,
+                            llvm::StringRef kernelCacheDir) {
   KernelCache cache(tuningCacheDir(kernelCacheDir));
-  std::unique_ptr<llvm::MemoryBuffer> entry = cache.load(key);
+  auto entry = cache.loadChecked(key);
   if (!entry)
+    return entry.takeError();
+  if (!*entry)
     return std::nullopt;
-  llvm::Expected<llvm::json::Value> json = llvm::json::parse(entry->getBuffer());
-  if (!json) {
-    llvm::consumeError(json.takeError());
-    return std::nullopt;
-  }
+  auto unreadable = [&](llvm::Twine why) {
+    return llvm::createStringError(std::make_error_code(std::errc::invalid_argument),
+                                   "the tuning-cache entry " + cache.pathOf(key) +
+                                       " is not a config: " + why);
+  };
+  llvm::Expected<llvm::json::Value> json = llvm::json::parse((*entry)->getBuffer());
+  if (!json)
+    return unreadable(llvm::toString(json.takeError()));
   const llvm::json::Object *object = json->getAsObject();
   const llvm::json::Value *config = object ? object->get("config") : nullptr;
   if (!config)
-    return std::nullopt;
+    return unreadable("no \"config\"");
   llvm::Expected<KernelConfig> parsed = configFromJSON(*config, target);
-  if (!parsed) {
-    llvm::consumeError(parsed.takeError());
-    return std::nullopt;
-  }
-  return *parsed;
+  if (!parsed)
+    return unreadable(llvm::toString(parsed.takeError()));
+  return std::optional<KernelConfig>(*parsed);
 }
 

@@ -66,9 +66,10 @@ std::string tuningKey(llvm::StringRef source, const SizeBindings &sizes,
 /// The tuning cache's directory: `tuning` in the kernel cache's.
 std::string tuningCacheDir(llvm::StringRef kernelCacheDir = "");
 
-/// The tuned config stored under `key`, if any.
-std::optional<KernelConfig> lookupTuned(llvm::StringRef key, TuneTarget target,
-                                        llvm::StringRef kernelCacheDir = "");
+/// The tuned config stored under `key`, if any. An entry that is there but
+/// cannot be read (corrupt, or not a config) is an error that names its file.
+llvm::Expected<std::optional<KernelConfig>>
+lookupTuned(llvm::StringRef key, TuneTarget target, llvm::StringRef kernelCacheDir = "");
 
 } // namespace cellc::runtime
 

@@ -37,3 +37,11 @@ ptxas = os.environ.get("CELLC_PTXAS", "/usr/local/cuda/bin/ptxas")
 if os.access(ptxas, os.X_OK):
     config.available_features.add("ptxas")
     config.substitutions.append(("%ptxas", ptxas))
+elif os.environ.get("CELLC_REQUIRE_PTXAS") == "1":
+    lit_config.fatal(f"CELLC_REQUIRE_PTXAS=1, but there is no ptxas at {ptxas} "
+                     "(set CELLC_PTXAS)")
+else:
+    # Said, not quiet: the tests that assemble PTX will be UNSUPPORTED.
+    lit_config.warning(f"no ptxas at {ptxas} (CELLC_PTXAS): the tests that assemble the "
+                       "generated PTX are UNSUPPORTED; CELLC_REQUIRE_PTXAS=1 makes this "
+                       "an error")

@@ -460,9 +460,15 @@ PYBIND11_MODULE(_cellc, m) {
                                     dtype == "f64" ? DType::F64 : DType::F32, batch,
                                     TuneTarget::Cpu, deviceName(TuneTarget::Cpu));
         auto config = lookupTuned(key, TuneTarget::Cpu);
-        if (!config)
+        if (!config) {
+          std::string message = llvm::toString(config.takeError()) + "; it is ignored";
+          if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0)
+            throw py::error_already_set();
           return py::none();
-        return py::cast(*config);
+        }
+        if (!*config)
+          return py::none();
+        return py::cast(**config);
       },
       py::arg("source"), py::arg("sizes"), py::arg("dtype"), py::arg("batch"));
   m.def("tuning_key",

@@ -58,6 +58,27 @@ def test_a_short_tune_writes_an_entry_that_the_jit_uses(cache):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_a_corrupt_entry_is_reported_and_the_default_config_runs(cache, capfd):
+    cell = cellc.compile(LSTM)
+    result = cellc.autotune(cell, SIZES, batch=4, seq_len=5, budget=2, progress=False)
+    assert result["stored"]
+    (entry,) = (cache / "tuning").iterdir()
+    data = bytearray(entry.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit of the config: its checksum fails
+    entry.write_bytes(bytes(data))
+    with pytest.warns(RuntimeWarning, match=f"{entry}.*corrupt.*ignored"):
+        assert _cellc.tuned_config(cell.source, SIZES, "f32", 4) is None
+    capfd.readouterr()
+    compiled = cell.jit(SIZES, torch.float32, batch=4)
+    assert compiled.config_source == "default"
+    err = capfd.readouterr().err
+    assert "warning" in err and str(entry) in err and "corrupt" in err, err
+    # And the cell still runs, on the default config.
+    x = torch.randn(5, 4, 8)
+    out, _ = cell(x, lstm_params(8, 8))
+    assert torch.isfinite(out).all() and out.abs().sum() > 0
+
+
 def test_broken_candidates_are_reported_and_skipped(cache, monkeypatch):
     monkeypatch.setenv("CELLC_TUNE_BREAK", "crash:1,wrong:2,compile:3")
     result = cellc.autotune(LSTM, SIZES, batch=4, seq_len=5, budget=4, progress=False,
