@@ -6,6 +6,7 @@
 #include "compiler/Conversion/Common/PhasePlan.h"
 #include "dialects/Cell/Transforms/Passes.h"
 
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
 
@@ -62,6 +63,43 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
     pm.addPass(cell::createConvertKernelsToLLVM());
   if (stage == Stage::NVVM)
     pm.addPass(cell::createConvertKernelsToNVVM());
+}
+
+int64_t cellc::sharedOptIn(llvm::StringRef arch) {
+  // cudaDevAttrMaxSharedMemoryPerBlockOptin of each architecture.
+  static const std::pair<llvm::StringRef, int64_t> table[] = {
+      {"sm_80", 166912}, {"sm_86", 101376}, {"sm_87", 166912},
+      {"sm_89", 101376}, {"sm_90", 232448}, {"sm_90a", 232448}};
+  for (auto [name, bytes] : table)
+    if (arch == name)
+      return bytes;
+  return 49152;
+}
+
+cellc::PipelineOptions cellc::chooseCudaStrategy(ModuleOp cell, PipelineOptions options,
+                                          llvm::StringRef arch) {
+  int64_t persistentLimit = options.sharedLimit > 0 ? options.sharedLimit : sharedOptIn(arch);
+  options.strategy = Strategy::BatchTiled;
+  options.sharedLimit = 49152;
+  // A trial of the batch-tiled kernels, quietly: whether its plan fits.
+  OwningOpRef<ModuleOp> trial = cell.clone();
+  PipelineOptions tiled = options;
+  tiled.saveGates = true;
+  PassManager pm(cell.getContext());
+  buildPipeline(pm, Stage::Kernels, tiled);
+  bool tooBig = false;
+  {
+    ScopedDiagnosticHandler quiet(cell.getContext(), [&](Diagnostic &d) {
+      tooBig |= llvm::StringRef(d.str()).contains("bytes of workgroup memory per CTA");
+      return success();
+    });
+    // It fits, or fails otherwise: the real run reports that.
+    if (succeeded(pm.run(*trial)) || !tooBig)
+      return options;
+  }
+  options.strategy = Strategy::Persistent;
+  options.sharedLimit = persistentLimit;
+  return options;
 }
 
 llvm::Error cellc::printStage(ModuleOp module, Emit emit,

@@ -93,6 +93,17 @@ struct PipelineOptions {
 void buildPipeline(mlir::OpPassManager &pm, Stage stage,
                    const PipelineOptions &options = {});
 
+/// The dynamic shared memory a CTA may opt in to on `arch` (sm_80: 166912
+/// bytes, sm_90: 232448, ...; 49152 where unknown).
+int64_t sharedOptIn(llvm::StringRef arch);
+
+/// The CUDA options for a caller that names no strategy (the cellc tool and
+/// Python choose the same way): batch-tiled where a CTA's buffers fit its 48
+/// KiB of static shared memory, else persistent, whose CTAs may use
+/// `options.sharedLimit` bytes (0: the architecture's opt-in, sharedOptIn).
+PipelineOptions chooseCudaStrategy(mlir::ModuleOp cell, PipelineOptions options,
+                                   llvm::StringRef arch);
+
 /// Runs LLVM's NVPTX backend on the `gpu.module`s of `module` (at Stage::NVVM)
 /// and returns their PTX for `chip` (sm_80, sm_90, ...).
 llvm::Expected<std::string> serializeToPTX(mlir::ModuleOp module,

@@ -513,12 +513,17 @@ class Cell:
 
     # CUDA --------------------------------------------------------------------
 
-    def cuda_package(self, sizes, *, arch="sm_90", strategy="batch-tiled", precision="ieee",
-                     storage="f32", batch_tile=0, ctas=0, shared_limit=49152):
+    def cuda_package(self, sizes, *, arch="sm_90", strategy=None, precision="ieee",
+                     storage="f32", batch_tile=0, ctas=0, shared_limit=0):
         """Compiles the cell for CUDA at `sizes` into an AOT package (PTX of both
         SAVE_GATES variants and kernels.json, as `cellc --emit=package` writes)
         in the cache directory, once per cell, sizes, options and compiler
-        version, and returns its directory."""
+        version, and returns its directory. With no `strategy`, it is chosen
+        as `cellc` chooses it: batch-tiled where a CTA's buffers fit in 48
+        KiB, else persistent. `shared_limit` (persistent: the dynamic shared
+        memory of a CTA; 0: 49152 when persistent is named, the `arch`'s
+        opt-in when chosen)."""
+        strategy = strategy or ""
         options = [arch, strategy, precision, storage, batch_tile, ctas, shared_limit]
         key = hashlib.sha256(json.dumps(
             [_cellc.compiler_version(), self.source, sorted(sizes.items()), options]
@@ -544,17 +549,12 @@ class Cell:
     def _device_package(self, sizes, arch, storage, shared_optin):
         """The package for a device of `arch` whose CTAs may opt in to
         `shared_optin` bytes of shared memory: the cell's CUDA options; when
-        they name no strategy, batch-tiled, or persistent (with that shared
-        memory) where a batch-tiled CTA's buffers do not fit its 48 KiB of
-        static shared memory (a LayerNorm LSTM's backward at H = 256)."""
+        they name no strategy, chosen as `cuda_package` chooses it, a
+        persistent CTA using the device's opt-in shared memory (a LayerNorm
+        LSTM's backward at H = 256 does not fit a batch-tiled CTA)."""
         options = dict(self.cuda_options)
-        try:
-            return self.cuda_package(sizes, arch=arch, storage=storage, **options)
-        except ValueError as e:
-            if "strategy" in options or "bytes of workgroup memory per CTA" not in str(e):
-                raise
-        options.update(strategy="persistent",
-                       shared_limit=max(options.get("shared_limit", 49152), shared_optin))
+        if "strategy" not in options:
+            options["shared_limit"] = options.get("shared_limit") or shared_optin
         return self.cuda_package(sizes, arch=arch, storage=storage, **options)
 
     def _cuda_cell(self, sizes, dtype, device):

@@ -297,7 +297,8 @@ void package(const std::string &source, const std::string &fileName,
   if (!module)
     raiseCell(src);
   // Each word through its one parse function (KernelInterface.h).
-  std::optional<Strategy> kind = parse<Strategy>(strategy);
+  std::optional<Strategy> kind = strategy.empty() ? std::optional<Strategy>(Strategy::BatchTiled)
+                                                 : parse<Strategy>(strategy);
   if (!kind || !isCudaStrategy(*kind))
     throw py::value_error("unknown strategy '" + strategy + "'; expected " +
                           name(Strategy::BatchTiled) + " or " +
@@ -319,6 +320,12 @@ void package(const std::string &source, const std::string &fileName,
   options.batchTile = batchTile;
   options.ctas = ctas;
   options.sharedLimit = sharedLimit;
+  // No strategy named: chosen as the cellc tool chooses (sharedLimit 0: the
+  // architecture's opt-in, if persistent).
+  if (strategy.empty())
+    options = chooseCudaStrategy(*module, options, arch);
+  else if (options.sharedLimit <= 0)
+    options.sharedLimit = 49152;
   if (llvm::Error e = writePackage(*module, dir, options, arch, "f32"))
     throw py::value_error(src.diagnostics() + llvm::toString(std::move(e)));
 }

@@ -117,7 +117,9 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
            << " bytes of workgroup memory per CTA for "
            << (backward ? "its backward" : "its forward")
            << " kernel even with one batch row per CTA, over the limit of " << limit
-           << "; this size needs the per-step strategy, which does not exist yet";
+           << "; the persistent strategy splits each step across CTAs, with the "
+              "weights in their dynamic shared memory (what cellc chooses when no "
+              "strategy is named)";
   if (!persistent)
     return plan;
 

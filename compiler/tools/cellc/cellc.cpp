@@ -79,10 +79,11 @@ static cl::opt<std::string> strategy(
     "strategy",
     cl::desc("The kernels' strategy. CPU: batched (the default: each step as "
              "phases over a tile of rows, products as register-blocked matrix "
-             "products) or per-row (one row at a time). CUDA: batch-tiled (the "
-             "default: a CTA per batch tile runs all steps) or persistent (CTAs "
-             "split each step, keep the recurrent weights on chip and meet at "
-             "grid barriers)"),
+             "products) or per-row (one row at a time). CUDA: batch-tiled (a CTA "
+             "per batch tile runs all steps) or persistent (CTAs split each "
+             "step, keep the recurrent weights on chip and meet at grid "
+             "barriers); by default batch-tiled where a CTA's buffers fit in 48 "
+             "KiB, else persistent, as Python chooses"),
     cl::init(""));
 
 static cl::opt<int64_t> productRows(
@@ -109,7 +110,8 @@ static cl::opt<int64_t> ctas(
 static cl::opt<int64_t> sharedLimit(
     "shared-limit",
     cl::desc("Persistent: bytes of dynamic shared memory per CTA for its slice "
-             "of the weights (default 49152; an H100 allows 232448, an A100 "
+             "of the weights (default 49152 with --strategy=persistent; with no "
+             "strategy named, the --arch's opt-in: an H100 allows 232448, an A100 "
              "166912)"),
     cl::init(49152));
 
@@ -183,7 +185,9 @@ static PipelineOptions cudaOptions() {
   options.strategy = words.strategy.value_or(Strategy::BatchTiled);
   options.target = Target::Cuda;
   options.ctas = ctas;
-  options.sharedLimit = sharedLimit;
+  // Named: the persistent strategy's limit; none named: 0 lets the choice
+  // take the architecture's opt-in (chooseCudaStrategy).
+  options.sharedLimit = sharedLimit.getNumOccurrences() || words.strategy ? sharedLimit : 0;
   options.batchTile = batchTile;
   options.threads = threadsPerCta;
   options.maxRegisters = maxRegisters;
@@ -230,13 +234,21 @@ static void printSummary(mlir::ModuleOp module, llvm::raw_ostream &os) {
   }
 }
 
+/// The CUDA options for `cell`: the command line's, with the strategy chosen
+/// as Python chooses it when none is named.
+static PipelineOptions chosenCudaOptions(mlir::ModuleOp cell) {
+  PipelineOptions options = cudaOptions();
+  return words.strategy ? options : chooseCudaStrategy(cell, options, arch);
+}
+
 /// Writes `<dir>/kernels.json`, `<dir>/save.ptx` and `<dir>/replay.ptx`: the
 /// CUDA kernels for both SAVE_GATES variants, and what the runtime needs to
 /// call them without MLIR (arguments, tiles, threads, workgroup bytes).
 static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
                          llvm::SourceMgr &sourceMgr) {
   mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
-  if (llvm::Error e = cellc::writePackage(cell, outputFilename, cudaOptions(), arch, dtype)) {
+  if (llvm::Error e = cellc::writePackage(cell, outputFilename, chosenCudaOptions(cell), arch,
+                                          dtype)) {
     llvm::errs() << llvm::toString(std::move(e)) << "\n";
     return false;
   }
@@ -271,7 +283,7 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
   }
   if (emitAction == Emit::Package)
     return writePackage(*module, context, sourceMgr);
-  PipelineOptions options = targetsCuda() ? cudaOptions() : cpuOptions();
+  PipelineOptions options = targetsCuda() ? chosenCudaOptions(*module) : cpuOptions();
   if (saveGatesFlag >= 0)
     options.saveGates = saveGatesFlag != 0;
   options.planSteps = planSteps;
@@ -411,7 +423,8 @@ int main(int argc, char **argv) {
                     "persistent\n";
     return 1;
   }
-  if (sharedLimit != 49152 && words.strategy != Strategy::Persistent) {
+  if (sharedLimit.getNumOccurrences() && words.strategy &&
+      words.strategy != Strategy::Persistent) {
     llvm::errs() << "cellc: error: --shared-limit sizes the persistent "
                     "strategy's dynamic shared memory; the batch-tiled kernels "
                     "use 48 KiB of static shared memory\n";
