@@ -512,10 +512,8 @@ Status SequenceDriver::injectFinalStateGrads(const std::vector<int64_t> &lengths
   return Status();
 }
 
-Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &outputs,
-                               const std::vector<View> &finalStates, Recompute mode,
-                               SavedPtr *saved, bool outputsOutliveSaved,
-                               const std::vector<View> *kept) {
+Status SequenceDriver::checkForward(const Sequence &seq, const std::vector<View> &outputs,
+                                    const std::vector<View> &finalStates) const {
   int64_t T = seq.steps, B = seq.batch;
   if (T < 1 || B < 1)
     return Status::error("the sequence needs T >= 1 steps and B >= 1 rows; got T=" +
@@ -559,118 +557,161 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
   if (seq.resets.valid())
     if (Status e = check(seq.resets, {T, B}, "resets"))
       return e;
-  if (Status e = checkLengths(seq.lengths, T, B))
-    return e;
+  return checkLengths(seq.lengths, T, B);
+}
 
-  ledger->restart();
-  bool training = saved != nullptr;
-  bool saveGates = training && mode.kind == Recompute::Kind::None;
-  // Steps per chunk (chunk:K keeps the states before each), and per span:
-  // the steps that one projection buffer holds, never across a chunk.
-  bool chunked = training && mode.kind == Recompute::Kind::Chunk;
-  int64_t K = chunked ? std::min(mode.chunk, T) : T;
-  int64_t span = std::min(K, pieceSteps(B, T));
-
-  // Zeros for what the caller left out: no resets, no initial states.
+/// The buffers a forward runs through, made once a call (forwardBuffers).
+struct SequenceDriver::ForwardRun {
+  bool saveGates = false, chunked = false;
+  /// Steps per chunk (chunk:K keeps the states before each; else T), and
+  /// per span: the steps that one projection buffer holds, never across a
+  /// chunk.
+  int64_t K = 0, span = 0;
+  /// Zeros for what the caller left out: no resets, no initial states.
   std::vector<Scratch> defaults;
   View resets;
   std::vector<View> initial;
-  if (Status e = resetsAndInitial(seq, span, defaults, resets, initial))
-    return e;
+  /// Each state's history: what none and full keep, the output that is the
+  /// state, or a span's buffer (spanBuffers); chunk:K's states before each
+  /// chunk (boundaries); the state a span starts from (start).
+  std::vector<View> history, boundaries;
+  std::vector<Scratch> spanBuffers, start;
+  /// A span's projections.
+  std::vector<Scratch> projected;
+  /// The gates kept (none), or an empty buffer.
+  Scratch noGates;
+  View gates;
+};
 
+Status SequenceDriver::forwardBuffers(const Sequence &seq, const std::vector<View> &outputs,
+                                      Recompute mode, bool training, Saved *keep,
+                                      ForwardRun &run) {
+  int64_t T = seq.steps, B = seq.batch;
+  run.saveGates = training && mode.kind == Recompute::Kind::None;
+  run.chunked = training && mode.kind == Recompute::Kind::Chunk;
+  run.K = run.chunked ? std::min(mode.chunk, T) : T;
+  run.span = std::min(run.K, pieceSteps(B, T));
+  if (Status e = resetsAndInitial(seq, run.span, run.defaults, run.resets, run.initial))
+    return e;
+  size_t states = cell.states.size();
+  run.history.resize(states);
+  run.boundaries.resize(states);
+  run.spanBuffers.resize(states);
+  run.start.resize(states);
+  if (Status e = scratch({0, B, cell.gatesWidth}, cell.storage, false, run.noGates))
+    return e;
+  run.gates = run.saveGates ? keep->gates : run.noGates.view();
+  for (size_t i = 0; i < states; ++i) {
+    int64_t n = cell.states[i].shape[0];
+    if (training && !run.chunked)
+      run.history[i] = keep->states[i];
+    else if (cell.stateOutputs[i] >= 0)
+      run.history[i] = outputs[cell.stateOutputs[i]];
+    if (!run.history[i].valid()) {
+      if (Status e = scratch({run.span, B, n}, cell.storage, false, run.spanBuffers[i]))
+        return e;
+      run.history[i] = run.spanBuffers[i].view();
+    }
+    if (run.chunked)
+      run.boundaries[i] = keep->states[i];
+    if (Status e = scratch({B, n}, cell.compute, false, run.start[i]))
+      return e;
+    if (Status e = backend->copy(run.initial[i], run.start[i].view()))
+      return e;
+  }
+  run.projected.resize(cell.projections.size());
+  for (size_t p = 0; p < cell.projections.size(); ++p)
+    if (Status e = scratch({run.span, B, cell.projections[p].rows},
+                           cell.projections[p].element, false, run.projected[p]))
+      return e;
+  return Status();
+}
+
+Status SequenceDriver::forwardSpan(const Sequence &seq, int64_t t0, int64_t len,
+                                   const std::vector<View> &outputs,
+                                   const std::vector<View> &finalStates, ForwardRun &run) {
+  int64_t T = seq.steps, B = seq.batch;
+  int64_t c = t0 / run.K;
+  if (t0 == c * run.K && run.chunked)
+    for (size_t i = 0; i < cell.states.size(); ++i) {
+      int64_t n = cell.states[i].shape[0];
+      if (Status e = backend->copy(run.start[i].view(),
+                                   run.boundaries[i].at(c * B * n, {B, n})))
+        return e;
+    }
+  Chunk chunk;
+  chunk.t0 = t0;
+  chunk.len = len;
+  chunk.resets = run.resets;
+  chunk.initial = run.initial;
+  for (size_t p = 0; p < cell.projections.size(); ++p) {
+    View rows = run.projected[p].view().at(0, {len, B, cell.projections[p].rows});
+    if (Status e = project(seq, cell.projections[p], t0, len, rows))
+      return e;
+    chunk.projections.push_back(rows);
+  }
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    int64_t n = cell.states[i].shape[0];
+    chunk.start.push_back(run.start[i].view());
+    // A span's buffer, or the steps of a whole sequence's.
+    int64_t at = run.history[i].shape[0] == T ? t0 : 0;
+    chunk.history.push_back(run.history[i].at(at * B * n, {len, B, n}));
+  }
+  for (size_t i = 0; i < cell.outputs.size(); ++i) {
+    int64_t n = cell.outputs[i].shape[0];
+    chunk.outputs.push_back(outputs[i].at(t0 * B * n, {len, B, n}));
+  }
+  int64_t G = cell.gatesWidth;
+  chunk.gates = run.saveGates ? run.gates.at(t0 * B * G, {len, B, G}) : run.gates;
+  if (Status e = runForwardChunk(seq, chunk, run.saveGates))
+    return e;
+  if (Status e = gatherFinalStates(seq.lengths, t0, len, chunk.history, finalStates))
+    return e;
+  // The next span starts where this one ended.
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    int64_t n = cell.states[i].shape[0];
+    if (Status e = backend->copy(chunk.history[i].at((len - 1) * B * n, {B, n}),
+                                 run.start[i].view()))
+      return e;
+  }
+  return Status();
+}
+
+Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &outputs,
+                               const std::vector<View> &finalStates, Recompute mode,
+                               SavedPtr *saved, bool outputsOutliveSaved,
+                               const std::vector<View> *kept) {
+  if (Status e = checkForward(seq, outputs, finalStates))
+    return e;
+  ledger->restart();
+  bool training = saved != nullptr;
   SavedPtr keep;
   if (training)
     if (Status e = makeSaved(seq, mode, outputs, outputsOutliveSaved, kept, keep))
       return e;
-  // Each state's history: what none and full keep, the output that is the
-  // state, or a span's buffer; chunk:K's states before each chunk.
-  std::vector<View> history(cell.states.size()), boundaries(cell.states.size());
-  std::vector<Scratch> spanBuffers(cell.states.size()), start(cell.states.size());
-  Scratch noGates;
-  if (Status e = scratch({0, B, cell.gatesWidth}, cell.storage, false, noGates))
+  ForwardRun run;
+  if (Status e = forwardBuffers(seq, outputs, mode, training, keep.get(), run))
     return e;
-  View gates = saveGates ? keep->gates : noGates.view();
-  for (size_t i = 0; i < cell.states.size(); ++i) {
-    int64_t n = cell.states[i].shape[0];
-    if (training && !chunked)
-      history[i] = keep->states[i];
-    else if (cell.stateOutputs[i] >= 0)
-      history[i] = outputs[cell.stateOutputs[i]];
-    if (!history[i].valid()) {
-      if (Status e = scratch({span, B, n}, cell.storage, false, spanBuffers[i]))
-        return e;
-      history[i] = spanBuffers[i].view();
-    }
-    if (chunked)
-      boundaries[i] = keep->states[i];
-    if (Status e = scratch({B, n}, cell.compute, false, start[i]))
-      return e;
-    if (Status e = backend->copy(initial[i], start[i].view()))
-      return e;
-  }
-  std::vector<Scratch> projected(cell.projections.size());
-  for (size_t p = 0; p < cell.projections.size(); ++p)
-    if (Status e = scratch({span, B, cell.projections[p].rows},
-                           cell.projections[p].element, false, projected[p]))
-      return e;
 
+  // Span by span: no span crosses a chunk.
+  int64_t T = seq.steps;
   for (int64_t t0 = 0, len = 0; t0 < T; t0 += len) {
-    int64_t c = t0 / K;
-    len = std::min(span, std::min((c + 1) * K, T) - t0);
-    if (t0 == c * K && chunked)
-      for (size_t i = 0; i < cell.states.size(); ++i) {
-        int64_t n = cell.states[i].shape[0];
-        if (Status e = backend->copy(start[i].view(), boundaries[i].at(c * B * n, {B, n})))
-          return e;
-      }
-    Chunk chunk;
-    chunk.t0 = t0;
-    chunk.len = len;
-    chunk.resets = resets;
-    chunk.initial = initial;
-    for (size_t p = 0; p < cell.projections.size(); ++p) {
-      View rows = projected[p].view().at(0, {len, B, cell.projections[p].rows});
-      if (Status e = project(seq, cell.projections[p], t0, len, rows))
-        return e;
-      chunk.projections.push_back(rows);
-    }
-    for (size_t i = 0; i < cell.states.size(); ++i) {
-      int64_t n = cell.states[i].shape[0];
-      chunk.start.push_back(start[i].view());
-      // A span's buffer, or the steps of a whole sequence's.
-      int64_t at = history[i].shape[0] == T ? t0 : 0;
-      chunk.history.push_back(history[i].at(at * B * n, {len, B, n}));
-    }
-    for (size_t i = 0; i < cell.outputs.size(); ++i) {
-      int64_t n = cell.outputs[i].shape[0];
-      chunk.outputs.push_back(outputs[i].at(t0 * B * n, {len, B, n}));
-    }
-    chunk.gates = saveGates ? gates.at(t0 * B * cell.gatesWidth, {len, B, cell.gatesWidth})
-                            : gates;
-    if (Status e = runForwardChunk(seq, chunk, saveGates))
+    len = std::min(run.span, std::min((t0 / run.K + 1) * run.K, T) - t0);
+    if (Status e = forwardSpan(seq, t0, len, outputs, finalStates, run))
       return e;
-    if (Status e = gatherFinalStates(seq.lengths, t0, len, chunk.history, finalStates))
-      return e;
-    // The next span starts where this one ended.
-    for (size_t i = 0; i < cell.states.size(); ++i) {
-      int64_t n = cell.states[i].shape[0];
-      if (Status e = backend->copy(chunk.history[i].at((len - 1) * B * n, {B, n}),
-                                   start[i].view()))
-        return e;
-    }
   }
+
   if (seq.lengths.empty()) {
     for (size_t i = 0; i < cell.states.size(); ++i)
-      if (Status e = backend->copy(start[i].view(), finalStates[i]))
+      if (Status e = backend->copy(run.start[i].view(), finalStates[i]))
         return e;
   } else {
     // Samples of length 0 end where they start.
-    if (Status e = gatherFinalStates(seq.lengths, -1, 1, initial, finalStates))
+    if (Status e = gatherFinalStates(seq.lengths, -1, 1, run.initial, finalStates))
       return e;
     if (Status e = zeroPastLengths(seq.lengths, 0, outputs))
       return e;
   }
-
   last.kept = training ? savedBytes(*keep) : 0;
   last.forwardPeak = ledger->peak;
   if (training)

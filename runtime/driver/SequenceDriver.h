@@ -382,6 +382,21 @@ private:
               bool backward, std::vector<Arg> &args, std::vector<size_t> &results);
   /// Runs the forward kernel over `chunk`.
   Status runForwardChunk(const Sequence &seq, const Chunk &chunk, bool saveGates);
+  /// The forward's buffers (defined with the forward).
+  struct ForwardRun;
+  /// The forward's arguments against the cell's interface.
+  Status checkForward(const Sequence &seq, const std::vector<View> &outputs,
+                      const std::vector<View> &finalStates) const;
+  /// Makes the forward's buffers: its defaults, the states' histories and
+  /// starts, and the projections of a span (`keep`: what training keeps).
+  Status forwardBuffers(const Sequence &seq, const std::vector<View> &outputs,
+                        Recompute mode, bool training, Saved *keep, ForwardRun &run);
+  /// Runs steps [t0, t0 + len) (a span): the states before a chunk kept,
+  /// the span's projections, the forward kernel, the final states of the
+  /// samples that end in it; the next span's start.
+  Status forwardSpan(const Sequence &seq, int64_t t0, int64_t len,
+                     const std::vector<View> &outputs, const std::vector<View> &finalStates,
+                     ForwardRun &run);
   Status workspace(const Kernel &kernel, int64_t batch, std::vector<Arg> &args,
                    std::vector<Scratch> &keep);
   /// A buffer of the driver's, counted in its ledger.
