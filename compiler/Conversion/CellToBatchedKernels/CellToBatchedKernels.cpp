@@ -549,7 +549,8 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
         item.value = value;
         if (kind == cellc::GradKind::State) {
           // At a restart the gradient goes to the initial state, at t = 0
-          // to the start state, and otherwise on to step t - 1.
+          // to the start state, and otherwise on to step t - 1
+          // (routeStateGrad).
           unsigned i = stateResult++;
           Value gbuf = gradBufs[i], ai = accInit[i], as = accStart[i];
           item.sinks.push_back(
@@ -558,21 +559,13 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
                  OpBuilder &ob = e.builder;
                  Location l = e.loc;
                  j = e.shifted(j, offset);
-                 Value reset = k.isReset(t);
-                 Value fromOutside = ob.create<arith::OrIOp>(l, reset, isFirst);
-                 Value notReset = ob.create<arith::XOrIOp>(
-                     l, reset, ob.create<arith::ConstantIntOp>(l, 1, 1));
-                 Value fromStart = ob.create<arith::AndIOp>(l, isFirst, notReset);
-                 Value zeros = splat(ob, l, e.lane, 0.0);
-                 e.store(ob.create<arith::SelectOp>(l, fromOutside, zeros, v),
-                         gbuf, next, j);
-                 e.store(ob.create<arith::AddFOp>(
-                             l, e.load(ai, Value(), j),
-                             ob.create<arith::SelectOp>(l, reset, v, zeros)),
+                 StepOrigin origin = StepOrigin::of(ob, l, k.isReset(t), isFirst);
+                 StateGradRoute route =
+                     routeStateGrad(ob, l, origin, v, splat(ob, l, e.lane, 0.0));
+                 e.store(route.carried, gbuf, next, j);
+                 e.store(ob.create<arith::AddFOp>(l, e.load(ai, Value(), j), route.toInitial),
                          ai, Value(), j);
-                 e.store(ob.create<arith::AddFOp>(
-                             l, e.load(as, Value(), j),
-                             ob.create<arith::SelectOp>(l, fromStart, v, zeros)),
+                 e.store(ob.create<arith::AddFOp>(l, e.load(as, Value(), j), route.toStart),
                          as, Value(), j);
                },
                0});

@@ -509,10 +509,7 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
               Value isReset = frame.isReset(tb, l2, t, b);
               Value isFirst = tb.create<arith::CmpIOp>(
                   l2, arith::CmpIPredicate::eq, t, c0);
-              Value notReset = tb.create<arith::XOrIOp>(
-                  l2, isReset, tb.create<arith::ConstantIntOp>(l2, 1, 1));
-              Value fromStart = tb.create<arith::AndIOp>(l2, isFirst, notReset);
-              Value fromOutside = tb.create<arith::OrIOp>(l2, isReset, isFirst);
+              StepOrigin origin = StepOrigin::of(tb, l2, isReset, isFirst);
               // The previous step's index, clamped: at t = 0 the state comes
               // from outside anyway.
               Value tm1 = tb.create<arith::SelectOp>(
@@ -557,16 +554,12 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
                   // At a reset the gradient goes to the initial state, at
                   // t = 0 to the start state, and otherwise on to step t - 1.
                   Value zero = zerosLike(tb, value.getType());
-                  Value accInit = acc[numStates + r];
-                  Value accStart = acc[2 * numStates + r];
-                  nextDInit.push_back(tb.create<arith::SelectOp>(
-                      l2, isReset, tb.create<arith::AddFOp>(l2, accInit, lowered),
-                      accInit));
-                  nextDStart.push_back(tb.create<arith::SelectOp>(
-                      l2, fromStart,
-                      tb.create<arith::AddFOp>(l2, accStart, lowered), accStart));
-                  nextDState.push_back(
-                      tb.create<arith::SelectOp>(l2, fromOutside, zero, lowered));
+                  StateGradRoute route = routeStateGrad(tb, l2, origin, lowered, zero);
+                  nextDInit.push_back(
+                      tb.create<arith::AddFOp>(l2, acc[numStates + r], route.toInitial));
+                  nextDStart.push_back(
+                      tb.create<arith::AddFOp>(l2, acc[2 * numStates + r], route.toStart));
+                  nextDState.push_back(route.carried);
                 } else if (kind == cellc::GradKind::Param) {
                   nextDParam.push_back(tb.create<arith::AddFOp>(
                       l2, acc[3 * numStates + p++], lowered));

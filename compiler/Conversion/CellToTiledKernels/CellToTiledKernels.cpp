@@ -191,11 +191,7 @@ LogicalResult buildBackwardSteps(TileLoop &tl) {
     auto maskType = VectorType::get({tile}, builder.getI1Type());
     Value reset = resetMask(t);
     Value first = builder.create<vector::BroadcastOp>(loc, maskType, isFirst);
-    Value ones = builder.create<arith::ConstantOp>(
-        loc, maskType, DenseElementsAttr::get(maskType, true));
-    Value fromStart = builder.create<arith::AndIOp>(
-        loc, first, builder.create<arith::XOrIOp>(loc, reset, ones));
-    Value fromOutside = builder.create<arith::OrIOp>(loc, reset, first);
+    StepOrigin origin = StepOrigin::of(builder, loc, reset, first);
     // The states before step t: the start state at t = 0, the history
     // otherwise, the initial state in the rows that reset.
     Value anyReset = tb.any(reset);
@@ -232,23 +228,19 @@ LogicalResult buildBackwardSteps(TileLoop &tl) {
         unsigned k = stateResult++;
         Value sbuf = stateBufs[k], ai = accInit[k], as = accStart[k];
         item.sinks.push_back(
-            {[&tb, sbuf, ai, as, next, reset, fromStart, fromOutside,
-              zero](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+            {[&tb, sbuf, ai, as, next, origin, zero](OpBuilder &, Location, Value v,
+                                                     Value j, int64_t offset) {
                j = tb.shifted(j, offset);
                OpBuilder &b = tb.builder;
                Location l = tb.loc;
-               tb.storeShared(b.create<arith::SelectOp>(l, fromOutside, zero, v),
-                              sbuf, next, j);
+               StateGradRoute route = routeStateGrad(b, l, origin, v, zero);
+               tb.storeShared(route.carried, sbuf, next, j);
                Value oldInit = tb.loadShared(ai, Value(), j);
-               tb.storeShared(b.create<arith::AddFOp>(
-                                  l, oldInit,
-                                  b.create<arith::SelectOp>(l, reset, v, zero)),
-                              ai, Value(), j);
+               tb.storeShared(b.create<arith::AddFOp>(l, oldInit, route.toInitial), ai,
+                              Value(), j);
                Value oldStart = tb.loadShared(as, Value(), j);
-               tb.storeShared(b.create<arith::AddFOp>(
-                                  l, oldStart,
-                                  b.create<arith::SelectOp>(l, fromStart, v, zero)),
-                              as, Value(), j);
+               tb.storeShared(b.create<arith::AddFOp>(l, oldStart, route.toStart), as,
+                              Value(), j);
              },
              0});
       } else if (kind == cellc::GradKind::Param) {

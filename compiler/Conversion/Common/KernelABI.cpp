@@ -205,6 +205,24 @@ FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
   return sig;
 }
 
+StepOrigin StepOrigin::of(OpBuilder &builder, Location loc, Value reset, Value isFirst) {
+  Value ones;
+  if (auto mask = dyn_cast<VectorType>(reset.getType()))
+    ones = builder.create<arith::ConstantOp>(loc, mask, DenseElementsAttr::get(mask, true));
+  else
+    ones = builder.create<arith::ConstantIntOp>(loc, 1, 1);
+  Value notReset = builder.create<arith::XOrIOp>(loc, reset, ones);
+  return {reset, builder.create<arith::AndIOp>(loc, isFirst, notReset),
+          builder.create<arith::OrIOp>(loc, reset, isFirst)};
+}
+
+StateGradRoute routeStateGrad(OpBuilder &builder, Location loc, const StepOrigin &origin,
+                              Value grad, Value zeros) {
+  return {builder.create<arith::SelectOp>(loc, origin.reset, grad, zeros),
+          builder.create<arith::SelectOp>(loc, origin.fromStart, grad, zeros),
+          builder.create<arith::SelectOp>(loc, origin.fromOutside, zeros, grad)};
+}
+
 Value splat(OpBuilder &builder, Location loc, VectorType type, double value) {
   auto attr = FloatAttr::get(type.getElementType(), value);
   return builder.create<arith::ConstantOp>(

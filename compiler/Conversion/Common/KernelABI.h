@@ -103,6 +103,28 @@ struct ReverseSteps {
 ReverseSteps buildReverseSteps(OpBuilder &builder, Location loc, Value steps,
                                Value c0, Value c1, Value c2);
 
+/// Where a backward step's states came from, as i1 values (scalars, or
+/// masks over a tile's rows): a row that resets (the initial state), the
+/// first step of the run in a row that does not reset (the start state), or
+/// either (not step t - 1).
+struct StepOrigin {
+  Value reset, fromStart, fromOutside;
+  /// From the row's reset flag and whether the step is the first (of the
+  /// same type as `reset`).
+  static StepOrigin of(OpBuilder &builder, Location loc, Value reset, Value isFirst);
+};
+
+/// The gradient `grad` of a state before a step, routed by its origin: the
+/// part that goes to the initial state's gradient (at a reset), the part
+/// that goes to the start state's (at the first step), and what carries on
+/// to step t - 1 (zero where the state came from outside). Every strategy
+/// routes the state gradients through this.
+struct StateGradRoute {
+  Value toInitial, toStart, carried;
+};
+StateGradRoute routeStateGrad(OpBuilder &builder, Location loc, const StepOrigin &origin,
+                              Value grad, Value zeros);
+
 /// A splat constant of `type`.
 Value splat(OpBuilder &builder, Location loc, VectorType type, double value);
 

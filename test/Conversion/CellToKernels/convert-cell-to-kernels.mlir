@@ -73,10 +73,13 @@
 // CHECK:             }
 // CHECK:             %[[G:.*]] = arith.addf %[[GOUT]], %[[DS]]
 // The state gradient goes to the initial state at a reset, to the start
-// state at t = 0, else on in time.
-// CHECK:             %[[TOINIT:.*]] = arith.select %[[ISR]]
-// CHECK:             %[[TOSTART:.*]] = arith.select %[[FROMSTART]]
-// CHECK:             %[[ONWARD:.*]] = arith.select %[[OUTSIDE]]
+// state at t = 0, else on in time (routeStateGrad); the first two add to
+// their accumulators.
+// CHECK:             %[[INITPART:.*]] = arith.select %[[ISR]], %[[DHP:[^,]*]], %[[Z:[^ ]*]] :
+// CHECK:             %[[STARTPART:.*]] = arith.select %[[FROMSTART]], %[[DHP]], %[[Z]] :
+// CHECK:             %[[ONWARD:.*]] = arith.select %[[OUTSIDE]], %[[Z]], %[[DHP]] :
+// CHECK:             %[[TOINIT:.*]] = arith.addf %{{.*}}, %[[INITPART]]
+// CHECK:             %[[TOSTART:.*]] = arith.addf %{{.*}}, %[[STARTPART]]
 // CHECK:             vector.store %{{.*}}, %[[DX]][%[[S]], %[[B]]
 // CHECK:             vector.store %[[DPRE:.*]], %[[DP]][%[[S]], %[[B]]
 // CHECK:             vector.store %[[DPRE]], %[[ROWS]][%[[S]], %[[B]]
