@@ -20,7 +20,8 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DPython3_EXECUTABLE=$(PYTHON) \
   -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 
-.PHONY: all deps configure build demo test check lit pytest test-install fuzz fuzz-smoke \
+.PHONY: all deps configure build demo test check check-layers lit pytest test-install fuzz \
+        fuzz-smoke \
         test-sanitize test-torch2 bench-cpu clean
 
 all: build
@@ -66,7 +67,11 @@ pytest: build
 test-install: build
 	scripts/test-install.sh
 
-test: lit pytest test-install fuzz-smoke
+# No include crosses from a lower layer to a higher one (scripts/check-layers.py).
+check-layers:
+	$(PYTHON) scripts/check-layers.py
+
+test: check-layers lit pytest test-install fuzz-smoke
 check: test
 
 # The pytest suite, torch.compile and torch.export on a pinned torch 2.x from

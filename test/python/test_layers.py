@@ -1,0 +1,54 @@
+"""scripts/check-layers.py: no include crosses from a lower layer to a higher
+one, and the runtime includes nothing of LLVM or MLIR."""
+
+import os
+import subprocess
+import sys
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "check-layers.py")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def run(root):
+    done = subprocess.run([sys.executable, SCRIPT, str(root)], capture_output=True, text=True)
+    return done.returncode, done.stdout
+
+
+def write(root, path, text):
+    full = root / path
+    full.parent.mkdir(parents=True, exist_ok=True)
+    full.write_text(text)
+
+
+def test_the_tree_keeps_its_layers():
+    code, out = run(ROOT)
+    assert code == 0, out
+
+
+def test_a_crossing_fails(tmp_path):
+    # The known crossing, as the tree has it, and nothing else: passes.
+    write(tmp_path, "compiler/Pipelines/Pipelines.h", '#include "runtime/driver/SequenceDriver.h"\n')
+    write(tmp_path, "runtime/driver/Driver.cpp", '#include "dialects/Cell/IR/KernelInterface.h"\n')
+    assert run(tmp_path)[0] == 0
+    # The runtime including the compiler, or LLVM: each named, with its line.
+    write(tmp_path, "runtime/driver/Driver.cpp",
+          '#include "dialects/Cell/IR/KernelInterface.h"\n'
+          '#include "compiler/Frontend/AST.h"\n#include "llvm/Support/Error.h"\n')
+    code, out = run(tmp_path)
+    assert code == 1
+    assert "runtime/driver/Driver.cpp:2: the runtime includes compiler/Frontend/AST.h" in out
+    assert "runtime/driver/Driver.cpp:3: the runtime includes llvm/Support/Error.h" in out
+    # The dialect including the compiler.
+    write(tmp_path, "dialects/Cell/IR/CellOps.cpp", '#include "compiler/Pipelines/Pipelines.h"\n')
+    code, out = run(tmp_path)
+    assert "dialects/Cell/IR/CellOps.cpp:1: dialects/Cell/IR/CellOps.cpp (dialect) includes " \
+           "compiler/Pipelines/Pipelines.h (compiler), a higher layer" in out
+    # The compiler including the JIT.
+    write(tmp_path, "compiler/Conversion/X.cpp", '#include "runtime/CpuCell.h"\n')
+    assert "compiler/Conversion/X.cpp:1" in run(tmp_path)[1]
+
+
+def test_a_known_crossing_that_is_gone_must_leave_the_list(tmp_path):
+    write(tmp_path, "compiler/Pipelines/Pipelines.h", "\n")
+    code, out = run(tmp_path)
+    assert code == 1 and "is gone: take it off KNOWN" in out
