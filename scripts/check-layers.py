@@ -12,6 +12,9 @@ runtime) includes nothing of LLVM or MLIR. From the bottom:
   tuner     compiler/Tuner
   tools     compiler/tools, python/src, bench, test
 
+And each CMake target links, directly, exactly the project libraries whose
+headers its files include (OWNERS says which library a file is in).
+
 Known crossings that issue 25 removes are listed in KNOWN, each with why it
 is there; a crossing not listed fails, and so does a listed one that is gone
 (so that the list only shrinks). Usage: check-layers.py [ROOT]. Exit 1 on a
@@ -32,6 +35,68 @@ KNOWN = {
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+# The library each source directory (or file) is built into; the words are
+# header-only.
+OWNERS = [
+    ("dialects/Cell/IR/KernelInterface.", None),
+    ("dialects/Cell/IR/", "CellDialect"), ("dialects/Cell/Transforms/", "CellTransforms"),
+    ("compiler/Frontend/", "CellFrontend"), ("compiler/Conversion/", "CellConversion"),
+    ("compiler/Pipelines/", "CellPipelines"), ("compiler/Tuner/", "CellTuner"),
+    ("runtime/KernelCache.", "CellKernelCache"), ("runtime/TuningCache.", "CellKernelCache"),
+    ("runtime/CpuCell.", "CellRuntime"), ("runtime/JitKernels.", "CellRuntime"),
+    ("runtime/driver/", "cellc_cuda"), ("runtime/cuda/", "cellc_cuda"),
+]
+TARGET = re.compile(r"(?:add_library|add_executable|add_llvm_executable|pybind11_add_module)"
+                    r"\s*\(([^)]*)\)")
+LINK = re.compile(r"target_link_libraries\s*\(([^)]*)\)")
+
+
+def owner(path):
+    return next((lib for prefix, lib in OWNERS if path.startswith(prefix)), None)
+
+
+def includes(full):
+    if not os.path.exists(full):
+        return []
+    with open(full, errors="replace") as f:
+        return [m.group(1) for m in map(INCLUDE.match, f) if m]
+
+
+def check_links(root):
+    """Each target's direct links against the libraries its files include."""
+    libraries = {lib for _, lib in OWNERS if lib}
+    targets = {}
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(("build", ".")) and d not in ("test", "bench")]
+        if "CMakeLists.txt" not in files:
+            continue
+        rel = os.path.relpath(dirpath, root)
+        with open(os.path.join(dirpath, "CMakeLists.txt")) as f:
+            text = re.sub(r"#.*", "", f.read())
+        for body in TARGET.findall(text):
+            name, *words = body.split()
+            sources = {os.path.normpath(os.path.join(rel, w.replace("${CELLC_ROOT}/",
+                                                                     os.path.relpath(".", rel) + "/")))
+                       for w in words if w.endswith(".cpp")}
+            targets.setdefault(name, [set(), set()])[0].update(sources)
+        for body in LINK.findall(text):
+            name, *words = body.split()
+            targets.setdefault(name, [set(), set()])[1].update(w for w in words if w in libraries)
+    failures = []
+    for name, (sources, links) in sorted(targets.items()):
+        files = set(sources)
+        for d in {os.path.dirname(s) for s in sources}:  # its own headers
+            for h in os.listdir(os.path.join(root, d)) if os.path.isdir(os.path.join(root, d)) else []:
+                if h.endswith(".h") and owner(os.path.join(d, h)) == name:
+                    files.add(os.path.join(d, h))
+        used = {owner(i) for f in files for i in includes(os.path.join(root, f))}
+        used -= {None, name}
+        failures += [f"CMake: {name} includes {lib}'s headers but does not link {lib}"
+                     for lib in sorted(used - links)]
+        failures += [f"CMake: {name} links {lib} but includes none of its headers"
+                     for lib in sorted(links - used)]
+    return failures
 SOURCES = (".h", ".cpp", ".def", ".inc")
 
 
@@ -97,12 +162,13 @@ def check(root):
 
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
-    failures = check(os.path.abspath(root))
+    failures = check(os.path.abspath(root)) + check_links(os.path.abspath(root))
     for f in failures:
         print(f)
     if failures:
         return 1
-    print(f"layers: {' < '.join(LAYERS)}; no crossing beyond the {len(KNOWN)} known")
+    print(f"layers: {' < '.join(LAYERS)}; no crossing beyond the {len(KNOWN)} known; "
+          "every CMake target links what it includes")
     return 0
 
 

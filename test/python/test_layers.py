@@ -52,3 +52,17 @@ def test_a_known_crossing_that_is_gone_must_leave_the_list(tmp_path):
     write(tmp_path, "compiler/Pipelines/Pipelines.h", "\n")
     code, out = run(tmp_path)
     assert code == 1 and "is gone: take it off KNOWN" in out
+
+
+def test_a_target_links_exactly_what_it_includes(tmp_path):
+    write(tmp_path, "compiler/Pipelines/Pipelines.h", '#include "runtime/driver/SequenceDriver.h"\n')
+    write(tmp_path, "compiler/Frontend/CMakeLists.txt",
+          "add_library(CellFrontend IRGen.cpp)\ntarget_link_libraries(CellFrontend PUBLIC CellDialect)\n")
+    write(tmp_path, "compiler/Frontend/IRGen.cpp", '#include "dialects/Cell/IR/CellOps.h"\n')
+    assert run(tmp_path)[0] == 0
+    # An include of a library it does not link, and a link it does not use.
+    write(tmp_path, "compiler/Frontend/IRGen.cpp", '#include "compiler/Conversion/Passes.h"\n')
+    code, out = run(tmp_path)
+    assert code == 1
+    assert "CellFrontend includes CellConversion's headers but does not link CellConversion" in out
+    assert "CellFrontend links CellDialect but includes none of its headers" in out
