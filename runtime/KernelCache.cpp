@@ -72,12 +72,13 @@ std::string KernelCache::pathOf(llvm::StringRef key) const {
 }
 
 std::unique_ptr<llvm::MemoryBuffer> KernelCache::load(llvm::StringRef key) const {
-  auto file = llvm::MemoryBuffer::getFile(pathOf(key), /*IsText=*/false,
-                                          /*RequiresNullTerminator=*/false);
-  if (!file || !isSound((*file)->getBuffer()))
+  // A compiled object that fails its checks is compiled again: no word.
+  auto entry = loadChecked(key);
+  if (!entry) {
+    llvm::consumeError(entry.takeError());
     return nullptr;
-  return llvm::MemoryBuffer::getMemBufferCopy(
-      (*file)->getBuffer().drop_front(kHeader), key);
+  }
+  return std::move(*entry);
 }
 
 llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>>

@@ -230,10 +230,9 @@ if AVAILABLE:
         kept, (resets, lengths) = list(rest[len(read):-2]), rest[-2:]
         needs = ctx.needs_input_grad
         wanted = [*needs[4], *needs[5], *needs[6]]
-        grads = list(grads)
         result = torch.ops.cellc.sequence_backward(
             cell, mode, sizes, ins, params, states, resets, lengths, outputs, kept,
-            grads[:n_out], grads[n_out:n_out + n_states], wanted)
+            list(grads[:n_out]), list(grads[n_out:n_out + n_states]), wanted)
         result = [g if w else None for g, w in zip(result, wanted)]
         return (None, None, None, None, result[:n_in], result[n_in:n_in + n_par],
                 result[n_in + n_par:], None, None)
