@@ -79,7 +79,7 @@ print(f"cellc.autotune: {len(result['candidates'])} candidates, winner "
 from cellc import cuda  # noqa: E402
 
 ok, why = cuda.available()
-assert ok or "libcellc_cuda.so not found" not in why, why
+assert ok or "libcellc_runtime.so not found" not in why, why
 print(f"cellc.cuda: available={ok} ({why or 'a GPU is there'})")
 
 

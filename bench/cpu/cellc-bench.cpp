@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/CpuCell.h"
+#include "jit/CpuJit.h"
 #include "compiler/Tuner/Workload.h"
 
 #include "llvm/Support/CommandLine.h"
@@ -18,7 +18,7 @@
 #include <chrono>
 
 using namespace cellc;
-using namespace cellc::runtime;
+using namespace cellc::tuner;
 namespace cl = llvm::cl;
 
 static cl::opt<std::string> cellFile(cl::Positional, cl::desc("<cell file>"),
@@ -66,21 +66,21 @@ int main(int argc, char **argv) {
   }
   DType dtype = f64 ? DType::F64 : DType::F32;
   auto start = std::chrono::steady_clock::now();
-  CpuCell::Options options;
+  CpuOptions options;
   options.threads = threads;
   options.batchHint = batch;
   options.useTuned = tuned;
   options.batchTile = batchTile;
   if (kernels == "batched")
-    options.kernels = CpuCell::Options::Kernels::Batched;
+    options.kernels = CpuOptions::Kernels::Batched;
   else if (kernels == "per-row")
-    options.kernels = CpuCell::Options::Kernels::PerRow;
+    options.kernels = CpuOptions::Kernels::PerRow;
   else if (kernels != "auto") {
     llvm::errs() << "cellc-bench: unknown kernels '" << kernels
                  << "'; expected auto, batched or per-row\n";
     return 1;
   }
-  auto compiled = CpuCell::compile((*file)->getBuffer(), cellFile, sizes, dtype,
+  auto compiled = compileCpu((*file)->getBuffer(), cellFile, sizes, dtype,
                                    options);
   if (!compiled) {
     llvm::errs() << llvm::toString(compiled.takeError()) << "\n";
@@ -103,7 +103,7 @@ int main(int argc, char **argv) {
                                 "forward ms", "fwd+bwd ms", "kept MiB",
                                 "runtime peak");
   for (const std::string &m : modeList) {
-    auto mode = Recompute::parse(m);
+    auto mode = parseRecompute(m);
     if (!mode) {
       llvm::errs() << llvm::toString(mode.takeError()) << "\n";
       return 1;

@@ -69,15 +69,14 @@ run)
   fi
   mkdir -p build-gpu
   if command -v cmake >/dev/null; then
-    cmake -S runtime/cuda -B build-gpu -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake -S runtime -B build-gpu -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build build-gpu -j >/dev/null
   else
     mkdir -p build-gpu/lib
-    g++ -O2 -std=c++17 -shared -fPIC -I. runtime/cuda/CudaDriver.cpp \
-      runtime/driver/Interface.cpp runtime/driver/SequenceDriver.cpp runtime/driver/DriverC.cpp -ldl \
-      -o build-gpu/lib/libcellc_cuda.so
+    g++ -O2 -std=c++17 -shared -fPIC -I. runtime/cuda/CudaDriver.cpp runtime/driver/*.cpp \
+      runtime/cpu/*.cpp -lopenblas -ldl -lpthread -o build-gpu/lib/libcellc_runtime.so
   fi
-  export CELLC_CUDA_LIB=$PWD/build-gpu/lib/libcellc_cuda.so PYTHONUNBUFFERED=1
+  export CELLC_CUDA_LIB=$PWD/build-gpu/lib/libcellc_runtime.so PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
   # Bounded, so that a hung grid barrier or a slow Triton autotune still
   # leaves the other half's output inside the device tool's 10 minutes; the

@@ -1,9 +1,11 @@
-//===- Package.cpp - AOT packages of CUDA kernels -------------------------===//
+//===- Package.cpp - AOT packages of a cell's kernels, CUDA and CPU -------===//
 //
-// A package is a directory with the PTX of both SAVE_GATES variants and
-// kernels.json: the cell, sizes, options and each kernel's launch shape and
-// arguments. The CUDA runtime (runtime/cuda, python/cellc/cuda.py) runs it
-// without MLIR or LLVM.
+// A package is a directory with the kernels of both SAVE_GATES variants (PTX
+// for CUDA, shared objects for the CPU) and kernels.json: the cell, sizes,
+// slots, options and each kernel's arguments (and launch shape, or scratch).
+// The runtime (runtime/driver/Package.cpp reads kernels.json; runtime/cpu,
+// runtime/cuda and python/cellc/cuda.py run the kernels) needs neither MLIR
+// nor LLVM.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,7 +15,9 @@
 #include "compiler/Conversion/Common/KernelABI.h"
 #include "dialects/Cell/IR/CellOps.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -26,29 +30,24 @@ static llvm::Error fail(const llvm::Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
 }
 
-llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
-                                const PipelineOptions &cuda, llvm::StringRef arch,
+namespace {
+
+/// What every package says of its cell: the format, its name, dtype and
+/// sizes, and its inputs, params, states and outputs with their shapes, in
+/// the kernels' order (what a runtime binds tensors to).
+llvm::json::Object describeCell(mlir::cell::DefOp def, llvm::StringRef target,
                                 llvm::StringRef dtype) {
-  mlir::MLIRContext &context = *cell.getContext();
-  if (std::error_code ec = llvm::sys::fs::create_directories(dir))
-    return fail("cellc: error: cannot create '" + dir + "': " + ec.message());
-  auto def = *cell.getOps<mlir::cell::DefOp>().begin();
   llvm::json::Object meta;
   meta["format"] = 2;
+  meta["target"] = target.str();
   meta["cell"] = def.getSymName().str();
-  meta["arch"] = arch.str();
   meta["dtype"] = dtype.str();
-  meta["precision"] = name(cuda.precision);
-  meta["strategy"] = name(cuda.strategy);
-  meta["storage"] = name(cuda.storage);
   llvm::json::Object sizeObj;
   if (auto sizes = def->getAttrOfType<mlir::DictionaryAttr>("sizes"))
     for (auto entry : sizes)
       sizeObj[entry.getName().str()] =
           llvm::cast<mlir::IntegerAttr>(entry.getValue()).getInt();
   meta["sizes"] = std::move(sizeObj);
-  // The cell's inputs, params, states and outputs with their shapes, in the
-  // kernels' order: what a runtime binds tensors to.
   auto shapeOf = [](mlir::Type type) {
     llvm::json::Array shape;
     for (int64_t d : llvm::cast<mlir::RankedTensorType>(type).getShape())
@@ -70,6 +69,81 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
     params.push_back(llvm::json::Array{param.getName().str(), shapeOf(param.getType())});
   slots["params"] = std::move(params);
   meta["slots"] = std::move(slots);
+  return meta;
+}
+
+/// A kernel's arguments as kernels.json lists them (runtime/driver/Package.cpp
+/// reads them back), from its `cell.kernel_args` and argument types.
+llvm::json::Array argsOf(mlir::Operation *kernel, mlir::TypeRange types) {
+  llvm::json::Array args;
+  for (auto [arg, type] : llvm::zip(mlir::cell::kernelArgsOf(kernel), types)) {
+    // The words come from KernelInterface.def, through name().
+    llvm::json::Object a;
+    a["kind"] = name(arg.getKind());
+    a["name"] = arg.getName().str();
+    if (!arg.getInput().empty())
+      a["input"] = arg.getInput().str();
+    if (arg.getKind() == ArgKind::Projection) {
+      llvm::json::Array biases;
+      for (mlir::StringAttr b : arg.getBiases())
+        biases.push_back(b.str());
+      a["biases"] = std::move(biases);
+    }
+    if (arg.getSameAs() >= 0)
+      a["same_as"] = arg.getSameAs();
+    if (arg.getZero())
+      a["zero"] = true;
+    llvm::json::Array shape;
+    if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type)) {
+      for (int64_t d : memref.getShape())
+        shape.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
+      std::string element;
+      llvm::raw_string_ostream os(element);
+      os << memref.getElementType();
+      a["element"] = element;
+    }
+    a["shape"] = std::move(shape);
+    a["memref"] = llvm::isa<mlir::MemRefType>(type);
+    args.push_back(std::move(a));
+  }
+  return args;
+}
+
+/// The bytes a CPU kernel allocates for itself as it runs (memref.alloc: a
+/// tile's buffers and packed weights), which the driver counts per instance.
+int64_t scratchBytesOf(mlir::func::FuncOp func) {
+  int64_t bytes = 0;
+  func.walk([&](mlir::memref::AllocOp alloc) {
+    mlir::MemRefType type = alloc.getType();
+    if (type.hasStaticShape())
+      bytes += type.getNumElements() * type.getElementTypeBitWidth() / 8;
+  });
+  return bytes;
+}
+
+llvm::Error writeJson(llvm::StringRef dir, llvm::json::Object meta) {
+  std::error_code ec;
+  llvm::raw_fd_ostream out((dir + "/kernels.json").str(), ec);
+  if (ec)
+    return fail("cellc: error: cannot write kernels.json: " + ec.message());
+  out << llvm::formatv("{0:2}", llvm::json::Value(std::move(meta))) << "\n";
+  return llvm::Error::success();
+}
+
+} // namespace
+
+llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
+                                const PipelineOptions &cuda, llvm::StringRef arch,
+                                llvm::StringRef dtype) {
+  mlir::MLIRContext &context = *cell.getContext();
+  if (std::error_code ec = llvm::sys::fs::create_directories(dir))
+    return fail("cellc: error: cannot create '" + dir + "': " + ec.message());
+  auto def = *cell.getOps<mlir::cell::DefOp>().begin();
+  llvm::json::Object meta = describeCell(def, "cuda", dtype);
+  meta["arch"] = arch.str();
+  meta["precision"] = name(cuda.precision);
+  meta["strategy"] = name(cuda.strategy);
+  meta["storage"] = name(cuda.storage);
   llvm::json::Object variants, kernels;
   for (bool saveGates : {true, false}) {
     mlir::OwningOpRef<mlir::ModuleOp> module = cell.clone();
@@ -92,39 +166,7 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
         k["workspace_bytes"] = n.getInt();
       if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.dynamic_shared_bytes"))
         k["dynamic_shared_bytes"] = n.getInt();
-      llvm::json::Array args;
-      for (auto [arg, type] :
-           llvm::zip(mlir::cell::kernelArgsOf(func), func.getArgumentTypes())) {
-        // The words come from KernelInterface.def, through name().
-        llvm::json::Object a;
-        a["kind"] = name(arg.getKind());
-        a["name"] = arg.getName().str();
-        if (!arg.getInput().empty())
-          a["input"] = arg.getInput().str();
-        if (arg.getKind() == ArgKind::Projection) {
-          llvm::json::Array biases;
-          for (mlir::StringAttr b : arg.getBiases())
-            biases.push_back(b.str());
-          a["biases"] = std::move(biases);
-        }
-        if (arg.getSameAs() >= 0)
-          a["same_as"] = arg.getSameAs();
-        if (arg.getZero())
-          a["zero"] = true;
-        llvm::json::Array shape;
-        if (auto memref = llvm::dyn_cast<mlir::MemRefType>(type)) {
-          for (int64_t d : memref.getShape())
-            shape.push_back(mlir::ShapedType::isDynamic(d) ? -1 : d);
-          std::string element;
-          llvm::raw_string_ostream os(element);
-          os << memref.getElementType();
-          a["element"] = element;
-        }
-        a["shape"] = std::move(shape);
-        a["memref"] = llvm::isa<mlir::MemRefType>(type);
-        args.push_back(std::move(a));
-      }
-      k["args"] = std::move(args);
+      k["args"] = argsOf(func, func.getArgumentTypes());
       kernels[func.getName().str()] = std::move(k);
     });
     // The kernels are built and specialized; the NVVM lowering is left.
@@ -145,10 +187,71 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
   }
   meta["ptx"] = std::move(variants);
   meta["kernels"] = std::move(kernels);
-  std::error_code ec;
-  llvm::raw_fd_ostream out((dir + "/kernels.json").str(), ec);
-  if (ec)
-    return fail("cellc: error: cannot write kernels.json: " + ec.message());
-  out << llvm::formatv("{0:2}", llvm::json::Value(std::move(meta))) << "\n";
-  return llvm::Error::success();
+  return writeJson(dir, std::move(meta));
+}
+
+llvm::Expected<CpuPackage> cellc::buildCpuPackage(mlir::ModuleOp cell,
+                                                  const PipelineOptions &cpu,
+                                                  llvm::StringRef dtype,
+                                                  llvm::StringRef config) {
+  mlir::MLIRContext &context = *cell.getContext();
+  auto def = *cell.getOps<mlir::cell::DefOp>().begin();
+  CpuPackage package;
+  package.meta = describeCell(def, "cpu", dtype);
+  package.meta["strategy"] = name(cpu.strategy);
+  if (!config.empty())
+    package.meta["config"] = config.str();
+  package.meta["objects"] = llvm::json::Object{{"save", "save.so"}, {"replay", "replay.so"}};
+  std::string names[2] = {(def.getSymName() + "_fwd").str(), (def.getSymName() + "_bwd").str()};
+  llvm::json::Object kernels[2];
+  for (bool saveGates : {true, false}) {
+    mlir::OwningOpRef<mlir::ModuleOp> module = cell.clone();
+    PipelineOptions options = cpu;
+    options.saveGates = saveGates;
+    mlir::PassManager pm(&context);
+    buildPipeline(pm, Stage::Kernels, options);
+    if (mlir::failed(pm.run(*module)))
+      return fail("cellc: building the CPU kernels failed");
+    for (int k : {0, 1}) {
+      auto func = module->lookupSymbol<mlir::func::FuncOp>(names[k]);
+      if (!func)
+        return fail("internal error: no kernel @" + names[k]);
+      // The arguments are the same in both variants; the scratch is not.
+      if (saveGates)
+        kernels[k]["args"] = argsOf(func, func.getArgumentTypes());
+      llvm::json::Object *scratch = kernels[k].getObject("scratch_bytes");
+      if (!scratch) {
+        kernels[k]["scratch_bytes"] = llvm::json::Object();
+        scratch = kernels[k].getObject("scratch_bytes");
+      }
+      (*scratch)[saveGates ? "save" : "replay"] = scratchBytesOf(func);
+    }
+    mlir::PassManager lower(&context);
+    lower.addPass(mlir::cell::createConvertKernelsToLLVM());
+    if (mlir::failed(lower.run(*module)))
+      return fail("cellc: lowering the CPU kernels to LLVM failed");
+    package.variants[saveGates ? 1 : 0] = std::move(module);
+  }
+  llvm::json::Object all;
+  for (int k : {0, 1})
+    all[names[k]] = std::move(kernels[k]);
+  package.meta["kernels"] = std::move(all);
+  return package;
+}
+
+std::string CpuPackage::json() const {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << llvm::formatv("{0:2}", llvm::json::Value(llvm::json::Object(meta))) << "\n";
+  return text;
+}
+
+llvm::Error cellc::writeCpuPackage(const CpuPackage &package, llvm::StringRef dir) {
+  if (std::error_code ec = llvm::sys::fs::create_directories(dir))
+    return fail("cellc: error: cannot create '" + dir + "': " + ec.message());
+  for (int variant : {1, 0})
+    if (llvm::Error e = writeHostSharedObject(
+            package.variants[variant].get(), (dir + (variant ? "/save.so" : "/replay.so")).str()))
+      return e;
+  return writeJson(dir, llvm::json::Object(package.meta));
 }

@@ -138,10 +138,6 @@ llvm::Error cellc::printStage(ModuleOp module, Emit emit,
   case Emit::Package:
     return fail(std::string("--emit=") + name(emit) + " is not a stage of the IR");
   }
-  // The plan's memory table builds the kernels from the cell IR.
-  OwningOpRef<ModuleOp> cellIR;
-  if (emit == Emit::Plan)
-    cellIR = module.clone();
   if (stage) {
     PassManager pm(module.getContext());
     buildPipeline(pm, *stage, options);
@@ -156,15 +152,10 @@ llvm::Error cellc::printStage(ModuleOp module, Emit emit,
     os << *ptx;
     return llvm::Error::success();
   }
-  case Emit::Plan: {
+  case Emit::Plan:
+    // The memory table that follows needs the driver: jit::printStage.
     cell::printSavePlan(module, os);
-    PipelineOptions cpu = options;
-    if (isCudaStrategy(cpu.strategy) || cpu.target == Target::Cuda)
-      cpu = PipelineOptions();
-    cpu.planSteps = options.planSteps;
-    cpu.planBatch = options.planBatch;
-    return printMemoryPlan(*cellIR, cpu, options.planSteps, options.planBatch, os);
-  }
+    return llvm::Error::success();
   case Emit::Phases: {
     // The CPU's lanes run along the units: its plans write concats whole and
     // read a buffered value at its own element in the phase that writes it.

@@ -4,11 +4,11 @@
 #define CELLC_COMPILER_PIPELINES_PIPELINES_H
 
 #include "dialects/Cell/IR/KernelInterface.h"
-#include "runtime/driver/SequenceDriver.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/Error.h"
+#include "llvm/Support/JSON.h"
 
 #include <optional>
 
@@ -125,19 +125,32 @@ llvm::Error printStage(mlir::ModuleOp module, Emit emit,
                        const PipelineOptions &options, llvm::StringRef chip,
                        llvm::raw_ostream &os);
 
-/// Reads the kernels `<cell>_fwd` and `_bwd` of `kernels` (at Stage::Kernels,
-/// SAVE_GATES specialized to `saveGates`) into `interface`: their arguments
-/// (from the variant that saves gates) and what each variant allocates as it
-/// runs. Call it for both variants, then `interface.finish()`.
-llvm::Error readKernels(mlir::ModuleOp kernels, llvm::StringRef cell, bool saveGates,
-                        driver::Interface &interface);
+/// A cell's CPU package before code generation: the kernels of both
+/// SAVE_GATES variants in the LLVM dialect, and kernels.json (the cell, its
+/// slots, each kernel's arguments and scratch bytes, the config).
+struct CpuPackage {
+  /// The variant that replays (0) and the one that saves gates (1).
+  mlir::OwningOpRef<mlir::ModuleOp> variants[2];
+  llvm::json::Object meta;
+  /// kernels.json's text.
+  std::string json() const;
+};
 
-/// Prints what a training step of `steps` x `batch` holds on the CPU in each
-/// recompute mode (driver::SequenceDriver::plan over the kernels that
-/// `options` build from `cell`, front-end cell IR). Prints nothing for an
-/// element type the CPU does not run.
-llvm::Error printMemoryPlan(mlir::ModuleOp cell, PipelineOptions options,
-                            int64_t steps, int64_t batch, llvm::raw_ostream &os);
+/// Builds both variants of the CPU kernels that `options` describe from
+/// `cell` (front-end cell IR, sizes bound) and lowers them to the LLVM
+/// dialect. `config` is the knobs as `name=value,...`, for kernels.json.
+llvm::Expected<CpuPackage> buildCpuPackage(mlir::ModuleOp cell,
+                                           const PipelineOptions &options,
+                                           llvm::StringRef dtype, llvm::StringRef config);
+
+/// Writes `package` to `dir`: kernels.json, and save.so and replay.so
+/// compiled for the host (writeHostSharedObject).
+llvm::Error writeCpuPackage(const CpuPackage &package, llvm::StringRef dir);
+
+/// Compiles `module` (CPU kernels in the LLVM dialect) at O3 for the host
+/// CPU into the shared object `path`, with an entry `cellc_packed_<k>(void
+/// **args)` for each kernel; links with `$CELLC_CC` or the system's cc.
+llvm::Error writeHostSharedObject(mlir::ModuleOp module, llvm::StringRef path);
 
 /// Registers the pipelines with the pass registry, for cellc-opt.
 void registerPipelines();

@@ -7,7 +7,8 @@
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialects/Cell/IR/CellDialect.h"
 #include "dialects/Cell/IR/CellOps.h"
-#include "runtime/KernelCache.h"
+#include "jit/KernelCache.h"
+#include "runtime/cuda/CudaDriver.h"
 #include "compiler/Tuner/Workload.h"
 
 #include "mlir/IR/MLIRContext.h"
@@ -28,10 +29,8 @@
 #include <thread>
 #include <unistd.h>
 
-extern "C" int cellc_cuda_available(char *error, size_t size);
-
 using namespace cellc;
-using namespace cellc::runtime;
+using namespace cellc::tuner;
 
 namespace {
 
@@ -47,9 +46,9 @@ double since(Clock::time_point start) {
 } // namespace
 
 
-KernelConfig cellc::runtime::defaultConfig(TuneTarget target, int64_t batch) {
+KernelConfig cellc::tuner::defaultConfig(TuneTarget target, int64_t batch) {
   if (target == TuneTarget::Cpu) {
-    CpuCell::Options options;
+    CpuOptions options;
     options.batchHint = batch;
     return configOf(options, std::min<int64_t>(cores(), std::max<int64_t>(1, batch)));
   }
@@ -60,7 +59,7 @@ KernelConfig cellc::runtime::defaultConfig(TuneTarget target, int64_t batch) {
 // Candidates
 //===----------------------------------------------------------------------===//
 
-llvm::StringRef cellc::runtime::nameOf(Candidate::Status status) {
+llvm::StringRef cellc::tuner::nameOf(Candidate::Status status) {
   switch (status) {
   case Candidate::Status::Untried:
     return "not timed";
@@ -120,7 +119,7 @@ std::string cpuPruneReason(const KernelConfig &c, const TuneProblem &problem,
   } else {
     int64_t rows = c.at("product_rows"), vectors = c.at("product_vectors");
     // Accumulators, a panel's vectors and a broadcast in the registers.
-    int64_t registers = CpuCell::hostVectorRegisters();
+    int64_t registers = hostVectorRegisters();
     if (rows * vectors + vectors + 1 > registers)
       return llvm::formatv("a {0}x{1} block needs {2} vector registers; the host has {3}",
                            rows, vectors, rows * vectors + vectors + 1, registers);
@@ -210,7 +209,7 @@ Report runCandidate(const TuneProblem &problem, const KernelConfig &config,
   auto note = [&](const std::string &text) {
     std::strncpy(report.note, text.c_str(), sizeof(report.note) - 1);
   };
-  CpuCell::Options options;
+  CpuOptions options;
   options.cacheDir = cacheDir;
   applyConfig(config, options);
   if (broken == "compile") {
@@ -218,7 +217,7 @@ Report runCandidate(const TuneProblem &problem, const KernelConfig &config,
     note("injected compile failure (CELLC_TUNE_BREAK)");
     return report;
   }
-  auto cell = CpuCell::compile(problem.source, problem.fileName, problem.sizes,
+  auto cell = compileCpu(problem.source, problem.fileName, problem.sizes,
                                problem.dtype, options);
   if (!cell) {
     report.status = int(Candidate::Status::CompileError);
@@ -425,7 +424,7 @@ void compileCudaCandidate(const TuneProblem &problem, Candidate &candidate) {
 // The tune
 //===----------------------------------------------------------------------===//
 
-llvm::Expected<TuneResult> cellc::runtime::tune(const TuneProblem &problem,
+llvm::Expected<TuneResult> cellc::tuner::tune(const TuneProblem &problem,
                                                 const TuneOptions &options) {
   if (problem.batch < 1 || problem.steps < 1)
     return fail(llvm::formatv("the batch ({0}) and the sequence length ({1}) "
@@ -481,10 +480,10 @@ llvm::Expected<TuneResult> cellc::runtime::tune(const TuneProblem &problem,
   if (!shapes)
     return shapes.takeError();
   KernelConfig base = defaultConfig(TuneTarget::Cpu, problem.batch);
-  CpuCell::Options baseOptions;
+  CpuOptions baseOptions;
   baseOptions.cacheDir = options.cacheDir;
   applyConfig(base, baseOptions);
-  auto reference = CpuCell::compile(problem.source, problem.fileName,
+  auto reference = compileCpu(problem.source, problem.fileName,
                                     problem.sizes, problem.dtype, baseOptions);
   if (!reference)
     return reference.takeError();
@@ -599,7 +598,7 @@ llvm::Expected<TuneResult> cellc::runtime::tune(const TuneProblem &problem,
   if (options.store && result.winner >= 0) {
     const Candidate &w = result.candidates[result.winner];
     llvm::json::Object entry;
-    entry["config"] = toJSON(w.config);
+    entry["config"] = jit::toJSON(w.config);
     entry["median_ms"] = w.medianMs;
     if (result.candidates[0].status == Candidate::Status::Ok)
       entry["default_ms"] = result.candidates[0].medianMs;
@@ -618,7 +617,7 @@ llvm::Expected<TuneResult> cellc::runtime::tune(const TuneProblem &problem,
   return result;
 }
 
-std::string cellc::runtime::formatTable(const TuneResult &result) {
+std::string cellc::tuner::formatTable(const TuneResult &result) {
   std::string text;
   llvm::raw_string_ostream os(text);
   bool cuda = !result.candidates.empty() &&
@@ -647,12 +646,12 @@ std::string cellc::runtime::formatTable(const TuneResult &result) {
   return os.str();
 }
 
-llvm::json::Value cellc::runtime::toJSON(const TuneResult &result,
+llvm::json::Value cellc::tuner::toJSON(const TuneResult &result,
                                          const TuneProblem &problem) {
   llvm::json::Array candidates;
   for (const Candidate &c : result.candidates) {
     llvm::json::Object o;
-    o["config"] = toJSON(c.config);
+    o["config"] = jit::toJSON(c.config);
     o["status"] = nameOf(c.status);
     o["note"] = c.note;
     if (c.status == Candidate::Status::Ok) {
@@ -686,7 +685,7 @@ llvm::json::Value cellc::runtime::toJSON(const TuneResult &result,
   if (result.confirmedSpeedup > 0)
     out["confirmed_speedup"] = result.confirmedSpeedup;
   if (result.winner >= 0)
-    out["winner_config"] = toJSON(result.candidates[result.winner].config);
+    out["winner_config"] = jit::toJSON(result.candidates[result.winner].config);
   out["candidates"] = std::move(candidates);
   return out;
 }

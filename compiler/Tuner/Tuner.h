@@ -12,14 +12,17 @@
 #ifndef CELLC_COMPILER_TUNER_TUNER_H
 #define CELLC_COMPILER_TUNER_TUNER_H
 
-#include "runtime/CpuCell.h"
-#include "runtime/TuningCache.h"
+#include "jit/CpuJit.h"
+#include "jit/TuningCache.h"
 
 #include <functional>
 #include <string>
 #include <vector>
 
-namespace cellc::runtime {
+namespace cellc::tuner {
+
+using namespace cellc::jit;
+using namespace cellc::runtime;
 
 /// The config that runs untuned: a heuristic for `batch` rows.
 KernelConfig defaultConfig(TuneTarget target, int64_t batch);
@@ -93,6 +96,6 @@ llvm::Expected<TuneResult> tune(const TuneProblem &problem,
 std::string formatTable(const TuneResult &result);
 llvm::json::Value toJSON(const TuneResult &result, const TuneProblem &problem);
 
-} // namespace cellc::runtime
+} // namespace cellc::tuner
 
 #endif // CELLC_COMPILER_TUNER_TUNER_H

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-using namespace cellc::runtime;
+using namespace cellc::tuner;
 
 Workload::Workload(const CpuCell &cell, int64_t steps, int64_t batch,
                    unsigned seed)
@@ -57,12 +57,12 @@ Array Workload::array(std::vector<int64_t> shape) {
 llvm::Expected<int64_t> Workload::run(CpuCell &cell, Recompute mode,
                                       bool backward) {
   SavedPtr saved;
-  if (llvm::Error e = cell.forward(seq, outs, finals, mode, backward ? &saved : nullptr))
+  if (llvm::Error e = errorOf(cell.forward(seq, outs, finals, mode, backward ? &saved : nullptr)))
     return std::move(e);
   ranBackward = backward;
   if (!backward)
     return 0;
-  if (llvm::Error e = cell.backward(seq, *saved, dOuts, dFinals, dIns, dPars, dInits))
+  if (llvm::Error e = errorOf(cell.backward(seq, *saved, dOuts, dFinals, dIns, dPars, dInits)))
     return std::move(e);
   return CpuCell::savedBytes(*saved);
 }

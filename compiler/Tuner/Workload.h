@@ -9,12 +9,15 @@
 #ifndef CELLC_COMPILER_TUNER_WORKLOAD_H
 #define CELLC_COMPILER_TUNER_WORKLOAD_H
 
-#include "runtime/CpuCell.h"
+#include "jit/CpuJit.h"
 
 #include <cstdint>
 #include <vector>
 
-namespace cellc::runtime {
+namespace cellc::tuner {
+
+using namespace cellc::jit;
+using namespace cellc::runtime;
 
 class Workload {
 public:
@@ -48,6 +51,6 @@ private:
   std::vector<Array> outs, finals, dOuts, dFinals, dIns, dPars, dInits;
 };
 
-} // namespace cellc::runtime
+} // namespace cellc::tuner
 
 #endif // CELLC_COMPILER_TUNER_WORKLOAD_H

@@ -13,11 +13,29 @@ messages; `cellc.SizeError`, a CellError, when only the sizes make it bad.
 Compiled kernels are cached in `$CELLC_CACHE_DIR` (default `~/.cache/cellc`);
 `cellc.autotune` (or the `cellc-tune` tool) tunes the kernel config of a cell
 for this machine and the JIT uses the result.
+
+`cellc.load_package(path)` runs a CPU package (`cellc --emit=package
+--target=cpu`) with the runtime alone: importing cellc and loading a package
+loads neither the compiler nor MLIR and LLVM, which load on first use of
+anything that compiles.
 """
 
-from ._cellc import CellError, SizeError, __version__, cache_dir
-from .core import Cell, autotune, compile
-from . import nn
+from ._cellc_runtime import __version__
+from .package import Package, load_package
 
-__all__ = ["Cell", "CellError", "SizeError", "autotune", "compile", "cache_dir", "nn",
-           "__version__"]
+_COMPILER = {"Cell": "core", "autotune": "core", "compile": "core",
+             "CellError": "_cellc", "SizeError": "_cellc", "cache_dir": "_cellc"}
+
+
+def __getattr__(name):
+    # The compiler (the _cellc extension, MLIR and LLVM) loads on first use.
+    import importlib
+    if name == "nn":
+        return importlib.import_module(".nn", __name__)
+    if name in _COMPILER:
+        return getattr(importlib.import_module("." + _COMPILER[name], __name__), name)
+    raise AttributeError(f"module 'cellc' has no attribute {name!r}")
+
+
+__all__ = ["Cell", "CellError", "Package", "SizeError", "autotune", "compile", "cache_dir",
+           "load_package", "nn", "__version__"]

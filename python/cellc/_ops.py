@@ -133,7 +133,7 @@ if AVAILABLE:
                  resets: Optional[Tensor], lengths: Optional[Tensor]) -> List[Tensor]:
         """Runs the cell over time-major `inputs`: its outputs, final states and,
         when `training`, the kept buffers for `sequence_backward`."""
-        from .core import _check_lengths
+        from ._autograd import _check_lengths
         c = _cell(cell)
         inputs, params, states = _contiguous(inputs, params, states)
         x0 = inputs[0]
@@ -166,7 +166,7 @@ if AVAILABLE:
         """The gradients of the inputs, params and states of a `sequence` call
         (empty where not `wanted`) from those of its outputs and final states
         (None: zeros), given its kept buffers and the outputs it reads."""
-        from .core import _check_lengths
+        from ._autograd import _check_lengths
         c = _cell(cell)
         # Held here while the driver reads them (an expanded gradient, such
         # as that of a sum, becomes a copy).

@@ -13,7 +13,9 @@ import warnings
 
 import torch
 
-from . import _cellc, _ops, _tools
+from . import _cellc, _cellc_runtime, _ops, _tools
+from ._autograd import (_arguments, _autocast_cpu, _check_lengths, _compiling,
+                        _lengths_tensor, _parse_mode, _run)
 
 _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 
@@ -40,121 +42,16 @@ def _size_value(terms, sizes):
     return total
 
 
-def _parse_mode(save_gates, recompute):
-    if recompute is None:
-        return "none" if save_gates else "full"
-    if not isinstance(recompute, str):
-        raise TypeError(f"recompute must be 'none', 'full' or 'chunk:K', not {recompute!r}")
-    return recompute
-
-
-def _check_lengths(lengths, T, B):
-    """Per-sample lengths as a list of B ints in [0, T] ([] for none): from
-    an int64 CPU tensor of shape [B], as torch's PackedSequence keeps them, or
-    a list."""
-    if lengths is None:
-        return []
-    lengths = _lengths_tensor(lengths, B).tolist()
-    bad = [n for n in lengths if n < 0 or n > T]
-    if bad:
-        raise ValueError(f"lengths must be in [0, T = {T}], got {bad[0]}")
-    return lengths
-
-
-def _lengths_tensor(lengths, B):
-    """Per-sample lengths as an int64 CPU tensor [B] (or None), its
-    values unread: what the torch operators take."""
-    if lengths is None:
-        return None
-    if isinstance(lengths, torch.Tensor):
-        if lengths.dtype != torch.int64:
-            raise TypeError(f"lengths must be an int64 tensor, got {lengths.dtype}")
-        if lengths.device.type != "cpu":
-            raise ValueError(f"lengths must be on the CPU (as PackedSequence keeps them), "
-                             f"got {lengths.device}")
-        if lengths.dim() != 1:
-            raise ValueError(f"lengths must be [B], got shape {list(lengths.shape)}")
-    elif isinstance(lengths, (list, tuple)) and all(isinstance(n, int) for n in lengths):
-        lengths = torch.tensor(list(lengths), dtype=torch.int64)
-    else:
-        raise TypeError("lengths must be an int64 tensor or a list of ints")
-    if lengths.shape[0] != B:
-        raise ValueError(f"expected {B} lengths, one a sample, got {lengths.shape[0]}")
-    return lengths
-
-
-def _autocast_cpu():
+def _jit(source, file_name, sizes, dtype, threads, batch):
+    """The JIT: the cell's CPU package, built by the compiler (or found in the
+    kernel cache), loaded by the runtime as cellc.load_package loads one."""
+    path, from_cache, origin, temporary, threads = _cellc.prepare_package(
+        source, file_name, sizes, dtype, threads, True, batch)
     try:
-        return torch.is_autocast_enabled("cpu")
-    except TypeError:  # torch < 2.4
-        return torch.is_autocast_cpu_enabled()
-
-
-def _compiling():
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and compiler.is_compiling()
-
-
-class _CellFunction(torch.autograd.Function):
-    """One call of a compiled cell: forward and backward in the CPU runtime."""
-
-    @staticmethod
-    def forward(ctx, compiled, mode, resets, lengths, training, counts, stats, *tensors):
-        n_in, n_par, n_st, batch_first = counts
-        inputs = tensors[:n_in]
-        params = tensors[n_in:n_in + n_par]
-        states = tensors[n_in + n_par:]
-        x0 = inputs[0]
-        T, B = (x0.shape[1], x0.shape[0]) if batch_first else (x0.shape[0], x0.shape[1])
-        lead = (B, T) if batch_first else (T, B)
-        outputs = [x0.new_empty(*lead, shape[0]) for _, shape in compiled.outputs]
-        finals = [x0.new_empty(B, shape[0]) for _, shape in compiled.states]
-        buf = lambda ts: [(t.data_ptr(), list(t.shape)) for t in ts]
-        resets_ptr = resets.data_ptr() if resets is not None else 0
-        # An output that is a state is that state's history for the backward:
-        # saved here, so that autograd keeps it and catches an in-place change.
-        saved = compiled.forward(buf(inputs), buf(params), buf(states), resets_ptr,
-                                 T, B, batch_first, buf(outputs), buf(finals), mode,
-                                 training, lengths, outputs_outlive_saved=True)
-        ctx.compiled, ctx.saved, ctx.counts = compiled, saved, counts
-        stats["saved_bytes"] = saved.nbytes if saved is not None else 0
-        ctx.steps_batch = (T, B)
-        ctx.resets, ctx.lengths = resets, lengths
-        if training:
-            ctx.save_for_backward(*tensors, *[outputs[i] for i in saved.outputs_read])
-        return (*outputs, *finals)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        n_in, n_par, n_st, batch_first = ctx.counts
-        # The saved outputs (read by the driver through ctx.saved) come last.
-        tensors = ctx.saved_tensors[:n_in + n_par + n_st]
-        inputs = tensors[:n_in]
-        params = tensors[n_in:n_in + n_par]
-        states = tensors[n_in + n_par:]
-        n_out = len(ctx.compiled.outputs)
-        buf = lambda ts: [(t.data_ptr(), list(t.shape)) if t is not None else (0, [])
-                          for t in ts]
-        grad_out = [g.contiguous() if g is not None else None for g in grads[:n_out]]
-        grad_fin = [g.contiguous() if g is not None else None for g in grads[n_out:]]
-        # Only the gradients autograd wants (compiled, mode, resets, lengths,
-        # training, counts and stats come first): an input's that nobody wants
-        # costs neither its buffer nor its GEMM. Without initial states the
-        # runtime starts from zeros, whose gradient nobody wants.
-        wanted = ctx.needs_input_grad[7:]
-        grad_like = lambda ts, first: [torch.empty_like(t) if wanted[first + i] else None
-                                       for i, t in enumerate(ts)]
-        d_in = grad_like(inputs, 0)
-        d_par = grad_like(params, n_in)
-        d_st = (grad_like(states, n_in + n_par) if states
-                else [None] * len(ctx.compiled.states))
-        T, B = ctx.steps_batch
-        resets_ptr = ctx.resets.data_ptr() if ctx.resets is not None else 0
-        ctx.compiled.backward(buf(inputs), buf(params), buf(states), resets_ptr, T, B,
-                              batch_first, ctx.saved, buf(grad_out), buf(grad_fin),
-                              buf(d_in), buf(d_par), buf(d_st), ctx.lengths)
-        return (None, None, None, None, None, None, None, *d_in, *d_par,
-                *(d_st if states else ()))
+        return _cellc_runtime.load(path, threads, from_cache, origin)
+    finally:
+        if temporary:  # no cache: the shared objects stay mapped
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Cell:
@@ -290,9 +187,8 @@ class Cell:
                 budget = float(os.environ.get("CELLC_AUTOTUNE_BUDGET", "30"))
                 autotune(self, sizes, batch=batch, seq_len=seq_len, dtype=dtype,
                          budget=budget)
-            self._compiled[key] = _cellc.compile(self.source, self.file_name, sizes,
-                                                 _DTYPES[dtype], self.threads, True,
-                                                 batch if bucket else 0)
+            self._compiled[key] = _jit(self.source, self.file_name, sizes, _DTYPES[dtype],
+                                       self.threads, batch if bucket else 0)
         return self._compiled[key]
 
     def layout(self, sizes, dtype, mode, has_lengths, device=torch.device("cpu")):
@@ -338,38 +234,9 @@ class Cell:
     def __call__(self, x, params, states=None, *, save_gates=True, resets=None,
                  recompute=None, batch_first=False, lengths=None):
         names_in = [n for n, _ in self.inputs]
-        if not names_in:
-            raise ValueError("this cell declares no input; the Python API needs one to "
-                             "know T and B")
-        if isinstance(x, dict):
-            missing = [n for n in names_in if n not in x]
-            if missing:
-                raise ValueError(f"no tensor for input {missing[0]!r}")
-            inputs = [x[n] for n in names_in]
-        else:
-            if len(names_in) != 1:
-                raise ValueError(f"this cell has inputs {names_in}: pass a dict of tensors")
-            inputs = [x]
-        if not isinstance(params, dict):
-            raise TypeError("params must be a dict from param names to tensors")
         names_par = [n for n, _ in self.params]
-        missing = [n for n in names_par if n not in params]
-        if missing:
-            raise ValueError(f"no tensor for param {missing[0]!r}")
-        extra = [n for n in params if n not in names_par]
-        if extra:
-            raise ValueError(f"{extra[0]!r} is not a param of this cell; it has {names_par}")
-        names_st = [n for n, _ in self.states]
-        if states is not None:
-            if not isinstance(states, dict):
-                raise TypeError("states must be None or a dict from state names to tensors")
-            extra = [n for n in states if n not in names_st]
-            if extra:
-                raise ValueError(f"{extra[0]!r} is not a state of this cell; it has {names_st}")
-        tensors = list(inputs) + [params[n] for n in names_par]
-        for t in tensors + list((states or {}).values()):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"expected tensors, got {type(t).__name__}")
+        inputs = _arguments(x, params, states, names_in, names_par,
+                            [n for n, _ in self.states])
         if _autocast_cpu() and inputs[0].device.type == "cpu":
             # Under autocast, the CPU kernels run float32, as autocast runs
             # its float32 ops: lower-precision tensors are cast up.
@@ -377,7 +244,7 @@ class Cell:
             inputs = [up(t) for t in inputs]
             params = {n: up(t) for n, t in params.items()}
             states = {n: up(t) for n, t in states.items()} if states is not None else None
-            tensors = list(inputs) + [params[n] for n in names_par]
+        tensors = list(inputs) + [params[n] for n in names_par]
         dtype = inputs[0].dtype
         for t in tensors + list((states or {}).values()):
             if t.dtype != dtype:
@@ -423,23 +290,9 @@ class Cell:
             return self._call_cuda(sizes, names_in, inputs, names_par, params, states, resets,
                                    save_gates, recompute, batch_first, device, lengths)
         compiled = self.jit(sizes, dtype, batch=B, seq_len=T)
-        state_list = []
-        if states is not None:
-            for (n, shape) in compiled.states:
-                t = states.get(n)
-                state_list.append(t if t is not None else inputs[0].new_zeros(B, shape[0]))
-        tensors = [t.contiguous() for t in tensors + state_list]
-        training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-        counts = (len(inputs), len(names_par), len(state_list), batch_first)
-        stats = {}
-        results = _CellFunction.apply(compiled, mode, resets, lengths, training, counts,
-                                      stats, *tensors)
-        self.saved_bytes = stats.get("saved_bytes", 0)
+        out, final, self.saved_bytes = _run(compiled, inputs, [params[n] for n in names_par],
+                                            states, resets, mode, lengths, batch_first)
         self._last = compiled
-        n_out = len(compiled.outputs)
-        outs, finals = results[:n_out], results[n_out:]
-        out = outs[0] if n_out == 1 else {n: t for (n, _), t in zip(compiled.outputs, outs)}
-        final = {n: t for (n, _), t in zip(compiled.states, finals)}
         return out, final
 
     def _call_op(self, sizes, inputs, params, states, resets, mode, batch_first, lengths):

@@ -1,7 +1,7 @@
 """Runs AOT-compiled cellc CUDA kernels (a package from `cellc --emit=package`).
 
 This module needs neither MLIR/LLVM nor the `_cellc` extension: it talks to
-`libcellc_cuda.so` (runtime/cuda, which loads libcuda with dlopen) through
+`libcellc_runtime.so` (runtime/: the driver and runtime/cuda, which loads libcuda with dlopen) through
 ctypes, and leaves the hoisted GEMMs to torch. It imports on machines without
 a GPU; using it there raises `CudaUnavailable` with the reason.
 """
@@ -14,7 +14,7 @@ __all__ = ["CudaUnavailable", "CudaError", "available", "Package", "CudaCell"]
 
 
 class CudaUnavailable(RuntimeError):
-    """No CUDA driver or GPU (or no libcellc_cuda.so) on this machine."""
+    """No CUDA driver or GPU (or no libcellc_runtime.so) on this machine."""
 
 
 class CudaError(RuntimeError):
@@ -62,15 +62,15 @@ def _library():
         return _LIB
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = [os.environ.get("CELLC_CUDA_LIB", ""),
-                  os.path.join(here, "libcellc_cuda.so"),
-                  os.path.join(here, "..", "..", "lib", "libcellc_cuda.so")]
+                  os.path.join(here, "libcellc_runtime.so"),
+                  os.path.join(here, "..", "..", "lib", "libcellc_runtime.so")]
     for path in candidates:
         if path and os.path.exists(path):
             lib = ctypes.CDLL(path)
             break
     else:
         raise CudaUnavailable(
-            "libcellc_cuda.so not found (build runtime/cuda, or set CELLC_CUDA_LIB)")
+            "libcellc_runtime.so not found (build runtime/, or set CELLC_CUDA_LIB)")
     err = [ctypes.c_char_p, ctypes.c_size_t]
     lib.cellc_cuda_available.argtypes = err
     lib.cellc_cuda_load.argtypes = [ctypes.c_int, ctypes.c_char_p,

@@ -8,7 +8,8 @@ import os
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
-from .core import _compiling, compile as _compile
+from ._autograd import _compiling
+from .core import compile as _compile
 
 
 def _shipped(name):

@@ -1,8 +1,9 @@
 //===- CellcModule.cpp - The _cellc Python extension ----------------------===//
 //
-// A thin pybind11 layer over the front end and the CPU runtime. Tensors cross
-// as (data pointer, shape) pairs, so the module needs no torch headers; the
-// cellc package wraps it into autograd functions and modules.
+// A thin pybind11 layer over the front end, the pipelines and the JIT: it
+// checks cells, prints their IR, and builds packages (CPU packages through
+// the JIT's cache, CUDA packages for cellc.cuda). The CPU runtime that runs
+// them is the _cellc_runtime extension, which links no MLIR.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,9 +15,9 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
-#include "runtime/CpuCell.h"
-#include "runtime/TuningCache.h"
-#include "runtime/KernelCache.h"
+#include "jit/CpuJit.h"
+#include "jit/KernelCache.h"
+#include "jit/TuningCache.h"
 
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/SourceMgr.h"
@@ -28,7 +29,7 @@
 
 namespace py = pybind11;
 using namespace cellc;
-using namespace cellc::runtime;
+using namespace cellc::jit;
 
 namespace {
 
@@ -72,150 +73,6 @@ template <typename E> void exportWords(py::module_ &m, const char *name) {
 
 /// Raises what the front end reported about `src`.
 [[noreturn]] void raiseCell(CellSource &src) { raiseError(src.takeError()); }
-
-/// (pointer, shape) pairs from Python.
-using Buffers = std::vector<std::pair<uintptr_t, std::vector<int64_t>>>;
-
-std::vector<Array> arrays(const Buffers &buffers) {
-  std::vector<Array> result;
-  for (const auto &[ptr, shape] : buffers)
-    result.push_back({reinterpret_cast<void *>(ptr), shape});
-  return result;
-}
-
-void check(llvm::Error error) {
-  if (error)
-    throw py::value_error(llvm::toString(std::move(error)));
-}
-
-struct PySaved {
-  SavedPtr saved;
-  int64_t nbytes() const { return saved ? CpuCell::savedBytes(*saved) : 0; }
-};
-
-struct PyCell {
-  std::unique_ptr<CpuCell> cell;
-
-  static py::list slots(const std::vector<Slot> &slots) {
-    py::list list;
-    for (const Slot &s : slots)
-      list.append(py::make_tuple(s.name, s.shape));
-    return list;
-  }
-
-  CpuCell::Sequence sequence(const Buffers &inputs, const Buffers &params,
-                             const Buffers &states, uintptr_t resets,
-                             int64_t steps, int64_t batch, bool batchFirst,
-                             const std::vector<int64_t> &lengths) {
-    CpuCell::Sequence seq;
-    seq.inputs = arrays(inputs);
-    seq.params = arrays(params);
-    seq.initialStates = arrays(states);
-    seq.resets = reinterpret_cast<const uint8_t *>(resets);
-    seq.steps = steps;
-    seq.batch = batch;
-    seq.batchFirst = batchFirst;
-    seq.lengths = lengths;
-    return seq;
-  }
-
-  std::shared_ptr<PySaved> forward(const Buffers &inputs, const Buffers &params,
-                                   const Buffers &states, uintptr_t resets,
-                                   int64_t steps, int64_t batch, bool batchFirst,
-                                   const Buffers &outputs, const Buffers &finals,
-                                   const std::string &mode, bool training,
-                                   const std::vector<int64_t> &lengths,
-                                   bool outputsOutliveSaved,
-                                   const std::optional<Buffers> &kept) {
-    auto saved = std::make_shared<PySaved>();
-    CpuCell::Sequence seq =
-        sequence(inputs, params, states, resets, steps, batch, batchFirst, lengths);
-    seq.outputsOutliveSaved = outputsOutliveSaved;
-    Recompute parsed = parseMode(mode);
-    std::vector<Array> keptArrays = kept ? arrays(*kept) : std::vector<Array>();
-    {
-      py::gil_scoped_release release;
-      check(cell->forward(seq, arrays(outputs), arrays(finals), parsed,
-                          training ? &saved->saved : nullptr, kept ? &keptArrays : nullptr));
-    }
-    return training ? saved : nullptr;
-  }
-
-  static Recompute parseMode(const std::string &mode) {
-    auto parsed = Recompute::parse(mode);
-    if (!parsed)
-      throw py::value_error(llvm::toString(parsed.takeError()));
-    return *parsed;
-  }
-
-  /// What a training forward in `mode` keeps: (per chunk, width, dtype)
-  /// buffers `[T or chunks, B, width]` that the caller allocates, and the
-  /// outputs (indices) it keeps as states' histories.
-  py::tuple keptLayout(const std::string &mode, bool hasLengths) {
-    Recompute parsed = parseMode(mode);
-    py::list layout;
-    for (const driver::KeptBuffer &b : cell->keptLayout(parsed, hasLengths))
-      layout.append(py::make_tuple(b.perChunk, b.width,
-                                   b.element == driver::Element::F64 ? "f64" : "f32"));
-    return py::make_tuple(layout, cell->keptOutputs(parsed, hasLengths));
-  }
-
-  /// The backward of a forward whose kept buffers (and outputs) the caller
-  /// holds.
-  void backwardKept(const Buffers &inputs, const Buffers &params, const Buffers &states,
-                    uintptr_t resets, int64_t steps, int64_t batch,
-                    const std::string &mode, const std::vector<int64_t> &lengths,
-                    const Buffers &outputs, const Buffers &kept,
-                    const Buffers &gradOutputs, const Buffers &gradFinals,
-                    const Buffers &gradInputs, const Buffers &gradParams,
-                    const Buffers &gradStates) {
-    CpuCell::Sequence seq =
-        sequence(inputs, params, states, resets, steps, batch, false, lengths);
-    Recompute parsed = parseMode(mode);
-    py::gil_scoped_release release;
-    auto saved = cell->adopt(seq, parsed, arrays(outputs), arrays(kept));
-    if (!saved) {
-      py::gil_scoped_acquire acquire;
-      check(saved.takeError());
-    }
-    check(cell->backward(seq, **saved, arrays(gradOutputs), arrays(gradFinals),
-                         arrays(gradInputs), arrays(gradParams), arrays(gradStates)));
-  }
-
-  void backward(const Buffers &inputs, const Buffers &params,
-                const Buffers &states, uintptr_t resets, int64_t steps,
-                int64_t batch, bool batchFirst, const PySaved &saved,
-                const Buffers &gradOutputs, const Buffers &gradFinals,
-                const Buffers &gradInputs, const Buffers &gradParams,
-                const Buffers &gradStates, const std::vector<int64_t> &lengths) {
-    if (!saved.saved)
-      throw py::value_error("backward needs a forward run with training=True");
-    CpuCell::Sequence seq =
-        sequence(inputs, params, states, resets, steps, batch, batchFirst, lengths);
-    py::gil_scoped_release release;
-    check(cell->backward(seq, *saved.saved, arrays(gradOutputs),
-                         arrays(gradFinals), arrays(gradInputs),
-                         arrays(gradParams), arrays(gradStates)));
-  }
-};
-
-/// A memory plan as Python sees it: bytes by name.
-py::dict planDict(const driver::MemoryPlan &plan) {
-  py::dict d;
-  d["kept"] = plan.driver.kept;
-  d["kept_outputs"] = plan.keptOutputs;
-  d["forward_peak"] = plan.driver.forwardPeak;
-  d["backward_peak"] = plan.driver.backwardPeak;
-  d["piece_steps"] = plan.pieceSteps;
-  d["outputs"] = plan.outputs;
-  d["final_states"] = plan.finalStates;
-  d["grad_outputs"] = plan.gradOutputs;
-  d["grad_inputs"] = plan.gradInputs;
-  d["grad_params"] = plan.gradParams;
-  d["peak"] = plan.peak();
-  d["floor"] = plan.floor();
-  return d;
-}
 
 /// The declarations of a cell: (kind, name, shape), each size a list of
 /// (coefficient, [size names]) terms. Raises ValueError with the front end's
@@ -275,7 +132,7 @@ emit(const std::string &source, const std::string &fileName,
     options.saveGates = saveGates != 0;
   std::string text;
   llvm::raw_string_ostream out(text);
-  if (llvm::Error e = printStage(*module, *parsed, options, "sm_90", out)) {
+  if (llvm::Error e = jit::printStage(*module, *parsed, options, "sm_90", out)) {
     llvm::consumeError(std::move(e));
     throw py::value_error(os.str());
   }
@@ -356,7 +213,7 @@ std::vector<std::string> outputNames(const std::string &source,
 }
 
 PYBIND11_MODULE(_cellc, m) {
-  m.doc() = "cellc's compiler and CPU runtime (use the cellc package)";
+  m.doc() = "cellc's compiler and JIT (use the cellc package)";
 
   auto cellError = py::register_exception<CellError>(m, "CellError", PyExc_ValueError);
   py::register_exception<SizeError>(m, "SizeError", cellError.ptr());
@@ -370,70 +227,14 @@ PYBIND11_MODULE(_cellc, m) {
   exportWords<Storage>(m, "Storage");
   m.def("output_names", &outputNames, py::arg("source"), py::arg("file_name"));
 
-  py::class_<PySaved, std::shared_ptr<PySaved>>(m, "Saved")
-      .def_property_readonly("nbytes", &PySaved::nbytes,
-                             "Bytes kept between forward and backward")
-      .def_property_readonly(
-          "outputs_read",
-          [](const PySaved &s) { return driver::savedOutputsRead(*s.saved); },
-          "The outputs (indices) that the backward reads as states' histories");
-
-  py::class_<PyCell>(m, "CompiledCell")
-      .def_property_readonly("inputs", [](PyCell &c) { return PyCell::slots(c.cell->inputs()); })
-      .def_property_readonly("states", [](PyCell &c) { return PyCell::slots(c.cell->states()); })
-      .def_property_readonly("params", [](PyCell &c) { return PyCell::slots(c.cell->params()); })
-      .def_property_readonly("outputs", [](PyCell &c) { return PyCell::slots(c.cell->outputs()); })
-      .def_property_readonly("loaded_from_cache",
-                             [](PyCell &c) { return c.cell->loadedFromCache(); })
-      .def_property_readonly("config", [](PyCell &c) { return c.cell->config(); },
-                             "The kernel config, as name=value pairs")
-      .def_property_readonly("config_source",
-                             [](PyCell &c) { return c.cell->configSource(); },
-                             "'tuned' when the config came from the tuning cache")
-      .def_property("threads", [](PyCell &c) { return c.cell->threads(); },
-                    [](PyCell &c, int t) { c.cell->setThreads(t); })
-      .def("forward", &PyCell::forward, py::arg("inputs"), py::arg("params"),
-           py::arg("states"), py::arg("resets"), py::arg("steps"), py::arg("batch"),
-           py::arg("batch_first"), py::arg("outputs"), py::arg("finals"),
-           py::arg("mode"), py::arg("training"), py::arg("lengths"),
-           py::arg("outputs_outlive_saved") = false, py::arg("kept") = py::none())
-      .def("backward", &PyCell::backward)
-      .def("kept_layout", &PyCell::keptLayout, py::arg("mode"), py::arg("has_lengths"))
-      .def("backward_kept", &PyCell::backwardKept)
-      .def(
-          "memory_stats",
-          [](PyCell &c) {
-            driver::MemoryStats s = c.cell->memoryStats();
-            py::dict d;
-            d["kept_bytes"] = s.kept;
-            d["forward_peak_bytes"] = s.forwardPeak;
-            d["backward_peak_bytes"] = s.backwardPeak;
-            d["live_bytes"] = s.live;
-            return d;
-          },
-          "The bytes the driver held in the last forward and backward")
-      .def(
-          "memory_plan",
-          [](PyCell &c, int64_t steps, int64_t batch, const std::string &mode) {
-            auto parsed = Recompute::parse(mode);
-            if (!parsed)
-              throw py::value_error(llvm::toString(parsed.takeError()));
-            auto plan = c.cell->memoryPlan(steps, batch, *parsed);
-            if (!plan)
-              throw py::value_error(llvm::toString(plan.takeError()));
-            return planDict(*plan);
-          },
-          py::arg("steps"), py::arg("batch"), py::arg("mode"),
-          "What a training step of steps x batch in mode holds, in bytes");
-
   m.def(
-      "compile",
+      "prepare_package",
       [](const std::string &source, const std::string &fileName,
          const std::map<std::string, int64_t> &sizes, const std::string &dtype,
          int threads, bool useCache, int64_t batch) {
         if (dtype != "f32" && dtype != "f64")
           throw py::type_error("the CPU backend takes float32 and float64, not " + dtype);
-        CpuCell::Options options;
+        jit::CpuOptions options;
         options.threads = threads;
         options.useCache = useCache;
         // An explicit thread count is the caller's config; otherwise a tuned
@@ -441,24 +242,25 @@ PYBIND11_MODULE(_cellc, m) {
         options.batchHint = batch;
         options.useTuned = threads == 0;
         SizeBindings bindings(sizes.begin(), sizes.end());
-        std::unique_ptr<CpuCell> cell;
+        std::optional<jit::PreparedPackage> prepared;
         {
           py::gil_scoped_release release;
-          auto compiled = CpuCell::compile(source, fileName, bindings,
-                                           dtype == "f32" ? DType::F32 : DType::F64,
-                                           options);
-          if (!compiled) {
+          auto result = jit::prepareCpuPackage(source, fileName, bindings,
+                                               dtype == "f32" ? DType::F32 : DType::F64,
+                                               options);
+          if (!result) {
             py::gil_scoped_acquire acquire;
-            raiseError(compiled.takeError());
+            raiseError(result.takeError());
           }
-          cell = std::move(*compiled);
+          prepared = std::move(*result);
         }
-        PyCell result;
-        result.cell = std::move(cell);
-        return result;
+        return py::make_tuple(prepared->dir, prepared->fromCache, prepared->origin,
+                              prepared->temporary, prepared->threads);
       },
       py::arg("source"), py::arg("file_name"), py::arg("sizes"), py::arg("dtype"),
-      py::arg("threads") = 0, py::arg("use_cache") = true, py::arg("batch") = 0);
+      py::arg("threads") = 0, py::arg("use_cache") = true, py::arg("batch") = 0,
+      "Builds the CPU package of the cell at `sizes` (or finds it in the cache): "
+      "(path, from_cache, config_source, temporary, threads)");
   m.def(
       "tuned_config",
       [](const std::string &source, const std::map<std::string, int64_t> &sizes,

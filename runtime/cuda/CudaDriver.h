@@ -78,4 +78,8 @@ private:
 
 } // namespace cellc::cuda
 
+/// Whether a CUDA driver and a GPU are there: 1, or 0 with the reason in
+/// `error` (the C entry point that python/cellc/cuda.py calls too).
+extern "C" int cellc_cuda_available(char *error, size_t size);
+
 #endif // CELLC_RUNTIME_CUDA_CUDADRIVER_H

@@ -1,6 +1,6 @@
 """On a GPU: cellc's CUDA kernels against cuDNN, an independent float64
 reference and the CPU backend's results, then the benchmark table. Runs where only torch, the AOT packages
-and libcellc_cuda.so are present (the lent GPU machine); cuda.py is imported
+and libcellc_runtime.so are present (the lent GPU machine); cuda.py is imported
 by path, and torchrl's Triton RNNs are timed when torchrl imports.
 
 Usage: check_cells.py check PACKAGES_DIR      correctness, exit 1 on a failure
@@ -15,7 +15,7 @@ import torch
 
 here = os.path.dirname(os.path.abspath(__file__))
 spec = importlib.util.spec_from_file_location(
-    "cellc_cuda", os.path.join(here, "..", "..", "python", "cellc", "cuda.py"))
+    "cellc_cuda_module", os.path.join(here, "..", "..", "python", "cellc", "cuda.py"))
 cuda = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cuda)
 

@@ -12,7 +12,7 @@
 
 #include "compiler/Tuner/Tuner.h"
 #include "compiler/tools/ToolVersion.h"
-#include "runtime/KernelCache.h"
+#include "jit/KernelCache.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -22,7 +22,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 using namespace cellc;
-using namespace cellc::runtime;
+using namespace cellc::tuner;
 namespace cl = llvm::cl;
 
 static cl::opt<std::string> cellFile(cl::Positional,

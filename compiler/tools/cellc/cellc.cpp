@@ -5,7 +5,8 @@
 #include "compiler/Pipelines/Pipelines.h"
 #include "compiler/tools/ToolVersion.h"
 #include "dialects/Cell/Transforms/Passes.h"
-#include "runtime/KernelCache.h"
+#include "jit/CpuJit.h"
+#include "jit/KernelCache.h"
 #include "dialects/Cell/IR/CellOps.h"
 
 #include "mlir/IR/AsmState.h"
@@ -165,7 +166,8 @@ static struct {
 /// Whether the kernels are built for CUDA: asked for, or implied by the stage.
 static bool targetsCuda() {
   return words.target == Target::Cuda || emitAction == Emit::Nvvm ||
-         emitAction == Emit::Ptx || emitAction == Emit::Package;
+         emitAction == Emit::Ptx ||
+         (emitAction == Emit::Package && words.target != Target::Cpu);
 }
 
 /// The options of the CPU kernels the command line asks for.
@@ -241,14 +243,41 @@ static PipelineOptions chosenCudaOptions(mlir::ModuleOp cell) {
   return words.strategy ? options : chooseCudaStrategy(cell, options, arch);
 }
 
-/// Writes `<dir>/kernels.json`, `<dir>/save.ptx` and `<dir>/replay.ptx`: the
-/// CUDA kernels for both SAVE_GATES variants, and what the runtime needs to
-/// call them without MLIR (arguments, tiles, threads, workgroup bytes).
+/// The CPU package's kernels as the JIT builds them for this host, with the
+/// command line's knobs where it gives them.
+static jit::CpuOptions cpuPackageOptions() {
+  jit::CpuOptions options;
+  options.kernels = words.strategy == Strategy::PerRow ? jit::CpuOptions::Kernels::PerRow
+                                                       : jit::CpuOptions::Kernels::Batched;
+  if (batchTile.getNumOccurrences())
+    options.batchTile = batchTile;
+  if (productRows.getNumOccurrences())
+    options.productRows = productRows;
+  if (productVectors.getNumOccurrences())
+    options.productVectors = productVectors;
+  options.vectorWidth = vectorWidth;
+  return options;
+}
+
+/// Writes the package to the -o directory: for CUDA, `kernels.json`,
+/// `save.ptx` and `replay.ptx` (the kernels of both SAVE_GATES variants, and
+/// what the runtime needs to call them without MLIR: arguments, tiles,
+/// threads, workgroup bytes); for the CPU, `save.so` and `replay.so`
+/// compiled for this host instead.
 static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
                          llvm::SourceMgr &sourceMgr) {
   mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
-  if (llvm::Error e = cellc::writePackage(cell, outputFilename, chosenCudaOptions(cell), arch,
-                                          dtype)) {
+  auto write = [&]() -> llvm::Error {
+    if (targetsCuda())
+      return cellc::writePackage(cell, outputFilename, chosenCudaOptions(cell), arch, dtype);
+    jit::CpuOptions options = cpuPackageOptions();
+    auto package = buildCpuPackage(cell, jit::pipelineOptionsOf(options), dtype,
+                                   jit::kernelConfigText(options));
+    if (!package)
+      return package.takeError();
+    return writeCpuPackage(*package, outputFilename);
+  };
+  if (llvm::Error e = write()) {
     llvm::errs() << llvm::toString(std::move(e)) << "\n";
     return false;
   }
@@ -289,7 +318,7 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
   options.planSteps = planSteps;
   options.planBatch = planBatch;
   mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
-  if (llvm::Error e = printStage(*module, emitAction, options, arch, os)) {
+  if (llvm::Error e = jit::printStage(*module, emitAction, options, arch, os)) {
     // Pass failures were reported through the handler already.
     std::string message = llvm::toString(std::move(e));
     if (message != "the passes failed")
@@ -305,7 +334,7 @@ static int cacheCommand(int argc, char **argv) {
   std::string dir;
   if (argc > 4 && llvm::StringRef(argv[3]) == "--dir")
     dir = argv[4];
-  cellc::runtime::KernelCache cache(dir);
+  jit::KernelCache cache(dir);
   if (action == "list") {
     uint64_t total = 0;
     auto entries = cache.list();
@@ -314,7 +343,8 @@ static int cacheCommand(int argc, char **argv) {
                    << (e.sound ? "" : "  (corrupt: will be recompiled)") << "\n";
       total += e.bytes;
     }
-    llvm::outs() << entries.size() << " entries, " << total << " bytes in "
+    llvm::outs() << entries.size() << (entries.size() == 1 ? " entry, " : " entries, ")
+                 << total << " bytes in "
                  << cache.directory() << "\n";
     return 0;
   }
@@ -325,7 +355,8 @@ static int cacheCommand(int argc, char **argv) {
                    << "\n";
       return 1;
     }
-    llvm::outs() << "removed " << *removed << " entries from "
+    llvm::outs() << "removed " << *removed << (*removed == 1 ? " entry" : " entries")
+                 << " from "
                  << cache.directory() << "\n";
     return 0;
   }
@@ -441,13 +472,16 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (words.target == Target::Cpu && cuda) {
-    llvm::errs() << "cellc: error: --emit=nvvm, ptx and package are for "
-                    "--target=cuda\n";
+    llvm::errs() << "cellc: error: --emit=nvvm and ptx are for --target=cuda\n";
     return 1;
   }
   if (cuda && emitAction == Emit::Llvm) {
     llvm::errs() << "cellc: error: --emit=llvm is the CPU's lowering; use "
                     "--emit=nvvm or --emit=ptx with --target=cuda\n";
+    return 1;
+  }
+  if (emitAction == Emit::Package && !cuda && dtype != "f32" && dtype != "f64") {
+    llvm::errs() << "cellc: error: the CPU runs f32 and f64 cells, not " << dtype << "\n";
     return 1;
   }
   if (cuda && dtype != "f32") {

@@ -9,13 +9,14 @@
 
 #include "Support/Reference.h"
 #include "Support/TestCells.h"
-#include "runtime/CpuCell.h"
+#include "jit/CpuJit.h"
 
 #include "gtest/gtest.h"
 
 using namespace cellc;
 using namespace cellc::testing;
 using namespace cellc::runtime;
+using namespace cellc::jit;
 
 namespace {
 
@@ -150,13 +151,13 @@ Result runCell(CpuCell &cell, SequenceProblem &first,
 
   SavedPtr saved;
   Result r;
-  llvm::Error fwd = cell.forward(seq, outArrays, finalArrays, mode, &saved);
+  llvm::Error fwd = errorOf(cell.forward(seq, outArrays, finalArrays, mode, &saved));
   EXPECT_FALSE(static_cast<bool>(fwd)) << llvm::toString(std::move(fwd));
   if (!saved)
     return r;
   r.savedBytes = CpuCell::savedBytes(*saved);
-  llvm::Error bwd = cell.backward(seq, *saved, dOutArrays, dFinalArrays,
-                                  dInArrays, dParArrays, dInitArrays);
+  llvm::Error bwd = errorOf(cell.backward(seq, *saved, dOutArrays, dFinalArrays,
+                                  dInArrays, dParArrays, dInitArrays));
   EXPECT_FALSE(static_cast<bool>(bwd)) << llvm::toString(std::move(bwd));
   auto toDouble = [](std::vector<std::vector<E>> &v) {
     std::vector<std::vector<double>> d;
@@ -292,7 +293,7 @@ const std::vector<std::vector<int64_t>> kLengths = {{3, 6, 0, 5, 1}, {6, 5, 3, 3
 /// these against torch, sample by sample).
 void runWithLengths(const char *name, Problems &s, int64_t T, Recompute mode,
                     std::vector<Result> &out) {
-  auto batched = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64);
+  auto batched = compileCpu(source(name), "t.cell", kSizes, DType::F64);
   ASSERT_TRUE(static_cast<bool>(batched)) << llvm::toString(batched.takeError());
   for (const std::vector<int64_t> &l : kLengths)
     out.push_back(runCell<double>(**batched, *s.samples[0], s.samples, s.resets, T, mode,
@@ -305,9 +306,9 @@ TEST_P(CpuCellTest, MatchesTheReferenceInDoublePrecision) {
   auto [name, modeText] = GetParam();
   const int64_t T = 6, B = 5;
   Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = Recompute::parse(modeText);
+  auto mode = parseRecompute(modeText);
   ASSERT_TRUE(static_cast<bool>(mode));
-  auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64);
+  auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F64);
   ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
   for (int threads : {1, 2}) {
     SCOPED_TRACE("threads=" + std::to_string(threads));
@@ -321,9 +322,9 @@ TEST_P(CpuCellTest, MatchesTheReferenceInSinglePrecision) {
   auto [name, modeText] = GetParam();
   const int64_t T = 6, B = 5;
   Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = Recompute::parse(modeText);
+  auto mode = parseRecompute(modeText);
   ASSERT_TRUE(static_cast<bool>(mode));
-  auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F32, {2});
+  auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F32, {2});
   ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
   Result r = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
   compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 3e-4);
@@ -340,12 +341,12 @@ TEST_P(CpuCellTest, BatchedKernelsMatchTheReferenceAndThePerRowKernels) {
   auto [name, modeText] = GetParam();
   const int64_t T = 6, B = 5;
   Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = Recompute::parse(modeText);
+  auto mode = parseRecompute(modeText);
   ASSERT_TRUE(static_cast<bool>(mode));
-  CpuCell::Options perRow;
-  perRow.kernels = CpuCell::Options::Kernels::PerRow;
+  CpuOptions perRow;
+  perRow.kernels = CpuOptions::Kernels::PerRow;
   perRow.threads = 1;
-  auto reference = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, perRow);
+  auto reference = compileCpu(source(name), "t.cell", kSizes, DType::F64, perRow);
   ASSERT_TRUE(static_cast<bool>(reference)) << llvm::toString(reference.takeError());
   Result want = runCell<double>(**reference, *s.samples[0], s.samples, s.resets, T, *mode);
   compareWithReference(**reference, *s.ref, s.samples, s.resets, T, want, 1e-10);
@@ -358,14 +359,14 @@ TEST_P(CpuCellTest, BatchedKernelsMatchTheReferenceAndThePerRowKernels) {
                    Config{"tile 2, block 3x1, 4 lanes", 2, 3, 1, 4, 1},
                    Config{"tile 3, block 2x2, 8 lanes", 3, 2, 2, 8, 1}}) {
     SCOPED_TRACE(c.what);
-    CpuCell::Options options;
-    options.kernels = CpuCell::Options::Kernels::Batched;
+    CpuOptions options;
+    options.kernels = CpuOptions::Kernels::Batched;
     options.threads = c.threads;
     options.batchTile = c.tile;
     options.productRows = c.rows;
     options.productVectors = c.vectors;
     options.vectorWidth = c.lanes;
-    auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
+    auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F64, options);
     ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
     Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
     compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
@@ -389,7 +390,7 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
   auto [name, modeText] = GetParam();
   const int64_t T = 6, B = 5;
   Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = Recompute::parse(modeText);
+  auto mode = parseRecompute(modeText);
   ASSERT_TRUE(static_cast<bool>(mode));
   std::vector<Result> withLengths;
   ASSERT_NO_FATAL_FAILURE(runWithLengths(name, s, T, *mode, withLengths));
@@ -403,13 +404,13 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
                    Config{"persistent, 1 CTA", 2, 1, true},
                    Config{"persistent, 3 CTAs", 2, 3, true}}) {
     SCOPED_TRACE(c.what);
-    CpuCell::Options options;
+    CpuOptions options;
     options.threads = 2;
     options.batchTiled = true;
     options.batchTile = c.tile;
     options.persistent = c.persistent;
     options.ctas = c.ctas;
-    auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
+    auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F64, options);
     ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
     Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
     compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
@@ -431,16 +432,16 @@ TEST_P(CpuCellTest, PiecesMatchTheReference) {
   auto [name, modeText] = GetParam();
   const int64_t T = 6, B = 5;
   Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = Recompute::parse(modeText);
+  auto mode = parseRecompute(modeText);
   ASSERT_TRUE(static_cast<bool>(mode));
   std::vector<Result> withLengths;
   ASSERT_NO_FATAL_FAILURE(runWithLengths(name, s, T, *mode, withLengths));
   int64_t copied = 0;
   for (int64_t rows : {1, 10}) {
-    CpuCell::Options options;
+    CpuOptions options;
     options.pieceRows = rows;
     options.threads = 2;
-    auto cell = CpuCell::compile(source(name), "t.cell", kSizes, DType::F64, options);
+    auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F64, options);
     ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
     for (bool keep : {false, true}) {
       SCOPED_TRACE("rows a piece " + std::to_string(rows) +
@@ -483,15 +484,15 @@ TEST(CpuCellKnobs, MatvecWidthAndUnrollMatchTheReference) {
     Problems s = makeProblems(source(name), sizes, T, B);
     for (int64_t knob : {2, 4}) {
       SCOPED_TRACE(std::string(name) + " width/unroll " + std::to_string(knob));
-      CpuCell::Options options;
-      options.kernels = CpuCell::Options::Kernels::PerRow;
+      CpuOptions options;
+      options.kernels = CpuOptions::Kernels::PerRow;
       options.threads = 2;
       options.matvecWidth = knob;
       options.matvecUnroll = knob;
-      auto cell = CpuCell::compile(source(name), "t.cell", sizes, DType::F64, options);
+      auto cell = compileCpu(source(name), "t.cell", sizes, DType::F64, options);
       ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
       for (const char *modeText : {"none", "full"}) {
-        auto mode = Recompute::parse(modeText);
+        auto mode = parseRecompute(modeText);
         ASSERT_TRUE(static_cast<bool>(mode));
         Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
         compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
@@ -502,10 +503,10 @@ TEST(CpuCellKnobs, MatvecWidthAndUnrollMatchTheReference) {
 
 /// A knob that does not divide the weights is an error that names it.
 TEST(CpuCellKnobs, AWidthThatDoesNotDivideIsAnError) {
-  CpuCell::Options options;
-  options.kernels = CpuCell::Options::Kernels::PerRow;
+  CpuOptions options;
+  options.kernels = CpuOptions::Kernels::PerRow;
   options.matvecWidth = 3;
-  auto cell = CpuCell::compile(source("lstm"), "t.cell", {{"H", 4}, {"I", 3}},
+  auto cell = compileCpu(source("lstm"), "t.cell", {{"H", 4}, {"I", 3}},
                                DType::F32, options);
   ASSERT_FALSE(static_cast<bool>(cell));
   std::string message = llvm::toString(cell.takeError());
@@ -515,14 +516,14 @@ TEST(CpuCellKnobs, AWidthThatDoesNotDivideIsAnError) {
 TEST(CpuCellModes, AllModesGiveTheSameGradients) {
   const int64_t T = 9, B = 3;
   Problems s = makeProblems(source("lstm"), kSizes, T, B);
-  auto cell = CpuCell::compile(source("lstm"), "lstm.cell", kSizes, DType::F32, {2});
+  auto cell = compileCpu(source("lstm"), "lstm.cell", kSizes, DType::F32, {2});
   ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
   Result none = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
-                               *Recompute::parse("none"));
+                               *parseRecompute("none"));
   for (const char *m : {"full", "chunk:1", "chunk:3", "chunk:4", "chunk:20"}) {
     SCOPED_TRACE(m);
     Result other = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
-                                  *Recompute::parse(m));
+                                  *parseRecompute(m));
     auto same = [](const std::vector<std::vector<double>> &a,
                    const std::vector<std::vector<double>> &b) {
       for (size_t i = 0; i < a.size(); ++i)
@@ -541,12 +542,12 @@ TEST(CpuCellModes, ThreadsDoNotChangeTheResult) {
   const int64_t T = 4, B = 7;
   Problems s = makeProblems(source("gru"), kSizes, T, B);
   std::vector<Result> results;
-  auto cell = CpuCell::compile(source("gru"), "gru.cell", kSizes, DType::F32);
+  auto cell = compileCpu(source("gru"), "gru.cell", kSizes, DType::F32);
   ASSERT_TRUE(static_cast<bool>(cell));
   for (int threads : {1, 2, 3}) {
     (*cell)->setThreads(threads);
     results.push_back(runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
-                                     *Recompute::parse("full")));
+                                     *parseRecompute("full")));
   }
   for (size_t i = 1; i < results.size(); ++i) {
     EXPECT_EQ(results[0].outputs, results[i].outputs);
@@ -565,17 +566,17 @@ TEST(CpuCellShapes, OneStepOneRowAndOddSizes) {
                  " H=" + std::to_string(c.H));
     SizeBindings sizes = {{"H", c.H}, {"I", 4}};
     Problems s = makeProblems(source("lstm"), sizes, c.T, c.B);
-    for (auto kernels : {CpuCell::Options::Kernels::Batched,
-                         CpuCell::Options::Kernels::PerRow}) {
-      CpuCell::Options options;
+    for (auto kernels : {CpuOptions::Kernels::Batched,
+                         CpuOptions::Kernels::PerRow}) {
+      CpuOptions options;
       options.threads = 2;
       options.kernels = kernels;
-      auto cell = CpuCell::compile(source("lstm"), "lstm.cell", sizes, DType::F64,
+      auto cell = compileCpu(source("lstm"), "lstm.cell", sizes, DType::F64,
                                    options);
       ASSERT_TRUE(static_cast<bool>(cell));
       for (const char *m : {"none", "full", "chunk:2"}) {
         Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, c.T,
-                                   *Recompute::parse(m));
+                                   *parseRecompute(m));
         compareWithReference(**cell, *s.ref, s.samples, s.resets, c.T, r, 1e-10);
       }
     }
@@ -586,14 +587,14 @@ TEST(CpuCellMemory, FullKeepsLessThanAThirdOfNone) {
   SizeBindings sizes = {{"H", 64}, {"I", 32}};
   const int64_t T = 16, B = 4;
   Problems s = makeProblems(source("lstm"), sizes, T, B);
-  auto cell = CpuCell::compile(source("lstm"), "lstm.cell", sizes, DType::F32, {1});
+  auto cell = compileCpu(source("lstm"), "lstm.cell", sizes, DType::F32, {1});
   ASSERT_TRUE(static_cast<bool>(cell));
   int64_t none = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
-                                *Recompute::parse("none")).savedBytes;
+                                *parseRecompute("none")).savedBytes;
   int64_t full = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
-                                *Recompute::parse("full")).savedBytes;
+                                *parseRecompute("full")).savedBytes;
   int64_t chunk = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
-                                 *Recompute::parse("chunk:8")).savedBytes;
+                                 *parseRecompute("chunk:8")).savedBytes;
   // h and c; then the four gates and tanh(c) on top.
   EXPECT_NEAR(double(full) / none, 2.0 / 7.0, 0.01);
   EXPECT_LT(chunk, full / 4);
@@ -601,18 +602,18 @@ TEST(CpuCellMemory, FullKeepsLessThanAThirdOfNone) {
 }
 
 TEST(CpuCellErrors, BadCellsAndBadBuffersAreErrorsNotCrashes) {
-  auto bad = CpuCell::compile("cell t { state h: [H]\n h = q }", "t.cell",
+  auto bad = compileCpu("cell t { state h: [H]\n h = q }", "t.cell",
                               {{"H", 4}}, DType::F32);
   ASSERT_FALSE(static_cast<bool>(bad));
   EXPECT_NE(llvm::toString(bad.takeError()).find("t.cell:2:6: error: unknown name 'q'"),
             std::string::npos);
 
-  auto mode = Recompute::parse("chunk:0");
+  auto mode = parseRecompute("chunk:0");
   ASSERT_FALSE(static_cast<bool>(mode));
   EXPECT_NE(llvm::toString(mode.takeError()).find("unknown recompute mode 'chunk:0'"),
             std::string::npos);
 
-  auto cell = CpuCell::compile(readExample("elman.cell"), "elman.cell",
+  auto cell = compileCpu(readExample("elman.cell"), "elman.cell",
                                {{"H", 4}, {"I", 3}}, DType::F32);
   ASSERT_TRUE(static_cast<bool>(cell));
   std::vector<float> x(2 * 3 * 3), wih(4 * 3), whh(16), bih(4), bhh(4);
@@ -624,13 +625,13 @@ TEST(CpuCellErrors, BadCellsAndBadBuffersAreErrorsNotCrashes) {
   std::vector<Array> outs = {{out.data(), {2, 3, 4}}};
   std::vector<Array> finals = {{fin.data(), {3, 4}}};
   auto expectError = [&](const std::string &what) {
-    llvm::Error e = (*cell)->forward(seq, outs, finals, {}, nullptr);
+    llvm::Error e = errorOf((*cell)->forward(seq, outs, finals, {}, nullptr));
     ASSERT_TRUE(static_cast<bool>(e));
     std::string message = llvm::toString(std::move(e));
     EXPECT_NE(message.find(what), std::string::npos) << message;
   };
   {
-    llvm::Error ok = (*cell)->forward(seq, outs, finals, {}, nullptr);
+    llvm::Error ok = errorOf((*cell)->forward(seq, outs, finals, {}, nullptr));
     EXPECT_FALSE(static_cast<bool>(ok)) << llvm::toString(std::move(ok));
   }
   seq.params[1].shape = {4, 3};
@@ -687,9 +688,9 @@ struct RawLstm {
   }
   double loss(CpuCell &cell) {
     std::vector<double> out(T * B * H), hT(B * H), cT(B * H);
-    llvm::Error e = cell.forward(sequence(), {{out.data(), {T, B, H}}},
+    llvm::Error e = errorOf(cell.forward(sequence(), {{out.data(), {T, B, H}}},
                                  {{hT.data(), {B, H}}, {cT.data(), {B, H}}}, {},
-                                 nullptr);
+                                 nullptr));
     EXPECT_FALSE(static_cast<bool>(e)) << llvm::toString(std::move(e));
     double l = 0;
     for (size_t i = 0; i < out.size(); ++i)
@@ -703,7 +704,7 @@ struct RawLstm {
 
 TEST(CpuCellGradients, AgreeWithFiniteDifferencesOfTheRuntimeItself) {
   RawLstm p;
-  auto cell = CpuCell::compile(readExample("lstm.cell"), "lstm.cell",
+  auto cell = compileCpu(readExample("lstm.cell"), "lstm.cell",
                                {{"H", p.H}, {"I", p.I}}, DType::F64);
   ASSERT_TRUE(static_cast<bool>(cell));
   for (const char *m : {"none", "full", "chunk:3"}) {
@@ -712,17 +713,17 @@ TEST(CpuCellGradients, AgreeWithFiniteDifferencesOfTheRuntimeItself) {
     SavedPtr saved;
     ASSERT_FALSE(static_cast<bool>((*cell)->forward(
         p.sequence(), {{out.data(), {p.T, p.B, p.H}}},
-        {{hT.data(), {p.B, p.H}}, {cT.data(), {p.B, p.H}}}, *Recompute::parse(m),
+        {{hT.data(), {p.B, p.H}}, {cT.data(), {p.B, p.H}}}, *parseRecompute(m),
         &saved)));
     std::vector<double> dx(p.x.size()), dwih(p.wih.size()), dwhh(p.whh.size()),
         dbih(p.bih.size()), dbhh(p.bhh.size()), dh0(p.h0.size()), dc0(p.c0.size());
-    llvm::Error e = (*cell)->backward(
+    llvm::Error e = errorOf((*cell)->backward(
         p.sequence(), *saved, {{p.wOut.data(), {p.T, p.B, p.H}}},
         {{p.wH.data(), {p.B, p.H}}, {p.wC.data(), {p.B, p.H}}},
         {{dx.data(), {p.T, p.B, p.I}}},
         {{dwih.data(), {4 * p.H, p.I}}, {dwhh.data(), {4 * p.H, p.H}},
          {dbih.data(), {4 * p.H}}, {dbhh.data(), {4 * p.H}}},
-        {{dh0.data(), {p.B, p.H}}, {dc0.data(), {p.B, p.H}}});
+        {{dh0.data(), {p.B, p.H}}, {dc0.data(), {p.B, p.H}}}));
     ASSERT_FALSE(static_cast<bool>(e)) << llvm::toString(std::move(e));
     auto check = [&](std::vector<double> &values, const std::vector<double> &grad,
                      const char *what) {
@@ -750,7 +751,7 @@ TEST(CpuCellGradients, AgreeWithFiniteDifferencesOfTheRuntimeItself) {
 
 TEST(CpuCellLayout, BatchFirstIsTheTransposeOfTimeMajor) {
   RawLstm p;
-  auto cell = CpuCell::compile(readExample("lstm.cell"), "lstm.cell",
+  auto cell = compileCpu(readExample("lstm.cell"), "lstm.cell",
                                {{"H", p.H}, {"I", p.I}}, DType::F64);
   ASSERT_TRUE(static_cast<bool>(cell));
   auto transpose = [&](const std::vector<double> &v, int64_t a, int64_t c,
@@ -802,9 +803,9 @@ TEST(CpuCellLayout, BatchFirstIsTheTransposeOfTimeMajor) {
     EXPECT_NEAR(dwhhB[i], dwhh[i], 1e-12);
 
   // A batch-first output of the wrong shape is an error, not a stray write.
-  llvm::Error e = (*cell)->forward(seq, {{outB.data(), {T, B, H}}},
+  llvm::Error e = errorOf((*cell)->forward(seq, {{outB.data(), {T, B, H}}},
                                    {{hTB.data(), {B, H}}, {cTB.data(), {B, H}}},
-                                   {}, nullptr);
+                                   {}, nullptr));
   ASSERT_TRUE(static_cast<bool>(e));
   EXPECT_NE(llvm::toString(std::move(e)).find("batch-first output has shape [4, 3, 5]"),
             std::string::npos);

@@ -12,15 +12,18 @@
 #include "Support/TestCells.h"
 #include "compiler/Conversion/Passes.h"
 #include "compiler/Conversion/Common/KernelABI.h"
-#include "runtime/JitKernels.h"
+#include "compiler/Pipelines/Pipelines.h"
+#include "runtime/cpu/Kernels.h"
+
+#include "llvm/Support/FileSystem.h"
 
 #include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 
 using namespace cellc;
 using namespace cellc::testing;
-using cellc::runtime::JitKernels;
 using cellc::runtime::KernelArg;
+using cellc::runtime::SharedObject;
 using mlir::cell::GradResultAttr;
 using mlir::cell::gradResultsOf;
 
@@ -118,8 +121,15 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
   PassManager toLLVM(&context);
   toLLVM.addPass(mlir::cell::createConvertKernelsToLLVM());
   ASSERT_TRUE(succeeded(toLLVM.run(*kernels)));
-  auto jit = JitKernels::compile(*kernels);
-  ASSERT_TRUE(static_cast<bool>(jit)) << llvm::toString(jit.takeError());
+  // Compiled as a CPU package's kernels are, and called the same way.
+  llvm::SmallString<128> object;
+  ASSERT_FALSE(llvm::sys::fs::createTemporaryFile("cellc-test-kernels", "so", object));
+  llvm::Error built = writeHostSharedObject(*kernels, object);
+  ASSERT_FALSE(static_cast<bool>(built)) << llvm::toString(std::move(built));
+  SharedObject jit;
+  cellc::driver::Status opened = jit.open(object.str().str());
+  llvm::sys::fs::remove(object);
+  ASSERT_FALSE(static_cast<bool>(opened)) << opened.message();
 
   // One reference problem per sample, sharing the first one's params; each
   // sample resets at other steps.
@@ -233,10 +243,9 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
     return args;
   };
 
-  llvm::Error fwd = (*jit)->call(name + "_fwd", makeArgs(fwdSig));
-  ASSERT_FALSE(static_cast<bool>(fwd)) << llvm::toString(std::move(fwd));
-  llvm::Error bwd = (*jit)->call(name + "_bwd", makeArgs(bwdSig));
-  ASSERT_FALSE(static_cast<bool>(bwd)) << llvm::toString(std::move(bwd));
+  ASSERT_TRUE(jit.entry(name + "_fwd") && jit.entry(name + "_bwd"));
+  cellc::runtime::callPacked(jit.entry(name + "_fwd"), makeArgs(fwdSig));
+  cellc::runtime::callPacked(jit.entry(name + "_bwd"), makeArgs(bwdSig));
 
   double tol = f32 ? 2e-4 : 1e-10;
   auto near = [&](double got, double want, const std::string &what) {

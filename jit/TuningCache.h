@@ -3,17 +3,18 @@
 // A kernel config gives a value to each knob of a target; the knobs are
 // described once, in TuningCache.cpp, with their legal values. cellc-tune
 // (compiler/tools/cellc-tune) finds the fastest config of a problem and
-// stores it here under the problem's key; the runtime only reads: CpuCell
+// stores it here under the problem's key; the JIT only reads: compileCpu
 // looks a config up when it is given the batch size it will run at. Nothing
 // here compiles, forks or times anything.
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef CELLC_RUNTIME_TUNINGCACHE_H
-#define CELLC_RUNTIME_TUNINGCACHE_H
+#ifndef CELLC_JIT_TUNINGCACHE_H
+#define CELLC_JIT_TUNINGCACHE_H
 
 #include "compiler/Frontend/Sizes.h"
 #include "dialects/Cell/IR/KernelInterface.h"
+#include "runtime/cpu/CpuCell.h"
 
 #include "llvm/Support/Error.h"
 #include "llvm/Support/JSON.h"
@@ -23,10 +24,10 @@
 #include <string>
 #include <vector>
 
-namespace cellc::runtime {
+namespace cellc::jit {
 
 /// The element type a CPU cell runs in.
-enum class DType { F32, F64 };
+using runtime::DType;
 
 /// The cores of this machine.
 int cores();
@@ -71,6 +72,6 @@ std::string tuningCacheDir(llvm::StringRef kernelCacheDir = "");
 llvm::Expected<std::optional<KernelConfig>>
 lookupTuned(llvm::StringRef key, TuneTarget target, llvm::StringRef kernelCacheDir = "");
 
-} // namespace cellc::runtime
+} // namespace cellc::jit
 
-#endif // CELLC_RUNTIME_TUNINGCACHE_H
+#endif // CELLC_JIT_TUNINGCACHE_H

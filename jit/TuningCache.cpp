@@ -1,8 +1,8 @@
 //===- TuningCache.cpp - Kernel configs and where tuned ones are kept ------===//
 
-#include "runtime/TuningCache.h"
+#include "jit/TuningCache.h"
 
-#include "runtime/KernelCache.h"
+#include "jit/KernelCache.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Path.h"
@@ -12,7 +12,7 @@
 #include <thread>
 
 using namespace cellc;
-using namespace cellc::runtime;
+using namespace cellc::jit;
 
 namespace {
 
@@ -22,19 +22,19 @@ llvm::Error fail(const llvm::Twine &message) {
 
 } // namespace
 
-int cellc::runtime::cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+int cellc::jit::cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 //===----------------------------------------------------------------------===//
 // Knobs and configs
 //===----------------------------------------------------------------------===//
 
-llvm::Expected<TuneTarget> cellc::runtime::parseTuneTarget(llvm::StringRef text) {
+llvm::Expected<TuneTarget> cellc::jit::parseTuneTarget(llvm::StringRef text) {
   if (std::optional<Target> target = parse<Target>(text.str()))
     return *target;
   return fail("unknown target '" + text + "'; expected " + Words<Target>::expected());
 }
 
-std::vector<Knob> cellc::runtime::knobsOf(TuneTarget target) {
+std::vector<Knob> cellc::jit::knobsOf(TuneTarget target) {
   if (target == TuneTarget::Cpu) {
     std::vector<int64_t> threads;
     for (int t = 1; t < cores(); t *= 2)
@@ -76,14 +76,14 @@ std::vector<Knob> cellc::runtime::knobsOf(TuneTarget target) {
   };
 }
 
-std::string cellc::runtime::str(const KernelConfig &config) {
+std::string cellc::jit::str(const KernelConfig &config) {
   std::string text;
   for (const auto &[name, value] : config)
     text += (text.empty() ? "" : ",") + name + "=" + std::to_string(value);
   return text;
 }
 
-llvm::json::Object cellc::runtime::toJSON(const KernelConfig &config) {
+llvm::json::Object cellc::jit::toJSON(const KernelConfig &config) {
   llvm::json::Object object;
   for (const auto &[name, value] : config)
     object[name] = value;
@@ -91,7 +91,7 @@ llvm::json::Object cellc::runtime::toJSON(const KernelConfig &config) {
 }
 
 llvm::Expected<KernelConfig>
-cellc::runtime::configFromJSON(const llvm::json::Value &value, TuneTarget target) {
+cellc::jit::configFromJSON(const llvm::json::Value &value, TuneTarget target) {
   const llvm::json::Object *object = value.getAsObject();
   if (!object)
     return fail("a kernel config must be a JSON object");
@@ -109,14 +109,14 @@ cellc::runtime::configFromJSON(const llvm::json::Value &value, TuneTarget target
 // The tuning cache
 //===----------------------------------------------------------------------===//
 
-int64_t cellc::runtime::batchBucket(int64_t batch) {
+int64_t cellc::jit::batchBucket(int64_t batch) {
   int64_t bucket = 1;
   while (bucket < batch)
     bucket *= 2;
   return bucket;
 }
 
-std::string cellc::runtime::deviceName(TuneTarget target) {
+std::string cellc::jit::deviceName(TuneTarget target) {
   if (target == TuneTarget::Cuda)
     return "cuda:0";
   std::string host = llvm::sys::getHostCPUName().str();
@@ -126,7 +126,7 @@ std::string cellc::runtime::deviceName(TuneTarget target) {
   return host;
 }
 
-std::string cellc::runtime::tuningKey(llvm::StringRef source,
+std::string cellc::jit::tuningKey(llvm::StringRef source,
                                       const SizeBindings &sizes, DType dtype,
                                       int64_t batch, TuneTarget target,
                                       llvm::StringRef device) {
@@ -139,7 +139,7 @@ std::string cellc::runtime::tuningKey(llvm::StringRef source,
                            compilerVersion()});
 }
 
-std::string cellc::runtime::tuningCacheDir(llvm::StringRef kernelCacheDir) {
+std::string cellc::jit::tuningCacheDir(llvm::StringRef kernelCacheDir) {
   llvm::SmallString<256> dir(kernelCacheDir.empty() ? KernelCache::defaultDir()
                                                     : kernelCacheDir.str());
   llvm::sys::path::append(dir, "tuning");
@@ -147,7 +147,7 @@ std::string cellc::runtime::tuningCacheDir(llvm::StringRef kernelCacheDir) {
 }
 
 llvm::Expected<std::optional<KernelConfig>>
-cellc::runtime::lookupTuned(llvm::StringRef key, TuneTarget target,
+cellc::jit::lookupTuned(llvm::StringRef key, TuneTarget target,
                             llvm::StringRef kernelCacheDir) {
   KernelCache cache(tuningCacheDir(kernelCacheDir));
   auto entry = cache.loadChecked(key);

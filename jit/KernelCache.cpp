@@ -1,6 +1,6 @@
 //===- KernelCache.cpp - The on-disk cache of compiled kernels ------------===//
 
-#include "runtime/KernelCache.h"
+#include "jit/KernelCache.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -11,12 +11,15 @@
 
 #include <cstring>
 
-using namespace cellc::runtime;
+using namespace cellc::jit;
 
 namespace {
 constexpr char kMagic[8] = {'C', 'E', 'L', 'L', 'C', 'O', 'B', '1'};
 constexpr size_t kHeader = 8 + 8 + 32;
 constexpr llvm::StringLiteral kSuffix = ".cellc-obj";
+constexpr llvm::StringLiteral kPackageSuffix = ".cellc-pkg";
+/// The file in a cached package that lists its other files' SHA-256.
+constexpr llvm::StringLiteral kSums = "SHA256SUMS";
 
 std::string sha256Hex(llvm::StringRef data) {
   auto digest = llvm::SHA256::hash(llvm::arrayRefFromStringRef(data));
@@ -35,10 +38,48 @@ bool isSound(llvm::StringRef data) {
       llvm::arrayRefFromStringRef(data.drop_front(kHeader)));
   return std::memcmp(digest.data(), data.data() + 16, 32) == 0;
 }
+/// The files of a package directory (not its sums), sorted.
+std::vector<std::string> packageFiles(llvm::StringRef dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
+       it.increment(ec)) {
+    llvm::StringRef name = llvm::sys::path::filename(it->path());
+    if (name != kSums)
+      files.push_back(name.str());
+  }
+  llvm::sort(files);
+  return files;
+}
+
+/// `<sha256> <name>` for each file of `dir`, one per line (empty: a file
+/// cannot be read).
+std::string packageSums(llvm::StringRef dir, uint64_t *bytes = nullptr) {
+  std::string sums;
+  for (const std::string &name : packageFiles(dir)) {
+    auto file = llvm::MemoryBuffer::getFile(dir + "/" + name, false, false);
+    if (!file)
+      return "";
+    if (bytes)
+      *bytes += (*file)->getBufferSize();
+    sums += sha256Hex((*file)->getBuffer()) + " " + name + "\n";
+  }
+  return sums;
+}
+
+/// Whether the package in `dir` is whole: its files are those its sums
+/// list, unchanged.
+bool isSoundPackage(llvm::StringRef dir, uint64_t *bytes = nullptr) {
+  auto listed = llvm::MemoryBuffer::getFile(dir + "/" + kSums, false, false);
+  if (!listed)
+    return false;
+  std::string sums = packageSums(dir, bytes);
+  return !sums.empty() && sums == (*listed)->getBuffer();
+}
 } // namespace
 
-llvm::StringRef cellc::runtime::compilerVersion() {
-  return "cellc-0.1-kernels-4";
+llvm::StringRef cellc::jit::compilerVersion() {
+  return "cellc-0.1-kernels-5";
 }
 
 KernelCache::KernelCache(std::string directory)
@@ -132,12 +173,70 @@ llvm::Error KernelCache::store(llvm::StringRef key, llvm::StringRef object) cons
   return llvm::Error::success();
 }
 
+std::string KernelCache::packageDirOf(llvm::StringRef key) const {
+  llvm::SmallString<256> path(dir);
+  llvm::sys::path::append(path, key + kPackageSuffix);
+  return std::string(path);
+}
+
+std::optional<std::string> KernelCache::findPackage(llvm::StringRef key) const {
+  std::string path = packageDirOf(key);
+  if (!llvm::sys::fs::is_directory(path))
+    return std::nullopt;
+  if (isSoundPackage(path))
+    return path;
+  // A broken package is built again; it goes now, so that its place is free.
+  llvm::sys::fs::remove_directories(path);
+  return std::nullopt;
+}
+
+llvm::Expected<std::string> KernelCache::storePackage(
+    llvm::StringRef key, llvm::function_ref<llvm::Error(llvm::StringRef)> write) const {
+  if (std::error_code ec = llvm::sys::fs::create_directories(dir))
+    return llvm::createStringError(ec, "cannot create the kernel cache %s: %s",
+                                   dir.c_str(), ec.message().c_str());
+  llvm::SmallString<256> tmp;
+  if (std::error_code ec = llvm::sys::fs::createUniqueDirectory(
+          packageDirOf(key) + ".tmp", tmp))
+    return llvm::createStringError(ec, "cannot write to the kernel cache: %s",
+                                   ec.message().c_str());
+  auto discard = [&](llvm::Error e) -> llvm::Expected<std::string> {
+    llvm::sys::fs::remove_directories(tmp);
+    return std::move(e);
+  };
+  if (llvm::Error e = write(tmp))
+    return discard(std::move(e));
+  std::string sums = packageSums(tmp);
+  std::error_code ec;
+  llvm::raw_fd_ostream os((tmp + "/" + kSums).str(), ec);
+  if (ec || sums.empty())
+    return discard(llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                           "cannot write the package's checksums"));
+  os << sums;
+  os.close();
+  std::string path = packageDirOf(key);
+  if (llvm::sys::fs::rename(tmp, path)) {
+    // Another process installed the same key first: its package is as good.
+    llvm::sys::fs::remove_directories(tmp);
+    if (!isSoundPackage(path))
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "cannot install the package %s", path.c_str());
+  }
+  return path;
+}
+
 std::vector<KernelCache::Entry> KernelCache::list() const {
   std::vector<Entry> entries;
   std::error_code ec;
   for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
        it.increment(ec)) {
     llvm::StringRef name = llvm::sys::path::filename(it->path());
+    if (name.ends_with(kPackageSuffix)) {
+      uint64_t bytes = 0;
+      bool sound = isSoundPackage(it->path(), &bytes);
+      entries.push_back({name.drop_back(kPackageSuffix.size()).str(), bytes, sound});
+      continue;
+    }
     if (!name.ends_with(kSuffix))
       continue;
     auto file = llvm::MemoryBuffer::getFile(it->path(), false, false);
@@ -154,9 +253,12 @@ llvm::Expected<unsigned> KernelCache::clear() const {
   for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
        it.increment(ec)) {
     llvm::StringRef name = llvm::sys::path::filename(it->path());
-    if (!name.ends_with(kSuffix) && !name.contains(".tmp-"))
+    if (!name.ends_with(kSuffix) && !name.ends_with(kPackageSuffix) &&
+        !name.contains(".tmp"))
       continue;
-    if (std::error_code rm = llvm::sys::fs::remove(it->path()))
+    if (std::error_code rm = llvm::sys::fs::is_directory(it->path())
+                                 ? llvm::sys::fs::remove_directories(it->path())
+                                 : llvm::sys::fs::remove(it->path()))
       return llvm::createStringError(rm, "cannot remove %s", it->path().c_str());
     ++removed;
   }

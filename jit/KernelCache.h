@@ -1,8 +1,9 @@
 //===- KernelCache.h - The on-disk cache of compiled kernels ----*- C++ -*-===//
 
-#ifndef CELLC_RUNTIME_KERNELCACHE_H
-#define CELLC_RUNTIME_KERNELCACHE_H
+#ifndef CELLC_JIT_KERNELCACHE_H
+#define CELLC_JIT_KERNELCACHE_H
 
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -12,14 +13,14 @@
 #include <string>
 #include <vector>
 
-namespace cellc::runtime {
+namespace cellc::jit {
 
 /// The version that every cache key includes: a new compiler never trusts an
 /// old compiler's objects.
 llvm::StringRef compilerVersion();
 
 /// Compiled kernels on disk, in `$CELLC_CACHE_DIR` (default `~/.cache/cellc`),
-/// one file per key. An entry is a header (magic, length, SHA-256 of the
+/// one file (or, for a CPU package, one directory) per key. An entry is a header (magic, length, SHA-256 of the
 /// payload) and the object file. Writes go to a temporary file that is then
 /// renamed, so readers never see half an entry and concurrent writers of one
 /// key are safe. An entry that fails its checks is reported as missing.
@@ -43,6 +44,17 @@ public:
   /// Stores `object` under `key`, atomically.
   llvm::Error store(llvm::StringRef key, llvm::StringRef object) const;
 
+  /// The directory of the sound package stored under `key`, if there is one
+  /// (a CPU package: kernels.json and shared objects, with their checksums).
+  /// A broken one is removed and reported as missing.
+  std::optional<std::string> findPackage(llvm::StringRef key) const;
+  /// Stores a package under `key`: `write` fills a fresh directory, which is
+  /// then checksummed and renamed into place. Returns its directory.
+  llvm::Expected<std::string>
+  storePackage(llvm::StringRef key,
+               llvm::function_ref<llvm::Error(llvm::StringRef dir)> write) const;
+  std::string packageDirOf(llvm::StringRef key) const;
+
   struct Entry {
     std::string key;
     uint64_t bytes;
@@ -60,6 +72,6 @@ private:
   std::string dir;
 };
 
-} // namespace cellc::runtime
+} // namespace cellc::jit
 
-#endif // CELLC_RUNTIME_KERNELCACHE_H
+#endif // CELLC_JIT_KERNELCACHE_H

@@ -1,0 +1,345 @@
+//===- CpuJit.cpp - Compile a cell to a CPU package, cache it, load it ----===//
+
+#include "jit/CpuJit.h"
+
+#include "jit/KernelCache.h"
+
+#include "compiler/Frontend/IRGen.h"
+#include "dialects/Cell/IR/CellOps.h"
+#include "runtime/driver/Package.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "llvm/Config/llvm-config.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/WithColor.h"
+#include "llvm/TargetParser/Host.h"
+
+using namespace cellc;
+using namespace cellc::jit;
+
+namespace {
+
+llvm::Error fail(const llvm::Twine &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
+}
+
+} // namespace
+
+llvm::Error cellc::jit::errorOf(const runtime::Status &status) {
+  return status ? fail(status.message()) : llvm::Error::success();
+}
+
+llvm::Expected<runtime::Recompute> cellc::jit::parseRecompute(llvm::StringRef text) {
+  runtime::Recompute mode;
+  if (llvm::Error e = errorOf(runtime::Recompute::parse(text.str(), mode)))
+    return std::move(e);
+  return mode;
+}
+
+//===----------------------------------------------------------------------===//
+// Options and configs
+//===----------------------------------------------------------------------===//
+
+bool cellc::jit::usesBatchedKernels(const CpuOptions &options) {
+  using Kernels = CpuOptions::Kernels;
+  switch (options.kernels) {
+  case Kernels::Batched:
+    return true;
+  case Kernels::PerRow:
+    return false;
+  case Kernels::Auto:
+    return options.batchHint != 1;
+  }
+  llvm_unreachable("every kind of kernels is handled above");
+}
+
+int64_t cellc::jit::hostVectorRegisters() {
+  llvm::StringMap<bool> features = llvm::sys::getHostCPUFeatures();
+  return features.lookup("avx512f") ? 32 : 16;
+}
+
+BatchedShape cellc::jit::batchedShape(const CpuOptions &options) {
+  // The largest block whose accumulators, panel vectors and broadcast fit
+  // the vector registers: 8 rows by 3 vectors in AVX-512's 32, 6 by 2 in
+  // AVX2's 16.
+  bool wide = hostVectorRegisters() >= 32;
+  BatchedShape shape;
+  // 64 rows, or fewer for a batch known to be smaller: a tile's buffers
+  // need not be larger than the rows.
+  shape.tile = 64;
+  if (options.batchHint > 0 && options.batchHint < 64)
+    shape.tile = (options.batchHint + 7) / 8 * 8;
+  if (options.batchTile > 0)
+    shape.tile = options.batchTile;
+  shape.rows = options.productRows > 0 ? options.productRows : wide ? 8 : 6;
+  shape.vectors = options.productVectors > 0 ? options.productVectors : wide ? 3 : 2;
+  return shape;
+}
+
+PipelineOptions cellc::jit::pipelineOptionsOf(const CpuOptions &options) {
+  PipelineOptions pipeline;
+  if (options.batchTiled) {
+    pipeline.strategy =
+        options.persistent ? KernelStrategy::Persistent : KernelStrategy::BatchTiled;
+    pipeline.batchTile = options.batchTile;
+    pipeline.ctas = options.ctas;
+  } else if (usesBatchedKernels(options)) {
+    BatchedShape shape = batchedShape(options);
+    pipeline.strategy = KernelStrategy::Batched;
+    pipeline.batchTile = shape.tile;
+    pipeline.productRows = shape.rows;
+    pipeline.productVectors = shape.vectors;
+    pipeline.vectorWidth = options.vectorWidth;
+  } else {
+    pipeline.strategy = KernelStrategy::PerRow;
+  }
+  pipeline.matvecWidth = options.matvecWidth;
+  pipeline.matvecUnroll = options.matvecUnroll;
+  return pipeline;
+}
+
+void cellc::jit::applyConfig(const KernelConfig &config, CpuOptions &options) {
+  auto get = [&](const char *name, int64_t fallback) {
+    auto it = config.find(name);
+    return it == config.end() ? fallback : it->second;
+  };
+  options.threads = get("threads", options.threads);
+  options.kernels =
+      get("kernels", 1) ? CpuOptions::Kernels::Batched : CpuOptions::Kernels::PerRow;
+  options.batchTile = get("batch_tile", 0);
+  options.productRows = get("product_rows", 0);
+  options.productVectors = get("product_vectors", 0);
+  options.matvecWidth = get("matvec_width", 0);
+  options.matvecUnroll = get("matvec_unroll", 1);
+}
+
+KernelConfig cellc::jit::configOf(const CpuOptions &options, int threads) {
+  BatchedShape shape = batchedShape(options);
+  return {{"threads", threads},
+          {"kernels", usesBatchedKernels(options) ? 1 : 0},
+          {"batch_tile", shape.tile},
+          {"product_rows", shape.rows},
+          {"product_vectors", shape.vectors},
+          {"matvec_width", options.matvecWidth},
+          {"matvec_unroll", options.matvecUnroll}};
+}
+
+std::string cellc::jit::kernelConfigText(const CpuOptions &options) {
+  KernelConfig config = configOf(options, 0);
+  config.erase("threads");
+  return str(config);
+}
+
+//===----------------------------------------------------------------------===//
+// Compile, cache, load
+//===----------------------------------------------------------------------===//
+
+llvm::Expected<std::unique_ptr<CpuCell>>
+cellc::jit::loadCpuPackage(llvm::StringRef dir, const CpuOptions &options) {
+  CpuCell::Options load;
+  load.threads = options.threads;
+  load.pieceRows = options.pieceRows;
+  std::unique_ptr<CpuCell> cell;
+  if (llvm::Error e = errorOf(CpuCell::load(dir.str(), load, cell)))
+    return std::move(e);
+  return cell;
+}
+
+namespace {
+
+/// The tuned config for this cell, machine and batch bucket, applied to
+/// `options`; whether there was one.
+bool applyTuned(llvm::StringRef source, const SizeBindings &sizes, DType dtype,
+                CpuOptions &options) {
+  if (!options.useTuned || options.batchHint <= 0)
+    return false;
+  std::string key = tuningKey(source, sizes, dtype, options.batchHint, TuneTarget::Cpu,
+                              deviceName(TuneTarget::Cpu));
+  auto tuned = lookupTuned(key, TuneTarget::Cpu, options.cacheDir);
+  if (!tuned) {
+    // Lost tuning is worth a word, not a failure: the default config runs.
+    llvm::WithColor::warning(llvm::errs(), "cellc")
+        << llvm::toString(tuned.takeError())
+        << "; it is ignored and the default config used (cellc-tune writes it again)\n";
+    return false;
+  }
+  if (!*tuned)
+    return false;
+  applyConfig(**tuned, options);
+  return true;
+}
+
+/// The package's cache key: the kernels as lowered to the LLVM dialect (so
+/// any change in the cell, its sizes, dtype or variant, or in this
+/// compiler's lowering changes it), kernels.json, LLVM's version (which
+/// generates the code) and the host CPU (which it generates the code for).
+std::string packageKey(const CpuPackage &package) {
+  std::string lowered[2];
+  for (int variant : {0, 1}) {
+    llvm::raw_string_ostream ir(lowered[variant]);
+    mlir::ModuleOp module = package.variants[variant].get();
+    module.print(ir);
+  }
+  return KernelCache::key({compilerVersion(), LLVM_VERSION_STRING, lowered[1], lowered[0],
+                           package.json(), deviceName(TuneTarget::Cpu), "O3"});
+}
+
+/// Writes `package` into a fresh temporary directory.
+llvm::Expected<std::string> writeTemporary(const CpuPackage &package) {
+  llvm::SmallString<128> dir;
+  if (std::error_code ec = llvm::sys::fs::createUniqueDirectory("cellc-package", dir))
+    return fail("cannot create a temporary directory: " + ec.message());
+  if (llvm::Error e = writeCpuPackage(package, dir)) {
+    llvm::sys::fs::remove_directories(dir);
+    return std::move(e);
+  }
+  return std::string(dir);
+}
+
+} // namespace
+
+llvm::Expected<PreparedPackage>
+cellc::jit::prepareCpuPackage(llvm::StringRef source, llvm::StringRef fileName,
+                              const SizeBindings &sizes, DType dtype, CpuOptions options) {
+  mlir::MLIRContext context;
+  CellSource src(source, fileName);
+  mlir::FloatType element = dtype == DType::F32
+                                ? mlir::FloatType(mlir::Float32Type::get(&context))
+                                : mlir::FloatType(mlir::Float64Type::get(&context));
+  auto module = compileCellSource(context, sizes, element, src.diag);
+  if (!module)
+    return src.takeError();
+  mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
+
+  PreparedPackage prepared;
+  // A tuned config for this cell, machine and batch bucket replaces the
+  // knobs given.
+  if (applyTuned(source, sizes, dtype, options))
+    prepared.origin = "tuned";
+  prepared.threads = options.threads;
+  if (const char *log = std::getenv("CELLC_LOG"); log && llvm::StringRef(log).contains("tune"))
+    llvm::errs() << "cellc: " << fileName << ": " << prepared.origin << " config "
+                 << str(configOf(options, options.threads > 0 ? options.threads : cores()))
+                 << "\n";
+
+  auto package = buildCpuPackage(*module, pipelineOptionsOf(options),
+                                 dtype == DType::F32 ? "f32" : "f64",
+                                 kernelConfigText(options));
+  if (!package)
+    return fail(llvm::toString(package.takeError()) + ":\n" + src.diagnostics());
+  if (options.useCache) {
+    KernelCache cache(options.cacheDir);
+    std::string key = packageKey(*package);
+    if (std::optional<std::string> dir = cache.findPackage(key)) {
+      prepared.dir = *dir;
+      prepared.fromCache = true;
+      return prepared;
+    }
+    auto dir = cache.storePackage(
+        key, [&](llvm::StringRef to) { return writeCpuPackage(*package, to); });
+    if (dir) {
+      prepared.dir = *dir;
+      return prepared;
+    }
+    // A cache that cannot be written only costs the next run a compile.
+    llvm::consumeError(dir.takeError());
+  }
+  auto dir = writeTemporary(*package);
+  if (!dir)
+    return dir.takeError();
+  prepared.dir = *dir;
+  prepared.temporary = true;
+  return prepared;
+}
+
+llvm::Expected<std::unique_ptr<CpuCell>>
+cellc::jit::compileCpu(llvm::StringRef source, llvm::StringRef fileName,
+                       const SizeBindings &sizes, DType dtype, CpuOptions options) {
+  auto prepared = prepareCpuPackage(source, fileName, sizes, dtype, options);
+  if (!prepared)
+    return prepared.takeError();
+  options.threads = prepared->threads;
+  auto cell = loadCpuPackage(prepared->dir, options);
+  // The shared objects stay mapped once the files are gone.
+  if (prepared->temporary)
+    llvm::sys::fs::remove_directories(prepared->dir);
+  if (!cell)
+    return cell.takeError();
+  (*cell)->setOrigin(prepared->fromCache, prepared->origin);
+  return cell;
+}
+
+//===----------------------------------------------------------------------===//
+// The memory table of --emit=plan
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Prints what a training step of `steps` x `batch` holds on the CPU in each
+/// recompute mode: driver::SequenceDriver::plan over the kernels' interface,
+/// read from the kernels.json that `options` give (no code generation).
+llvm::Error printMemoryPlan(mlir::ModuleOp cellIR, const PipelineOptions &options,
+                            int64_t steps, int64_t batch, llvm::raw_ostream &os) {
+  auto def = *cellIR.getOps<mlir::cell::DefOp>().begin();
+  mlir::Type element =
+      llvm::cast<mlir::RankedTensorType>(def.getStates()[0].getType()).getElementType();
+  if (!element.isF32() && !element.isF64())
+    return llvm::Error::success();
+  auto package = buildCpuPackage(cellIR, options, element.isF32() ? "f32" : "f64", "");
+  if (!package)
+    return package.takeError();
+  driver::PackageInfo info;
+  if (llvm::Error e = errorOf(driver::parsePackage(package->json(), "(plan)", info)))
+    return e;
+
+  auto mib = [](int64_t bytes) { return llvm::formatv("{0,9:F1}", bytes / 1048576.0); };
+  os << llvm::formatv("a training step of T = {0} steps x B = {1} rows on one thread, "
+                      "MiB (SequenceDriver::plan):\n",
+                      steps, batch);
+  os << "  mode            kept  fwd peak  bwd peak      peak     floor  piece\n";
+  driver::MemoryPlan plan;
+  for (const char *text : {"none", "full", "chunk:16", "chunk:64"}) {
+    if (llvm::Error e = errorOf(driver::SequenceDriver::plan(
+            info.interface, steps, batch, *driver::Recompute::parse(text), plan)))
+      return e;
+    os << llvm::formatv("  {0,-10} {1} {2} {3} {4} {5} {6,6}\n", text,
+                        mib(plan.driver.kept), mib(plan.driver.forwardPeak),
+                        mib(plan.driver.backwardPeak), mib(plan.peak()),
+                        mib(plan.floor()), plan.pieceSteps);
+  }
+  // The caller's buffers are the same in every mode.
+  os << llvm::formatv(
+      "  kept: what forward keeps for backward (an output that is a state is not "
+      "counted twice);\n"
+      "  fwd/bwd peak: the most the runtime holds at once in each, kept bytes and the "
+      "kernels' own buffers included;\n"
+      "  peak: the most held at once over the step with the outputs ({0} MiB), their "
+      "gradients ({1} MiB) and the inputs' and params' gradients ({2} MiB);\n"
+      "  floor: what any implementation holds at the end: those gradients, the "
+      "outputs and the kept states; piece: the steps of a piece\n",
+      llvm::formatv("{0:F1}", plan.outputs / 1048576.0),
+      llvm::formatv("{0:F1}", plan.gradOutputs / 1048576.0),
+      llvm::formatv("{0:F1}", (plan.gradInputs + plan.gradParams) / 1048576.0));
+  return llvm::Error::success();
+}
+
+} // namespace
+
+llvm::Error cellc::jit::printStage(mlir::ModuleOp module, Emit emit,
+                                   const PipelineOptions &options, llvm::StringRef chip,
+                                   llvm::raw_ostream &os) {
+  // The plan's memory table builds the kernels from the cell IR.
+  mlir::OwningOpRef<mlir::ModuleOp> cellIR;
+  if (emit == Emit::Plan)
+    cellIR = module.clone();
+  if (llvm::Error e = cellc::printStage(module, emit, options, chip, os))
+    return e;
+  if (emit != Emit::Plan)
+    return llvm::Error::success();
+  PipelineOptions cpu = options;
+  if (isCudaStrategy(cpu.strategy) || cpu.target == Target::Cuda)
+    cpu = PipelineOptions();
+  return printMemoryPlan(*cellIR, cpu, options.planSteps, options.planBatch, os);
+}

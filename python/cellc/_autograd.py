@@ -1,0 +1,184 @@
+"""What runs a loaded CPU cell under autograd, shared by compiled cells
+(cellc.compile) and loaded packages (cellc.load_package): the argument
+checks that read no compiler, and the autograd function over the runtime's
+forward and backward. Imports nothing that loads MLIR or LLVM."""
+
+import torch
+
+
+def _parse_mode(save_gates, recompute):
+    if recompute is None:
+        return "none" if save_gates else "full"
+    if not isinstance(recompute, str):
+        raise TypeError(f"recompute must be 'none', 'full' or 'chunk:K', not {recompute!r}")
+    return recompute
+
+
+def _check_lengths(lengths, T, B):
+    """Per-sample lengths as a list of B ints in [0, T] ([] for none): from
+    an int64 CPU tensor of shape [B], as torch's PackedSequence keeps them, or
+    a list."""
+    if lengths is None:
+        return []
+    lengths = _lengths_tensor(lengths, B).tolist()
+    bad = [n for n in lengths if n < 0 or n > T]
+    if bad:
+        raise ValueError(f"lengths must be in [0, T = {T}], got {bad[0]}")
+    return lengths
+
+
+def _lengths_tensor(lengths, B):
+    """Per-sample lengths as an int64 CPU tensor [B] (or None), its
+    values unread: what the torch operators take."""
+    if lengths is None:
+        return None
+    if isinstance(lengths, torch.Tensor):
+        if lengths.dtype != torch.int64:
+            raise TypeError(f"lengths must be an int64 tensor, got {lengths.dtype}")
+        if lengths.device.type != "cpu":
+            raise ValueError(f"lengths must be on the CPU (as PackedSequence keeps them), "
+                             f"got {lengths.device}")
+        if lengths.dim() != 1:
+            raise ValueError(f"lengths must be [B], got shape {list(lengths.shape)}")
+    elif isinstance(lengths, (list, tuple)) and all(isinstance(n, int) for n in lengths):
+        lengths = torch.tensor(list(lengths), dtype=torch.int64)
+    else:
+        raise TypeError("lengths must be an int64 tensor or a list of ints")
+    if lengths.shape[0] != B:
+        raise ValueError(f"expected {B} lengths, one a sample, got {lengths.shape[0]}")
+    return lengths
+
+
+def _arguments(x, params, states, names_in, names_par, names_st):
+    """Checks a call's tensors against the cell's names and returns the
+    inputs in declaration order: `x` is a tensor (one input) or a dict,
+    `params` a dict, `states` None or a dict of some states."""
+    if not names_in:
+        raise ValueError("this cell declares no input; the Python API needs one to "
+                         "know T and B")
+    if isinstance(x, dict):
+        missing = [n for n in names_in if n not in x]
+        if missing:
+            raise ValueError(f"no tensor for input {missing[0]!r}")
+        inputs = [x[n] for n in names_in]
+    else:
+        if len(names_in) != 1:
+            raise ValueError(f"this cell has inputs {names_in}: pass a dict of tensors")
+        inputs = [x]
+    if not isinstance(params, dict):
+        raise TypeError("params must be a dict from param names to tensors")
+    missing = [n for n in names_par if n not in params]
+    if missing:
+        raise ValueError(f"no tensor for param {missing[0]!r}")
+    extra = [n for n in params if n not in names_par]
+    if extra:
+        raise ValueError(f"{extra[0]!r} is not a param of this cell; it has {names_par}")
+    if states is not None:
+        if not isinstance(states, dict):
+            raise TypeError("states must be None or a dict from state names to tensors")
+        extra = [n for n in states if n not in names_st]
+        if extra:
+            raise ValueError(f"{extra[0]!r} is not a state of this cell; it has {names_st}")
+    for t in list(inputs) + [params[n] for n in names_par] + list((states or {}).values()):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"expected tensors, got {type(t).__name__}")
+    return inputs
+
+
+def _autocast_cpu():
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4
+        return torch.is_autocast_cpu_enabled()
+
+
+def _compiling():
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and compiler.is_compiling()
+
+
+class _CellFunction(torch.autograd.Function):
+    """One call of a compiled cell: forward and backward in the CPU runtime."""
+
+    @staticmethod
+    def forward(ctx, compiled, mode, resets, lengths, training, counts, stats, *tensors):
+        n_in, n_par, n_st, batch_first = counts
+        inputs = tensors[:n_in]
+        params = tensors[n_in:n_in + n_par]
+        states = tensors[n_in + n_par:]
+        x0 = inputs[0]
+        T, B = (x0.shape[1], x0.shape[0]) if batch_first else (x0.shape[0], x0.shape[1])
+        lead = (B, T) if batch_first else (T, B)
+        outputs = [x0.new_empty(*lead, shape[0]) for _, shape in compiled.outputs]
+        finals = [x0.new_empty(B, shape[0]) for _, shape in compiled.states]
+        buf = lambda ts: [(t.data_ptr(), list(t.shape)) for t in ts]
+        resets_ptr = resets.data_ptr() if resets is not None else 0
+        # An output that is a state is that state's history for the backward:
+        # saved here, so that autograd keeps it and catches an in-place change.
+        saved = compiled.forward(buf(inputs), buf(params), buf(states), resets_ptr,
+                                 T, B, batch_first, buf(outputs), buf(finals), mode,
+                                 training, lengths, outputs_outlive_saved=True)
+        ctx.compiled, ctx.saved, ctx.counts = compiled, saved, counts
+        stats["saved_bytes"] = saved.nbytes if saved is not None else 0
+        ctx.steps_batch = (T, B)
+        ctx.resets, ctx.lengths = resets, lengths
+        if training:
+            ctx.save_for_backward(*tensors, *[outputs[i] for i in saved.outputs_read])
+        return (*outputs, *finals)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        n_in, n_par, n_st, batch_first = ctx.counts
+        # The saved outputs (read by the driver through ctx.saved) come last.
+        tensors = ctx.saved_tensors[:n_in + n_par + n_st]
+        inputs = tensors[:n_in]
+        params = tensors[n_in:n_in + n_par]
+        states = tensors[n_in + n_par:]
+        n_out = len(ctx.compiled.outputs)
+        buf = lambda ts: [(t.data_ptr(), list(t.shape)) if t is not None else (0, [])
+                          for t in ts]
+        grad_out = [g.contiguous() if g is not None else None for g in grads[:n_out]]
+        grad_fin = [g.contiguous() if g is not None else None for g in grads[n_out:]]
+        # Only the gradients autograd wants (compiled, mode, resets, lengths,
+        # training, counts and stats come first): an input's that nobody wants
+        # costs neither its buffer nor its GEMM. Without initial states the
+        # runtime starts from zeros, whose gradient nobody wants.
+        wanted = ctx.needs_input_grad[7:]
+        grad_like = lambda ts, first: [torch.empty_like(t) if wanted[first + i] else None
+                                       for i, t in enumerate(ts)]
+        d_in = grad_like(inputs, 0)
+        d_par = grad_like(params, n_in)
+        d_st = (grad_like(states, n_in + n_par) if states
+                else [None] * len(ctx.compiled.states))
+        T, B = ctx.steps_batch
+        resets_ptr = ctx.resets.data_ptr() if ctx.resets is not None else 0
+        ctx.compiled.backward(buf(inputs), buf(params), buf(states), resets_ptr, T, B,
+                              batch_first, ctx.saved, buf(grad_out), buf(grad_fin),
+                              buf(d_in), buf(d_par), buf(d_st), ctx.lengths)
+        return (None, None, None, None, None, None, None, *d_in, *d_par,
+                *(d_st if states else ()))
+
+
+def _run(compiled, inputs, params, states, resets, mode, lengths, batch_first):
+    """Runs a loaded CPU cell (the runtime's CompiledCell) on checked tensors
+    under autograd: inputs and params in declaration order, states None or a
+    dict (missing ones start at zero), resets uint8 or None, lengths a list.
+    Returns the output (a dict when there are several), the final states and
+    the bytes kept for the backward."""
+    B = inputs[0].shape[0] if batch_first else inputs[0].shape[1]
+    state_list = []
+    if states is not None:
+        for n, shape in compiled.states:
+            t = states.get(n)
+            state_list.append(t if t is not None else inputs[0].new_zeros(B, shape[0]))
+    tensors = [t.contiguous() for t in list(inputs) + list(params) + state_list]
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    counts = (len(inputs), len(params), len(state_list), batch_first)
+    stats = {}
+    results = _CellFunction.apply(compiled, mode, resets, lengths, training, counts,
+                                  stats, *tensors)
+    n_out = len(compiled.outputs)
+    outs, finals = results[:n_out], results[n_out:]
+    out = outs[0] if n_out == 1 else {n: t for (n, _), t in zip(compiled.outputs, outs)}
+    final = {n: t for (n, _), t in zip(compiled.states, finals)}
+    return out, final, stats.get("saved_bytes", 0)

@@ -1,0 +1,253 @@
+//===- RuntimeModule.cpp - The _cellc_runtime Python extension ------------===//
+//
+// A thin pybind11 layer over the CPU runtime alone (runtime/cpu, the
+// driver): it loads CPU packages and runs them. It links neither MLIR nor
+// LLVM, so that `cellc.load_package` runs where only the runtime is; the
+// JIT (the _cellc extension) builds packages that this module loads. Tensors
+// cross as (data pointer, shape) pairs: no torch headers.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/CpuCell.h"
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+
+namespace py = pybind11;
+using namespace cellc;
+using namespace cellc::runtime;
+
+namespace {
+
+/// (pointer, shape) pairs from Python.
+using Buffers = std::vector<std::pair<uintptr_t, std::vector<int64_t>>>;
+
+std::vector<Array> arrays(const Buffers &buffers) {
+  std::vector<Array> result;
+  for (const auto &[ptr, shape] : buffers)
+    result.push_back({reinterpret_cast<void *>(ptr), shape});
+  return result;
+}
+
+void check(const Status &status) {
+  if (status)
+    throw py::value_error(status.message());
+}
+
+struct PySaved {
+  SavedPtr saved;
+  int64_t nbytes() const { return saved ? CpuCell::savedBytes(*saved) : 0; }
+};
+
+struct PyCell {
+  std::unique_ptr<CpuCell> cell;
+
+  static py::list slots(const std::vector<Slot> &slots) {
+    py::list list;
+    for (const Slot &s : slots)
+      list.append(py::make_tuple(s.name, s.shape));
+    return list;
+  }
+
+  CpuCell::Sequence sequence(const Buffers &inputs, const Buffers &params,
+                             const Buffers &states, uintptr_t resets,
+                             int64_t steps, int64_t batch, bool batchFirst,
+                             const std::vector<int64_t> &lengths) {
+    CpuCell::Sequence seq;
+    seq.inputs = arrays(inputs);
+    seq.params = arrays(params);
+    seq.initialStates = arrays(states);
+    seq.resets = reinterpret_cast<const uint8_t *>(resets);
+    seq.steps = steps;
+    seq.batch = batch;
+    seq.batchFirst = batchFirst;
+    seq.lengths = lengths;
+    return seq;
+  }
+
+  std::shared_ptr<PySaved> forward(const Buffers &inputs, const Buffers &params,
+                                   const Buffers &states, uintptr_t resets,
+                                   int64_t steps, int64_t batch, bool batchFirst,
+                                   const Buffers &outputs, const Buffers &finals,
+                                   const std::string &mode, bool training,
+                                   const std::vector<int64_t> &lengths,
+                                   bool outputsOutliveSaved,
+                                   const std::optional<Buffers> &kept) {
+    auto saved = std::make_shared<PySaved>();
+    CpuCell::Sequence seq =
+        sequence(inputs, params, states, resets, steps, batch, batchFirst, lengths);
+    seq.outputsOutliveSaved = outputsOutliveSaved;
+    Recompute parsed = parseMode(mode);
+    std::vector<Array> keptArrays = kept ? arrays(*kept) : std::vector<Array>();
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = cell->forward(seq, arrays(outputs), arrays(finals), parsed,
+                             training ? &saved->saved : nullptr, kept ? &keptArrays : nullptr);
+    }
+    check(status);
+    return training ? saved : nullptr;
+  }
+
+  static Recompute parseMode(const std::string &mode) {
+    Recompute parsed;
+    check(Recompute::parse(mode, parsed));
+    return parsed;
+  }
+
+  /// What a training forward in `mode` keeps: (per chunk, width, dtype)
+  /// buffers `[T or chunks, B, width]` that the caller allocates, and the
+  /// outputs (indices) it keeps as states' histories.
+  py::tuple keptLayout(const std::string &mode, bool hasLengths) {
+    Recompute parsed = parseMode(mode);
+    py::list layout;
+    for (const driver::KeptBuffer &b : cell->keptLayout(parsed, hasLengths))
+      layout.append(py::make_tuple(b.perChunk, b.width,
+                                   b.element == driver::Element::F64 ? "f64" : "f32"));
+    return py::make_tuple(layout, cell->keptOutputs(parsed, hasLengths));
+  }
+
+  /// The backward of a forward whose kept buffers (and outputs) the caller
+  /// holds.
+  void backwardKept(const Buffers &inputs, const Buffers &params, const Buffers &states,
+                    uintptr_t resets, int64_t steps, int64_t batch,
+                    const std::string &mode, const std::vector<int64_t> &lengths,
+                    const Buffers &outputs, const Buffers &kept,
+                    const Buffers &gradOutputs, const Buffers &gradFinals,
+                    const Buffers &gradInputs, const Buffers &gradParams,
+                    const Buffers &gradStates) {
+    CpuCell::Sequence seq =
+        sequence(inputs, params, states, resets, steps, batch, false, lengths);
+    Recompute parsed = parseMode(mode);
+    SavedPtr saved;
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = cell->adopt(seq, parsed, arrays(outputs), arrays(kept), saved);
+      if (!status)
+        status = cell->backward(seq, *saved, arrays(gradOutputs), arrays(gradFinals),
+                                arrays(gradInputs), arrays(gradParams), arrays(gradStates));
+    }
+    check(status);
+  }
+
+  void backward(const Buffers &inputs, const Buffers &params,
+                const Buffers &states, uintptr_t resets, int64_t steps,
+                int64_t batch, bool batchFirst, const PySaved &saved,
+                const Buffers &gradOutputs, const Buffers &gradFinals,
+                const Buffers &gradInputs, const Buffers &gradParams,
+                const Buffers &gradStates, const std::vector<int64_t> &lengths) {
+    if (!saved.saved)
+      throw py::value_error("backward needs a forward run with training=True");
+    CpuCell::Sequence seq =
+        sequence(inputs, params, states, resets, steps, batch, batchFirst, lengths);
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = cell->backward(seq, *saved.saved, arrays(gradOutputs), arrays(gradFinals),
+                              arrays(gradInputs), arrays(gradParams), arrays(gradStates));
+    }
+    check(status);
+  }
+};
+
+/// A memory plan as Python sees it: bytes by name.
+py::dict planDict(const driver::MemoryPlan &plan) {
+  py::dict d;
+  d["kept"] = plan.driver.kept;
+  d["kept_outputs"] = plan.keptOutputs;
+  d["forward_peak"] = plan.driver.forwardPeak;
+  d["backward_peak"] = plan.driver.backwardPeak;
+  d["piece_steps"] = plan.pieceSteps;
+  d["outputs"] = plan.outputs;
+  d["final_states"] = plan.finalStates;
+  d["grad_outputs"] = plan.gradOutputs;
+  d["grad_inputs"] = plan.gradInputs;
+  d["grad_params"] = plan.gradParams;
+  d["peak"] = plan.peak();
+  d["floor"] = plan.floor();
+  return d;
+}
+
+} // namespace
+
+PYBIND11_MODULE(_cellc_runtime, m) {
+  m.doc() = "cellc's CPU runtime: loads and runs CPU packages (use the cellc package)";
+
+  py::class_<PySaved, std::shared_ptr<PySaved>>(m, "Saved")
+      .def_property_readonly("nbytes", &PySaved::nbytes,
+                             "Bytes kept between forward and backward")
+      .def_property_readonly(
+          "outputs_read",
+          [](const PySaved &s) { return driver::savedOutputsRead(*s.saved); },
+          "The outputs (indices) that the backward reads as states' histories");
+
+  py::class_<PyCell>(m, "CompiledCell")
+      .def_property_readonly("inputs", [](PyCell &c) { return PyCell::slots(c.cell->inputs()); })
+      .def_property_readonly("states", [](PyCell &c) { return PyCell::slots(c.cell->states()); })
+      .def_property_readonly("params", [](PyCell &c) { return PyCell::slots(c.cell->params()); })
+      .def_property_readonly("outputs", [](PyCell &c) { return PyCell::slots(c.cell->outputs()); })
+      .def_property_readonly("dtype", [](PyCell &c) { return c.cell->package().dtype; })
+      .def_property_readonly("sizes", [](PyCell &c) { return c.cell->package().sizes; })
+      .def_property_readonly("path", [](PyCell &c) { return c.cell->package().directory; })
+      .def_property_readonly("loaded_from_cache",
+                             [](PyCell &c) { return c.cell->loadedFromCache(); })
+      .def_property_readonly("config", [](PyCell &c) { return c.cell->config(); },
+                             "The kernel config, as name=value pairs")
+      .def_property_readonly("config_source",
+                             [](PyCell &c) { return c.cell->configSource(); },
+                             "'tuned' when the config came from the tuning cache")
+      .def_property("threads", [](PyCell &c) { return c.cell->threads(); },
+                    [](PyCell &c, int t) { c.cell->setThreads(t); })
+      .def("forward", &PyCell::forward, py::arg("inputs"), py::arg("params"),
+           py::arg("states"), py::arg("resets"), py::arg("steps"), py::arg("batch"),
+           py::arg("batch_first"), py::arg("outputs"), py::arg("finals"),
+           py::arg("mode"), py::arg("training"), py::arg("lengths"),
+           py::arg("outputs_outlive_saved") = false, py::arg("kept") = py::none())
+      .def("backward", &PyCell::backward)
+      .def("kept_layout", &PyCell::keptLayout, py::arg("mode"), py::arg("has_lengths"))
+      .def("backward_kept", &PyCell::backwardKept)
+      .def(
+          "memory_stats",
+          [](PyCell &c) {
+            driver::MemoryStats s = c.cell->memoryStats();
+            py::dict d;
+            d["kept_bytes"] = s.kept;
+            d["forward_peak_bytes"] = s.forwardPeak;
+            d["backward_peak_bytes"] = s.backwardPeak;
+            d["live_bytes"] = s.live;
+            return d;
+          },
+          "The bytes the driver held in the last forward and backward")
+      .def(
+          "memory_plan",
+          [](PyCell &c, int64_t steps, int64_t batch, const std::string &mode) {
+            driver::MemoryPlan plan;
+            check(c.cell->memoryPlan(steps, batch, PyCell::parseMode(mode), plan));
+            return planDict(plan);
+          },
+          py::arg("steps"), py::arg("batch"), py::arg("mode"),
+          "What a training step of steps x batch in mode holds, in bytes");
+
+  m.def(
+      "load",
+      [](const std::string &dir, int threads, bool fromCache, const std::string &origin) {
+        CpuCell::Options options;
+        options.threads = threads;
+        PyCell result;
+        Status status;
+        {
+          py::gil_scoped_release release;
+          status = CpuCell::load(dir, options, result.cell);
+        }
+        check(status);
+        result.cell->setOrigin(fromCache, origin);
+        return result;
+      },
+      py::arg("path"), py::arg("threads") = 0, py::arg("from_cache") = false,
+      py::arg("config_source") = "default",
+      "Loads the CPU package in `path` (kernels.json, save.so, replay.so)");
+  m.attr("__version__") = CELLC_VERSION;
+}

@@ -1,0 +1,610 @@
+//===- CpuCell.cpp - Run a CPU package: forward, backward, modes ----------===//
+//
+// Loads a cell's CPU package (dlopen of its two shared objects, kernels.json
+// through the driver's reader) and runs it through the sequence driver,
+// whose CPU backend is here: memory from a pool, OpenBLAS for the GEMMs, the
+// package's kernels on a batch tile per thread. Batch-first sequences are
+// transposed into the kernels' time-major layout and back.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/CpuCell.h"
+#include "runtime/cpu/Kernels.h"
+
+#include <cblas.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <thread>
+#include <tuple>
+
+using namespace cellc;
+using namespace cellc::runtime;
+using driver::View;
+
+namespace {
+
+std::string shapeStr(const std::vector<int64_t> &shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// The driver's buffers. Large ones are pages of their own (mmap), so that
+/// what the driver releases goes back to the system at once: the heap's free
+/// lists would keep it resident, and a later buffer of another size would
+/// not fit in it. The driver allocates once a call what it reuses over the
+/// pieces, so fresh pages fault once a call, not once a piece. What a
+/// process holds is then what the driver's ledger says.
+constexpr int64_t kMappedBytes = int64_t(64) << 10;
+constexpr int64_t kHugePage = int64_t(2) << 20;
+
+void *allocateBytes(int64_t bytes, bool zero) {
+  bytes = std::max<int64_t>(bytes, 1);
+  if (bytes < kMappedBytes)
+    return zero ? std::calloc(bytes, 1) : std::malloc(bytes);
+  // Fresh pages are zeros. Huge ones where the system gives them: a fresh
+  // buffer faults once every 2 MiB, not every 4 KiB.
+  void *buffer =
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (buffer == MAP_FAILED)
+    return nullptr;
+  if (bytes >= kHugePage)
+    madvise(buffer, bytes, MADV_HUGEPAGE);
+  return buffer;
+}
+
+void releaseBytes(void *buffer, int64_t bytes) {
+  bytes = std::max<int64_t>(bytes, 1);
+  if (bytes < kMappedBytes)
+    std::free(buffer);
+  else
+    munmap(buffer, bytes);
+}
+
+/// Row-major C = alpha op(A) op(B) + beta C.
+void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
+          int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb,
+          double beta, void *c, int64_t ldc) {
+  if (m == 0 || n == 0 || k == 0)
+    return;
+  auto ta = transA ? CblasTrans : CblasNoTrans;
+  auto tb = transB ? CblasTrans : CblasNoTrans;
+  if (dtype == DType::F32)
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f,
+                static_cast<const float *>(a), lda,
+                static_cast<const float *>(b), ldb, static_cast<float>(beta),
+                static_cast<float *>(c), ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0,
+                static_cast<const double *>(a), lda,
+                static_cast<const double *>(b), ldb, beta,
+                static_cast<double *>(c), ldc);
+}
+
+/// acc[j] += sum over rows of m[row, j] (or += v[j] with rows = 1).
+void addColumnSums(DType dtype, const void *m, int64_t rows, int64_t cols,
+                   void *acc) {
+  if (dtype == DType::F32) {
+    auto *a = static_cast<float *>(acc);
+    auto *x = static_cast<const float *>(m);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        a[j] += x[r * cols + j];
+  } else {
+    auto *a = static_cast<double *>(acc);
+    auto *x = static_cast<const double *>(m);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        a[j] += x[r * cols + j];
+  }
+}
+
+/// m[row, :] = the sum of `vectors` for every row.
+void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
+              const std::vector<const void *> &vectors) {
+  auto fill = [&](auto *x) {
+    using E = std::remove_pointer_t<decltype(x)>;
+    std::vector<E> sum(cols, E(0));
+    for (const void *v : vectors)
+      for (int64_t j = 0; j < cols; ++j)
+        sum[j] += static_cast<const E *>(v)[j];
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(x + r * cols, sum.data(), cols * sizeof(E));
+  };
+  if (dtype == DType::F32)
+    fill(static_cast<float *>(m));
+  else
+    fill(static_cast<double *>(m));
+}
+
+/// Runs `fn(bBegin, bEnd)` over batch tiles on up to `threads` threads.
+Status parallelBatches(int64_t batch, int threads,
+                       const std::function<Status(int64_t, int64_t)> &fn) {
+  int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(threads, batch));
+  if (tiles == 1)
+    return fn(0, batch);
+  std::vector<std::thread> workers;
+  std::vector<std::string> errors(tiles);
+  for (int64_t i = 0; i < tiles; ++i) {
+    int64_t begin = batch * i / tiles, end = batch * (i + 1) / tiles;
+    workers.emplace_back([&, i, begin, end] {
+      if (Status e = fn(begin, end))
+        errors[i] = e.message();
+    });
+  }
+  for (std::thread &w : workers)
+    w.join();
+  for (const std::string &e : errors)
+    if (!e.empty())
+      return Status::error(e);
+  return Status();
+}
+
+/// A package's shared object, open, with its two kernels' entries.
+struct KernelObject {
+  SharedObject object;
+  Entry forward = nullptr, backward = nullptr;
+
+  Status open(const std::string &path, const std::string &cell) {
+    if (Status s = object.open(path))
+      return s;
+    forward = object.entry(cell + "_fwd");
+    backward = object.entry(cell + "_bwd");
+    if (!forward || !backward)
+      return Status::error(path + " has no kernels cellc_packed_" + cell +
+                           "_fwd and _bwd: not a cellc CPU package");
+    return Status();
+  }
+};
+
+/// The sequence driver's CPU backend: memory from the pool, OpenBLAS, and the
+/// package's kernels on a batch tile per thread.
+class CpuBackend : public driver::Backend {
+public:
+  CpuBackend(DType dtype, const KernelObject *variants, int threads)
+      : threads(threads), dtype(dtype), variants(variants) {}
+
+  /// Threads for the kernels, from CpuCell::setThreads.
+  std::atomic<int> threads;
+
+  driver::Status allocate(int64_t elements, driver::Element element, bool zero,
+                          driver::Buffer &out) override {
+    int64_t bytes = elements * driver::bytesOf(element);
+    out.data = allocateBytes(bytes, zero);
+    if (!out.data)
+      return driver::Status::error("out of memory: a buffer of " + std::to_string(bytes) +
+                                   " bytes");
+    // The id keeps the size, for release.
+    out.id = bytes;
+    out.element = element;
+    return driver::Status();
+  }
+  void release(const driver::Buffer &buffer) override {
+    releaseBytes(buffer.data, buffer.id);
+  }
+  int64_t instances(int64_t batch) const override {
+    return std::max<int64_t>(1, std::min<int64_t>(threads, batch));
+  }
+
+  driver::Status launch(bool backward, bool saveGates,
+                        const std::vector<driver::Arg> &args,
+                        int64_t batch) override {
+    std::vector<KernelArg> base;
+    size_t first = size_t(-1);
+    for (const driver::Arg &arg : args) {
+      if (arg.index && first == size_t(-1))
+        first = base.size();
+      base.push_back(arg.index ? KernelArg::indexValue(*arg.index)
+                               : KernelArg::buffer(arg.view.pointer(), arg.view.shape));
+    }
+    if (first == size_t(-1) || first + 1 >= base.size())
+      return driver::Status::error("internal error: a kernel without b_begin, b_end");
+    const KernelObject &object = variants[saveGates ? 1 : 0];
+    Entry entry = backward ? object.backward : object.forward;
+    return parallelBatches(batch, threads, [&](int64_t b0, int64_t b1) {
+      std::vector<KernelArg> mine = base;
+      mine[first].index = b0;
+      mine[first + 1].index = b1;
+      callPacked(entry, mine);
+      return Status();
+    });
+  }
+
+  driver::Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                      const View &a, int64_t lda, const View &b, int64_t ldb,
+                      double beta, const View &c, int64_t ldc) override {
+    ::gemm(dtype, transA, transB, m, n, k, a.pointer(), lda, b.pointer(), ldb, beta,
+           c.pointer(), ldc);
+    return driver::Status();
+  }
+  driver::Status columnSums(const View &m, int64_t rows, int64_t cols,
+                            const View &acc) override {
+    addColumnSums(dtype, m.pointer(), rows, cols, acc.pointer());
+    return driver::Status();
+  }
+  driver::Status fillRows(const View &m, int64_t rows, int64_t cols,
+                          const std::vector<View> &vectors) override {
+    std::vector<const void *> pointers;
+    for (const View &v : vectors)
+      pointers.push_back(v.pointer());
+    ::fillRows(dtype, m.pointer(), rows, cols, pointers);
+    return driver::Status();
+  }
+  driver::Status copy(const View &from, const View &to) override {
+    if (from.element() != to.element())
+      return driver::Status::error("internal error: the CPU backend copies one type");
+    std::memcpy(to.pointer(), from.pointer(), from.size() * driver::bytesOf(from.element()));
+    return driver::Status();
+  }
+  driver::Status add(const View &from, const View &to) override {
+    addColumnSums(dtype, from.pointer(), 1, from.size(), to.pointer());
+    return driver::Status();
+  }
+
+private:
+  DType dtype;
+  const KernelObject *variants;
+};
+
+/// The caller's arrays as the driver's views (null data: an invalid view),
+/// named after their slots. The driver checks their count and shapes; here
+/// only what a pointer can get wrong, the alignment.
+Status viewsOf(const std::vector<Array> &arrays, const std::vector<Slot> &slots,
+               driver::Element element, const std::string &what, std::vector<View> &out) {
+  int64_t eb = driver::bytesOf(element);
+  out.clear();
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    const Array &array = arrays[i];
+    View v;
+    if (array.data) {
+      if (reinterpret_cast<uintptr_t>(array.data) % eb != 0)
+        return Status::error(what + " '" + (i < slots.size() ? slots[i].name : "?") +
+                             "' is not aligned to its " + std::to_string(eb) +
+                             "-byte elements");
+      v.buffer.data = array.data;
+      v.buffer.element = element;
+      v.shape = array.shape;
+    }
+    out.push_back(v);
+  }
+  return Status();
+}
+
+/// The driver's view of per-step reset bytes [T, B] (none: invalid).
+View resetsOf(const uint8_t *resets, int64_t T, int64_t B) {
+  View v;
+  if (resets) {
+    v.buffer.data = const_cast<uint8_t *>(resets);
+    v.buffer.element = driver::Element::U8;
+    v.shape = {T, B};
+  }
+  return v;
+}
+
+driver::Element elementOf(DType dtype) {
+  return dtype == DType::F32 ? driver::Element::F32 : driver::Element::F64;
+}
+
+/// The driver's sequence over a time-major `seq` of T steps of B rows.
+Status driverSequence(const CpuCell &cell, const CpuCell::Sequence &seq, int64_t T,
+                      int64_t B, driver::Element e, driver::Sequence &s) {
+  s.steps = T;
+  s.batch = B;
+  s.resets = resetsOf(seq.resets, T, B);
+  s.lengths = seq.lengths;
+  if (Status err = viewsOf(seq.inputs, cell.inputs(), e, "input", s.inputs))
+    return err;
+  if (Status err = viewsOf(seq.params, cell.params(), e, "param", s.params))
+    return err;
+  return viewsOf(seq.initialStates, cell.states(), e, "initial state", s.initialStates);
+}
+
+/// Copies `src` laid out [A, C, n] into `dst` laid out [C, A, n].
+void swapLeadingDims(const void *src, void *dst, int64_t a, int64_t c,
+                     int64_t rowBytes) {
+  for (int64_t i = 0; i < a; ++i)
+    for (int64_t j = 0; j < c; ++j)
+      std::memcpy(static_cast<char *>(dst) + (j * a + i) * rowBytes,
+                  static_cast<const char *>(src) + (i * c + j) * rowBytes,
+                  rowBytes);
+}
+
+/// Batch-first buffers turned time-major ([B, T, n] → [T, B, n]): owns the
+/// copies.
+class TimeMajor {
+public:
+  explicit TimeMajor(int64_t elementBytes) : eb(elementBytes) {}
+
+  /// The time-major view of a batch-first sequence, after checking its
+  /// inputs; T and B come from them.
+  Status sequence(const CpuCell::Sequence &seq, CpuCell::Sequence &inner) {
+    if (seq.inputs.empty() || seq.inputs[0].shape.size() != 3)
+      return Status::error("batch-first sequences need inputs of shape [B, T, n]");
+    B = seq.inputs[0].shape[0];
+    T = seq.inputs[0].shape[1];
+    inner = seq;
+    inner.batchFirst = false;
+    if (Status e = convert(seq.inputs, "input", /*copy=*/true, inner.inputs))
+      return e;
+    if (seq.resets) {
+      resets.resize(T * B);
+      swapLeadingDims(seq.resets, resets.data(), B, T, 1);
+      inner.resets = resets.data();
+    }
+    return Status();
+  }
+
+  /// Time-major buffers for batch-first `arrays` (missing ones stay
+  /// missing), holding their values when `copy`.
+  Status convert(const std::vector<Array> &arrays, const char *what, bool copy,
+                 std::vector<Array> &out) {
+    out.clear();
+    for (const Array &a : arrays) {
+      if (!a.data) {
+        out.push_back(a);
+        continue;
+      }
+      if (a.shape.size() != 3 || a.shape[0] != B || a.shape[1] != T)
+        return Status::error(std::string("batch-first ") + what + " has shape " +
+                             shapeStr(a.shape) + ", expected [" + std::to_string(B) +
+                             ", " + std::to_string(T) + ", n]");
+      int64_t n = a.shape[2];
+      storage.emplace_back((B * T * n * eb + 7) / 8 + 1);
+      if (copy)
+        swapLeadingDims(a.data, storage.back().data(), B, T, n * eb);
+      out.push_back({storage.back().data(), {T, B, n}});
+    }
+    return Status();
+  }
+
+  /// Copies what the kernels wrote into `inner` back to the batch-first
+  /// `arrays` it was converted from.
+  void copyBack(const std::vector<Array> &inner, const std::vector<Array> &arrays) {
+    for (size_t i = 0; i < arrays.size(); ++i)
+      if (arrays[i].data)
+        swapLeadingDims(inner[i].data, arrays[i].data, T, B, arrays[i].shape[2] * eb);
+  }
+
+private:
+  int64_t eb, T = 0, B = 0;
+  std::vector<std::vector<double>> storage;
+  std::vector<uint8_t> resets;
+};
+
+/// `seq` time-major: itself, or a copy made by `tm` when batch-first.
+Status timeMajor(const CpuCell::Sequence &seq, int64_t eb, std::optional<TimeMajor> &tm,
+                 CpuCell::Sequence &out) {
+  if (!seq.batchFirst) {
+    out = seq;
+    return Status();
+  }
+  tm.emplace(eb);
+  return tm->sequence(seq, out);
+}
+
+/// The caller's kept buffers as the driver's views, in the layout's element
+/// types.
+Status keptViews(const std::vector<driver::KeptBuffer> &layout,
+                 const std::vector<Array> &kept, std::vector<View> &out) {
+  if (kept.size() != layout.size())
+    return Status::error("expected " + std::to_string(layout.size()) +
+                         " kept buffers, got " + std::to_string(kept.size()));
+  out.clear();
+  for (size_t i = 0; i < kept.size(); ++i) {
+    std::vector<Slot> names = {{"#" + std::to_string(i), {}}};
+    std::vector<View> one;
+    if (Status e = viewsOf({kept[i]}, names, layout[i].element, "kept buffer", one))
+      return e;
+    out.push_back(one[0]);
+  }
+  return Status();
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// CpuCell
+//===----------------------------------------------------------------------===//
+
+Status Recompute::parse(const std::string &text, Recompute &out) {
+  if (std::optional<driver::Recompute> mode = driver::Recompute::parse(text)) {
+    static_cast<driver::Recompute &>(out) = *mode;
+    return Status();
+  }
+  return Status::error("unknown recompute mode '" + text +
+                       "'; expected none, full or chunk:K with K > 0");
+}
+
+struct CpuCell::Impl {
+  /// The variants that replay (0) and save gates (1).
+  KernelObject variants[2];
+  std::shared_ptr<CpuBackend> backend;
+  std::unique_ptr<driver::SequenceDriver> driver;
+  int64_t pieceRows = driver::SequenceDriver::kPieceRows;
+};
+
+CpuCell::CpuCell() : impl(std::make_unique<Impl>()) {}
+CpuCell::~CpuCell() = default;
+
+int64_t CpuCell::savedBytes(const Saved &saved) { return driver::savedBytes(saved); }
+
+Status CpuCell::load(const std::string &dir, const Options &options,
+                     std::unique_ptr<CpuCell> &out) {
+  std::unique_ptr<CpuCell> cell(new CpuCell());
+  if (Status s = driver::readPackage(dir, cell->info))
+    return s;
+  driver::PackageInfo &info = cell->info;
+  if (info.target != "cpu")
+    return Status::error(dir + " is a " + info.target +
+                         " package; load it with its own runtime (cellc.cuda)");
+  cell->elementType = info.dtype == "f64" ? DType::F64 : DType::F32;
+  for (int variant : {0, 1})
+    if (Status s = cell->impl->variants[variant].open(dir + "/" + info.objects[variant],
+                                                       info.cell))
+      return s;
+  cell->setThreads(options.threads);
+  Impl &impl = *cell->impl;
+  impl.backend = std::make_shared<CpuBackend>(cell->elementType, impl.variants,
+                                              cell->numThreads);
+  impl.driver = std::make_unique<driver::SequenceDriver>(info.interface, impl.backend);
+  impl.pieceRows =
+      options.pieceRows > 0 ? options.pieceRows : driver::SequenceDriver::kPieceRows;
+  impl.driver->setPieceRows(impl.pieceRows);
+  out = std::move(cell);
+  return Status();
+}
+
+driver::MemoryStats CpuCell::memoryStats() const { return impl->driver->stats(); }
+
+Status CpuCell::memoryPlan(int64_t steps, int64_t batch, Recompute mode,
+                           driver::MemoryPlan &plan) const {
+  if (steps < 1 || batch < 1)
+    return Status::error("a memory plan needs steps >= 1 and batch >= 1");
+  return driver::SequenceDriver::plan(impl->driver->interface(), steps, batch, mode, plan,
+                                      impl->pieceRows, impl->backend->instances(batch));
+}
+
+std::string CpuCell::config() const {
+  std::vector<std::string> knobs = {"threads=" + std::to_string(numThreads)};
+  for (size_t begin = 0; begin < info.config.size();) {
+    size_t comma = std::min(info.config.find(',', begin), info.config.size());
+    knobs.push_back(info.config.substr(begin, comma - begin));
+    begin = comma + 1;
+  }
+  std::sort(knobs.begin(), knobs.end());
+  std::string text;
+  for (const std::string &knob : knobs)
+    text += (text.empty() ? "" : ",") + knob;
+  return text;
+}
+
+void CpuCell::setThreads(int threads) {
+  numThreads = threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
+  if (impl->backend)
+    impl->backend->threads = numThreads;
+}
+
+std::vector<driver::KeptBuffer> CpuCell::keptLayout(Recompute mode,
+                                                   bool hasLengths) const {
+  return impl->driver->keptLayout(mode, hasLengths, /*outputsOutliveSaved=*/true);
+}
+
+std::vector<size_t> CpuCell::keptOutputs(Recompute mode, bool hasLengths) const {
+  std::vector<size_t> outputs;
+  for (int64_t o : impl->driver->keptOutputs(mode, hasLengths, /*outputsOutliveSaved=*/true))
+    if (o >= 0)
+      outputs.push_back(size_t(o));
+  return outputs;
+}
+
+Status CpuCell::adopt(const Sequence &seq, Recompute mode, const std::vector<Array> &outputs,
+                      const std::vector<Array> &kept, SavedPtr &saved) const {
+  if (seq.batchFirst)
+    return Status::error("kept buffers are time-major only");
+  if (seq.inputs.empty() || seq.inputs[0].shape.size() != 3)
+    return Status::error("adopt needs the forward's inputs, [T, B, n]");
+  int64_t T = seq.inputs[0].shape[0], B = seq.inputs[0].shape[1];
+  driver::Element e = elementOf(elementType);
+  driver::Sequence s;
+  if (Status err = driverSequence(*this, seq, T, B, e, s))
+    return err;
+  std::vector<View> outs, keptIn;
+  if (Status err = viewsOf(outputs, info.outputs, e, "output", outs))
+    return err;
+  if (Status err = keptViews(keptLayout(mode, !seq.lengths.empty()), kept, keptIn))
+    return err;
+  return impl->driver->adopt(s, mode, outs, keptIn, saved);
+}
+
+Status CpuCell::forward(const Sequence &batchFirstOrNot,
+                        const std::vector<Array> &callerOutputs,
+                        const std::vector<Array> &finalStates, Recompute mode,
+                        SavedPtr *saved, const std::vector<Array> *kept) {
+  if (kept && (batchFirstOrNot.batchFirst || !saved))
+    return Status::error("kept buffers need a time-major training forward");
+  // Batch-first sequences run time-major, on copies.
+  std::optional<TimeMajor> tm;
+  Sequence seq;
+  if (Status e = timeMajor(batchFirstOrNot, elementBytes(), tm, seq))
+    return e;
+  std::vector<Array> outputs = callerOutputs;
+  if (tm)
+    if (Status e = tm->convert(callerOutputs, "output", /*copy=*/false, outputs))
+      return e;
+
+  // T and B come from the first input, or are given.
+  int64_t T = seq.steps, B = seq.batch;
+  if (!seq.inputs.empty() && seq.inputs[0].shape.size() == 3) {
+    T = seq.inputs[0].shape[0];
+    B = seq.inputs[0].shape[1];
+  }
+  driver::Element e = elementOf(elementType);
+  driver::Sequence s;
+  if (Status err = driverSequence(*this, seq, T, B, e, s))
+    return err;
+  std::vector<View> outs, finals, keptIn;
+  if (Status err = viewsOf(finalStates, info.states, e, "final state", finals))
+    return err;
+  if (Status err = viewsOf(outputs, info.outputs, e, "output", outs))
+    return err;
+  if (kept)
+    if (Status err = keptViews(keptLayout(mode, !seq.lengths.empty()), *kept, keptIn))
+      return err;
+  if (Status err = impl->driver->forward(s, outs, finals, mode, saved,
+                                         (seq.outputsOutliveSaved || kept) && !tm,
+                                         kept ? &keptIn : nullptr))
+    return err;
+  if (tm)
+    tm->copyBack(outputs, callerOutputs);
+  return Status();
+}
+
+Status CpuCell::backward(const Sequence &batchFirstOrNot, const Saved &saved,
+                         const std::vector<Array> &gradOutputs,
+                         const std::vector<Array> &gradFinalStates,
+                         const std::vector<Array> &callerGradInputs,
+                         const std::vector<Array> &gradParams,
+                         const std::vector<Array> &gradInitialStates) {
+  // Batch-first sequences run time-major, on copies.
+  std::optional<TimeMajor> tm;
+  Sequence seq;
+  if (Status e = timeMajor(batchFirstOrNot, elementBytes(), tm, seq))
+    return e;
+  std::vector<Array> dOutputs = gradOutputs, gradInputs = callerGradInputs;
+  if (tm) {
+    if (Status e = tm->convert(gradOutputs, "output gradient", /*copy=*/true, dOutputs))
+      return e;
+    if (Status e = tm->convert(callerGradInputs, "input gradient", /*copy=*/false,
+                               gradInputs))
+      return e;
+  }
+
+  driver::Element e = elementOf(elementType);
+  int64_t T = driver::savedSteps(saved), B = driver::savedBatch(saved);
+  driver::Sequence s;
+  if (Status err = driverSequence(*this, seq, T, B, e, s))
+    return err;
+  std::vector<View> dOut, dFinal, dIn, dPar, dInit;
+  using Named = std::tuple<const std::vector<Array> *, const std::vector<Slot> *,
+                           const char *, std::vector<View> *>;
+  for (auto [arrays, slots, what, views] :
+       {Named{&dOutputs, &info.outputs, "gradient of output", &dOut},
+        Named{&gradFinalStates, &info.states, "gradient of final state", &dFinal},
+        Named{&gradInputs, &info.inputs, "gradient of input", &dIn},
+        Named{&gradParams, &info.params, "gradient of param", &dPar},
+        Named{&gradInitialStates, &info.states, "gradient of initial state", &dInit}})
+    if (Status err = viewsOf(*arrays, *slots, e, what, *views))
+      return err;
+  if (Status err = impl->driver->backward(s, saved, dOut, dFinal, dIn, dPar, dInit))
+    return err;
+  if (tm)
+    tm->copyBack(gradInputs, callerGradInputs);
+  return Status();
+}

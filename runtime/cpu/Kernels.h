@@ -1,0 +1,70 @@
+//===- Kernels.h - Call a CPU package's kernels, loaded with dlopen -*- C++ -*-===//
+//
+// Every kernel of a CPU package has one C entry, `cellc_packed_<name>(void
+// **args)`, which takes a pointer to each argument (the compiler writes it:
+// compiler/Pipelines/HostObject.cpp). Here: opening the shared object, and
+// packing the arguments, memref descriptors and indices, for such a call.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_RUNTIME_CPU_KERNELS_H
+#define CELLC_RUNTIME_CPU_KERNELS_H
+
+#include "runtime/driver/SequenceDriver.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cellc::runtime {
+
+/// A kernel's packed entry.
+using Entry = void (*)(void **);
+
+/// One argument of a kernel: a contiguous row-major buffer, or an index.
+struct KernelArg {
+  void *data = nullptr;
+  std::vector<int64_t> shape;
+  int64_t index = 0;
+  bool isIndex = false;
+
+  static KernelArg buffer(void *data, std::vector<int64_t> shape) {
+    KernelArg arg;
+    arg.data = data;
+    arg.shape = std::move(shape);
+    return arg;
+  }
+  static KernelArg indexValue(int64_t value) {
+    KernelArg arg;
+    arg.index = value;
+    arg.isIndex = true;
+    return arg;
+  }
+};
+
+/// Calls `entry` with `args` in its argument order: each buffer as a memref
+/// descriptor (allocated and aligned pointers, offset, sizes, strides). The
+/// caller has checked the shapes against the kernel's interface.
+void callPacked(Entry entry, const std::vector<KernelArg> &args);
+
+/// A shared object of kernels, open for as long as this lives.
+class SharedObject {
+public:
+  SharedObject() = default;
+  ~SharedObject();
+  SharedObject(const SharedObject &) = delete;
+  SharedObject &operator=(const SharedObject &) = delete;
+
+  /// Opens `path` (RTLD_LOCAL: both variants of a package define the same
+  /// names). The error names the file and what dlopen said.
+  driver::Status open(const std::string &path);
+  /// The packed entry of kernel `name`, or null.
+  Entry entry(const std::string &name) const;
+
+private:
+  void *handle = nullptr;
+};
+
+} // namespace cellc::runtime
+
+#endif // CELLC_RUNTIME_CPU_KERNELS_H

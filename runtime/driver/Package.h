@@ -1,0 +1,66 @@
+//===- Package.h - A compiled cell's kernels.json, read without LLVM -*- C++ -*-===//
+//
+// A package is a directory that the compiler writes (`cellc --emit=package`):
+// the kernels of both SAVE_GATES variants (PTX for CUDA, shared objects for
+// the CPU) and kernels.json, which names the cell, its sizes and slots, and
+// each kernel's arguments. The runtime reads it here into the driver's
+// Interface: one reader for every target.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_RUNTIME_DRIVER_PACKAGE_H
+#define CELLC_RUNTIME_DRIVER_PACKAGE_H
+
+#include "runtime/driver/SequenceDriver.h"
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace cellc::driver {
+
+/// A JSON value: what kernels.json holds, and no more.
+struct Json {
+  enum class Kind { Null, Bool, Number, String, Array, Object };
+  Kind kind = Kind::Null;
+  bool boolean = false;
+  double number = 0;
+  std::string string;
+  std::vector<Json> array;
+  std::vector<std::pair<std::string, Json>> object;
+
+  /// The member `key` of an object, or null when absent (or not an object).
+  const Json *get(std::string_view key) const;
+  int64_t integer() const { return static_cast<int64_t>(number); }
+};
+
+/// Parses `text`; an error names the byte offset where it went wrong.
+Status parseJson(std::string_view text, Json &out);
+
+/// What a package's kernels.json says.
+struct PackageInfo {
+  std::string directory;
+  std::string cell, target, dtype;
+  /// The knobs the kernels were built with, `name=value,...` (CPU).
+  std::string config;
+  std::map<std::string, int64_t> sizes;
+  /// The cell's inputs, states, params and outputs with their shapes, in
+  /// the kernels' order.
+  std::vector<Slot> inputs, states, params, outputs;
+  /// The kernels' interface, finished (Interface::finish).
+  Interface interface;
+  /// The files of the variant that replays (0) and of the one that saves
+  /// gates (1), in `directory`.
+  std::string objects[2];
+};
+
+/// Reads `<dir>/kernels.json`. Errors name the file and what is wrong.
+Status readPackage(const std::string &dir, PackageInfo &out);
+/// The same from the text of a kernels.json (`dir` only names it).
+Status parsePackage(std::string_view text, const std::string &dir, PackageInfo &out);
+
+} // namespace cellc::driver
+
+#endif // CELLC_RUNTIME_DRIVER_PACKAGE_H

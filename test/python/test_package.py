@@ -1,0 +1,198 @@
+"""CPU packages: `cellc --emit=package --target=cpu` writes one, and
+`cellc.load_package` trains it with the runtime alone, in a process that
+never loads MLIR or LLVM, matching torch.nn.LSTM."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import cellc
+from conftest import BUILD, TOOLS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "..", "..", "examples")
+I, H = 5, 8
+
+
+def write_package(path, cell="lstm.cell", *args):
+    subprocess.run([os.path.join(TOOLS, "cellc"), os.path.join(EXAMPLES, cell),
+                    "-D", f"H={H}", "-D", f"I={I}", "--emit=package", "--target=cpu",
+                    "-o", str(path), *args], check=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lstm_package(tmp_path_factory):
+    return write_package(tmp_path_factory.mktemp("pkg") / "lstm")
+
+
+@pytest.fixture(scope="module")
+def lstm64_package(tmp_path_factory):
+    return write_package(tmp_path_factory.mktemp("pkg") / "lstm64", "lstm.cell", "--dtype=f64")
+
+
+# Runs in a fresh interpreter: loads the package, trains two steps of an
+# LSTM against torch.nn.LSTM with the same weights, and reports what the
+# process mapped.
+TRAIN = r"""
+import json, sys
+import torch
+import cellc
+
+torch.manual_seed(0)
+pkg = cellc.load_package(sys.argv[1])
+I, H, T, B = 5, 8, 7, 3
+ref = torch.nn.LSTM(I, H).double()
+params = {n: getattr(ref, n + "_l0").detach().clone().requires_grad_(True)
+          for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+mine = {"W_ih": params["weight_ih"], "W_hh": params["weight_hh"],
+        "b_ih": params["bias_ih"], "b_hh": params["bias_hh"]}
+result = {"modules": sorted(m for m in sys.modules if m.startswith("cellc"))}
+errors = []
+for mode in ("none", "full", "chunk:3"):
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
+    c0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
+    out, final = pkg(x, mine, {"h": h0, "c": c0}, recompute=mode)
+    w = torch.randn_like(out)
+    loss = (out * w).sum() + final["c"].square().sum()
+    grads = torch.autograd.grad(loss, [x, h0, c0, *mine.values()])
+    want_out, (hT, cT) = ref(x, (h0[None], c0[None]))
+    want = (want_out * w).sum() + cT.square().sum()
+    want_grads = torch.autograd.grad(want, [x, h0, c0, ref.weight_ih_l0, ref.weight_hh_l0,
+                                            ref.bias_ih_l0, ref.bias_hh_l0])
+    errors.append(max([(out - want_out).abs().max().item(),
+                       (final["h"] - hT[0]).abs().max().item()]
+                      + [(g - v).abs().max().item() for g, v in zip(grads, want_grads)]))
+    # Wrong shapes and dtypes are exceptions, not crashes.
+    for bad, kind in ((lambda: pkg(x.float(), {n: t.float() for n, t in mine.items()}),
+                       TypeError),
+                      (lambda: pkg(x[:, :, :4], mine), ValueError)):
+        try:
+            bad()
+            errors.append(1.0)
+        except kind:
+            pass
+maps = open("/proc/self/maps").read()
+result.update(errors=errors, mlir="libMLIR" in maps, llvm="libLLVM" in maps)
+print(json.dumps(result))
+"""
+
+
+def run_fresh(script, *args):
+    env = dict(os.environ)
+    if os.environ.get("CELLC_INSTALLED") != "1":
+        env["PYTHONPATH"] = os.path.join(os.path.abspath(BUILD), "python")
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env,
+                          capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_package_trains_without_mlir_and_matches_torch(lstm64_package):
+    result = run_fresh(TRAIN, lstm64_package)
+    # f64 against torch's f64 LSTM in every recompute mode.
+    assert len(result["errors"]) == 3 and max(result["errors"]) < 1e-10, result
+    # The runtime alone: no compiler extension, no MLIR or LLVM mapped.
+    assert "cellc._cellc" not in result["modules"], result
+    assert not result["mlir"] and not result["llvm"], result
+
+
+def ldd(path):
+    return subprocess.run(["ldd", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_the_runtime_and_a_package_link_no_llvm(lstm_package):
+    runtime = os.path.join(os.path.dirname(cellc._cellc_runtime.__file__))
+    libraries = [os.path.join(runtime, f) for f in os.listdir(runtime)
+                 if f.startswith(("_cellc_runtime", "libcellc_runtime"))]
+    if os.environ.get("CELLC_INSTALLED") != "1":
+        libraries.append(os.path.join(os.path.abspath(BUILD), "lib", "libcellc_runtime.so"))
+    libraries += [lstm_package / "save.so", lstm_package / "replay.so"]
+    assert len(libraries) >= 4
+    for lib in libraries:
+        text = ldd(lib)
+        assert "LLVM" not in text and "MLIR" not in text, (lib, text)
+    # The Python extension loads the runtime library, not a copy of it.
+    assert "libcellc_runtime.so" in ldd(libraries[0])
+
+
+def test_package_matches_the_jit(lstm_package):
+    """The same cell through the JIT (which builds a package in the cache and
+    loads it the same way) gives the same numbers."""
+    torch.manual_seed(1)
+    pkg = cellc.load_package(lstm_package)
+    assert pkg.sizes == {"H": H, "I": I} and pkg.dtype == torch.float32
+    assert [n for n, _ in pkg.params] == ["W_ih", "W_hh", "b_ih", "b_hh"]
+    cell = cellc.compile(open(os.path.join(EXAMPLES, "lstm.cell")).read())
+    x = torch.randn(6, 4, I)
+    params = {n: 0.3 * torch.randn(*shape) for n, shape in pkg.params}
+    out, final = pkg(x, params)
+    want, want_final = cell(x, params)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(final["c"], want_final["c"], rtol=0, atol=1e-6)
+    # batch-first and lengths, as a Cell takes them.
+    lengths = torch.tensor([6, 2, 0, 5])
+    out_bf, _ = pkg(x.transpose(0, 1).contiguous(), params, batch_first=True, lengths=lengths)
+    want_bf, _ = cell(x.transpose(0, 1).contiguous(), params, batch_first=True,
+                      lengths=lengths)
+    torch.testing.assert_close(out_bf, want_bf, rtol=0, atol=1e-6)
+    assert pkg.memory_plan(100, 64, "full")["kept"] > 0
+
+
+def test_bad_packages_are_clear_errors(tmp_path, lstm_package):
+    with pytest.raises(ValueError, match="no package in .*cannot read .*kernels.json"):
+        cellc.load_package(tmp_path / "missing")
+    broken = tmp_path / "broken"
+    shutil.copytree(lstm_package, broken)
+    text = (broken / "kernels.json").read_text()
+    (broken / "kernels.json").write_text(text[: len(text) // 2])
+    with pytest.raises(ValueError, match="kernels.json: .* at byte"):
+        cellc.load_package(broken)
+    (broken / "kernels.json").write_text(text.replace('"kind": "projection"', '"kind": "proj"'))
+    with pytest.raises(ValueError, match="unknown kernel argument kind 'proj'"):
+        cellc.load_package(broken)
+    (broken / "kernels.json").write_text(text)
+    (broken / "save.so").write_bytes(b"not an ELF file")
+    with pytest.raises(ValueError, match="cannot load the kernels .*save.so"):
+        cellc.load_package(broken)
+    cuda = json.loads(text)
+    cuda["target"] = "cuda"
+    cuda["ptx"] = cuda.pop("objects")
+    (broken / "kernels.json").write_text(json.dumps(cuda))
+    with pytest.raises(ValueError, match="is a cuda package"):
+        cellc.load_package(broken)
+
+
+def test_bad_tensors_are_exceptions(lstm_package):
+    pkg = cellc.load_package(lstm_package, threads=1)
+    assert pkg.threads == 1
+    params = {n: torch.zeros(*shape) for n, shape in pkg.params}
+    x = torch.zeros(3, 2, I)
+    with pytest.raises(ValueError, match="param 'W_hh' must have shape \\[32, 8\\]"):
+        pkg(x, {**params, "W_hh": torch.zeros(32, 7)})
+    with pytest.raises(ValueError, match="state 'h' must be \\[B, n\\] = \\[2, 8\\]"):
+        pkg(x, params, {"h": torch.zeros(3, 8)})
+    with pytest.raises(ValueError, match="no tensor for param 'b_hh'"):
+        pkg(x, {n: t for n, t in params.items() if n != "b_hh"})
+    with pytest.raises(TypeError, match="runs torch.float32"):
+        pkg(x.double(), params)
+    with pytest.raises(ValueError, match="lengths must be in"):
+        pkg(x, params, lengths=[4, 1])
+
+
+def test_a_gru_per_row_f64_package(tmp_path):
+    path = write_package(tmp_path / "gru", "gru.cell", "--strategy=per-row", "--dtype=f64")
+    pkg = cellc.load_package(path)
+    ref = torch.nn.GRU(I, H).double()
+    params = {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0, "b_ih": ref.bias_ih_l0,
+              "b_hh": ref.bias_hh_l0}
+    x = torch.randn(5, 1, I, dtype=torch.float64)
+    out, _ = pkg(x, params)
+    torch.testing.assert_close(out, ref(x)[0], rtol=0, atol=1e-10)
