@@ -107,3 +107,25 @@ bad = subprocess.run(["cellc", "elman.cell", "-D", "H=5", "--emit=mlir"],
 assert bad.returncode != 0 and "I" in bad.stderr, bad.stderr
 print("cellc elman.cell --emit=summary: ok; a missing size fails with: "
       + bad.stderr.strip().splitlines()[0])
+
+# A CPU package from the installed cellc, trained by the installed runtime in
+# a fresh process that loads no MLIR or LLVM.
+run(["cellc", "elman.cell", "-D", "H=5", "-D", "I=3", "--dtype=f64", "--emit=package",
+     "--target=cpu", "-o", "elman.pkg"])
+train = """
+import torch, cellc
+pkg = cellc.load_package("elman.pkg")
+params = {n: torch.randn(*s, dtype=torch.float64, requires_grad=True) for n, s in pkg.params}
+xs = torch.randn(4, 2, 3, dtype=torch.float64)
+out, _ = pkg(xs, params)
+out.sum().backward()
+h, hs = torch.zeros(2, 5, dtype=torch.float64), []
+for t in range(4):
+    h = torch.tanh(xs[t] @ params["W"].t() + h @ params["U"].t() + params["b"])
+    hs.append(h)
+assert torch.allclose(out, torch.stack(hs), atol=1e-12), "package outputs differ"
+maps = open("/proc/self/maps").read()
+assert "libMLIR" not in maps and "libLLVM" not in maps, "the runtime loaded LLVM"
+print("cellc.load_package: an Elman package trained without MLIR or LLVM")
+"""
+print(run([sys.executable, "-c", train]).strip())

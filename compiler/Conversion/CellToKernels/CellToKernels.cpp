@@ -39,6 +39,11 @@ public:
 
 private:
   LogicalResult lower(OpBuilder &builder, Operation *op);
+  /// The gate stores of a `cell.save`, under SAVE_GATES.
+  void lowerSave(OpBuilder &builder, SaveOp save);
+  /// A `cell.restore`: its values loaded under SAVE_GATES, its region
+  /// replayed otherwise.
+  LogicalResult lowerRestore(OpBuilder &builder, RestoreOp restore);
   Value lowerProduct(OpBuilder &builder, Location loc, Value weight, Value v,
                      VectorType type, bool transposed);
   Value lowerMatvec(OpBuilder &builder, Location loc, Value weight, Value v,
@@ -148,56 +153,59 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
             loc, type, buffer, ValueRange{t, b, index(builder, loc, 0)}));
       })
       .Case([&](SaveOp save) -> LogicalResult {
-        if (save.getValues().empty())
-          return success();
-        SmallVector<int64_t> offsets =
-            packedOffsets(save.getValues().getTypes());
-        builder.create<scf::IfOp>(
-            loc, saveGates, [&](OpBuilder &nb, Location l) {
-              for (auto [value, offset] : llvm::zip(save.getValues(), offsets)) {
-                Value at = nb.create<arith::ConstantIndexOp>(l, offset);
-                nb.create<vector::StoreOp>(l, map.lookup(value), gates,
-                                           ValueRange{t, b, at});
-              }
-              nb.create<scf::YieldOp>(l);
-            });
+        lowerSave(builder, save);
         return success();
       })
-      .Case([&](RestoreOp restore) -> LogicalResult {
-        if (restore.getNumResults() == 0)
-          return success();
-        SmallVector<int64_t> offsets = packedOffsets(restore.getResultTypes());
-        LogicalResult status = success();
-        auto ifOp = builder.create<scf::IfOp>(
-            loc, saveGates,
-            [&](OpBuilder &nb, Location l) {
-              SmallVector<Value> loaded;
-              for (auto [r, offset] : llvm::zip(restore.getResults(), offsets)) {
-                Value at = nb.create<arith::ConstantIndexOp>(l, offset);
-                loaded.push_back(nb.create<vector::LoadOp>(
-                    l, vectorOf(r.getType()), gates, ValueRange{t, b, at}));
-              }
-              nb.create<scf::YieldOp>(l, loaded);
-            },
-            [&](OpBuilder &nb, Location l) {
-              Block &body = restore.getBody().front();
-              unsigned saved = nextProjection;
-              status = lowerBlock(nb, body);
-              nextProjection = saved;
-              SmallVector<Value> replayed;
-              for (Value v : body.getTerminator()->getOperands())
-                replayed.push_back(map.lookup(v));
-              nb.create<scf::YieldOp>(l, replayed);
-            });
-        if (failed(status))
-          return failure();
-        for (auto [r, v] : llvm::zip(restore.getResults(), ifOp.getResults()))
-          map[r] = v;
-        return success();
-      })
+      .Case([&](RestoreOp restore) { return lowerRestore(builder, restore); })
       .Default([&](Operation *other) -> LogicalResult {
         return other->emitOpError("cannot be lowered to a sequence kernel");
       });
+}
+
+void StepLowering::lowerSave(OpBuilder &builder, SaveOp save) {
+  if (save.getValues().empty())
+    return;
+  SmallVector<int64_t> offsets = packedOffsets(save.getValues().getTypes());
+  builder.create<scf::IfOp>(save.getLoc(), saveGates, [&](OpBuilder &nb, Location l) {
+    for (auto [value, offset] : llvm::zip(save.getValues(), offsets)) {
+      Value at = nb.create<arith::ConstantIndexOp>(l, offset);
+      nb.create<vector::StoreOp>(l, map.lookup(value), gates, ValueRange{t, b, at});
+    }
+    nb.create<scf::YieldOp>(l);
+  });
+}
+
+LogicalResult StepLowering::lowerRestore(OpBuilder &builder, RestoreOp restore) {
+  if (restore.getNumResults() == 0)
+    return success();
+  SmallVector<int64_t> offsets = packedOffsets(restore.getResultTypes());
+  LogicalResult status = success();
+  auto ifOp = builder.create<scf::IfOp>(
+      restore.getLoc(), saveGates,
+      [&](OpBuilder &nb, Location l) {
+        SmallVector<Value> loaded;
+        for (auto [r, offset] : llvm::zip(restore.getResults(), offsets)) {
+          Value at = nb.create<arith::ConstantIndexOp>(l, offset);
+          loaded.push_back(
+              nb.create<vector::LoadOp>(l, vectorOf(r.getType()), gates, ValueRange{t, b, at}));
+        }
+        nb.create<scf::YieldOp>(l, loaded);
+      },
+      [&](OpBuilder &nb, Location l) {
+        Block &body = restore.getBody().front();
+        unsigned saved = nextProjection;
+        status = lowerBlock(nb, body);
+        nextProjection = saved;
+        SmallVector<Value> replayed;
+        for (Value v : body.getTerminator()->getOperands())
+          replayed.push_back(map.lookup(v));
+        nb.create<scf::YieldOp>(l, replayed);
+      });
+  if (failed(status))
+    return failure();
+  for (auto [r, v] : llvm::zip(restore.getResults(), ifOp.getResults()))
+    map[r] = v;
+  return success();
 }
 
 /// `weight @ v` (`v @ weight` when `transposed`) into a vector of `type`; a
@@ -377,12 +385,96 @@ struct KernelFrame {
                                    zeroByte);
   }
 
+  /// Binds the backward step's arguments at (t, b): the inputs, the states
+  /// before step t (the initial state at a reset, the start state at t = 0,
+  /// the history otherwise), the output gradients and the carried state
+  /// gradients.
+  void bindBackwardStep(OpBuilder &tb, Location l, DefOp def, Block &gradBody,
+                        const BackwardArgs &args, Value t, Value b, Value isReset,
+                        Value isFirst, ValueRange initial, ValueRange start,
+                        ValueRange carried);
+
+  /// Routes the backward step's results at (t, b): per-step gradients are
+  /// stored, a state's gradient goes to the initial state at a reset, to the
+  /// start state at t = 0 and on to step t - 1 otherwise (routeStateGrad),
+  /// a vector param's accumulates. Returns the next carried values: state
+  /// gradients, initial- and start-state sums, param sums.
+  SmallVector<Value> routeBackwardResults(OpBuilder &tb, Location l,
+                                          const BackwardArgs &args, func::ReturnOp ret,
+                                          StepOrigin origin, ValueRange acc,
+                                          unsigned numStates, Value t, Value b);
+
   Block &entry;
   OpBuilder builder;
   Location loc;
   StepLowering step;
   Value c0, c1, resets, steps, zeroByte, bBegin, bEnd;
 };
+
+/// Zeros shaped as the vector of `tensor`.
+Value zerosLike(OpBuilder &ob, Location l, Type tensor) {
+  VectorType type = vectorOf(tensor);
+  auto attr = FloatAttr::get(type.getElementType(), 0.0);
+  return ob.create<arith::ConstantOp>(l, type,
+                                      SplatElementsAttr::get(type, ArrayRef<Attribute>(attr)));
+}
+
+void KernelFrame::bindBackwardStep(OpBuilder &tb, Location l2, DefOp def, Block &gradBody,
+                                   const BackwardArgs &args, Value t, Value b,
+                                   Value isReset, Value isFirst, ValueRange initial,
+                                   ValueRange start, ValueRange carried) {
+  // The previous step's index, clamped: at t = 0 the state comes from
+  // outside anyway.
+  Value tm1 = tb.create<arith::SelectOp>(l2, isFirst, c0, tb.create<arith::SubIOp>(l2, t, c1));
+  unsigned a = 0;
+  for (auto [k, arg] : llvm::enumerate(def.getInputs()))
+    step.map[gradBody.getArgument(a++)] = tb.create<vector::LoadOp>(
+        l2, vectorOf(arg.getType()), entry.getArgument(k), ValueRange{t, b, c0});
+  for (auto [k, arg] : llvm::enumerate(def.getStates())) {
+    Value stored =
+        tb.create<vector::LoadOp>(l2, vectorOf(arg.getType()),
+                                  entry.getArgument(args.firstHistory + k), ValueRange{tm1, b, c0});
+    Value before = tb.create<arith::SelectOp>(l2, isFirst, start[k], stored);
+    step.map[gradBody.getArgument(a++)] =
+        tb.create<arith::SelectOp>(l2, isReset, initial[k], before);
+  }
+  for (auto [k, out] : llvm::enumerate(def.getYield().getOutputs()))
+    step.map[gradBody.getArgument(a++)] =
+        tb.create<vector::LoadOp>(l2, vectorOf(out.getType()),
+                                  entry.getArgument(args.firstDOut + k), ValueRange{t, b, c0});
+  for (Value g : carried)
+    step.map[gradBody.getArgument(a++)] = g;
+}
+
+SmallVector<Value> KernelFrame::routeBackwardResults(OpBuilder &tb, Location l2,
+                                                     const BackwardArgs &args,
+                                                     func::ReturnOp ret, StepOrigin origin,
+                                                     ValueRange acc, unsigned numStates,
+                                                     Value t, Value b) {
+  SmallVector<Value> nextDState, nextDInit, nextDStart, nextDParam;
+  unsigned p = 0;
+  for (auto [r, value] : llvm::enumerate(ret.getOperands())) {
+    Value lowered = step.lookup(value);
+    cellc::GradKind kind = args.kinds[r];
+    if (kind == cellc::GradKind::State) {
+      StateGradRoute route =
+          routeStateGrad(tb, l2, origin, lowered, zerosLike(tb, l2, value.getType()));
+      nextDInit.push_back(tb.create<arith::AddFOp>(l2, acc[numStates + r], route.toInitial));
+      nextDStart.push_back(
+          tb.create<arith::AddFOp>(l2, acc[2 * numStates + r], route.toStart));
+      nextDState.push_back(route.carried);
+    } else if (kind == cellc::GradKind::Param) {
+      nextDParam.push_back(tb.create<arith::AddFOp>(l2, acc[3 * numStates + p++], lowered));
+    } else {
+      tb.create<vector::StoreOp>(l2, lowered, entry.getArgument(args.firstResult + r),
+                                 ValueRange{t, b, c0});
+    }
+  }
+  SmallVector<Value> next;
+  for (ArrayRef<Value> part : {nextDState, nextDInit, nextDStart, nextDParam})
+    llvm::append_range(next, part);
+  return next;
+}
 
 LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
   ForwardArgs args;
@@ -452,7 +544,6 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
   FailureOr<KernelSignature> sig = backwardSignature(def, grad, args);
   if (failed(sig))
     return failure();
-  YieldOp yield = def.getYield();
   unsigned numStates = def.getStateNames().size();
   auto resultTypes = grad.getFunctionType().getResults();
 
@@ -488,17 +579,11 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
           carried.push_back(bb.create<vector::LoadOp>(
               l, type, entry.getArgument(args.firstDFinal + i), ValueRange{b, c0}));
         }
-        auto zerosLike = [&](OpBuilder &ob, Type tensor) -> Value {
-          VectorType type = vectorOf(tensor);
-          auto attr = FloatAttr::get(type.getElementType(), 0.0);
-          return ob.create<arith::ConstantOp>(
-              l, type, SplatElementsAttr::get(type, ArrayRef<Attribute>(attr)));
-        };
         for (int twice = 0; twice < 2; ++twice)
           for (auto arg : def.getStates())
-            carried.push_back(zerosLike(bb, arg.getType()));
+            carried.push_back(zerosLike(bb, l, arg.getType()));
         for (unsigned r : paramResults)
-          carried.push_back(zerosLike(bb, resultTypes[r]));
+          carried.push_back(zerosLike(bb, l, resultTypes[r]));
 
         auto loop = bb.create<scf::ForOp>(
             l, c0, steps, c1, carried,
@@ -510,68 +595,15 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
               Value isFirst = tb.create<arith::CmpIOp>(
                   l2, arith::CmpIPredicate::eq, t, c0);
               StepOrigin origin = StepOrigin::of(tb, l2, isReset, isFirst);
-              // The previous step's index, clamped: at t = 0 the state comes
-              // from outside anyway.
-              Value tm1 = tb.create<arith::SelectOp>(
-                  l2, isFirst, c0, tb.create<arith::SubIOp>(l2, t, c1));
-
-              // The backward step's arguments: inputs, previous states,
-              // output gradients, next-state gradients.
-              unsigned a = 0;
-              for (auto [k, arg] : llvm::enumerate(def.getInputs()))
-                step.map[gradBody.getArgument(a++)] = tb.create<vector::LoadOp>(
-                    l2, vectorOf(arg.getType()), entry.getArgument(k),
-                    ValueRange{t, b, c0});
-              for (auto [k, arg] : llvm::enumerate(def.getStates())) {
-                Value stored = tb.create<vector::LoadOp>(
-                    l2, vectorOf(arg.getType()),
-                    entry.getArgument(args.firstHistory + k), ValueRange{tm1, b, c0});
-                Value before =
-                    tb.create<arith::SelectOp>(l2, isFirst, start[k], stored);
-                step.map[gradBody.getArgument(a++)] = tb.create<arith::SelectOp>(
-                    l2, isReset, initial[k], before);
-              }
-              for (auto [k, out] : llvm::enumerate(yield.getOutputs()))
-                step.map[gradBody.getArgument(a++)] = tb.create<vector::LoadOp>(
-                    l2, vectorOf(out.getType()), entry.getArgument(args.firstDOut + k),
-                    ValueRange{t, b, c0});
-              for (unsigned k = 0; k < numStates; ++k)
-                step.map[gradBody.getArgument(a++)] = acc[k];
-
-              SmallVector<Value> next;
+              frame.bindBackwardStep(tb, l2, def, gradBody, args, t, b, isReset, isFirst,
+                                     initial, start, acc.take_front(numStates));
               if (failed(step.lowerBlock(tb, gradBody))) {
                 status = failure();
                 tb.create<scf::YieldOp>(l2, acc);
                 return;
               }
-              SmallVector<Value> nextDState, nextDInit, nextDStart, nextDParam;
-              unsigned p = 0;
-              for (auto [r, value] : llvm::enumerate(ret.getOperands())) {
-                Value lowered = step.lookup(value);
-                Value buffer = entry.getArgument(args.firstResult + r);
-                cellc::GradKind kind = args.kinds[r];
-                if (kind == cellc::GradKind::State) {
-                  // At a reset the gradient goes to the initial state, at
-                  // t = 0 to the start state, and otherwise on to step t - 1.
-                  Value zero = zerosLike(tb, value.getType());
-                  StateGradRoute route = routeStateGrad(tb, l2, origin, lowered, zero);
-                  nextDInit.push_back(
-                      tb.create<arith::AddFOp>(l2, acc[numStates + r], route.toInitial));
-                  nextDStart.push_back(
-                      tb.create<arith::AddFOp>(l2, acc[2 * numStates + r], route.toStart));
-                  nextDState.push_back(route.carried);
-                } else if (kind == cellc::GradKind::Param) {
-                  nextDParam.push_back(tb.create<arith::AddFOp>(
-                      l2, acc[3 * numStates + p++], lowered));
-                } else {
-                  tb.create<vector::StoreOp>(l2, lowered, buffer,
-                                             ValueRange{t, b, c0});
-                }
-              }
-              llvm::append_range(next, nextDState);
-              llvm::append_range(next, nextDInit);
-              llvm::append_range(next, nextDStart);
-              llvm::append_range(next, nextDParam);
+              SmallVector<Value> next = frame.routeBackwardResults(
+                  tb, l2, args, ret, origin, acc, numStates, t, b);
               tb.create<scf::YieldOp>(l2, next);
             });
 
