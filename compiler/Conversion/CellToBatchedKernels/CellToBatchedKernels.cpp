@@ -433,6 +433,119 @@ LogicalResult ConvertCellToBatchedKernels::buildForward(DefOp def) {
   return status;
 }
 
+/// The backward kernel's tile buffers: the state gradients (two slots), the
+/// states before the step, and the gradients accumulated over the steps.
+struct BackwardBuffers {
+  BackwardBuffers(BatchedBuilder &e, DefOp def, const BackwardArgs &args, Operation *ret) {
+    for (Value s : def.getStates()) {
+      grad.push_back(e.buffer({2, sizeOf(s)}));
+      prev.push_back(e.buffer({sizeOf(s)}));
+      accInit.push_back(e.buffer({sizeOf(s)}));
+      accStart.push_back(e.buffer({sizeOf(s)}));
+    }
+    for (auto [r, kind] : llvm::enumerate(args.kinds))
+      if (kind == cellc::GradKind::Param)
+        accParam[r] = e.buffer({sizeOf(ret->getOperand(r))});
+  }
+  SmallVector<Value> grad, prev, accInit, accStart;
+  DenseMap<unsigned, Value> accParam;
+};
+
+/// Stores the states before step t into `prev`: the start state at t = 0,
+/// the history otherwise, the initial state in the rows that restart.
+void loadStatesBefore(Kernel &k, DefOp def, const BackwardArgs &args,
+                      ArrayRef<Value> prev, Value isFirst, Value c1) {
+  BatchedBuilder &e = *k.emitter;
+  OpBuilder &b = k.builder;
+  Location loc = k.loc;
+  Value t = e.t;
+  e.forEachRow([&] {
+    Value reset = k.isReset(t);
+    for (auto [i, s] : llvm::enumerate(def.getStates())) {
+      Value initial = k.arg(args.firstInit + i);
+      Value start = k.arg(args.firstStart + i);
+      Value history = k.arg(args.firstHistory + i);
+      e.forEachUnit(sizeOf(s), [&](Value j) {
+        auto choose = [&](Value cond, function_ref<Value()> then,
+                          function_ref<Value()> otherwise) {
+          auto ifOp = b.create<scf::IfOp>(loc, TypeRange{e.lane}, cond, true, true);
+          OpBuilder::InsertionGuard g(b);
+          b.setInsertionPointToStart(ifOp.thenBlock());
+          b.create<scf::YieldOp>(loc, then());
+          b.setInsertionPointToStart(ifOp.elseBlock());
+          b.create<scf::YieldOp>(loc, otherwise());
+          return ifOp.getResult(0);
+        };
+        Value v = choose(
+            reset, [&] { return e.loadAt(initial, {e.batchRow, j}); },
+            [&] {
+              return choose(
+                  isFirst, [&] { return e.loadAt(start, {e.batchRow, j}); },
+                  [&] {
+                    Value tm1 = b.create<arith::SubIOp>(loc, t, c1);
+                    return e.loadAt(history, {tm1, e.batchRow, j});
+                  });
+            });
+        e.store(v, prev[i], Value(), j);
+      });
+    }
+  });
+}
+
+/// Where each result of the backward step goes: a state's gradient to the
+/// initial state at a restart, to the start state at t = 0 and otherwise on
+/// to step t - 1 (routeStateGrad); a vector param's into its accumulator;
+/// the others to their per-step buffers.
+SmallVector<Item> gradientItems(Kernel &k, const BackwardArgs &args, Operation *ret,
+                                BackwardBuffers &buffers, const ReverseSteps &steps) {
+  BatchedBuilder &e = *k.emitter;
+  Value next = steps.next, isFirst = steps.isFirst, t = steps.t;
+  SmallVector<Item> items;
+  unsigned stateResult = 0;
+  for (auto [r, value] : llvm::enumerate(ret->getOperands())) {
+    cellc::GradKind kind = args.kinds[r];
+    Item item;
+    item.value = value;
+    if (kind == cellc::GradKind::State) {
+      unsigned i = stateResult++;
+      Value gbuf = buffers.grad[i], ai = buffers.accInit[i], as = buffers.accStart[i];
+      item.sinks.push_back(
+          {[&e, &k, gbuf, ai, as, next, isFirst, t](OpBuilder &, Location, Value v, Value j,
+                                                     int64_t offset) {
+             OpBuilder &ob = e.builder;
+             Location l = e.loc;
+             j = e.shifted(j, offset);
+             StepOrigin origin = StepOrigin::of(ob, l, k.isReset(t), isFirst);
+             StateGradRoute route = routeStateGrad(ob, l, origin, v, splat(ob, l, e.lane, 0.0));
+             e.store(route.carried, gbuf, next, j);
+             e.store(ob.create<arith::AddFOp>(l, e.load(ai, Value(), j), route.toInitial), ai,
+                     Value(), j);
+             e.store(ob.create<arith::AddFOp>(l, e.load(as, Value(), j), route.toStart), as,
+                     Value(), j);
+           },
+           0});
+    } else if (kind == cellc::GradKind::Param) {
+      Value acc = buffers.accParam[r];
+      item.sinks.push_back(
+          {[&e, acc](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+             j = e.shifted(j, offset);
+             e.store(e.builder.create<arith::AddFOp>(e.loc, e.load(acc, Value(), j), v), acc,
+                     Value(), j);
+           },
+           0});
+    } else {
+      Value result = k.arg(args.firstResult + r);
+      item.sinks.push_back(
+          {[&e, result](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+             e.storeAt(v, result, ValueRange{e.t, e.batchRow, e.shifted(j, offset)});
+           },
+           0});
+    }
+    items.push_back(item);
+  }
+  return items;
+}
+
 LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
                                                          func::FuncOp grad) {
   BackwardArgs args;
@@ -458,19 +571,10 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
     e.projectionBuffers[p] = k.arg(args.numInputs + i);
 
   e.packWeights(body);
-  // The state gradients (two slots), the states before the step, and the
-  // gradients accumulated over the steps.
-  SmallVector<Value> gradBufs, prevBufs, accInit, accStart;
-  for (Value s : def.getStates()) {
-    gradBufs.push_back(e.buffer({2, sizeOf(s)}));
-    prevBufs.push_back(e.buffer({sizeOf(s)}));
-    accInit.push_back(e.buffer({sizeOf(s)}));
-    accStart.push_back(e.buffer({sizeOf(s)}));
-  }
-  DenseMap<unsigned, Value> accParam;
-  for (auto [r, kind] : llvm::enumerate(args.kinds))
-    if (kind == cellc::GradKind::Param)
-      accParam[r] = e.buffer({sizeOf(ret->getOperand(r))});
+  BackwardBuffers buffers(e, def, args, ret);
+  SmallVector<Value> &gradBufs = buffers.grad, &prevBufs = buffers.prev,
+                     &accInit = buffers.accInit, &accStart = buffers.accStart;
+  DenseMap<unsigned, Value> &accParam = buffers.accParam;
 
   LogicalResult status = success();
   k.forEachTile([&] {
@@ -500,95 +604,13 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
     {
       OpBuilder::InsertionGuard guard(b);
       ReverseSteps steps = buildReverseSteps(b, loc, k.steps, c0, c1, c2);
-      Value t = e.t = steps.t, slot = steps.slot, next = steps.next,
-            isFirst = steps.isFirst;
-      // The states before step t: the start state at t = 0, the history
-      // otherwise, the initial state in the rows that restart.
-      e.forEachRow([&] {
-        Value reset = k.isReset(t);
-        for (auto [i, s] : llvm::enumerate(def.getStates())) {
-          Value initial = k.arg(args.firstInit + i);
-          Value start = k.arg(args.firstStart + i);
-          Value history = k.arg(args.firstHistory + i);
-          Value prev = prevBufs[i];
-          e.forEachUnit(sizeOf(s), [&](Value j) {
-            auto choose = [&](Value cond, function_ref<Value()> then,
-                              function_ref<Value()> otherwise) {
-              auto ifOp = b.create<scf::IfOp>(loc, TypeRange{e.lane}, cond, true, true);
-              OpBuilder::InsertionGuard g(b);
-              b.setInsertionPointToStart(ifOp.thenBlock());
-              b.create<scf::YieldOp>(loc, then());
-              b.setInsertionPointToStart(ifOp.elseBlock());
-              b.create<scf::YieldOp>(loc, otherwise());
-              return ifOp.getResult(0);
-            };
-            Value v = choose(
-                reset, [&] { return e.loadAt(initial, {e.batchRow, j}); },
-                [&] {
-                  return choose(
-                      isFirst, [&] { return e.loadAt(start, {e.batchRow, j}); },
-                      [&] {
-                        Value tm1 = b.create<arith::SubIOp>(loc, t, c1);
-                        return e.loadAt(history, {tm1, e.batchRow, j});
-                      });
-                });
-            e.store(v, prev, Value(), j);
-          });
-        }
-      });
+      e.t = steps.t;
+      loadStatesBefore(k, def, args, prevBufs, steps.isFirst, c1);
       e.bindBackwardStep(
           body, [&](unsigned i) { return k.arg(i); }, numInputs, numOutputs,
-          args.firstDOut, prevBufs, gradBufs, slot);
+          args.firstDOut, prevBufs, gradBufs, steps.slot);
 
-      SmallVector<Item> items;
-      unsigned stateResult = 0;
-      for (auto [r, value] : llvm::enumerate(ret->getOperands())) {
-        cellc::GradKind kind = args.kinds[r];
-        Value result = k.arg(args.firstResult + r);
-        Item item;
-        item.value = value;
-        if (kind == cellc::GradKind::State) {
-          // At a restart the gradient goes to the initial state, at t = 0
-          // to the start state, and otherwise on to step t - 1
-          // (routeStateGrad).
-          unsigned i = stateResult++;
-          Value gbuf = gradBufs[i], ai = accInit[i], as = accStart[i];
-          item.sinks.push_back(
-              {[&e, &k, gbuf, ai, as, next, isFirst, t](
-                   OpBuilder &, Location, Value v, Value j, int64_t offset) {
-                 OpBuilder &ob = e.builder;
-                 Location l = e.loc;
-                 j = e.shifted(j, offset);
-                 StepOrigin origin = StepOrigin::of(ob, l, k.isReset(t), isFirst);
-                 StateGradRoute route =
-                     routeStateGrad(ob, l, origin, v, splat(ob, l, e.lane, 0.0));
-                 e.store(route.carried, gbuf, next, j);
-                 e.store(ob.create<arith::AddFOp>(l, e.load(ai, Value(), j), route.toInitial),
-                         ai, Value(), j);
-                 e.store(ob.create<arith::AddFOp>(l, e.load(as, Value(), j), route.toStart),
-                         as, Value(), j);
-               },
-               0});
-        } else if (kind == cellc::GradKind::Param) {
-          Value acc = accParam[r];
-          item.sinks.push_back(
-              {[&e, acc](OpBuilder &, Location, Value v, Value j, int64_t offset) {
-                 j = e.shifted(j, offset);
-                 e.store(e.builder.create<arith::AddFOp>(
-                             e.loc, e.load(acc, Value(), j), v),
-                         acc, Value(), j);
-               },
-               0});
-        } else {
-          item.sinks.push_back(
-              {[&e, result](OpBuilder &, Location, Value v, Value j, int64_t offset) {
-                 e.storeAt(v, result,
-                           ValueRange{e.t, e.batchRow, e.shifted(j, offset)});
-               },
-               0});
-        }
-        items.push_back(item);
-      }
+      SmallVector<Item> items = gradientItems(k, args, ret, buffers, steps);
       status = e.emitPhases(items);
     }
     // The accumulated gradients, written once per tile.
