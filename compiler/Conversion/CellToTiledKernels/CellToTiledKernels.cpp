@@ -143,6 +143,107 @@ LogicalResult buildForwardSteps(TileLoop &tl) {
 /// replayed (or saved) step; resets route a row's gradient to its initial
 /// state; the param gradients and the initial and start states' gradients
 /// accumulate in the tile's buffers and are written once at the end.
+/// The backward's tile buffers in shared memory: the states before the step,
+/// and the gradients accumulated over the steps.
+struct TiledBackwardBuffers {
+  TiledBackwardBuffers(TiledBuilder &tb, DefOp def, const BackwardArgs &args,
+                       Operation *ret) {
+    for (Value s : def.getStates()) {
+      prev.push_back(tb.shared({sizeOf(s)}));
+      accInit.push_back(tb.shared({sizeOf(s)}));
+      accStart.push_back(tb.shared({sizeOf(s)}));
+    }
+    for (auto [r, kind] : llvm::enumerate(args.kinds))
+      if (kind == cellc::GradKind::Param)
+        accParam[r] = tb.shared({sizeOf(ret->getOperand(r))});
+  }
+  SmallVector<Value> prev, accInit, accStart;
+  DenseMap<unsigned, Value> accParam;
+};
+
+/// Stores the states before step t into `prev`: the start state at t = 0,
+/// the history otherwise, the initial state in the rows that reset.
+void loadStatesBefore(TileLoop &tl, ArrayRef<Value> prev, Value reset, Value isFirst) {
+  TiledBuilder &tb = tl.tb;
+  OpBuilder &builder = tb.builder;
+  Location loc = tb.loc;
+  const BackwardArgs &args = tl.args;
+  Value t = tb.t;
+  Value anyReset = tb.any(reset);
+  for (auto [k, s] : llvm::enumerate(tl.def.getStates()))
+    tb.forEachElement(sizeOf(s), [&](Value j) {
+      Value before = tb.choose(
+          isFirst, [&] { return tb.gather(tl.arg(args.firstStart + k), false, j); },
+          [&] {
+            Value tm1 = builder.create<arith::SubIOp>(loc, t, tl.c1);
+            return tb.gather(tl.arg(args.firstHistory + k), true, j, tm1);
+          });
+      Value value = tb.choose(
+          anyReset,
+          [&]() -> Value {
+            Value init = tb.gather(tl.arg(args.firstInit + k), false, j);
+            return builder.create<arith::SelectOp>(loc, reset, init, before);
+          },
+          [&] { return before; });
+      tb.storeShared(value, prev[k], Value(), j);
+    });
+}
+
+/// Where each result of the backward step goes: a state's gradient to the
+/// initial state at a reset, to the start state at t = 0 and otherwise on to
+/// step t - 1 (routeStateGrad, into slot `next`); a vector param's into its
+/// accumulator; the others to their per-step buffers.
+SmallVector<Item> gradientItems(TileLoop &tl, TiledBackwardBuffers &buffers,
+                                StepOrigin origin, Value zero, Value next) {
+  TiledBuilder &tb = tl.tb;
+  const BackwardArgs &args = tl.args;
+  SmallVector<Item> items;
+  unsigned stateResult = 0;
+  for (auto [r, value] : llvm::enumerate(tl.body.getTerminator()->getOperands())) {
+    cellc::GradKind kind = args.kinds[r];
+    Item item;
+    item.value = value;
+    if (kind == cellc::GradKind::State) {
+      unsigned k = stateResult++;
+      Value sbuf = tl.stateBufs[k], ai = buffers.accInit[k], as = buffers.accStart[k];
+      item.sinks.push_back(
+          {[&tb, sbuf, ai, as, next, origin, zero](OpBuilder &, Location, Value v, Value j,
+                                                   int64_t offset) {
+             j = tb.shifted(j, offset);
+             OpBuilder &b = tb.builder;
+             Location l = tb.loc;
+             StateGradRoute route = routeStateGrad(b, l, origin, v, zero);
+             tb.storeShared(route.carried, sbuf, next, j);
+             Value oldInit = tb.loadShared(ai, Value(), j);
+             tb.storeShared(b.create<arith::AddFOp>(l, oldInit, route.toInitial), ai, Value(),
+                            j);
+             Value oldStart = tb.loadShared(as, Value(), j);
+             tb.storeShared(b.create<arith::AddFOp>(l, oldStart, route.toStart), as, Value(),
+                            j);
+           },
+           0});
+    } else if (kind == cellc::GradKind::Param) {
+      Value acc = buffers.accParam[r];
+      item.sinks.push_back(
+          {[&tb, acc](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+             j = tb.shifted(j, offset);
+             Value old = tb.loadShared(acc, Value(), j);
+             tb.storeShared(tb.builder.create<arith::AddFOp>(tb.loc, old, v), acc, Value(), j);
+           },
+           0});
+    } else {
+      Value buffer = tl.arg(args.firstResult + r);
+      item.sinks.push_back(
+          {[&tb, buffer](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+             tb.scatter(v, buffer, true, tb.shifted(j, offset));
+           },
+           0});
+    }
+    items.push_back(item);
+  }
+  return items;
+}
+
 LogicalResult buildBackwardSteps(TileLoop &tl) {
   TiledBuilder &tb = tl.tb;
   OpBuilder &builder = tb.builder;
@@ -151,33 +252,19 @@ LogicalResult buildBackwardSteps(TileLoop &tl) {
   Block &body = tl.body;
   const BackwardArgs &args = tl.args;
   auto arg = [&](unsigned i) { return tl.arg(i); };
-  auto resetMask = [&](Value t) { return tl.resetMask(t); };
   ArrayRef<Value> stateBufs = tl.stateBufs;
-  Value c0 = tl.c0, c1 = tl.c1, c2 = tl.c2, steps = tl.steps;
-  int64_t tile = tb.tile;
-  unsigned numInputs = def.getInputNames().size();
-
-  SmallVector<Value> prevBufs, accInit, accStart;
-  for (Value s : def.getStates()) {
-    prevBufs.push_back(tb.shared({sizeOf(s)}));
-    accInit.push_back(tb.shared({sizeOf(s)}));
-    accStart.push_back(tb.shared({sizeOf(s)}));
-  }
+  Value c0 = tl.c0;
   Operation *ret = body.getTerminator();
-  DenseMap<unsigned, Value> accParam;
-  for (auto [r, kind] : llvm::enumerate(args.kinds))
-    if (kind == cellc::GradKind::Param)
-      accParam[r] = tb.shared({sizeOf(ret->getOperand(r))});
+  TiledBackwardBuffers buffers(tb, def, args, ret);
   Value zero = splat(builder, loc, tb.lane, 0.0);
   // The state gradients start from the final-state gradients.
   for (auto [k, s] : llvm::enumerate(def.getStates()))
     tb.forEachElement(sizeOf(s), [&](Value j) {
-      tb.storeShared(tb.gather(arg(args.firstDFinal + k), false, j),
-                     stateBufs[k], c0, j);
-      tb.storeShared(zero, accInit[k], Value(), j);
-      tb.storeShared(zero, accStart[k], Value(), j);
+      tb.storeShared(tb.gather(arg(args.firstDFinal + k), false, j), stateBufs[k], c0, j);
+      tb.storeShared(zero, buffers.accInit[k], Value(), j);
+      tb.storeShared(zero, buffers.accStart[k], Value(), j);
     });
-  for (auto [r, buf] : accParam) {
+  for (auto [r, buf] : buffers.accParam) {
     Value b = buf;
     tb.forEachElement(sizeOf(ret->getOperand(r)),
                       [&](Value j) { tb.storeShared(zero, b, Value(), j); });
@@ -185,102 +272,33 @@ LogicalResult buildBackwardSteps(TileLoop &tl) {
   tb.barrier();
   {
     OpBuilder::InsertionGuard guard(builder);
-    ReverseSteps reverse = buildReverseSteps(builder, loc, steps, c0, c1, c2);
-    Value t = tb.t = reverse.t, slot = reverse.slot, next = reverse.next,
-          isFirst = reverse.isFirst;
-    auto maskType = VectorType::get({tile}, builder.getI1Type());
-    Value reset = resetMask(t);
-    Value first = builder.create<vector::BroadcastOp>(loc, maskType, isFirst);
+    ReverseSteps reverse = buildReverseSteps(builder, loc, tl.steps, c0, tl.c1, tl.c2);
+    tb.t = reverse.t;
+    auto maskType = VectorType::get({tb.tile}, builder.getI1Type());
+    Value reset = tl.resetMask(reverse.t);
+    Value first = builder.create<vector::BroadcastOp>(loc, maskType, reverse.isFirst);
     StepOrigin origin = StepOrigin::of(builder, loc, reset, first);
-    // The states before step t: the start state at t = 0, the history
-    // otherwise, the initial state in the rows that reset.
-    Value anyReset = tb.any(reset);
-    for (auto [k, s] : llvm::enumerate(def.getStates()))
-      tb.forEachElement(sizeOf(s), [&](Value j) {
-        Value before = tb.choose(
-            isFirst,
-            [&] { return tb.gather(arg(args.firstStart + k), false, j); },
-            [&] {
-              Value tm1 = builder.create<arith::SubIOp>(loc, t, c1);
-              return tb.gather(arg(args.firstHistory + k), true, j, tm1);
-            });
-        Value prev = tb.choose(
-            anyReset,
-            [&]() -> Value {
-              Value init = tb.gather(arg(args.firstInit + k), false, j);
-              return builder.create<arith::SelectOp>(loc, reset, init, before);
-            },
-            [&] { return before; });
-        tb.storeShared(prev, prevBufs[k], Value(), j);
-      });
+    loadStatesBefore(tl, buffers.prev, reset, reverse.isFirst);
     tb.barrier();
-    tb.bindBackwardStep(body, arg, numInputs, def.getOutputNames().size(),
-                        args.firstDOut, prevBufs, stateBufs, slot);
-
-    SmallVector<Item> items;
-    unsigned stateResult = 0;
-    for (auto [r, value] : llvm::enumerate(ret->getOperands())) {
-      cellc::GradKind kind = args.kinds[r];
-      Value buffer = arg(args.firstResult + r);
-      Item item;
-      item.value = value;
-      if (kind == cellc::GradKind::State) {
-        unsigned k = stateResult++;
-        Value sbuf = stateBufs[k], ai = accInit[k], as = accStart[k];
-        item.sinks.push_back(
-            {[&tb, sbuf, ai, as, next, origin, zero](OpBuilder &, Location, Value v,
-                                                     Value j, int64_t offset) {
-               j = tb.shifted(j, offset);
-               OpBuilder &b = tb.builder;
-               Location l = tb.loc;
-               StateGradRoute route = routeStateGrad(b, l, origin, v, zero);
-               tb.storeShared(route.carried, sbuf, next, j);
-               Value oldInit = tb.loadShared(ai, Value(), j);
-               tb.storeShared(b.create<arith::AddFOp>(l, oldInit, route.toInitial), ai,
-                              Value(), j);
-               Value oldStart = tb.loadShared(as, Value(), j);
-               tb.storeShared(b.create<arith::AddFOp>(l, oldStart, route.toStart), as,
-                              Value(), j);
-             },
-             0});
-      } else if (kind == cellc::GradKind::Param) {
-        Value acc = accParam[r];
-        item.sinks.push_back({[&tb, acc](OpBuilder &, Location, Value v,
-                                         Value j, int64_t offset) {
-                                j = tb.shifted(j, offset);
-                                Value old = tb.loadShared(acc, Value(), j);
-                                tb.storeShared(tb.builder.create<arith::AddFOp>(
-                                                   tb.loc, old, v),
-                                               acc, Value(), j);
-                              },
-                              0});
-      } else {
-        item.sinks.push_back({[&tb, buffer](OpBuilder &, Location, Value v,
-                                            Value j, int64_t offset) {
-                                tb.scatter(v, buffer, true,
-                                           tb.shifted(j, offset));
-                              },
-                              0});
-      }
-      items.push_back(item);
-    }
+    tb.bindBackwardStep(body, arg, def.getInputNames().size(), def.getOutputNames().size(),
+                        args.firstDOut, buffers.prev, stateBufs, reverse.slot);
+    SmallVector<Item> items = gradientItems(tl, buffers, origin, zero, reverse.next);
     if (failed(tb.emitPhases(items)))
       return failure();
   }
   // The accumulated gradients, written once.
   for (auto [k, s] : llvm::enumerate(def.getStates()))
     tb.forEachElement(sizeOf(s), [&](Value j) {
-      tb.scatter(tb.loadShared(accInit[k], Value(), j),
-                 arg(args.firstResult + k), false, j);
-      tb.scatter(tb.loadShared(accStart[k], Value(), j),
+      tb.scatter(tb.loadShared(buffers.accInit[k], Value(), j), arg(args.firstResult + k),
+                 false, j);
+      tb.scatter(tb.loadShared(buffers.accStart[k], Value(), j),
                  arg(args.firstStartGrad + k), false, j);
     });
-  for (auto [r, buf] : accParam) {
+  for (auto [r, buf] : buffers.accParam) {
     Value b = buf;
     unsigned result = r;
     tb.forEachElement(sizeOf(ret->getOperand(r)), [&](Value j) {
-      tb.scatter(tb.loadShared(b, Value(), j), arg(args.firstResult + result),
-                 false, j);
+      tb.scatter(tb.loadShared(b, Value(), j), arg(args.firstResult + result), false, j);
     });
   }
   return success();
@@ -371,6 +389,114 @@ struct ConvertCellToTiledKernels
   TiledOptions config;
 };
 
+/// bf16 storage: the per-step sequences ([T, B, n]: inputs, projections,
+/// outputs, state history, gates and their gradients) are bf16 in memory;
+/// states, params and their gradients stay in the cell's type.
+void storeSequencesAsBf16(KernelSignature &sig, Type element) {
+  for (Type &type : sig.types)
+    if (auto memref = dyn_cast<MemRefType>(type);
+        memref && memref.getRank() == 3 && memref.getElementType() == element)
+      type = MemRefType::get(memref.getShape(), BFloat16Type::get(element.getContext()));
+}
+
+/// A tiled kernel: a `gpu.func` in `gpuModule` (the GPU), or a `func.func`
+/// beside `def` (its host emulation).
+struct TiledKernelOp {
+  Operation *op;
+  Block *entry;
+  gpu::GPUFuncOp gpuFunc;
+};
+
+/// Creates the kernel `name` of signature `sig`, with the attributes that the
+/// package and the runtime read: its arguments, tile, threads, storage,
+/// strategy, CTAs and workspace (persistent), and shared memory.
+TiledKernelOp createTiledKernel(DefOp def, gpu::GPUModuleOp gpuModule, StringRef name,
+                                const KernelSignature &sig, const TilePlan &plan,
+                                const TiledOptions &config) {
+  Location loc = def.getLoc();
+  bool gpu = static_cast<bool>(gpuModule);
+  OpBuilder outer(def);
+  TiledKernelOp kernel;
+  if (gpu) {
+    outer.setInsertionPoint(gpuModule.getBody()->getTerminator());
+    kernel.gpuFunc =
+        outer.create<gpu::GPUFuncOp>(loc, name, outer.getFunctionType(sig.types, {}));
+    kernel.gpuFunc->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), outer.getUnitAttr());
+    kernel.gpuFunc.setKnownBlockSize(ArrayRef<int32_t>{int32_t(config.threads), 1, 1});
+    if (config.maxRegisters > 0)
+      kernel.gpuFunc->setAttr(NVVM::NVVMDialect::getMaxnregAttrName(),
+                              outer.getI32IntegerAttr(config.maxRegisters));
+    kernel.op = kernel.gpuFunc;
+    kernel.entry = &kernel.gpuFunc.getBody().front();
+  } else {
+    auto func = outer.create<func::FuncOp>(loc, name, outer.getFunctionType(sig.types, {}));
+    func.addEntryBlock();
+    kernel.op = func;
+    kernel.entry = &func.getBody().front();
+  }
+  Operation *op = kernel.op;
+  bool persistent = config.persistent;
+  op->setAttr("cell.kernel_args", outer.getArrayAttr(sig.info));
+  op->setAttr("cell.batch_tile", outer.getI64IntegerAttr(plan.tile));
+  op->setAttr("cell.threads", outer.getI64IntegerAttr(gpu ? config.threads : 1));
+  op->setAttr("cell.storage", outer.getStringAttr(cellc::name(config.storage)));
+  op->setAttr("cell.strategy",
+              outer.getStringAttr(cellc::name(persistent ? cellc::Strategy::Persistent
+                                                         : cellc::Strategy::BatchTiled)));
+  if (persistent) {
+    op->setAttr("cell.ctas", outer.getI64IntegerAttr(plan.slices));
+    op->setAttr("cell.workspace_bytes",
+                outer.getI64IntegerAttr(plan.tileElements() * plan.elementBytes));
+  }
+  op->setAttr("cell.workgroup_bytes", outer.getI64IntegerAttr(plan.workgroupBytes()));
+  // The bytes of dynamic shared memory a launch must give the kernel.
+  op->setAttr("cell.dynamic_shared_bytes",
+              outer.getI64IntegerAttr(gpu ? plan.dynamicSharedBytes : 0));
+  return kernel;
+}
+
+/// A precision or storage other than IEEE f32 needs an f32 cell.
+LogicalResult checkElementType(DefOp def, Type element, const TiledOptions &config) {
+  cellc::Precision precision = config.precision;
+  cellc::Storage storage = config.storage;
+  if ((precision == cellc::Precision::Ieee && storage == cellc::Storage::F32) ||
+      element.isF32())
+    return success();
+  return emitError(def.getLoc()) << (precision != cellc::Precision::Ieee
+                                         ? std::string("precision=") + cellc::name(precision)
+                                         : std::string("storage=") + cellc::name(storage))
+                                 << " needs an f32 cell; '" << def.getSymName() << "' is "
+                                 << element;
+}
+
+/// The step's params, projections (the backward's are in its replay: matched
+/// in order) and gates, bound to the kernel's arguments.
+void bindKernelArgs(TiledBuilder &tb, DefOp def, Block &body, const BackwardArgs &args,
+                    Block *entry) {
+  for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
+    tb.params[param.getName()] = entry->getArgument(args.firstParam + i);
+  SmallVector<ProjectionOp> bodyProjections;
+  body.walk([&](ProjectionOp p) { bodyProjections.push_back(p); });
+  for (auto [k, p] : llvm::enumerate(bodyProjections))
+    tb.projectionBuffers[p] = entry->getArgument(args.numInputs + k);
+  tb.gates = entry->getArgument(args.gates);
+}
+
+/// What the kernel allocated must be what the plan counted.
+LogicalResult checkAllocations(Location loc, StringRef name, TiledBuilder &tb,
+                               const TilePlan &plan, bool gpu) {
+  if (tb.sharedElements != plan.tileElements())
+    return emitError(loc) << "internal error: " << name << " allocated "
+                          << tb.sharedElements << " elements of row buffers, planned "
+                          << plan.tileElements();
+  if (gpu && tb.strategy->dynamicSharedUsed() != plan.dynamicSharedBytes)
+    return emitError(loc) << "internal error: " << name << " uses "
+                          << tb.strategy->dynamicSharedUsed()
+                          << " bytes of dynamic shared memory, planned "
+                          << plan.dynamicSharedBytes;
+  return success();
+}
+
 LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
                                                      func::FuncOp grad,
                                                      bool backward,
@@ -393,13 +519,8 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   std::string name = (def.getSymName() + (backward ? "_bwd" : "_fwd")).str();
   cellc::Precision precision = config.precision;
   cellc::Storage storage = config.storage;
-  if ((precision != cellc::Precision::Ieee || storage != cellc::Storage::F32) &&
-      !element.isF32())
-    return emitError(loc) << (precision != cellc::Precision::Ieee
-                                  ? std::string("precision=") + cellc::name(precision)
-                                  : std::string("storage=") + cellc::name(storage))
-                          << " needs an f32 cell; '" << def.getSymName() << "' is "
-                          << element;
+  if (failed(checkElementType(def, element, config)))
+    return failure();
 
   // The step's block, its phases, and the tile and memory they take.
   Block &body = backward ? grad.getBody().front() : def.getBody().front();
@@ -418,70 +539,21 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   tb.plan = &phases;
   tb.precision = precision;
 
-  // bf16 storage: the per-step sequences ([T, B, n]: inputs, projections,
-  // outputs, state history, gates and their gradients) are bf16 in memory;
-  // states, params and their gradients stay in the cell's type.
   if (storage == cellc::Storage::Bf16)
-    for (Type &type : sig.types)
-      if (auto memref = dyn_cast<MemRefType>(type);
-          memref && memref.getRank() == 3 && memref.getElementType() == element)
-        type = MemRefType::get(memref.getShape(), BFloat16Type::get(ctx));
+    storeSequencesAsBf16(sig, element);
   unsigned batchBeginArg = sig.types.size() - 2;
   unsigned extraArgs = sig.types.size();
   tb.strategy->addArguments(sig, ctx);
 
   // The kernel.
-  OpBuilder outer(def);
-  Block *entry;
-  Operation *kernelOp;
-  gpu::GPUFuncOp gpuFunc;
-  if (gpu) {
-    outer.setInsertionPoint(gpuModule.getBody()->getTerminator());
-    gpuFunc = outer.create<gpu::GPUFuncOp>(loc, name,
-                                           outer.getFunctionType(sig.types, {}));
-    gpuFunc->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), outer.getUnitAttr());
-    gpuFunc.setKnownBlockSize(ArrayRef<int32_t>{int32_t(config.threads), 1, 1});
-    if (config.maxRegisters > 0)
-      gpuFunc->setAttr(NVVM::NVVMDialect::getMaxnregAttrName(),
-                       outer.getI32IntegerAttr(config.maxRegisters));
-    kernelOp = gpuFunc;
-    entry = &gpuFunc.getBody().front();
-  } else {
-    auto func = outer.create<func::FuncOp>(loc, name,
-                                           outer.getFunctionType(sig.types, {}));
-    func.addEntryBlock();
-    kernelOp = func;
-    entry = &func.getBody().front();
-  }
-  kernelOp->setAttr("cell.kernel_args", outer.getArrayAttr(sig.info));
-  kernelOp->setAttr("cell.batch_tile", outer.getI64IntegerAttr(tile));
-  kernelOp->setAttr("cell.threads", outer.getI64IntegerAttr(gpu ? config.threads : 1));
-  kernelOp->setAttr("cell.storage", outer.getStringAttr(cellc::name(storage)));
-  kernelOp->setAttr("cell.strategy",
-                    outer.getStringAttr(cellc::name(persistent
-                                                        ? cellc::Strategy::Persistent
-                                                        : cellc::Strategy::BatchTiled)));
-  if (persistent) {
-    kernelOp->setAttr("cell.ctas", outer.getI64IntegerAttr(plan.slices));
-    kernelOp->setAttr("cell.workspace_bytes",
-                      outer.getI64IntegerAttr(plan.tileElements() * plan.elementBytes));
-  }
-  kernelOp->setAttr("cell.workgroup_bytes", outer.getI64IntegerAttr(plan.workgroupBytes()));
-  // The bytes of dynamic shared memory a launch must give the kernel.
-  kernelOp->setAttr("cell.dynamic_shared_bytes",
-                    outer.getI64IntegerAttr(gpu ? plan.dynamicSharedBytes : 0));
+  TiledKernelOp kernel = createTiledKernel(def, gpuModule, name, sig, plan, config);
+  Block *entry = kernel.entry;
+  gpu::GPUFuncOp gpuFunc = kernel.gpuFunc;
 
   builder.setInsertionPointToEnd(entry);
   tb.strategy->beginKernel(entry, extraArgs, gpuFunc);
   auto arg = [&](unsigned i) { return entry->getArgument(i); };
-  for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
-    tb.params[param.getName()] = arg(args.firstParam + i);
-  // The backward step's projections are in its replay: match them in order.
-  SmallVector<ProjectionOp> bodyProjections;
-  body.walk([&](ProjectionOp p) { bodyProjections.push_back(p); });
-  for (auto [k, p] : llvm::enumerate(bodyProjections))
-    tb.projectionBuffers[p] = arg(args.numInputs + k);
-  tb.gates = arg(args.gates);
+  bindKernelArgs(tb, def, body, args, entry);
   tb.saveGates = builder.create<SaveGatesOp>(loc, builder.getI1Type());
   TileLoop tl{def, body, args, tb, entry, {}, {}, {}, {}, {}, {}, {}};
   tl.c0 = tb.index(0);
@@ -540,17 +612,9 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
     tb.strategy->endKernel();
     builder.create<func::ReturnOp>(loc);
   }
-  // What was allocated must be what the plan counted.
-  if (succeeded(status) && tb.sharedElements != plan.tileElements())
-    return emitError(loc) << "internal error: " << name << " allocated "
-                          << tb.sharedElements << " elements of row buffers, planned "
-                          << plan.tileElements();
-  if (gpu && tb.strategy->dynamicSharedUsed() != plan.dynamicSharedBytes)
-    return emitError(loc) << "internal error: " << name << " uses "
-                          << tb.strategy->dynamicSharedUsed()
-                          << " bytes of dynamic shared memory, planned "
-                          << plan.dynamicSharedBytes;
-  return status;
+  if (failed(status))
+    return failure();
+  return checkAllocations(loc, name, tb, plan, gpu);
 }
 
 } // namespace
