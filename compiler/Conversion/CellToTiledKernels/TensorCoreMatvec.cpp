@@ -15,6 +15,78 @@
 
 namespace mlir::cell {
 
+namespace {
+
+/// Two f32 values as one register of bf16x2, the first in the low half.
+Value packBf16x2(OpBuilder &builder, Location loc, Value lo, Value hi) {
+  Type f32 = builder.getF32Type();
+  auto pair = builder.create<vector::FromElementsOp>(loc, VectorType::get({2}, f32),
+                                                     ValueRange{lo, hi});
+  Value narrow = builder.create<arith::TruncFOp>(
+      loc, VectorType::get({2}, builder.getBF16Type()), pair);
+  Value word = builder.create<vector::BitCastOp>(
+      loc, VectorType::get({1}, builder.getI32Type()), narrow);
+  return builder.create<vector::ExtractOp>(loc, word, 0);
+}
+
+/// One mma.sync: m16n8k8 with tf32 operands, or m16n8k16 with bf16 ones
+/// (packed in pairs), into four fp32 accumulators.
+Value emitMma(OpBuilder &builder, Location loc, bool bf16, ArrayRef<Value> a,
+              ArrayRef<Value> b, ValueRange c) {
+  Type f32 = builder.getF32Type();
+  auto accType =
+      LLVM::LLVMStructType::getLiteral(builder.getContext(), SmallVector<Type>(4, f32));
+  if (!bf16)
+    return builder.create<NVVM::MmaOp>(
+        loc, accType, a, b, c, ArrayRef<int64_t>{16, 8, 8}, std::nullopt, std::nullopt,
+        std::array<NVVM::MMATypes, 2>{NVVM::MMATypes::tf32, NVVM::MMATypes::tf32},
+        std::array<NVVM::MMALayout, 2>{NVVM::MMALayout::row, NVVM::MMALayout::col});
+  // LLVM 19's nvvm.mma.sync verifier rejects bf16 operands in i32
+  // registers, the form its intrinsic takes; the instruction is written
+  // out instead.
+  SmallVector<Value> operands(a);
+  llvm::append_range(operands, b);
+  llvm::append_range(operands, c);
+  return builder
+      .create<LLVM::InlineAsmOp>(
+          loc, accType, operands,
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+          "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+          "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", /*has_side_effects=*/false,
+          /*is_align_stack=*/false, LLVM::AsmDialectAttr(), ArrayAttr())
+      .getResult(0);
+}
+
+/// Stores the accumulators `d` of the fragment at rows r0 and r1 = r0 + 8 and
+/// the tile's columns n0 + 2q and n0 + 2q + 1 into `out`, those in the tile
+/// (and, for a persistent CTA's slice from row `first`, in the rows).
+void storeAccumulators(TiledBuilder &tb, ValueRange d, Value out, Value r0, Value r1,
+                       Value q, int64_t n0, Value first, int64_t rows) {
+  OpBuilder &builder = tb.builder;
+  Location loc = tb.loc;
+  for (int64_t e = 0; e < 4; ++e) {
+    Value row = e < 2 ? r0 : r1;
+    Value outCol =
+        tb.shifted(builder.create<arith::MulIOp>(loc, q, tb.index(2)), n0 + (e & 1));
+    Value inTile = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, outCol,
+                                                 tb.index(tb.tile));
+    if (first) {
+      // A persistent CTA's last slice may run past the rows.
+      row = builder.create<arith::AddIOp>(loc, first, row);
+      inTile = builder.create<arith::AndIOp>(
+          loc, inTile,
+          builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, row,
+                                        tb.index(rows)));
+    }
+    auto ifOp = builder.create<scf::IfOp>(loc, inTile, false);
+    OpBuilder::InsertionGuard store(builder);
+    builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+    builder.create<memref::StoreOp>(loc, d[e], out, ValueRange{row, outCol});
+  }
+}
+
+} // namespace
+
 void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
                                         int64_t count,
                                         function_ref<Value(Value, Value)> cached) {
@@ -39,7 +111,7 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
   Value vecBuffer = bufferOf(vec, slot);
   Value weight =
       params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
-  Type f32 = builder.getF32Type(), i32 = builder.getI32Type();
+  Type i32 = builder.getI32Type();
   auto remui = [&](Value a, int64_t b) {
     return builder.create<arith::RemUIOp>(loc, a, index(b)).getResult();
   };
@@ -63,47 +135,8 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
     return builder.create<memref::LoadOp>(loc, weight, at);
   };
   int64_t computed = count ? count : rows;
-  // Two values as one register of bf16x2, the first in the low half.
-  auto pack = [&](Value lo, Value hi) -> Value {
-    auto pair = builder.create<vector::FromElementsOp>(
-        loc, VectorType::get({2}, f32), ValueRange{lo, hi});
-    Value narrow = builder.create<arith::TruncFOp>(
-        loc, VectorType::get({2}, builder.getBF16Type()), pair);
-    Value word = builder.create<vector::BitCastOp>(
-        loc, VectorType::get({1}, i32), narrow);
-    return builder.create<vector::ExtractOp>(loc, word, 0);
-  };
-  auto bits = [&](Value x) -> Value {
-    return builder.create<arith::BitcastOp>(loc, i32, x);
-  };
-  auto accType = LLVM::LLVMStructType::getLiteral(
-      builder.getContext(), SmallVector<Type>(4, f32));
-  auto mma = [&](ArrayRef<Value> a, ArrayRef<Value> b,
-                 ValueRange c) -> Value {
-    if (!bf16)
-      return builder.create<NVVM::MmaOp>(
-          loc, accType, a, b, c, ArrayRef<int64_t>{16, 8, 8}, std::nullopt,
-          std::nullopt,
-          std::array<NVVM::MMATypes, 2>{NVVM::MMATypes::tf32,
-                                        NVVM::MMATypes::tf32},
-          std::array<NVVM::MMALayout, 2>{NVVM::MMALayout::row,
-                                         NVVM::MMALayout::col});
-    // LLVM 19's nvvm.mma.sync verifier rejects bf16 operands in i32
-    // registers, the form its intrinsic takes; the instruction is written
-    // out instead.
-    SmallVector<Value> operands(a);
-    llvm::append_range(operands, b);
-    llvm::append_range(operands, c);
-    return builder
-        .create<LLVM::InlineAsmOp>(
-            loc, accType, operands,
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
-            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", /*has_side_effects=*/false,
-            /*is_align_stack=*/false, LLVM::AsmDialectAttr(), ArrayAttr())
-        .getResult(0);
-  };
-
+  auto pack = [&](Value lo, Value hi) { return packBf16x2(builder, loc, lo, hi); };
+  auto bits = [&](Value x) -> Value { return builder.create<arith::BitcastOp>(loc, i32, x); };
   Value zero = builder.create<arith::ConstantOp>(loc, builder.getF32FloatAttr(0));
   // The tile's rows are B's columns, 8 at a time. Columns past the tile read
   // its last row; their products are not stored.
@@ -160,32 +193,13 @@ void TiledBuilder::emitTensorCoreMatvec(Operation *op, Value out, Value first,
             for (int64_t dc : {0, 4})
               bFrag.push_back(bits(loadVector(shifted(c, dc))));
           }
-          Value d = mma(a, bFrag, acc);
+          Value d = emitMma(builder, loc, bf16, a, bFrag, acc);
           SmallVector<Value> next;
           for (int64_t e = 0; e < 4; ++e)
             next.push_back(builder.create<LLVM::ExtractValueOp>(loc, d, e));
           builder.create<scf::YieldOp>(loc, next);
         });
-    for (int64_t e = 0; e < 4; ++e) {
-      Value row = e < 2 ? r0 : r1;
-      Value outCol = shifted(builder.create<arith::MulIOp>(loc, q, index(2)),
-                             n0 + (e & 1));
-      Value inTile = builder.create<arith::CmpIOp>(
-          loc, arith::CmpIPredicate::ult, outCol, index(tile));
-      if (first) {
-        // A persistent CTA's last slice may run past the rows.
-        row = builder.create<arith::AddIOp>(loc, first, row);
-        inTile = builder.create<arith::AndIOp>(
-            loc, inTile,
-            builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, row,
-                                          index(rows)));
-      }
-      auto ifOp = builder.create<scf::IfOp>(loc, inTile, false);
-      OpBuilder::InsertionGuard store(builder);
-      builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
-      builder.create<memref::StoreOp>(loc, steps.getResult(e), out,
-                                      ValueRange{row, outCol});
-    }
+    storeAccumulators(*this, steps.getResults(), out, r0, r1, q, n0, first, rows);
   }
 }
 
