@@ -19,16 +19,8 @@
 using namespace cellc;
 using namespace cellc::jit;
 
-namespace {
-
-llvm::Error fail(const llvm::Twine &message) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
-}
-
-} // namespace
-
 llvm::Error cellc::jit::errorOf(const runtime::Status &status) {
-  return status ? fail(status.message()) : llvm::Error::success();
+  return status ? jitError(status.message()) : llvm::Error::success();
 }
 
 llvm::Expected<runtime::Recompute> cellc::jit::parseRecompute(llvm::StringRef text) {
@@ -190,7 +182,7 @@ std::string packageKey(const CpuPackage &package) {
 llvm::Expected<std::string> writeTemporary(const CpuPackage &package) {
   llvm::SmallString<128> dir;
   if (std::error_code ec = llvm::sys::fs::createUniqueDirectory("cellc-package", dir))
-    return fail("cannot create a temporary directory: " + ec.message());
+    return jitError("cannot create a temporary directory: " + ec.message());
   if (llvm::Error e = writeCpuPackage(package, dir)) {
     llvm::sys::fs::remove_directories(dir);
     return std::move(e);
@@ -228,7 +220,7 @@ cellc::jit::prepareCpuPackage(llvm::StringRef source, llvm::StringRef fileName,
                                  dtype == DType::F32 ? "f32" : "f64",
                                  kernelConfigText(options));
   if (!package)
-    return fail(llvm::toString(package.takeError()) + ":\n" + src.diagnostics());
+    return jitError(llvm::toString(package.takeError()) + ":\n" + src.diagnostics());
   if (options.useCache) {
     KernelCache cache(options.cacheDir);
     std::string key = packageKey(*package);

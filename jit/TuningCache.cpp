@@ -14,13 +14,9 @@
 using namespace cellc;
 using namespace cellc::jit;
 
-namespace {
-
-llvm::Error fail(const llvm::Twine &message) {
+llvm::Error cellc::jit::jitError(const llvm::Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
 }
-
-} // namespace
 
 int cellc::jit::cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
@@ -31,7 +27,7 @@ int cellc::jit::cores() { return std::max(1u, std::thread::hardware_concurrency(
 llvm::Expected<TuneTarget> cellc::jit::parseTuneTarget(llvm::StringRef text) {
   if (std::optional<Target> target = parse<Target>(text.str()))
     return *target;
-  return fail("unknown target '" + text + "'; expected " + Words<Target>::expected());
+  return jitError("unknown target '" + text + "'; expected " + Words<Target>::expected());
 }
 
 std::vector<Knob> cellc::jit::knobsOf(TuneTarget target) {
@@ -94,12 +90,12 @@ llvm::Expected<KernelConfig>
 cellc::jit::configFromJSON(const llvm::json::Value &value, TuneTarget target) {
   const llvm::json::Object *object = value.getAsObject();
   if (!object)
-    return fail("a kernel config must be a JSON object");
+    return jitError("a kernel config must be a JSON object");
   KernelConfig config;
   for (const Knob &knob : knobsOf(target)) {
     std::optional<int64_t> v = object->getInteger(knob.name);
     if (!v)
-      return fail("the kernel config has no integer '" + knob.name + "'");
+      return jitError("the kernel config has no integer '" + knob.name + "'");
     config[knob.name] = *v;
   }
   return config;

@@ -29,6 +29,9 @@ namespace cellc::jit {
 /// The element type a CPU cell runs in.
 using runtime::DType;
 
+/// An error whose message is `message`: what the JIT's functions return.
+llvm::Error jitError(const llvm::Twine &message);
+
 /// The cores of this machine.
 int cores();
 

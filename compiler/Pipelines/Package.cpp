@@ -121,6 +121,19 @@ int64_t scratchBytesOf(mlir::func::FuncOp func) {
   return bytes;
 }
 
+/// The kernels of one SAVE_GATES variant of `cell`, built with `options`.
+llvm::Expected<mlir::OwningOpRef<mlir::ModuleOp>>
+buildVariant(mlir::ModuleOp cell, PipelineOptions options, bool saveGates,
+             llvm::StringRef target) {
+  mlir::OwningOpRef<mlir::ModuleOp> module = cell.clone();
+  options.saveGates = saveGates;
+  mlir::PassManager pm(cell.getContext());
+  buildPipeline(pm, Stage::Kernels, options);
+  if (mlir::failed(pm.run(*module)))
+    return fail("cellc: building the " + target + " kernels failed");
+  return module;
+}
+
 llvm::Error writeJson(llvm::StringRef dir, llvm::json::Object meta) {
   std::error_code ec;
   llvm::raw_fd_ostream out((dir + "/kernels.json").str(), ec);
@@ -146,13 +159,10 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
   meta["storage"] = name(cuda.storage);
   llvm::json::Object variants, kernels;
   for (bool saveGates : {true, false}) {
-    mlir::OwningOpRef<mlir::ModuleOp> module = cell.clone();
-    PipelineOptions options = cuda;
-    options.saveGates = saveGates;
-    mlir::PassManager pm(&context);
-    buildPipeline(pm, Stage::Kernels, options);
-    if (mlir::failed(pm.run(*module)))
-      return fail("cellc: building the CUDA kernels failed");
+    auto built = buildVariant(cell, cuda, saveGates, "CUDA");
+    if (!built)
+      return built.takeError();
+    mlir::OwningOpRef<mlir::ModuleOp> module = std::move(*built);
     module->walk([&](mlir::gpu::GPUFuncOp func) {
       llvm::json::Object k;
       k["batch_tile"] = func->getAttrOfType<mlir::IntegerAttr>("cell.batch_tile").getInt();
@@ -205,13 +215,10 @@ llvm::Expected<CpuPackage> cellc::buildCpuPackage(mlir::ModuleOp cell,
   std::string names[2] = {(def.getSymName() + "_fwd").str(), (def.getSymName() + "_bwd").str()};
   llvm::json::Object kernels[2];
   for (bool saveGates : {true, false}) {
-    mlir::OwningOpRef<mlir::ModuleOp> module = cell.clone();
-    PipelineOptions options = cpu;
-    options.saveGates = saveGates;
-    mlir::PassManager pm(&context);
-    buildPipeline(pm, Stage::Kernels, options);
-    if (mlir::failed(pm.run(*module)))
-      return fail("cellc: building the CPU kernels failed");
+    auto built = buildVariant(cell, cpu, saveGates, "CPU");
+    if (!built)
+      return built.takeError();
+    mlir::OwningOpRef<mlir::ModuleOp> module = std::move(*built);
     for (int k : {0, 1}) {
       auto func = module->lookupSymbol<mlir::func::FuncOp>(names[k]);
       if (!func)

@@ -85,6 +85,16 @@ def _arguments(x, params, states, names_in, names_par, names_st):
     return inputs
 
 
+def _check_resets(resets, T, B, batch_first):
+    """Resets as a uint8 tensor [T, B] ([B, T] batch-first), or None."""
+    if resets is None:
+        return None
+    want = (B, T) if batch_first else (T, B)
+    if not isinstance(resets, torch.Tensor) or tuple(resets.shape) != want:
+        raise ValueError(f"resets must be a bool tensor of shape {list(want)}")
+    return resets.to(torch.uint8).contiguous()
+
+
 def _autocast_cpu():
     try:
         return torch.is_autocast_enabled("cpu")

@@ -14,8 +14,8 @@ import warnings
 import torch
 
 from . import _cellc, _cellc_runtime, _ops, _tools
-from ._autograd import (_arguments, _autocast_cpu, _check_lengths, _compiling,
-                        _lengths_tensor, _parse_mode, _run)
+from ._autograd import (_arguments, _autocast_cpu, _check_lengths, _check_resets,
+                        _compiling, _lengths_tensor, _parse_mode, _run)
 
 _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 
@@ -276,11 +276,7 @@ class Cell:
                     raise ValueError(f"state '{n}' must be [B, n] with B={B}, got {list(t.shape)}")
                 shapes[n] = (t.shape[1],)
         sizes = self.bind_sizes(shapes)
-        if resets is not None:
-            want = (B, T) if batch_first else (T, B)
-            if not isinstance(resets, torch.Tensor) or tuple(resets.shape) != want:
-                raise ValueError(f"resets must be a bool tensor of shape {list(want)}")
-            resets = resets.to(torch.uint8).contiguous()
+        resets = _check_resets(resets, T, B, batch_first)
         mode = _parse_mode(save_gates, recompute)
         if _ops.AVAILABLE:
             return self._call_op(sizes, inputs, [params[n] for n in names_par], states,

@@ -5,7 +5,7 @@ that trains or serves cells compiled elsewhere."""
 import torch
 
 from . import _cellc_runtime
-from ._autograd import _arguments, _check_lengths, _parse_mode, _run
+from ._autograd import _arguments, _check_lengths, _check_resets, _parse_mode, _run
 
 _TORCH_DTYPES = {"f32": torch.float32, "f64": torch.float64}
 
@@ -73,11 +73,7 @@ class Package:
             if t is not None and list(t.shape) != [B, shape[0]]:
                 raise ValueError(f"state '{name}' must be [B, n] = {[B, shape[0]]}, "
                                  f"got {list(t.shape)}")
-        if resets is not None:
-            want = (B, T) if batch_first else (T, B)
-            if not isinstance(resets, torch.Tensor) or tuple(resets.shape) != want:
-                raise ValueError(f"resets must be a bool tensor of shape {list(want)}")
-            resets = resets.to(torch.uint8).contiguous()
+        resets = _check_resets(resets, T, B, batch_first)
         mode = _parse_mode(save_gates, recompute)
         lengths = _check_lengths(lengths, T, B)
         out, final, self.saved_bytes = _run(self._compiled, inputs, params, states, resets,

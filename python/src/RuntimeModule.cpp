@@ -156,18 +156,14 @@ struct PyCell {
 /// A memory plan as Python sees it: bytes by name.
 py::dict planDict(const driver::MemoryPlan &plan) {
   py::dict d;
-  d["kept"] = plan.driver.kept;
-  d["kept_outputs"] = plan.keptOutputs;
-  d["forward_peak"] = plan.driver.forwardPeak;
-  d["backward_peak"] = plan.driver.backwardPeak;
-  d["piece_steps"] = plan.pieceSteps;
-  d["outputs"] = plan.outputs;
-  d["final_states"] = plan.finalStates;
-  d["grad_outputs"] = plan.gradOutputs;
-  d["grad_inputs"] = plan.gradInputs;
-  d["grad_params"] = plan.gradParams;
-  d["peak"] = plan.peak();
-  d["floor"] = plan.floor();
+  for (auto [name, bytes] : std::initializer_list<std::pair<const char *, int64_t>>{
+           {"kept", plan.driver.kept}, {"kept_outputs", plan.keptOutputs},
+           {"forward_peak", plan.driver.forwardPeak},
+           {"backward_peak", plan.driver.backwardPeak}, {"piece_steps", plan.pieceSteps},
+           {"outputs", plan.outputs}, {"final_states", plan.finalStates},
+           {"grad_outputs", plan.gradOutputs}, {"grad_inputs", plan.gradInputs},
+           {"grad_params", plan.gradParams}, {"peak", plan.peak()}, {"floor", plan.floor()}})
+    d[name] = bytes;
   return d;
 }
 

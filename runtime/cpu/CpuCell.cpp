@@ -29,13 +29,6 @@ using driver::View;
 
 namespace {
 
-std::string shapeStr(const std::vector<int64_t> &shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 /// The driver's buffers. Large ones are pages of their own (mmap), so that
 /// what the driver releases goes back to the system at once: the heap's free
 /// lists would keep it resident, and a later buffer of another size would
@@ -353,7 +346,7 @@ public:
       }
       if (a.shape.size() != 3 || a.shape[0] != B || a.shape[1] != T)
         return Status::error(std::string("batch-first ") + what + " has shape " +
-                             shapeStr(a.shape) + ", expected [" + std::to_string(B) +
+                             driver::shapeString(a.shape) + ", expected [" + std::to_string(B) +
                              ", " + std::to_string(T) + ", n]");
       int64_t n = a.shape[2];
       storage.emplace_back((B * T * n * eb + 7) / 8 + 1);

@@ -131,10 +131,8 @@ public:
   /// gradients of the inputs, params and initial states into caller buffers
   /// shaped like them (null data: not wanted).
   Status backward(const Sequence &seq, const Saved &saved,
-                  const std::vector<Array> &gradOutputs,
-                  const std::vector<Array> &gradFinalStates,
-                  const std::vector<Array> &gradInputs,
-                  const std::vector<Array> &gradParams,
+                  const std::vector<Array> &gradOutputs, const std::vector<Array> &gradFinalStates,
+                  const std::vector<Array> &gradInputs, const std::vector<Array> &gradParams,
                   const std::vector<Array> &gradInitialStates);
 
   /// Bytes that `saved` holds between forward and backward (not the outputs

@@ -241,16 +241,23 @@ struct Call {
   Sequence seq;
 };
 
-Status callOf(void *handle, const char *mode, int64_t steps, int64_t batch,
-              const cellc_view *inputs, const cellc_view *params,
-              const cellc_view *initial, const cellc_view *resets,
-              const int64_t *lengths, int64_t numLengths, Call &out) {
-  out.driver = static_cast<DriverHandle *>(handle);
-  if (Status e = parseMode(mode, out.mode))
-    return e;
-  out.seq = sequenceOf(out.driver->interface, steps, batch, inputs, params, initial, resets,
+/// Runs `fn(call, interface)` on the call that the arguments make, guarded:
+/// the preamble of every entry point that takes a sequence and a mode.
+/// (C++ linkage: a template, inside the C entry points' block.)
+extern "C++" template <typename Fn>
+int withCall(void *handle, const char *mode, int64_t steps, int64_t batch,
+             const cellc_view *inputs, const cellc_view *params, const cellc_view *initial,
+             const cellc_view *resets, const int64_t *lengths, int64_t numLengths,
+             char *error, size_t size, Fn fn) {
+  return guarded(error, size, [&] {
+    Call c;
+    c.driver = static_cast<DriverHandle *>(handle);
+    if (Status e = parseMode(mode, c.mode))
+      return e;
+    c.seq = sequenceOf(c.driver->interface, steps, batch, inputs, params, initial, resets,
                        lengths, numLengths);
-  return Status();
+    return fn(c, c.driver->interface);
+  });
 }
 } // namespace
 
@@ -285,12 +292,8 @@ int cellc_driver_forward_kept(void *handle, const char *mode, int64_t steps,
                               int64_t numLengths, const cellc_view *outputs,
                               const cellc_view *finals, const cellc_view *kept,
                               int64_t numKept, char *error, size_t size) {
-  return guarded(error, size, [&] {
-    Call c;
-    if (Status e = callOf(handle, mode, steps, batch, inputs, params, initial, resets,
-                          lengths, numLengths, c))
-      return e;
-    const Interface &cell = c.driver->interface;
+  return withCall(handle, mode, steps, batch, inputs, params, initial, resets, lengths,
+                  numLengths, error, size, [&](Call &c, const Interface &cell) {
     std::vector<View> keptViews = viewsOf(kept, size_t(numKept));
     SavedPtr saved;
     return c.driver->driver->forward(c.seq, viewsOf(outputs, cell.outputs.size()),
@@ -305,12 +308,8 @@ int cellc_driver_adopt(void *handle, const char *mode, int64_t steps, int64_t ba
                        const int64_t *lengths, int64_t numLengths,
                        const cellc_view *outputs, const cellc_view *kept, int64_t numKept,
                        void **saved, char *error, size_t size) {
-  return guarded(error, size, [&] {
-    Call c;
-    if (Status e = callOf(handle, mode, steps, batch, inputs, params, initial, resets,
-                          lengths, numLengths, c))
-      return e;
-    const Interface &cell = c.driver->interface;
+  return withCall(handle, mode, steps, batch, inputs, params, initial, resets, lengths,
+                  numLengths, error, size, [&](Call &c, const Interface &cell) {
     SavedPtr adopted;
     Status s = c.driver->driver->adopt(c.seq, c.mode, viewsOf(outputs, cell.outputs.size()),
                                        viewsOf(kept, size_t(numKept)), adopted);
@@ -327,12 +326,8 @@ int cellc_driver_forward(void *handle, const char *mode, int64_t steps, int64_t 
                          const cellc_view *outputs, const cellc_view *finals,
                          void **saved, int32_t outputsOutliveSaved, char *error,
                          size_t size) {
-  return guarded(error, size, [&] {
-    Call c;
-    if (Status e = callOf(handle, mode, steps, batch, inputs, params, initial, resets,
-                          lengths, numLengths, c))
-      return e;
-    const Interface &cell = c.driver->interface;
+  return withCall(handle, mode, steps, batch, inputs, params, initial, resets, lengths,
+                  numLengths, error, size, [&](Call &c, const Interface &cell) {
     SavedPtr kept;
     Status s = c.driver->driver->forward(c.seq, viewsOf(outputs, cell.outputs.size()),
                                          viewsOf(finals, cell.states.size()), c.mode,

@@ -11,6 +11,13 @@
 using namespace cellc;
 using namespace cellc::driver;
 
+std::string cellc::driver::shapeString(const std::vector<int64_t> &shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 size_t cellc::driver::indexOf(const std::vector<Slot> &slots, const std::string &name) {
   for (size_t i = 0; i < slots.size(); ++i)
     if (slots[i].name == name)

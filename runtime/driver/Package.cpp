@@ -87,15 +87,34 @@ private:
     return numberValue(out);
   }
 
-  bool objectValue(Json &out, int depth) {
-    out.kind = Json::Kind::Object;
-    ++pos;
+  /// The items of an object or array up to `close`, each read by `item`,
+  /// separated by commas.
+  template <typename Item> bool items(char close, Item item) {
+    ++pos; // the opening bracket
     skipSpace();
-    if (pos < text.size() && text[pos] == '}') {
+    if (pos < text.size() && text[pos] == close) {
       ++pos;
       return true;
     }
     while (true) {
+      if (!item())
+        return false;
+      skipSpace();
+      if (pos < text.size() && text[pos] == ',') {
+        ++pos;
+        continue;
+      }
+      if (pos < text.size() && text[pos] == close) {
+        ++pos;
+        return true;
+      }
+      return failWith(close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+    }
+  }
+
+  bool objectValue(Json &out, int depth) {
+    out.kind = Json::Kind::Object;
+    return items('}', [&] {
       skipSpace();
       std::string key;
       if (pos >= text.size() || text[pos] != '"' || !string(key))
@@ -104,44 +123,16 @@ private:
       if (pos >= text.size() || text[pos++] != ':')
         return failWith("expected ':'");
       out.object.emplace_back(std::move(key), Json());
-      if (!value(out.object.back().second, depth + 1))
-        return false;
-      skipSpace();
-      if (pos < text.size() && text[pos] == ',') {
-        ++pos;
-        continue;
-      }
-      if (pos < text.size() && text[pos] == '}') {
-        ++pos;
-        return true;
-      }
-      return failWith("expected ',' or '}'");
-    }
+      return value(out.object.back().second, depth + 1);
+    });
   }
 
   bool arrayValue(Json &out, int depth) {
     out.kind = Json::Kind::Array;
-    ++pos;
-    skipSpace();
-    if (pos < text.size() && text[pos] == ']') {
-      ++pos;
-      return true;
-    }
-    while (true) {
+    return items(']', [&] {
       out.array.emplace_back();
-      if (!value(out.array.back(), depth + 1))
-        return false;
-      skipSpace();
-      if (pos < text.size() && text[pos] == ',') {
-        ++pos;
-        continue;
-      }
-      if (pos < text.size() && text[pos] == ']') {
-        ++pos;
-        return true;
-      }
-      return failWith("expected ',' or ']'");
-    }
+      return value(out.array.back(), depth + 1);
+    });
   }
 
   bool string(std::string &out) {

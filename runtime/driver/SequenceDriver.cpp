@@ -11,21 +11,14 @@ using namespace cellc::driver;
 
 namespace {
 
-std::string shapeStr(const std::vector<int64_t> &shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 /// Checks a caller's view: present (unless optional) and of `shape`.
 Status check(const View &view, const std::vector<int64_t> &shape,
              const std::string &what, bool optional = false) {
   if (!view.valid())
     return optional ? Status() : Status::error(what + " is missing");
   if (view.shape != shape)
-    return Status::error(what + " has shape " + shapeStr(view.shape) +
-                         ", expected " + shapeStr(shape));
+    return Status::error(what + " has shape " + shapeString(view.shape) +
+                         ", expected " + shapeString(shape));
   return Status();
 }
 

@@ -118,6 +118,9 @@ struct Slot {
   std::vector<int64_t> shape;
 };
 
+/// A shape as messages print it: `[2, 3]`.
+std::string shapeString(const std::vector<int64_t> &shape);
+
 /// The index of the slot called `name`, or -1.
 size_t indexOf(const std::vector<Slot> &slots, const std::string &name);
 

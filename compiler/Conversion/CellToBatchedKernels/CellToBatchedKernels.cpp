@@ -433,24 +433,6 @@ LogicalResult ConvertCellToBatchedKernels::buildForward(DefOp def) {
   return status;
 }
 
-/// The backward kernel's tile buffers: the state gradients (two slots), the
-/// states before the step, and the gradients accumulated over the steps.
-struct BackwardBuffers {
-  BackwardBuffers(BatchedBuilder &e, DefOp def, const BackwardArgs &args, Operation *ret) {
-    for (Value s : def.getStates()) {
-      grad.push_back(e.buffer({2, sizeOf(s)}));
-      prev.push_back(e.buffer({sizeOf(s)}));
-      accInit.push_back(e.buffer({sizeOf(s)}));
-      accStart.push_back(e.buffer({sizeOf(s)}));
-    }
-    for (auto [r, kind] : llvm::enumerate(args.kinds))
-      if (kind == cellc::GradKind::Param)
-        accParam[r] = e.buffer({sizeOf(ret->getOperand(r))});
-  }
-  SmallVector<Value> grad, prev, accInit, accStart;
-  DenseMap<unsigned, Value> accParam;
-};
-
 /// Stores the states before step t into `prev`: the start state at t = 0,
 /// the history otherwise, the initial state in the rows that restart.
 void loadStatesBefore(Kernel &k, DefOp def, const BackwardArgs &args,
@@ -571,7 +553,7 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
     e.projectionBuffers[p] = k.arg(args.numInputs + i);
 
   e.packWeights(body);
-  BackwardBuffers buffers(e, def, args, ret);
+  BackwardBuffers buffers(e, def, args, ret, /*withSlots=*/true);
   SmallVector<Value> &gradBufs = buffers.grad, &prevBufs = buffers.prev,
                      &accInit = buffers.accInit, &accStart = buffers.accStart;
   DenseMap<unsigned, Value> &accParam = buffers.accParam;

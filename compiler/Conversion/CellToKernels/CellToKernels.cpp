@@ -547,12 +547,10 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
   unsigned numStates = def.getStateNames().size();
   auto resultTypes = grad.getFunctionType().getResults();
 
-  func::FuncOp kernel = createKernel(def, "_bwd", *sig);
-  KernelFrame frame(kernel, def, args, matvecWidth, matvecUnroll);
-  Block &entry = frame.entry;
+  KernelFrame frame(createKernel(def, "_bwd", *sig), def, args, matvecWidth, matvecUnroll);
   OpBuilder &builder = frame.builder;
-  StepLowering &step = frame.step;
   Location loc = frame.loc;
+  auto kernelArg = [&](unsigned i) { return frame.entry.getArgument(i); };
   Value c0 = frame.c0, c1 = frame.c1, steps = frame.steps;
   Value last = builder.create<arith::SubIOp>(loc, steps, c1);
   Block &gradBody = grad.getBody().front();
@@ -573,11 +571,11 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
         for (auto [i, arg] : llvm::enumerate(def.getStates())) {
           VectorType type = vectorOf(arg.getType());
           initial.push_back(bb.create<vector::LoadOp>(
-              l, type, entry.getArgument(args.firstInit + i), ValueRange{b, c0}));
+              l, type, kernelArg(args.firstInit + i), ValueRange{b, c0}));
           start.push_back(bb.create<vector::LoadOp>(
-              l, type, entry.getArgument(args.firstStart + i), ValueRange{b, c0}));
+              l, type, kernelArg(args.firstStart + i), ValueRange{b, c0}));
           carried.push_back(bb.create<vector::LoadOp>(
-              l, type, entry.getArgument(args.firstDFinal + i), ValueRange{b, c0}));
+              l, type, kernelArg(args.firstDFinal + i), ValueRange{b, c0}));
         }
         for (int twice = 0; twice < 2; ++twice)
           for (auto arg : def.getStates())
@@ -589,15 +587,15 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
             l, c0, steps, c1, carried,
             [&](OpBuilder &tb, Location l2, Value i, ValueRange acc) {
               Value t = tb.create<arith::SubIOp>(l2, last, i);
-              step.t = t;
-              step.b = b;
+              frame.step.t = t;
+              frame.step.b = b;
               Value isReset = frame.isReset(tb, l2, t, b);
               Value isFirst = tb.create<arith::CmpIOp>(
                   l2, arith::CmpIPredicate::eq, t, c0);
               StepOrigin origin = StepOrigin::of(tb, l2, isReset, isFirst);
               frame.bindBackwardStep(tb, l2, def, gradBody, args, t, b, isReset, isFirst,
                                      initial, start, acc.take_front(numStates));
-              if (failed(step.lowerBlock(tb, gradBody))) {
+              if (failed(frame.step.lowerBlock(tb, gradBody))) {
                 status = failure();
                 tb.create<scf::YieldOp>(l2, acc);
                 return;
@@ -609,15 +607,15 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
 
         for (unsigned k = 0; k < numStates; ++k) {
           bb.create<vector::StoreOp>(l, loop.getResult(numStates + k),
-                                     entry.getArgument(args.firstResult + k),
+                                     kernelArg(args.firstResult + k),
                                      ValueRange{b, c0});
           bb.create<vector::StoreOp>(l, loop.getResult(2 * numStates + k),
-                                     entry.getArgument(args.firstStartGrad + k),
+                                     kernelArg(args.firstStartGrad + k),
                                      ValueRange{b, c0});
         }
         for (auto [p, r] : llvm::enumerate(paramResults))
           bb.create<vector::StoreOp>(l, loop.getResult(3 * numStates + p),
-                                     entry.getArgument(args.firstResult + r),
+                                     kernelArg(args.firstResult + r),
                                      ValueRange{b, c0});
         bb.create<scf::YieldOp>(l);
       });

@@ -143,24 +143,6 @@ LogicalResult buildForwardSteps(TileLoop &tl) {
 /// replayed (or saved) step; resets route a row's gradient to its initial
 /// state; the param gradients and the initial and start states' gradients
 /// accumulate in the tile's buffers and are written once at the end.
-/// The backward's tile buffers in shared memory: the states before the step,
-/// and the gradients accumulated over the steps.
-struct TiledBackwardBuffers {
-  TiledBackwardBuffers(TiledBuilder &tb, DefOp def, const BackwardArgs &args,
-                       Operation *ret) {
-    for (Value s : def.getStates()) {
-      prev.push_back(tb.shared({sizeOf(s)}));
-      accInit.push_back(tb.shared({sizeOf(s)}));
-      accStart.push_back(tb.shared({sizeOf(s)}));
-    }
-    for (auto [r, kind] : llvm::enumerate(args.kinds))
-      if (kind == cellc::GradKind::Param)
-        accParam[r] = tb.shared({sizeOf(ret->getOperand(r))});
-  }
-  SmallVector<Value> prev, accInit, accStart;
-  DenseMap<unsigned, Value> accParam;
-};
-
 /// Stores the states before step t into `prev`: the start state at t = 0,
 /// the history otherwise, the initial state in the rows that reset.
 void loadStatesBefore(TileLoop &tl, ArrayRef<Value> prev, Value reset, Value isFirst) {
@@ -193,7 +175,7 @@ void loadStatesBefore(TileLoop &tl, ArrayRef<Value> prev, Value reset, Value isF
 /// initial state at a reset, to the start state at t = 0 and otherwise on to
 /// step t - 1 (routeStateGrad, into slot `next`); a vector param's into its
 /// accumulator; the others to their per-step buffers.
-SmallVector<Item> gradientItems(TileLoop &tl, TiledBackwardBuffers &buffers,
+SmallVector<Item> gradientItems(TileLoop &tl, BackwardBuffers &buffers,
                                 StepOrigin origin, Value zero, Value next) {
   TiledBuilder &tb = tl.tb;
   const BackwardArgs &args = tl.args;
@@ -255,7 +237,7 @@ LogicalResult buildBackwardSteps(TileLoop &tl) {
   ArrayRef<Value> stateBufs = tl.stateBufs;
   Value c0 = tl.c0;
   Operation *ret = body.getTerminator();
-  TiledBackwardBuffers buffers(tb, def, args, ret);
+  BackwardBuffers buffers(tb, def, args, ret, /*withSlots=*/false);
   Value zero = splat(builder, loc, tb.lane, 0.0);
   // The state gradients start from the final-state gradients.
   for (auto [k, s] : llvm::enumerate(def.getStates()))

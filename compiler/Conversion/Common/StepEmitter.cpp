@@ -298,4 +298,18 @@ LogicalResult StepEmitter::emitPhases(ArrayRef<Item> roots) {
   return failure(failedEval);
 }
 
+BackwardBuffers::BackwardBuffers(StepEmitter &emitter, DefOp def, const BackwardArgs &args,
+                                 Operation *ret, bool withSlots) {
+  for (Value s : def.getStates()) {
+    if (withSlots)
+      grad.push_back(emitter.buffer({2, sizeOf(s)}));
+    prev.push_back(emitter.buffer({sizeOf(s)}));
+    accInit.push_back(emitter.buffer({sizeOf(s)}));
+    accStart.push_back(emitter.buffer({sizeOf(s)}));
+  }
+  for (auto [r, kind] : llvm::enumerate(args.kinds))
+    if (kind == cellc::GradKind::Param)
+      accParam[r] = emitter.buffer({sizeOf(ret->getOperand(r))});
+}
+
 } // namespace mlir::cell

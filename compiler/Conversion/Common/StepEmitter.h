@@ -155,6 +155,20 @@ protected:
   Value evalConcat(ConcatOp concat, const Index &i);
 };
 
+struct BackwardArgs;
+
+/// A backward kernel's buffers over the steps, made by `emitter.buffer`: per
+/// state, the state gradient's two slots (with `withSlots`), the state before
+/// the step, and its gradient's sums into the initial and the start state;
+/// per vector param of the backward step's results (`ret`), its gradient's
+/// sum.
+struct BackwardBuffers {
+  BackwardBuffers(StepEmitter &emitter, DefOp def, const BackwardArgs &args,
+                  Operation *ret, bool withSlots);
+  SmallVector<Value> grad, prev, accInit, accStart;
+  DenseMap<unsigned, Value> accParam;
+};
+
 } // namespace mlir::cell
 
 #endif // CELLC_COMPILER_CONVERSION_COMMON_STEPEMITTER_H

@@ -282,7 +282,14 @@ Problems makeProblems(const std::string &src, const SizeBindings &sizes, int64_t
 const SizeBindings kSizes = {{"H", 5}, {"I", 3}, {"G", 2}, {"D", 3}, {"NH", 2}};
 
 class CpuCellTest
-    : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {};
+    : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {
+protected:
+  /// The parameters' cell and mode, and reference problems over T x B.
+  const char *name = std::get<0>(GetParam());
+  static constexpr int64_t T = 6, B = 5;
+  Problems s = makeProblems(source(name), kSizes, T, B);
+  Recompute mode = llvm::cantFail(parseRecompute(std::get<1>(GetParam())));
+};
 
 /// Per-sample lengths for B = 5 rows over T = 6 steps: unsorted, where every
 /// row runs; and longest first, where only the samples still running do.
@@ -303,30 +310,20 @@ void runWithLengths(const char *name, Problems &s, int64_t T, Recompute mode,
 } // namespace
 
 TEST_P(CpuCellTest, MatchesTheReferenceInDoublePrecision) {
-  auto [name, modeText] = GetParam();
-  const int64_t T = 6, B = 5;
-  Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = parseRecompute(modeText);
-  ASSERT_TRUE(static_cast<bool>(mode));
   auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F64);
   ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
   for (int threads : {1, 2}) {
     SCOPED_TRACE("threads=" + std::to_string(threads));
     (*cell)->setThreads(threads);
-    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
+    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, mode);
     compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
   }
 }
 
 TEST_P(CpuCellTest, MatchesTheReferenceInSinglePrecision) {
-  auto [name, modeText] = GetParam();
-  const int64_t T = 6, B = 5;
-  Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = parseRecompute(modeText);
-  ASSERT_TRUE(static_cast<bool>(mode));
   auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F32, {2});
   ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
-  Result r = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
+  Result r = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T, mode);
   compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 3e-4);
 }
 
@@ -338,17 +335,12 @@ TEST_P(CpuCellTest, MatchesTheReferenceInSinglePrecision) {
 /// - 4 lanes over H = 5: one vector and a unit left over, and 8 lanes: none.
 /// The default block (the host's) and 2 threads run in the first config.
 TEST_P(CpuCellTest, BatchedKernelsMatchTheReferenceAndThePerRowKernels) {
-  auto [name, modeText] = GetParam();
-  const int64_t T = 6, B = 5;
-  Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = parseRecompute(modeText);
-  ASSERT_TRUE(static_cast<bool>(mode));
   CpuOptions perRow;
   perRow.kernels = CpuOptions::Kernels::PerRow;
   perRow.threads = 1;
   auto reference = compileCpu(source(name), "t.cell", kSizes, DType::F64, perRow);
   ASSERT_TRUE(static_cast<bool>(reference)) << llvm::toString(reference.takeError());
-  Result want = runCell<double>(**reference, *s.samples[0], s.samples, s.resets, T, *mode);
+  Result want = runCell<double>(**reference, *s.samples[0], s.samples, s.resets, T, mode);
   compareWithReference(**reference, *s.ref, s.samples, s.resets, T, want, 1e-10);
   struct Config {
     const char *what;
@@ -368,7 +360,7 @@ TEST_P(CpuCellTest, BatchedKernelsMatchTheReferenceAndThePerRowKernels) {
     options.vectorWidth = c.lanes;
     auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F64, options);
     ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
-    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
+    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, mode);
     compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
     expectSameResults(r, want, 1e-12);
   }
@@ -387,13 +379,8 @@ TEST_P(CpuCellTest, BatchedKernelsMatchTheReferenceAndThePerRowKernels) {
 /// every row runs; and longest first, where only the samples still running
 /// do (b_end below B, in partial tiles and across the CTAs).
 TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
-  auto [name, modeText] = GetParam();
-  const int64_t T = 6, B = 5;
-  Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = parseRecompute(modeText);
-  ASSERT_TRUE(static_cast<bool>(mode));
   std::vector<Result> withLengths;
-  ASSERT_NO_FATAL_FAILURE(runWithLengths(name, s, T, *mode, withLengths));
+  ASSERT_NO_FATAL_FAILURE(runWithLengths(name, s, T, mode, withLengths));
   struct Config {
     const char *what;
     int64_t tile, ctas;
@@ -412,12 +399,12 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
     options.ctas = c.ctas;
     auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F64, options);
     ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
-    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode);
+    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, mode);
     compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
     for (size_t k = 0; k < kLengths.size(); ++k) {
       SCOPED_TRACE(k ? "lengths longest first" : "lengths unsorted");
       expectSameResults(runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T,
-                                        *mode, kLengths[k]),
+                                        mode, kLengths[k]),
                         withLengths[k], 1e-10);
     }
   }
@@ -429,13 +416,8 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
 /// lengths, against one piece; each with outputs that are states kept as
 /// their histories (what Python asks for) and without.
 TEST_P(CpuCellTest, PiecesMatchTheReference) {
-  auto [name, modeText] = GetParam();
-  const int64_t T = 6, B = 5;
-  Problems s = makeProblems(source(name), kSizes, T, B);
-  auto mode = parseRecompute(modeText);
-  ASSERT_TRUE(static_cast<bool>(mode));
   std::vector<Result> withLengths;
-  ASSERT_NO_FATAL_FAILURE(runWithLengths(name, s, T, *mode, withLengths));
+  ASSERT_NO_FATAL_FAILURE(runWithLengths(name, s, T, mode, withLengths));
   int64_t copied = 0;
   for (int64_t rows : {1, 10}) {
     CpuOptions options;
@@ -446,21 +428,21 @@ TEST_P(CpuCellTest, PiecesMatchTheReference) {
     for (bool keep : {false, true}) {
       SCOPED_TRACE("rows a piece " + std::to_string(rows) +
                    (keep ? ", outputs kept" : ", outputs copied"));
-      Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, *mode,
+      Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, mode,
                                  {}, keep);
       compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
       if (!keep)
         copied = r.savedBytes;
       // An output that is a state (each of these cells has one) is not kept
       // twice in none and full; chunk:K keeps states before chunks only.
-      if (keep && mode->kind != Recompute::Kind::Chunk)
+      if (keep && mode.kind != Recompute::Kind::Chunk)
         EXPECT_LT(r.savedBytes, copied);
       else
         EXPECT_EQ(r.savedBytes, copied);
       for (size_t k = 0; k < kLengths.size(); ++k) {
         SCOPED_TRACE(k ? "lengths longest first" : "lengths unsorted");
         expectSameResults(runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T,
-                                          *mode, kLengths[k], keep),
+                                          mode, kLengths[k], keep),
                           withLengths[k], 1e-12);
       }
     }
