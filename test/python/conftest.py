@@ -15,3 +15,15 @@ else:
     TOOLS = os.path.join(os.path.abspath(BUILD), "bin")
 os.environ.setdefault("CELLC_CACHE_DIR", os.path.join(os.path.abspath(BUILD), "test",
                                                       "kernel-cache"))
+
+
+def lstm_problem(T, B, I, H):
+    """A float64 torch.nn.LSTM with its weights named as examples/lstm.cell
+    names them, and random inputs and initial states that want gradients."""
+    import torch
+    ref = torch.nn.LSTM(I, H).double()
+    params = {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0,
+              "b_ih": ref.bias_ih_l0, "b_hh": ref.bias_hh_l0}
+    x, h0, c0 = (torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+                 for shape in ((T, B, I), (B, H), (B, H)))
+    return ref, params, x, h0, c0

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import cellc
+from conftest import lstm_problem
 from test_functional import CUSTOM, gradcheck_cell
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
@@ -47,12 +48,7 @@ def test_lstm_with_lengths_matches_torch_per_sample(mode, batch_first, order):
     torch.manual_seed(0)
     T, B, I, H = 7, 6, 3, 4
     lengths = [7, 1, 0, 4, 3, 7] if order == "unsorted" else [7, 7, 4, 3, 1, 0]
-    ref = torch.nn.LSTM(I, H).double()
-    params = {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0,
-              "b_ih": ref.bias_ih_l0, "b_hh": ref.bias_hh_l0}
-    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
-    h0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
-    c0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
+    ref, params, x, h0, c0 = lstm_problem(T, B, I, H)
     resets = torch.zeros(T, B, dtype=torch.bool)
     resets[2, 0] = resets[5, 3] = resets[3, 4] = True  # the last is past sample 4's end
     g_out, g_h, g_c = (torch.randn(T, B, H, dtype=torch.float64),

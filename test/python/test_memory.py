@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import cellc
+from conftest import lstm_problem
 from test_lengths import LSTM, _reference
 
 MODES = ["none", "full", "chunk:3", "chunk:20"]
@@ -35,12 +36,7 @@ def test_pieces_match_torch_in_float64(mode, lengths):
         steps[0] = T
         if lengths == "longest first":
             steps.sort(reverse=True)
-    ref = torch.nn.LSTM(I, H).double()
-    params = {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0,
-              "b_ih": ref.bias_ih_l0, "b_hh": ref.bias_hh_l0}
-    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
-    h0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
-    c0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
+    ref, params, x, h0, c0 = lstm_problem(T, B, I, H)
     resets = torch.rand(T, B, generator=g) < 0.05
     g_out = torch.randn(T, B, H, dtype=torch.float64)
     g_h, g_c = torch.randn(B, H, dtype=torch.float64), torch.randn(B, H, dtype=torch.float64)

@@ -289,6 +289,18 @@ protected:
   static constexpr int64_t T = 6, B = 5;
   Problems s = makeProblems(source(name), kSizes, T, B);
   Recompute mode = llvm::cantFail(parseRecompute(std::get<1>(GetParam())));
+
+  /// The cell compiled in f64 with `options`, run on the problems and
+  /// checked against the reference (null after a failure).
+  std::unique_ptr<CpuCell> checked(const CpuOptions &options, Result &r) {
+    auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F64, options);
+    EXPECT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+    if (!cell)
+      return nullptr;
+    r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, mode);
+    compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
+    return std::move(*cell);
+  }
 };
 
 /// Per-sample lengths for B = 5 rows over T = 6 steps: unsorted, where every
@@ -358,10 +370,8 @@ TEST_P(CpuCellTest, BatchedKernelsMatchTheReferenceAndThePerRowKernels) {
     options.productRows = c.rows;
     options.productVectors = c.vectors;
     options.vectorWidth = c.lanes;
-    auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F64, options);
-    ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
-    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, mode);
-    compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
+    Result r;
+    ASSERT_TRUE(checked(options, r));
     expectSameResults(r, want, 1e-12);
   }
 }
@@ -397,14 +407,13 @@ TEST_P(CpuCellTest, GpuKernelsEmulatedMatchTheReference) {
     options.batchTile = c.tile;
     options.persistent = c.persistent;
     options.ctas = c.ctas;
-    auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F64, options);
-    ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
-    Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, mode);
-    compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
+    Result r;
+    std::unique_ptr<CpuCell> cell = checked(options, r);
+    ASSERT_TRUE(cell);
     for (size_t k = 0; k < kLengths.size(); ++k) {
       SCOPED_TRACE(k ? "lengths longest first" : "lengths unsorted");
-      expectSameResults(runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T,
-                                        mode, kLengths[k]),
+      expectSameResults(runCell<double>(*cell, *s.samples[0], s.samples, s.resets, T, mode,
+                                        kLengths[k]),
                         withLengths[k], 1e-10);
     }
   }
