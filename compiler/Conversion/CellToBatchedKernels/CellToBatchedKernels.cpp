@@ -474,60 +474,6 @@ void loadStatesBefore(Kernel &k, DefOp def, const BackwardArgs &args,
   });
 }
 
-/// Where each result of the backward step goes: a state's gradient to the
-/// initial state at a restart, to the start state at t = 0 and otherwise on
-/// to step t - 1 (routeStateGrad); a vector param's into its accumulator;
-/// the others to their per-step buffers.
-SmallVector<Item> gradientItems(Kernel &k, const BackwardArgs &args, Operation *ret,
-                                BackwardBuffers &buffers, const ReverseSteps &steps) {
-  BatchedBuilder &e = *k.emitter;
-  Value next = steps.next, isFirst = steps.isFirst, t = steps.t;
-  SmallVector<Item> items;
-  unsigned stateResult = 0;
-  for (auto [r, value] : llvm::enumerate(ret->getOperands())) {
-    cellc::GradKind kind = args.kinds[r];
-    Item item;
-    item.value = value;
-    if (kind == cellc::GradKind::State) {
-      unsigned i = stateResult++;
-      Value gbuf = buffers.grad[i], ai = buffers.accInit[i], as = buffers.accStart[i];
-      item.sinks.push_back(
-          {[&e, &k, gbuf, ai, as, next, isFirst, t](OpBuilder &, Location, Value v, Value j,
-                                                     int64_t offset) {
-             OpBuilder &ob = e.builder;
-             Location l = e.loc;
-             j = e.shifted(j, offset);
-             StepOrigin origin = StepOrigin::of(ob, l, k.isReset(t), isFirst);
-             StateGradRoute route = routeStateGrad(ob, l, origin, v, splat(ob, l, e.lane, 0.0));
-             e.store(route.carried, gbuf, next, j);
-             e.store(ob.create<arith::AddFOp>(l, e.load(ai, Value(), j), route.toInitial), ai,
-                     Value(), j);
-             e.store(ob.create<arith::AddFOp>(l, e.load(as, Value(), j), route.toStart), as,
-                     Value(), j);
-           },
-           0});
-    } else if (kind == cellc::GradKind::Param) {
-      Value acc = buffers.accParam[r];
-      item.sinks.push_back(
-          {[&e, acc](OpBuilder &, Location, Value v, Value j, int64_t offset) {
-             j = e.shifted(j, offset);
-             e.store(e.builder.create<arith::AddFOp>(e.loc, e.load(acc, Value(), j), v), acc,
-                     Value(), j);
-           },
-           0});
-    } else {
-      Value result = k.arg(args.firstResult + r);
-      item.sinks.push_back(
-          {[&e, result](OpBuilder &, Location, Value v, Value j, int64_t offset) {
-             e.storeAt(v, result, ValueRange{e.t, e.batchRow, e.shifted(j, offset)});
-           },
-           0});
-    }
-    items.push_back(item);
-  }
-  return items;
-}
-
 LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
                                                          func::FuncOp grad) {
   BackwardArgs args;
@@ -592,7 +538,19 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
           body, [&](unsigned i) { return k.arg(i); }, numInputs, numOutputs,
           args.firstDOut, prevBufs, gradBufs, steps.slot);
 
-      SmallVector<Item> items = gradientItems(k, args, ret, buffers, steps);
+      // A state's gradient routed by where each row's step t starts.
+      Value t = steps.t, isFirst = steps.isFirst;
+      SmallVector<Item> items = backwardItems(
+          e, args, ret, buffers, gradBufs, steps.next,
+          [&k, t, isFirst] {
+            return StepOrigin::of(k.emitter->builder, k.emitter->loc, k.isReset(t), isFirst);
+          },
+          Value(), [&](unsigned r) -> Sink {
+            Value result = k.arg(args.firstResult + r);
+            return [&e, result](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+              e.storeAt(v, result, ValueRange{e.t, e.batchRow, e.shifted(j, offset)});
+            };
+          });
       status = e.emitPhases(items);
     }
     // The accumulated gradients, written once per tile.

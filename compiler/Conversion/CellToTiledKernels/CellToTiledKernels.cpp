@@ -171,61 +171,6 @@ void loadStatesBefore(TileLoop &tl, ArrayRef<Value> prev, Value reset, Value isF
     });
 }
 
-/// Where each result of the backward step goes: a state's gradient to the
-/// initial state at a reset, to the start state at t = 0 and otherwise on to
-/// step t - 1 (routeStateGrad, into slot `next`); a vector param's into its
-/// accumulator; the others to their per-step buffers.
-SmallVector<Item> gradientItems(TileLoop &tl, BackwardBuffers &buffers,
-                                StepOrigin origin, Value zero, Value next) {
-  TiledBuilder &tb = tl.tb;
-  const BackwardArgs &args = tl.args;
-  SmallVector<Item> items;
-  unsigned stateResult = 0;
-  for (auto [r, value] : llvm::enumerate(tl.body.getTerminator()->getOperands())) {
-    cellc::GradKind kind = args.kinds[r];
-    Item item;
-    item.value = value;
-    if (kind == cellc::GradKind::State) {
-      unsigned k = stateResult++;
-      Value sbuf = tl.stateBufs[k], ai = buffers.accInit[k], as = buffers.accStart[k];
-      item.sinks.push_back(
-          {[&tb, sbuf, ai, as, next, origin, zero](OpBuilder &, Location, Value v, Value j,
-                                                   int64_t offset) {
-             j = tb.shifted(j, offset);
-             OpBuilder &b = tb.builder;
-             Location l = tb.loc;
-             StateGradRoute route = routeStateGrad(b, l, origin, v, zero);
-             tb.storeShared(route.carried, sbuf, next, j);
-             Value oldInit = tb.loadShared(ai, Value(), j);
-             tb.storeShared(b.create<arith::AddFOp>(l, oldInit, route.toInitial), ai, Value(),
-                            j);
-             Value oldStart = tb.loadShared(as, Value(), j);
-             tb.storeShared(b.create<arith::AddFOp>(l, oldStart, route.toStart), as, Value(),
-                            j);
-           },
-           0});
-    } else if (kind == cellc::GradKind::Param) {
-      Value acc = buffers.accParam[r];
-      item.sinks.push_back(
-          {[&tb, acc](OpBuilder &, Location, Value v, Value j, int64_t offset) {
-             j = tb.shifted(j, offset);
-             Value old = tb.loadShared(acc, Value(), j);
-             tb.storeShared(tb.builder.create<arith::AddFOp>(tb.loc, old, v), acc, Value(), j);
-           },
-           0});
-    } else {
-      Value buffer = tl.arg(args.firstResult + r);
-      item.sinks.push_back(
-          {[&tb, buffer](OpBuilder &, Location, Value v, Value j, int64_t offset) {
-             tb.scatter(v, buffer, true, tb.shifted(j, offset));
-           },
-           0});
-    }
-    items.push_back(item);
-  }
-  return items;
-}
-
 LogicalResult buildBackwardSteps(TileLoop &tl) {
   TiledBuilder &tb = tl.tb;
   OpBuilder &builder = tb.builder;
@@ -264,7 +209,14 @@ LogicalResult buildBackwardSteps(TileLoop &tl) {
     tb.barrier();
     tb.bindBackwardStep(body, arg, def.getInputNames().size(), def.getOutputNames().size(),
                         args.firstDOut, buffers.prev, stateBufs, reverse.slot);
-    SmallVector<Item> items = gradientItems(tl, buffers, origin, zero, reverse.next);
+    SmallVector<Item> items = backwardItems(
+        tb, args, ret, buffers, stateBufs, reverse.next, [origin] { return origin; }, zero,
+        [&](unsigned r) -> Sink {
+          Value buffer = arg(args.firstResult + r);
+          return [&tb, buffer](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+            tb.scatter(v, buffer, true, tb.shifted(j, offset));
+          };
+        });
     if (failed(tb.emitPhases(items)))
       return failure();
   }

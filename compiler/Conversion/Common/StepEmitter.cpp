@@ -312,4 +312,50 @@ BackwardBuffers::BackwardBuffers(StepEmitter &emitter, DefOp def, const Backward
       accParam[r] = emitter.buffer({sizeOf(ret->getOperand(r))});
 }
 
+SmallVector<Item> backwardItems(StepEmitter &e, const BackwardArgs &args, Operation *ret,
+                                BackwardBuffers &buffers, ArrayRef<Value> gradSlots,
+                                Value next, std::function<StepOrigin()> origin, Value zero,
+                                function_ref<Sink(unsigned)> perStep) {
+  SmallVector<Item> items;
+  unsigned stateResult = 0;
+  for (auto [r, value] : llvm::enumerate(ret->getOperands())) {
+    cellc::GradKind kind = args.kinds[r];
+    Item item;
+    item.value = value;
+    if (kind == cellc::GradKind::State) {
+      unsigned i = stateResult++;
+      Value slots = gradSlots[i], ai = buffers.accInit[i], as = buffers.accStart[i];
+      item.sinks.push_back(
+          {[&e, slots, ai, as, next, origin, zero](OpBuilder &, Location, Value v, Value j,
+                                                   int64_t offset) {
+             OpBuilder &b = e.builder;
+             Location l = e.loc;
+             j = e.shifted(j, offset);
+             StepOrigin from = origin();
+             StateGradRoute route =
+                 routeStateGrad(b, l, from, v, zero ? zero : splat(b, l, e.lane, 0.0));
+             e.store(route.carried, slots, next, j);
+             Value oldInit = e.load(ai, Value(), j);
+             e.store(b.create<arith::AddFOp>(l, oldInit, route.toInitial), ai, Value(), j);
+             Value oldStart = e.load(as, Value(), j);
+             e.store(b.create<arith::AddFOp>(l, oldStart, route.toStart), as, Value(), j);
+           },
+           0});
+    } else if (kind == cellc::GradKind::Param) {
+      Value acc = buffers.accParam[r];
+      item.sinks.push_back(
+          {[&e, acc](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+             j = e.shifted(j, offset);
+             Value old = e.load(acc, Value(), j);
+             e.store(e.builder.create<arith::AddFOp>(e.loc, old, v), acc, Value(), j);
+           },
+           0});
+    } else {
+      item.sinks.push_back({perStep(r), 0});
+    }
+    items.push_back(item);
+  }
+  return items;
+}
+
 } // namespace mlir::cell

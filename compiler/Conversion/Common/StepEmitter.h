@@ -13,6 +13,7 @@
 #ifndef CELLC_COMPILER_CONVERSION_COMMON_STEPEMITTER_H
 #define CELLC_COMPILER_CONVERSION_COMMON_STEPEMITTER_H
 
+#include "compiler/Conversion/Common/KernelABI.h"
 #include "compiler/Conversion/Common/PhasePlan.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -155,8 +156,6 @@ protected:
   Value evalConcat(ConcatOp concat, const Index &i);
 };
 
-struct BackwardArgs;
-
 /// A backward kernel's buffers over the steps, made by `emitter.buffer`: per
 /// state, the state gradient's two slots (with `withSlots`), the state before
 /// the step, and its gradient's sums into the initial and the start state;
@@ -168,6 +167,18 @@ struct BackwardBuffers {
   SmallVector<Value> grad, prev, accInit, accStart;
   DenseMap<unsigned, Value> accParam;
 };
+
+/// Where each result of a backward step (`ret`'s operands) goes, as the
+/// items of its phases: a state's gradient is routed (routeStateGrad) to the
+/// initial state's sum at a restart, to the start state's at t = 0, and on
+/// to step t - 1 into `gradSlots[i]` at slot `next`, with `origin()` saying
+/// where the step's state came from at the element written (and `zero`,
+/// when given, the zeros to route with); a vector param's is summed; the
+/// others go where `perStep(r)` writes them.
+SmallVector<Item> backwardItems(StepEmitter &e, const BackwardArgs &args, Operation *ret,
+                                BackwardBuffers &buffers, ArrayRef<Value> gradSlots,
+                                Value next, std::function<StepOrigin()> origin, Value zero,
+                                function_ref<Sink(unsigned)> perStep);
 
 } // namespace mlir::cell
 
