@@ -424,6 +424,116 @@ void compileCudaCandidate(const TuneProblem &problem, Candidate &candidate) {
 // The tune
 //===----------------------------------------------------------------------===//
 
+namespace {
+
+/// Calls the progress callback, when there is one, on candidate `index`.
+void reportCandidate(const TuneOptions &options, TuneResult &result, size_t index,
+                     bool done) {
+  if (options.progress)
+    options.progress(result.candidates[index], index, result.candidates.size(), done);
+}
+
+/// The CUDA tune: every combination of the knobs, compiled and pruned by
+/// ptxas's budgets (timing needs a GPU, and is not built yet).
+llvm::Error tuneCuda(const TuneProblem &problem, const TuneOptions &options,
+                     TuneResult &result) {
+  if (problem.dtype != DType::F32)
+    return fail("the CUDA kernels are f32 only");
+  if (!options.compileOnly) {
+    char error[512] = {0};
+    if (!cellc_cuda_available(error, sizeof(error)))
+      return fail(llvm::Twine(error) +
+                  "; --compile-only compiles and prunes the CUDA candidates "
+                  "without timing them");
+    return fail("timing CUDA candidates is not built yet; --compile-only "
+                "compiles and prunes them");
+  }
+  std::vector<Knob> knobs = knobsOf(TuneTarget::Cuda);
+  KernelConfig base = defaultConfig(TuneTarget::Cuda, problem.batch);
+  result.candidates.push_back({base});
+  for (int64_t tile : knobs[0].values)
+    for (int64_t warps : knobs[1].values)
+      for (int64_t cap : knobs[2].values) {
+        KernelConfig c = {{"batch_tile", tile}, {"warps", warps}, {"max_registers", cap}};
+        if (c != base)
+          result.candidates.push_back({c});
+      }
+  for (size_t i = 0; i < result.candidates.size(); ++i) {
+    reportCandidate(options, result, i, false);
+    compileCudaCandidate(problem, result.candidates[i]);
+    if (i == 0 && result.candidates[0].status == Candidate::Status::CompileError)
+      return fail(result.candidates[0].note);
+    reportCandidate(options, result, i, true);
+  }
+  return llvm::Error::success();
+}
+
+/// Confirmation: the winner and the default again, alternating, so that a
+/// win inside this machine's noise does not replace the default.
+void confirmWinner(const TuneProblem &problem, const TuneOptions &options,
+                   const Workload::Results &want, double perCandidate, TuneResult &result) {
+  if (result.winner <= 0 || result.candidates[0].status != Candidate::Status::Ok)
+    return;
+  Candidate &w = result.candidates[result.winner];
+  Candidate &d = result.candidates[0];
+  double sums[2] = {0, 0};
+  bool sound = true;
+  for (int round = 0; round < 2 && sound; ++round)
+    for (int k = 0; k < 2 && sound; ++k) {
+      Candidate &c = k == 0 ? d : w;
+      if (options.stage && k == 0 && round == 0)
+        options.stage("rerunning the winner and the default, alternating");
+      Report r = isolated(
+          [&] {
+            return runCandidate(problem, c.config, options.cacheDir, want, perCandidate, "");
+          },
+          std::max(120.0, 4 * options.budgetSeconds));
+      sound = r.status == int(Candidate::Status::Ok);
+      sums[k] += r.medianMs;
+    }
+  if (!sound) {
+    w.note = "failed when rerun; the default wins";
+    result.winner = 0;
+    return;
+  }
+  double speedup = sums[0] / sums[1];
+  result.confirmedSpeedup = speedup;
+  w.note = llvm::formatv("confirmed {0:F2}x over the default, alternating", speedup).str();
+  if (speedup < 1.03) {
+    w.note = llvm::formatv("{0:F2}x over the default when rerun alternating: "
+                           "inside the noise, so the default wins",
+                           speedup)
+                 .str();
+    result.winner = 0;
+  }
+}
+
+/// Stores the winner in the tuning cache under the problem's key.
+llvm::Error storeWinner(const TuneProblem &problem, const TuneOptions &options,
+                        TuneResult &result) {
+  const Candidate &w = result.candidates[result.winner];
+  llvm::json::Object entry;
+  entry["config"] = jit::toJSON(w.config);
+  entry["median_ms"] = w.medianMs;
+  if (result.candidates[0].status == Candidate::Status::Ok)
+    entry["default_ms"] = result.candidates[0].medianMs;
+  entry["target"] = name(problem.target);
+  entry["device"] = result.device;
+  entry["batch_bucket"] = batchBucket(problem.batch);
+  entry["compiler"] = compilerVersion();
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << llvm::json::Value(std::move(entry));
+  KernelCache cache(tuningCacheDir(options.cacheDir));
+  if (llvm::Error e = cache.store(result.key, os.str()))
+    return e;
+  result.stored = true;
+  return llvm::Error::success();
+}
+
+} // namespace
+
+
 llvm::Expected<TuneResult> cellc::tuner::tune(const TuneProblem &problem,
                                                 const TuneOptions &options) {
   if (problem.batch < 1 || problem.steps < 1)
@@ -436,40 +546,12 @@ llvm::Expected<TuneResult> cellc::tuner::tune(const TuneProblem &problem,
   result.key = tuningKey(problem.source, problem.sizes, problem.dtype,
                          problem.batch, problem.target, result.device);
   auto report = [&](size_t index, bool done) {
-    if (options.progress)
-      options.progress(result.candidates[index], index, result.candidates.size(), done);
+    reportCandidate(options, result, index, done);
   };
 
   if (problem.target == TuneTarget::Cuda) {
-    if (problem.dtype != DType::F32)
-      return fail("the CUDA kernels are f32 only");
-    if (!options.compileOnly) {
-      char error[512] = {0};
-      if (!cellc_cuda_available(error, sizeof(error)))
-        return fail(llvm::Twine(error) +
-                    "; --compile-only compiles and prunes the CUDA candidates "
-                    "without timing them");
-      return fail("timing CUDA candidates is not built yet; --compile-only "
-                  "compiles and prunes them");
-    }
-    // Every combination of the knobs, pruned by ptxas's budgets.
-    std::vector<Knob> knobs = knobsOf(TuneTarget::Cuda);
-    KernelConfig base = defaultConfig(TuneTarget::Cuda, problem.batch);
-    result.candidates.push_back({base});
-    for (int64_t tile : knobs[0].values)
-      for (int64_t warps : knobs[1].values)
-        for (int64_t cap : knobs[2].values) {
-          KernelConfig c = {{"batch_tile", tile}, {"warps", warps}, {"max_registers", cap}};
-          if (c != base)
-            result.candidates.push_back({c});
-        }
-    for (size_t i = 0; i < result.candidates.size(); ++i) {
-      report(i, false);
-      compileCudaCandidate(problem, result.candidates[i]);
-      if (i == 0 && result.candidates[0].status == Candidate::Status::CompileError)
-        return fail(result.candidates[0].note);
-      report(i, true);
-    }
+    if (llvm::Error e = tuneCuda(problem, options, result))
+      return std::move(e);
     result.seconds = since(start);
     return result;
   }
@@ -556,64 +638,12 @@ llvm::Expected<TuneResult> cellc::tuner::tune(const TuneProblem &problem,
     runAll(threads);
   }
   result.winner = best();
-  // Confirmation: the winner and the default again, alternating, so that a
-  // win inside this machine's noise does not replace the default.
-  if (result.winner > 0 && result.candidates[0].status == Candidate::Status::Ok) {
-    Candidate &w = result.candidates[result.winner];
-    Candidate &d = result.candidates[0];
-    double sums[2] = {0, 0};
-    bool sound = true;
-    for (int round = 0; round < 2 && sound; ++round)
-      for (int k = 0; k < 2 && sound; ++k) {
-        Candidate &c = k == 0 ? d : w;
-        if (options.stage && k == 0 && round == 0)
-          options.stage("rerunning the winner and the default, alternating");
-        Report r = isolated(
-            [&] {
-              return runCandidate(problem, c.config, options.cacheDir, want,
-                                  perCandidate, "");
-            },
-            std::max(120.0, 4 * options.budgetSeconds));
-        sound = r.status == int(Candidate::Status::Ok);
-        sums[k] += r.medianMs;
-      }
-    if (sound) {
-      double speedup = sums[0] / sums[1];
-      result.confirmedSpeedup = speedup;
-      w.note = llvm::formatv("confirmed {0:F2}x over the default, alternating", speedup).str();
-      if (speedup < 1.03) {
-        w.note = llvm::formatv("{0:F2}x over the default when rerun alternating: "
-                               "inside the noise, so the default wins",
-                               speedup)
-                     .str();
-        result.winner = 0;
-      }
-    } else {
-      w.note = "failed when rerun; the default wins";
-      result.winner = 0;
-    }
-  }
+  confirmWinner(problem, options, want, perCandidate, result);
   result.seconds = since(start);
 
-  if (options.store && result.winner >= 0) {
-    const Candidate &w = result.candidates[result.winner];
-    llvm::json::Object entry;
-    entry["config"] = jit::toJSON(w.config);
-    entry["median_ms"] = w.medianMs;
-    if (result.candidates[0].status == Candidate::Status::Ok)
-      entry["default_ms"] = result.candidates[0].medianMs;
-    entry["target"] = name(problem.target);
-    entry["device"] = result.device;
-    entry["batch_bucket"] = batchBucket(problem.batch);
-    entry["compiler"] = compilerVersion();
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    os << llvm::json::Value(std::move(entry));
-    KernelCache cache(tuningCacheDir(options.cacheDir));
-    if (llvm::Error e = cache.store(result.key, os.str()))
+  if (options.store && result.winner >= 0)
+    if (llvm::Error e = storeWinner(problem, options, result))
       return std::move(e);
-    result.stored = true;
-  }
   return result;
 }
 
