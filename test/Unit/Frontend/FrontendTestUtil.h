@@ -4,6 +4,7 @@
 #define CELLC_TEST_UNIT_FRONTEND_FRONTENDTESTUTIL_H
 
 #include "compiler/Frontend/Diagnostics.h"
+#include "compiler/Frontend/IRGen.h"
 #include "compiler/Frontend/Parser.h"
 
 
@@ -21,6 +22,15 @@ struct Source : CellSource {
   std::unique_ptr<CellAST> parse() {
     Parser parser(text(), diag);
     return parser.parseCell();
+  }
+
+  /// Parses the cell and builds its IR at `sizes` (null after an error).
+  mlir::OwningOpRef<mlir::ModuleOp> build(mlir::MLIRContext &context,
+                                          const SizeBindings &sizes, mlir::FloatType type) {
+    std::unique_ptr<CellAST> cell = parse();
+    if (!cell)
+      return nullptr;
+    return buildCellIR(context, *cell, sizes, type, diag);
   }
 };
 

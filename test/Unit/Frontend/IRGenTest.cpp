@@ -25,10 +25,7 @@ static const char *kGru = R"(cell gru {
 TEST(IRGenTest, BuildsTheGruWithBoundSizes) {
   mlir::MLIRContext context;
   Source src(kGru);
-  auto cell = src.parse();
-  ASSERT_TRUE(cell);
-  auto module = buildCellIR(context, *cell, {{"H", 5}, {"I", 3}},
-                            mlir::Float32Type::get(&context), src.diag);
+  auto module = src.build(context, {{"H", 5}, {"I", 3}}, mlir::Float32Type::get(&context));
   ASSERT_TRUE(module) << src.diagnostics();
   auto defs = llvm::to_vector(module->getOps<mlir::cell::DefOp>());
   ASSERT_EQ(defs.size(), 1u);
@@ -65,10 +62,7 @@ TEST(IRGenTest, BuildsTheGruWithBoundSizes) {
 TEST(IRGenTest, BuildsInDoublePrecision) {
   mlir::MLIRContext context;
   Source src(kGru);
-  auto cell = src.parse();
-  ASSERT_TRUE(cell);
-  auto module = buildCellIR(context, *cell, {{"H", 2}, {"I", 2}},
-                            mlir::Float64Type::get(&context), src.diag);
+  auto module = src.build(context, {{"H", 2}, {"I", 2}}, mlir::Float64Type::get(&context));
   ASSERT_TRUE(module) << src.diagnostics();
   auto def = *module->getOps<mlir::cell::DefOp>().begin();
   EXPECT_TRUE(llvm::cast<mlir::RankedTensorType>(def.getInputs()[0].getType())
@@ -79,10 +73,7 @@ TEST(IRGenTest, BuildsInDoublePrecision) {
 TEST(IRGenTest, LiteralsFoldAndBroadcast) {
   mlir::MLIRContext context;
   Source src("cell t { state h: [H]\n h = h * (2 * 3) + sigmoid(0) }");
-  auto cell = src.parse();
-  ASSERT_TRUE(cell);
-  auto module = buildCellIR(context, *cell, {{"H", 4}},
-                            mlir::Float32Type::get(&context), src.diag);
+  auto module = src.build(context, {{"H", 4}}, mlir::Float32Type::get(&context));
   ASSERT_TRUE(module) << src.diagnostics();
   std::vector<double> constants;
   module->walk([&](mlir::cell::ConstantOp op) {
@@ -96,10 +87,7 @@ TEST(IRGenTest, LiteralsFoldAndBroadcast) {
 TEST(IRGenTest, UnusedParamIsAWarningNotAnError) {
   mlir::MLIRContext context;
   Source src("cell t { state h: [H]\n param u: [H], v: [H]\n h = u * h }");
-  auto cell = src.parse();
-  ASSERT_TRUE(cell);
-  auto module = buildCellIR(context, *cell, {{"H", 4}},
-                            mlir::Float32Type::get(&context), src.diag);
+  auto module = src.build(context, {{"H", 4}}, mlir::Float32Type::get(&context));
   EXPECT_TRUE(module);
   EXPECT_EQ(src.diag.getNumErrors(), 0u);
   EXPECT_EQ(src.diag.getNumWarnings(), 1u);
