@@ -99,6 +99,16 @@ static llvm::Expected<std::string> linker() {
               "or set CELLC_CC");
 }
 
+std::vector<std::string> cellc::hostVectorFeatures() {
+  llvm::StringMap<bool> host = llvm::sys::getHostCPUFeatures();
+  std::vector<std::string> features;
+  for (const char *name :
+       {"sse4.2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"})
+    if (host.lookup(name))
+      features.push_back(name);
+  return features;
+}
+
 llvm::Error cellc::writeHostSharedObject(mlir::ModuleOp module, llvm::StringRef path) {
   mlir::registerBuiltinDialectTranslation(*module->getContext());
   mlir::registerLLVMDialectTranslation(*module->getContext());

@@ -212,6 +212,11 @@ llvm::Expected<CpuPackage> cellc::buildCpuPackage(mlir::ModuleOp cell,
   if (!config.empty())
     package.meta["config"] = config.str();
   package.meta["objects"] = llvm::json::Object{{"save", "save.so"}, {"replay", "replay.so"}};
+  // The code is for this CPU: a runtime on one without these refuses it.
+  llvm::json::Array features;
+  for (const std::string &f : hostVectorFeatures())
+    features.push_back(f);
+  package.meta["cpu_features"] = std::move(features);
   std::string names[2] = {(def.getSymName() + "_fwd").str(), (def.getSymName() + "_bwd").str()};
   llvm::json::Object kernels[2];
   for (bool saveGates : {true, false}) {

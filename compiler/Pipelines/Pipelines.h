@@ -152,6 +152,11 @@ llvm::Error writeCpuPackage(const CpuPackage &package, llvm::StringRef dir);
 /// **args)` for each kernel; links with `$CELLC_CC` or the system's cc.
 llvm::Error writeHostSharedObject(mlir::ModuleOp module, llvm::StringRef path);
 
+/// The vector features of the host CPU that code compiled for it may use,
+/// among those a runtime can check (runtime/cpu/Kernels.h, hostHas):
+/// kernels.json's "cpu_features".
+std::vector<std::string> hostVectorFeatures();
+
 /// Registers the pipelines with the pass registry, for cellc-opt.
 void registerPipelines();
 

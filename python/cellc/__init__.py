@@ -22,6 +22,10 @@ anything that compiles.
 
 from ._cellc_runtime import __version__
 from .package import Package, load_package
+# The torch operators (torch >= 2.4), registered at import: a program that
+# torch.export saved loads in a process that has only imported cellc. Their
+# implementation loads the compiler when it first runs.
+from . import _ops  # noqa: F401
 
 _COMPILER = {"Cell": "core", "autotune": "core", "compile": "core",
              "CellError": "_cellc", "SizeError": "_cellc", "cache_dir": "_cellc"}

@@ -437,6 +437,11 @@ Status CpuCell::load(const std::string &dir, const Options &options,
   if (info.target != "cpu")
     return Status::error(dir + " is a " + info.target +
                          " package; load it with its own runtime (cellc.cuda)");
+  // Code for a CPU this one is not would fault on its first instruction.
+  for (const std::string &feature : info.cpuFeatures)
+    if (!hostHas(feature))
+      return Status::error(dir + " was compiled for a CPU with " + feature +
+                           ", which this one lacks; compile the cell on this machine");
   cell->elementType = info.dtype == "f64" ? DType::F64 : DType::F32;
   for (int variant : {0, 1})
     if (Status s = cell->impl->variants[variant].open(dir + "/" + info.objects[variant],

@@ -47,6 +47,10 @@ struct KernelArg {
 /// caller has checked the shapes against the kernel's interface.
 void callPacked(Entry entry, const std::vector<KernelArg> &args);
 
+/// Whether this CPU has the feature `name` (as LLVM and GCC name them:
+/// "avx2", "fma", "avx512f", ...); false for a name it cannot check.
+bool hostHas(const std::string &name);
+
 /// A shared object of kernels, open for as long as this lives.
 class SharedObject {
 public:

@@ -298,6 +298,9 @@ Status readInfo(const Json &root, PackageInfo &out) {
                            {"params", &out.params}, {"outputs", &out.outputs}})
     if (Status s = readSlots(*slots, key, *list))
       return s;
+  if (const Json *features = root.get("cpu_features"))
+    for (const Json &f : features->array)
+      out.cpuFeatures.push_back(f.string);
   const Json *files = root.get(out.target == "cpu" ? "objects" : "ptx");
   if (!files)
     return Status::error(out.target == "cpu" ? "no \"objects\"" : "no \"ptx\"");

@@ -51,6 +51,8 @@ struct PackageInfo {
   std::vector<Slot> inputs, states, params, outputs;
   /// The kernels' interface, finished (Interface::finish).
   Interface interface;
+  /// The CPU features the kernels use (CPU packages).
+  std::vector<std::string> cpuFeatures;
   /// The files of the variant that replays (0) and of the one that saves
   /// gates (1), in `directory`.
   std::string objects[2];

@@ -162,6 +162,15 @@ def test_bad_packages_are_clear_errors(tmp_path, lstm_package):
     (broken / "save.so").write_bytes(b"not an ELF file")
     with pytest.raises(ValueError, match="cannot load the kernels .*save.so"):
         cellc.load_package(broken)
+    (broken / "save.so").write_bytes((lstm_package / "save.so").read_bytes())
+    # Code for a CPU with a feature this one lacks is refused, not run.
+    other = json.loads(text)
+    assert "avx2" in other["cpu_features"] or not other["cpu_features"]
+    other["cpu_features"].append("not-a-feature")
+    (broken / "kernels.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="compiled for a CPU with not-a-feature, which this "
+                                         "one lacks"):
+        cellc.load_package(broken)
     cuda = json.loads(text)
     cuda["target"] = "cuda"
     cuda["ptx"] = cuda.pop("objects")

@@ -81,7 +81,9 @@ def test_a_corrupt_entry_is_reported_and_the_default_config_runs(cache, capfd):
 
 def test_broken_candidates_are_reported_and_skipped(cache, monkeypatch):
     monkeypatch.setenv("CELLC_TUNE_BREAK", "crash:1,wrong:2,compile:3")
-    result = cellc.autotune(LSTM, SIZES, batch=4, seq_len=5, budget=4, progress=False,
+    # A budget that reaches the fourth candidate on a loaded 2-core machine,
+    # where each candidate builds its package (compile and link) first.
+    result = cellc.autotune(LSTM, SIZES, batch=4, seq_len=5, budget=10, progress=False,
                             store=False)
     status = [c["status"] for c in result["candidates"]]
     assert status[1:4] == ["crashed", "wrong results", "compile error"], status
