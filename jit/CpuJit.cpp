@@ -279,7 +279,8 @@ llvm::Error printMemoryPlan(mlir::ModuleOp cellIR, const PipelineOptions &option
       llvm::cast<mlir::RankedTensorType>(def.getStates()[0].getType()).getElementType();
   if (!element.isF32() && !element.isF64())
     return llvm::Error::success();
-  auto package = buildCpuPackage(cellIR, options, element.isF32() ? "f32" : "f64", "");
+  auto package = buildCpuPackage(cellIR, options, element.isF32() ? "f32" : "f64", "",
+                                 /*lower=*/false);
   if (!package)
     return package.takeError();
   driver::PackageInfo info;

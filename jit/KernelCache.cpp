@@ -112,16 +112,6 @@ std::string KernelCache::pathOf(llvm::StringRef key) const {
   return std::string(path);
 }
 
-std::unique_ptr<llvm::MemoryBuffer> KernelCache::load(llvm::StringRef key) const {
-  // A compiled object that fails its checks is compiled again: no word.
-  auto entry = loadChecked(key);
-  if (!entry) {
-    llvm::consumeError(entry.takeError());
-    return nullptr;
-  }
-  return std::move(*entry);
-}
-
 llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>>
 KernelCache::loadChecked(llvm::StringRef key) const {
   std::string path = pathOf(key);

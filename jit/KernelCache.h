@@ -35,11 +35,9 @@ public:
   /// A key over everything that changes the compiled code.
   static std::string key(llvm::ArrayRef<llvm::StringRef> parts);
 
-  /// The object stored under `key`, if there is a sound one.
-  std::unique_ptr<llvm::MemoryBuffer> load(llvm::StringRef key) const;
-  /// The same, but an entry that is there and fails its checks is an error
-  /// that names its file (null: no entry): for entries that cannot simply be
-  /// made again, such as tuned configs.
+  /// The entry stored under `key` (null: none). One that is there and fails
+  /// its checks is an error that names its file: tuned configs cannot simply
+  /// be made again.
   llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>> loadChecked(llvm::StringRef key) const;
   /// Stores `object` under `key`, atomically.
   llvm::Error store(llvm::StringRef key, llvm::StringRef object) const;

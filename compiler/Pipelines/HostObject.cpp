@@ -102,10 +102,10 @@ static llvm::Expected<std::string> linker() {
 std::vector<std::string> cellc::hostVectorFeatures() {
   llvm::StringMap<bool> host = llvm::sys::getHostCPUFeatures();
   std::vector<std::string> features;
-  for (const char *name :
-       {"sse4.2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"})
-    if (host.lookup(name))
-      features.push_back(name);
+#define CELLC_CPU_FEATURE(name)                                                \
+  if (host.lookup(name))                                                       \
+    features.push_back(name);
+#include "dialects/Cell/IR/KernelInterface.def"
   return features;
 }
 

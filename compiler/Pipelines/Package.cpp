@@ -203,7 +203,7 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
 llvm::Expected<CpuPackage> cellc::buildCpuPackage(mlir::ModuleOp cell,
                                                   const PipelineOptions &cpu,
                                                   llvm::StringRef dtype,
-                                                  llvm::StringRef config) {
+                                                  llvm::StringRef config, bool lower) {
   mlir::MLIRContext &context = *cell.getContext();
   auto def = *cell.getOps<mlir::cell::DefOp>().begin();
   CpuPackage package;
@@ -238,9 +238,9 @@ llvm::Expected<CpuPackage> cellc::buildCpuPackage(mlir::ModuleOp cell,
       }
       (*scratch)[saveGates ? "save" : "replay"] = scratchBytesOf(func);
     }
-    mlir::PassManager lower(&context);
-    lower.addPass(mlir::cell::createConvertKernelsToLLVM());
-    if (mlir::failed(lower.run(*module)))
+    mlir::PassManager toLLVM(&context);
+    toLLVM.addPass(mlir::cell::createConvertKernelsToLLVM());
+    if (lower && mlir::failed(toLLVM.run(*module)))
       return fail("cellc: lowering the CPU kernels to LLVM failed");
     package.variants[saveGates ? 1 : 0] = std::move(module);
   }

@@ -139,9 +139,12 @@ struct CpuPackage {
 /// Builds both variants of the CPU kernels that `options` describe from
 /// `cell` (front-end cell IR, sizes bound) and lowers them to the LLVM
 /// dialect. `config` is the knobs as `name=value,...`, for kernels.json.
+/// Without `lower`, only kernels.json is wanted: the variants stay at
+/// Stage::Kernels.
 llvm::Expected<CpuPackage> buildCpuPackage(mlir::ModuleOp cell,
                                            const PipelineOptions &options,
-                                           llvm::StringRef dtype, llvm::StringRef config);
+                                           llvm::StringRef dtype, llvm::StringRef config,
+                                           bool lower = true);
 
 /// Writes `package` to `dir`: kernels.json, and save.so and replay.so
 /// compiled for the host (writeHostSharedObject).

@@ -40,18 +40,10 @@ void cellc::runtime::callPacked(Entry entry, const std::vector<KernelArg> &args)
 bool cellc::runtime::hostHas(const std::string &name) {
   __builtin_cpu_init();
 #if defined(__x86_64__) || defined(__i386__)
-#define CELLC_FEATURE(text)                                                    \
+#define CELLC_CPU_FEATURE(text)                                                \
   if (name == text)                                                            \
     return __builtin_cpu_supports(text);
-  CELLC_FEATURE("sse4.2")
-  CELLC_FEATURE("avx")
-  CELLC_FEATURE("avx2")
-  CELLC_FEATURE("fma")
-  CELLC_FEATURE("avx512f")
-  CELLC_FEATURE("avx512bw")
-  CELLC_FEATURE("avx512dq")
-  CELLC_FEATURE("avx512vl")
-#undef CELLC_FEATURE
+#include "dialects/Cell/IR/KernelInterface.def"
 #endif
   return false;
 }
