@@ -11,6 +11,7 @@ derives its backward; with recompute="full" the forward saves only the state.
 import torch
 
 import cellc
+from _fit import fit
 
 SOURCE = """
 cell leaky_gated {
@@ -31,24 +32,15 @@ def main():
     print(cell)
     model = cellc.nn.Recurrent(cell, I=2, H=32, recompute="full")
     head = torch.nn.Linear(32, 1)
-    opt = torch.optim.Adam(list(model.parameters()) + list(head.parameters()), lr=1e-2)
-    g = torch.Generator().manual_seed(2)
-    losses = []
-    for step in range(100):
+    params = [*model.parameters(), *head.parameters()]
+
+    def batch(g):
         # Predict the running mean of the first channel, gated by the second.
         x = torch.randn(40, 16, 2, generator=g)
         y = (x[..., :1] * (x[..., 1:] > 0)).cumsum(0) / torch.arange(1, 41).view(40, 1, 1)
-        opt.zero_grad()
-        out, _ = model(x)
-        loss = (head(out) - y).pow(2).mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if step % 20 == 0:
-            print(f"step {step:3d}  loss {loss.item():.4f}")
-    first, last = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
-    print(f"mean loss of the first 5 steps {first:.4f}, of the last 10 {last:.4f}")
-    assert last < 0.5 * first, "the loss should fall"
+        return x, y
+
+    fit(lambda x: head(model(x)[0]), params, batch, steps=100, lr=1e-2, report_every=20, seed=2)
 
 
 if __name__ == "__main__":

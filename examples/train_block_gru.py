@@ -14,6 +14,7 @@ import os
 import torch
 
 import cellc
+from _fit import fit
 
 G, D, IN = 4, 16, 2
 
@@ -27,23 +28,12 @@ def main():
     embed = torch.nn.Linear(G * IN, G * D)
     head = torch.nn.Linear(G * D, G * IN)
     params = [*rnn.parameters(), *embed.parameters(), *head.parameters()]
-    opt = torch.optim.Adam(params, lr=3e-3)
-    g = torch.Generator().manual_seed(1)
-    losses = []
-    for step in range(150):
+
+    def batch(g):
         x = torch.randn(30, 32, G * IN, generator=g)
-        target = torch.cat([torch.zeros_like(x[:2]), x[:-2]])
-        opt.zero_grad()
-        out, _ = rnn(embed(x))
-        loss = (head(out) - target).pow(2).mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if step % 30 == 0:
-            print(f"step {step:3d}  loss {loss.item():.4f}")
-    first, last = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
-    print(f"mean loss of the first 5 steps {first:.4f}, of the last 10 {last:.4f}")
-    assert last < 0.5 * first, "the loss should fall"
+        return x, torch.cat([torch.zeros_like(x[:2]), x[:-2]])
+
+    fit(lambda x: head(rnn(embed(x))[0]), params, batch, steps=150, lr=3e-3, report_every=30)
 
 
 if __name__ == "__main__":

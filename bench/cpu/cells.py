@@ -19,14 +19,11 @@ timing. Run it pinned, one BLAS thread:
     taskset -c 0 python3 bench/cpu/cells.py
 """
 
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
 
 import cellc
-from shape import parse_shape
+from shape import parse_shape, side_by_side
 
 
 def _norm(v, eps):
@@ -158,19 +155,12 @@ def main():
         x, w_out, zeros = x64.float(), w64.float(), z64.float()
         worst, theirs = error(got, exact), error(want, exact)
         assert worst < 10 * theirs + 1e-5, f"{cell}: cellc's error {worst:.1e}, torch's {theirs:.1e}"
-        times = {n: [] for n in impls}
-        for _ in range(a.repeats):
-            for n, f in impls.items():
-                t0 = time.perf_counter()
-                step(f, ps)
-                times[n].append(time.perf_counter() - t0)
+        medians = side_by_side({n: (lambda f=f: step(f, ps)) for n, f in impls.items()},
+                               a.repeats)
         print(f"{cell}: largest difference from float64, of each tensor's largest value: "
               f"cellc {worst:.1e}, the torch loop {theirs:.1e}")
-        base = statistics.median(times["cellc"])
-        for n, ts in times.items():
-            m = statistics.median(ts)
-            print(f"  {n:26s} {1e3 * m:8.1f} ms   cellc {m / base:5.2f}x faster")
-
+        for n, m in medians.items():
+            print(f"  {n:26s} {1e3 * m:8.1f} ms   cellc {m / medians['cellc']:5.2f}x faster")
 
 if __name__ == "__main__":
     main()

@@ -19,14 +19,11 @@ against torch's before anything is timed. Run it pinned, one BLAS thread:
     taskset -c 0 python3 bench/cpu/lengths.py
 """
 
-import statistics
-import time
-
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import cellc
-from shape import parse_shape
+from shape import parse_shape, side_by_side
 
 
 def main():
@@ -72,23 +69,18 @@ def main():
     runs = {"torch packed": lambda: packed_step(ref), "torch padded": lambda: padded_step(ref),
             "cellc padded": lambda: padded_step(mine),
             "cellc lengths": lambda: packed_step(mine), "cellc unsorted": unsorted_step}
-    times = {n: [] for n in runs}
-    for _ in range(a.repeats):
-        for n, f in runs.items():
-            for q in list(ref.parameters()) + list(mine.parameters()):
-                q.grad = None
-            t0 = time.perf_counter()
-            f()
-            times[n].append(time.perf_counter() - t0)
+
+    def clear_grads():
+        for q in list(ref.parameters()) + list(mine.parameters()):
+            q.grad = None
+
+    medians = side_by_side(runs, a.repeats, clear_grads)
     steps = int(lengths.sum())
     print(f"LSTM B={B} T={T} I=H={H}, lengths uniform in 1..T ({steps} of {T * B} "
           f"sample-steps, {100 * steps / (T * B):.0f}%), {a.threads} thread(s), "
           f"forward+backward, median of {a.repeats}")
-    base = statistics.median(times["torch packed"])
-    for n, ts in times.items():
-        m = statistics.median(ts)
-        print(f"  {n:14s} {1e3 * m:8.1f} ms   {base / m:5.2f}x torch packed")
-
+    for n, m in medians.items():
+        print(f"  {n:14s} {1e3 * m:8.1f} ms   {medians['torch packed'] / m:5.2f}x torch packed")
 
 if __name__ == "__main__":
     main()

@@ -2,6 +2,8 @@
 the shape and how to time it."""
 
 import argparse
+import statistics
+import time
 
 import torch
 
@@ -18,3 +20,17 @@ def parse_shape(description, steps):
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     return a
+
+
+def side_by_side(runs, repeats, before_each=lambda: None):
+    """Times each of `runs` (name -> callable) once per round, the runs
+    interleaved so that a noisy machine slows them alike. Returns the median
+    seconds of each."""
+    times = {n: [] for n in runs}
+    for _ in range(repeats):
+        for n, f in runs.items():
+            before_each()
+            t0 = time.perf_counter()
+            f()
+            times[n].append(time.perf_counter() - t0)
+    return {n: statistics.median(ts) for n, ts in times.items()}

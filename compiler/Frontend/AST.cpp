@@ -4,34 +4,20 @@
 
 #include "llvm/ADT/STLExtras.h"
 
+#include <iterator>
+
 using namespace cellc;
 
 llvm::StringRef cellc::spell(DeclKind kind) {
-  switch (kind) {
-  case DeclKind::Input:
-    return "input";
-  case DeclKind::State:
-    return "state";
-  case DeclKind::Param:
-    return "param";
-  }
-  return "";
+  static constexpr llvm::StringLiteral words[] = {"input", "state", "param"};
+  static_assert(std::size(words) == size_t(DeclKind::Param) + 1);
+  return words[size_t(kind)];
 }
 
 llvm::StringRef cellc::spell(Expr::BinaryOp op) {
-  switch (op) {
-  case Expr::BinaryOp::Add:
-    return "+";
-  case Expr::BinaryOp::Sub:
-    return "-";
-  case Expr::BinaryOp::Mul:
-    return "*";
-  case Expr::BinaryOp::Div:
-    return "/";
-  case Expr::BinaryOp::Matvec:
-    return "@";
-  }
-  return "";
+  static constexpr llvm::StringLiteral words[] = {"+", "-", "*", "/", "@"};
+  static_assert(std::size(words) == size_t(Expr::BinaryOp::Matvec) + 1);
+  return words[size_t(op)];
 }
 
 void SizeExpr::print(llvm::raw_ostream &os) const {

@@ -21,6 +21,7 @@
 #include "llvm/ADT/StringSwitch.h"
 
 #include <cmath>
+#include <iterator>
 
 using namespace cellc;
 using namespace mlir;
@@ -61,17 +62,11 @@ struct Val {
   }
   /// What the value is, for messages.
   const char *describe() const {
-    switch (kind) {
-    case Kind::Scalar:
-      return "a constant";
-    case Kind::Vector:
-      return "a vector";
-    case Kind::PerSample:
-      return "one value per sample (from 'sum' or 'mean')";
-    case Kind::Matrix:
-      return "a matrix";
-    }
-    return "";
+    static constexpr const char *words[] = {
+        "a constant", "a vector",
+        "one value per sample (from 'sum' or 'mean')", "a matrix"};
+    static_assert(std::size(words) == size_t(Kind::Matrix) + 1);
+    return words[size_t(kind)];
   }
 };
 
@@ -171,6 +166,7 @@ private:
   std::optional<Val> evalBinary(const Expr &expr);
   std::optional<Val> evalMatvec(const Expr &expr);
   std::optional<Val> evalCall(const Expr &expr);
+  Val applyUnary(Fn fn, Val arg, Location l);
   std::optional<Val> evalReduction(const Expr &expr, Fn fn);
   /// Evaluates an operand of an elementwise operation: a scalar or a vector.
   std::optional<Val> evalElementwise(const Expr &expr, llvm::StringRef what);
@@ -734,23 +730,6 @@ std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
   return Val::ofVector(result, w.size);
 }
 
-static double applyScalar(Fn fn, double x) {
-  switch (fn) {
-#define CELLC_UNARY_FN(E, name, op, value)                                     \
-  case Fn::E:                                                                  \
-    return value;
-#include "compiler/Frontend/Functions.def"
-  case Fn::Unknown:
-  case Fn::Max:
-  case Fn::Min:
-  case Fn::Sum:
-  case Fn::Mean:
-  case Fn::Chunk:
-    break;
-  }
-  llvm_unreachable("not a function of one argument");
-}
-
 std::optional<Val> IRGen::evalCall(const Expr &expr) {
   Fn fn = lookupFn(expr.name);
   if (fn == Fn::Unknown) {
@@ -785,15 +764,21 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
   std::optional<Val> arg = evalElementwise(*expr.operands[0], what);
   if (!arg)
     return std::nullopt;
-  if (arg->kind == Val::Kind::Scalar)
-    return Val::ofScalar(applyScalar(fn, arg->scalar));
-  Location l = loc(expr.opLoc);
-  Value x = arg->value, result;
+  return applyUnary(fn, *arg, loc(expr.opLoc));
+}
+
+/// A function of one argument on `arg`: folded where `arg` is a constant,
+/// else its cell op.
+Val IRGen::applyUnary(Fn fn, Val arg, Location l) {
   switch (fn) {
-#define CELLC_UNARY_FN(E, name, op, value)                                     \
+#define CELLC_UNARY_FN(E, name, op, folded)                                    \
   case Fn::E:                                                                  \
-    result = builder.create<cell::op>(l, x);                                   \
-    break;
+    if (arg.kind == Val::Kind::Scalar) {                                       \
+      double x = arg.scalar;                                                   \
+      return Val::ofScalar(folded);                                            \
+    }                                                                          \
+    arg.value = builder.create<cell::op>(l, arg.value);                        \
+    return arg;
 #include "compiler/Frontend/Functions.def"
   case Fn::Unknown:
   case Fn::Max:
@@ -801,11 +786,9 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
   case Fn::Sum:
   case Fn::Mean:
   case Fn::Chunk:
-    llvm_unreachable("not a function of one argument");
+    break;
   }
-  Val val = *arg;
-  val.value = result;
-  return val;
+  llvm_unreachable("not a function of one argument");
 }
 
 /// `sum(v)` and `mean(v)`: one value per sample, from a vector.

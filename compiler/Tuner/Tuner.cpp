@@ -24,6 +24,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <iterator>
 #include <poll.h>
 #include <sys/wait.h>
 #include <thread>
@@ -60,23 +61,11 @@ KernelConfig cellc::tuner::defaultConfig(TuneTarget target, int64_t batch) {
 //===----------------------------------------------------------------------===//
 
 llvm::StringRef cellc::tuner::nameOf(Candidate::Status status) {
-  switch (status) {
-  case Candidate::Status::Untried:
-    return "not timed";
-  case Candidate::Status::Ok:
-    return "ok";
-  case Candidate::Status::Pruned:
-    return "pruned";
-  case Candidate::Status::CompileError:
-    return "compile error";
-  case Candidate::Status::Crashed:
-    return "crashed";
-  case Candidate::Status::Wrong:
-    return "wrong results";
-  case Candidate::Status::OverBudget:
-    return "over budget";
-  }
-  return "?";
+  static constexpr llvm::StringLiteral names[] = {
+      "not timed", "ok",           "pruned",     "compile error",
+      "crashed",   "wrong results", "over budget"};
+  static_assert(std::size(names) == size_t(Candidate::Status::OverBudget) + 1);
+  return names[size_t(status)];
 }
 
 namespace {

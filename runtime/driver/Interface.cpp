@@ -103,15 +103,9 @@ std::optional<Recompute> Recompute::parse(std::string_view text) {
 }
 
 std::string Recompute::str() const {
-  switch (kind) {
-  case Kind::None:
-    return "none";
-  case Kind::Full:
-    return "full";
-  case Kind::Chunk:
+  if (kind == Kind::Chunk)
     return "chunk:" + std::to_string(chunk);
-  }
-  return "";
+  return kind == Kind::Full ? "full" : "none";
 }
 
 //===----------------------------------------------------------------------===//

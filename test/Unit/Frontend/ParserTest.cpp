@@ -54,27 +54,30 @@ static std::string parseExpr(llvm::StringRef expr) {
   return tree.drop_front(prefix.size()).str();
 }
 
-TEST(ParserTest, MultiplicationBindsTighterThanAddition) {
-  EXPECT_EQ(parseExpr("a + b * c"), "    Binary +\n      Name a\n"
-                                    "      Binary *\n        Name b\n"
-                                    "        Name c\n");
-}
-
-TEST(ParserTest, MatvecBindsLikeMultiplication) {
-  EXPECT_EQ(parseExpr("W @ x + b"), "    Binary +\n      Binary @\n"
-                                    "        Name W\n        Name x\n"
-                                    "      Name b\n");
-}
-
-TEST(ParserTest, SubtractionIsLeftAssociative) {
-  EXPECT_EQ(parseExpr("a - b - c"), "    Binary -\n      Binary -\n"
-                                    "        Name a\n        Name b\n"
-                                    "      Name c\n");
-}
-
-TEST(ParserTest, UnaryMinusAndParentheses) {
-  EXPECT_EQ(parseExpr("-(a + 1)"), "    Neg\n      Binary +\n"
-                                   "        Name a\n        Number 1\n");
+/// How operators group: '*' and '@' bind tighter than '+', '-' groups to
+/// the left, and unary minus takes a parenthesized operand whole.
+TEST(ParserTest, PrecedenceAndAssociativity) {
+  struct Case {
+    const char *expr;
+    const char *tree;
+  };
+  const Case cases[] = {
+      {"a + b * c",
+       "    Binary +\n      Name a\n      Binary *\n        Name b\n"
+       "        Name c\n"},
+      {"W @ x + b",
+       "    Binary +\n      Binary @\n        Name W\n        Name x\n"
+       "      Name b\n"},
+      {"a - b - c",
+       "    Binary -\n      Binary -\n        Name a\n        Name b\n"
+       "      Name c\n"},
+      {"-(a + 1)", "    Neg\n      Binary +\n        Name a\n"
+                   "        Number 1\n"},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.expr);
+    EXPECT_EQ(parseExpr(c.expr), c.tree);
+  }
 }
 
 TEST(ParserTest, ReportsEmptyFiles) {
