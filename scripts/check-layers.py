@@ -3,10 +3,10 @@
 its own layer or of lower ones, and the runtime (the driver, the CPU and
 the CUDA runtimes) includes nothing of LLVM or MLIR. From the bottom:
 
-  words     dialects/Cell/IR/KernelInterface.{h,def}: plain C++
+  words     dialects/Cell/IR/KernelInterface.{h,def}, EmulatorHooks.def: plain C++
   dialect   dialects/
   compiler  compiler/Frontend, Conversion, Pipelines
-  runtime   runtime/driver, runtime/cpu, runtime/cuda: no LLVM, no MLIR,
+  runtime   runtime/driver, runtime/cpu, runtime/cuda, runtime/emu: no LLVM, no MLIR,
             nothing of the dialect or the compiler (the words only)
   jit       jit/: compile to a CPU package, the kernel and tuning caches
   tuner     compiler/Tuner
@@ -34,13 +34,13 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 # The library each source directory (or file) is built into; the words are
 # header-only.
 OWNERS = [
-    ("dialects/Cell/IR/KernelInterface.", None),
+    ("dialects/Cell/IR/KernelInterface.", None), ("dialects/Cell/IR/EmulatorHooks.", None),
     ("dialects/Cell/IR/", "CellDialect"), ("dialects/Cell/Transforms/", "CellTransforms"),
     ("compiler/Frontend/", "CellFrontend"), ("compiler/Conversion/", "CellConversion"),
     ("compiler/Pipelines/", "CellPipelines"), ("compiler/Tuner/", "CellTuner"),
     ("jit/", "CellJit"),
     ("runtime/driver/", "cellc_runtime"), ("runtime/cpu/", "cellc_runtime"),
-    ("runtime/cuda/", "cellc_runtime"),
+    ("runtime/cuda/", "cellc_runtime"), ("runtime/emu/", "cellc_runtime"),
 ]
 TARGET = re.compile(r"(?:add_library|add_executable|add_llvm_executable|pybind11_add_module)"
                     r"\s*\(([^)]*)\)")
@@ -97,7 +97,7 @@ SOURCES = (".h", ".cpp", ".def", ".inc")
 
 def layer_of(path):
     """The layer of a repository path (None: not a cellc source)."""
-    if path.startswith("dialects/Cell/IR/KernelInterface."):
+    if path.startswith(("dialects/Cell/IR/KernelInterface.", "dialects/Cell/IR/EmulatorHooks.")):
         return "words"
     if path.startswith("dialects/"):
         return "dialect"

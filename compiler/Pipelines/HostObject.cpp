@@ -33,34 +33,35 @@ static llvm::Error fail(const llvm::Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
 }
 
-/// Adds `cellc_packed_<k>(void **args)` for each `_mlir_ciface_<k>`: a
-/// pointer to each argument (for a memref, to the pointer to its
-/// descriptor; for an index, to its value), so that a runtime calls every
-/// kernel through one C type (runtime/cpu/CpuCell.cpp, callPacked).
+void cellc::addPackedEntry(llvm::Function &kernel, llvm::StringRef name) {
+  llvm::Module &module = *kernel.getParent();
+  llvm::LLVMContext &context = module.getContext();
+  llvm::Type *ptr = llvm::PointerType::getUnqual(context);
+  auto *type = llvm::FunctionType::get(llvm::Type::getVoidTy(context), {ptr}, false);
+  auto *packed = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage,
+                                        "cellc_packed_" + name, module);
+  llvm::IRBuilder<> builder(llvm::BasicBlock::Create(context, "entry", packed));
+  llvm::Value *args = packed->getArg(0);
+  std::vector<llvm::Value *> values;
+  for (llvm::Argument &arg : kernel.args()) {
+    llvm::Value *slot = builder.CreateConstGEP1_64(ptr, args, arg.getArgNo());
+    llvm::Value *address = builder.CreateLoad(ptr, slot);
+    values.push_back(builder.CreateLoad(arg.getType(), address));
+  }
+  builder.CreateCall(&kernel, values);
+  builder.CreateRetVoid();
+}
+
+/// Adds `cellc_packed_<k>` for each `_mlir_ciface_<k>` (addPackedEntry): for
+/// a memref, the pointer to its descriptor; for an index, its value.
 static void addPackedEntries(llvm::Module &module) {
   llvm::StringRef prefix = "_mlir_ciface_";
   std::vector<llvm::Function *> kernels;
   for (llvm::Function &func : module)
     if (!func.isDeclaration() && func.getName().starts_with(prefix))
       kernels.push_back(&func);
-  llvm::LLVMContext &context = module.getContext();
-  llvm::Type *ptr = llvm::PointerType::getUnqual(context);
-  auto *type = llvm::FunctionType::get(llvm::Type::getVoidTy(context), {ptr}, false);
-  for (llvm::Function *kernel : kernels) {
-    auto *packed = llvm::Function::Create(
-        type, llvm::GlobalValue::ExternalLinkage,
-        "cellc_packed_" + kernel->getName().drop_front(prefix.size()), module);
-    llvm::IRBuilder<> builder(llvm::BasicBlock::Create(context, "entry", packed));
-    llvm::Value *args = packed->getArg(0);
-    std::vector<llvm::Value *> values;
-    for (llvm::Argument &arg : kernel->args()) {
-      llvm::Value *slot = builder.CreateConstGEP1_64(ptr, args, arg.getArgNo());
-      llvm::Value *address = builder.CreateLoad(ptr, slot);
-      values.push_back(builder.CreateLoad(arg.getType(), address));
-    }
-    builder.CreateCall(kernel, values);
-    builder.CreateRetVoid();
-  }
+  for (llvm::Function *kernel : kernels)
+    addPackedEntry(*kernel, kernel->getName().drop_front(prefix.size()));
 }
 
 /// The host's target machine: its CPU model and features, PIC.
@@ -116,17 +117,21 @@ llvm::Error cellc::writeHostSharedObject(mlir::ModuleOp module, llvm::StringRef 
   std::unique_ptr<llvm::Module> ir = mlir::translateModuleToLLVMIR(module, context);
   if (!ir)
     return fail("cellc: translating the CPU kernels to LLVM IR failed");
+  addPackedEntries(*ir);
+  return compileHostSharedObject(*ir, path);
+}
+
+llvm::Error cellc::compileHostSharedObject(llvm::Module &ir, llvm::StringRef path) {
   auto machine = hostMachine();
   if (!machine)
     return machine.takeError();
-  ir->setDataLayout((*machine)->createDataLayout());
-  ir->setTargetTriple((*machine)->getTargetTriple().str());
-  addPackedEntries(*ir);
+  ir.setDataLayout((*machine)->createDataLayout());
+  ir.setTargetTriple((*machine)->getTargetTriple().str());
   // The optimizer as the JIT ran it: O3, without the target's cost model
   // (the kernels come vectorized from the vector dialect).
   auto optimize = mlir::makeOptimizingTransformer(/*optLevel=*/3, /*sizeLevel=*/0,
                                                   /*targetMachine=*/nullptr);
-  if (llvm::Error e = optimize(ir.get()))
+  if (llvm::Error e = optimize(&ir))
     return e;
 
   llvm::SmallString<128> object;
@@ -140,7 +145,7 @@ llvm::Error cellc::writeHostSharedObject(mlir::ModuleOp module, llvm::StringRef 
     if ((*machine)->addPassesToEmitFile(codegen, os, nullptr,
                                         llvm::CodeGenFileType::ObjectFile))
       return fail("cellc: the host target cannot emit object files");
-    codegen.run(*ir);
+    codegen.run(ir);
   }
   auto cc = linker();
   if (!cc) {

@@ -147,7 +147,7 @@ llvm::Error writeJson(llvm::StringRef dir, llvm::json::Object meta) {
 
 llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
                                 const PipelineOptions &cuda, llvm::StringRef arch,
-                                llvm::StringRef dtype) {
+                                llvm::StringRef dtype, bool simt) {
   mlir::MLIRContext &context = *cell.getContext();
   if (std::error_code ec = llvm::sys::fs::create_directories(dir))
     return fail("cellc: error: cannot create '" + dir + "': " + ec.message());
@@ -157,7 +157,7 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
   meta["precision"] = name(cuda.precision);
   meta["strategy"] = name(cuda.strategy);
   meta["storage"] = name(cuda.storage);
-  llvm::json::Object variants, kernels;
+  llvm::json::Object variants, simtObjects, kernels;
   for (bool saveGates : {true, false}) {
     auto built = buildVariant(cell, cuda, saveGates, "CUDA");
     if (!built)
@@ -184,6 +184,14 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
     nvvm.addPass(mlir::cell::createConvertKernelsToNVVM());
     if (mlir::failed(nvvm.run(*module)))
       return fail("cellc: lowering the CUDA kernels to NVVM failed");
+    // The emulator's object first: serializing to PTX replaces the
+    // gpu.module with its binary.
+    if (simt) {
+      std::string object = saveGates ? "save.simt.so" : "replay.simt.so";
+      if (llvm::Error e = writeSimtSharedObject(*module, (dir + "/" + object).str()))
+        return e;
+      simtObjects[saveGates ? "save" : "replay"] = object;
+    }
     auto ptx = serializeToPTX(*module, arch);
     if (!ptx)
       return ptx.takeError();
@@ -196,6 +204,8 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
     variants[saveGates ? "save" : "replay"] = name;
   }
   meta["ptx"] = std::move(variants);
+  if (simt)
+    meta["simt"] = std::move(simtObjects);
   meta["kernels"] = std::move(kernels);
   return writeJson(dir, std::move(meta));
 }

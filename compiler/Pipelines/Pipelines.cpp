@@ -131,6 +131,7 @@ llvm::Error cellc::printStage(ModuleOp module, Emit emit,
     break;
   case Emit::Nvvm:
   case Emit::Ptx:
+  case Emit::Simt:
     stage = Stage::NVVM;
     break;
   case Emit::Ast:
@@ -152,6 +153,8 @@ llvm::Error cellc::printStage(ModuleOp module, Emit emit,
     os << *ptx;
     return llvm::Error::success();
   }
+  case Emit::Simt:
+    return printSimtIR(module, os);
   case Emit::Plan:
     // The memory table that follows needs the driver: jit::printStage.
     cell::printSavePlan(module, os);

@@ -12,6 +12,11 @@
 
 #include <optional>
 
+namespace llvm {
+class Function;
+class Module;
+} // namespace llvm
+
 namespace cellc {
 
 /// The stages of compilation, in order. Each names the IR after its passes.
@@ -111,11 +116,12 @@ llvm::Expected<std::string> serializeToPTX(mlir::ModuleOp module,
 
 /// Writes an AOT package of `cell` (front-end cell IR, sizes bound) to `dir`:
 /// the PTX for `arch` of both SAVE_GATES variants built with the CUDA
-/// `options`, and kernels.json. Pass errors are reported to the context's
-/// diagnostic handler too.
+/// `options`, and kernels.json. With `simt`, also each variant compiled for
+/// the SIMT emulator (save.simt.so, replay.simt.so; writeSimtSharedObject).
+/// Pass errors are reported to the context's diagnostic handler too.
 llvm::Error writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
                          const PipelineOptions &options, llvm::StringRef arch,
-                         llvm::StringRef dtype);
+                         llvm::StringRef dtype, bool simt = false);
 
 /// Runs the passes up to `emit` (a stage of KernelInterface.def that prints
 /// IR: mlir, split, grad, saves, plan, phases, kernels, llvm, nvvm, ptx) on
@@ -155,10 +161,29 @@ llvm::Error writeCpuPackage(const CpuPackage &package, llvm::StringRef dir);
 /// **args)` for each kernel; links with `$CELLC_CC` or the system's cc.
 llvm::Error writeHostSharedObject(mlir::ModuleOp module, llvm::StringRef path);
 
+/// Compiles `ir` at O3 for the host CPU (its triple, model and features,
+/// PIC) into the shared object `path`; links with `$CELLC_CC` or cc.
+llvm::Error compileHostSharedObject(llvm::Module &ir, llvm::StringRef path);
+
+/// Adds `cellc_packed_<name>(void **args)` to `kernel`'s module: it calls
+/// `kernel` with the value that each `args[i]` points to, so that a runtime
+/// calls every kernel through one C type (as cuLaunchKernel takes them).
+void addPackedEntry(llvm::Function &kernel, llvm::StringRef name);
+
 /// The vector features of the host CPU that code compiled for it may use,
 /// among those a runtime can check (runtime/cpu/Kernels.h, hostHas):
 /// kernels.json's "cpu_features".
 std::vector<std::string> hostVectorFeatures();
+
+/// The SIMT emulator's object: the CUDA kernels of `module` (at Stage::NVVM)
+/// as the NVPTX backend would take them, retargeted to the host
+/// (retargetSimtToHost), compiled into the shared object `path` with an
+/// entry `cellc_packed_<k>` per kernel that takes cuLaunchKernel's
+/// arguments.
+llvm::Error writeSimtSharedObject(mlir::ModuleOp module, llvm::StringRef path);
+
+/// The same LLVM IR, retargeted and printed (--emit=simt).
+llvm::Error printSimtIR(mlir::ModuleOp module, llvm::raw_ostream &os);
 
 /// Registers the pipelines with the pass registry, for cellc-opt.
 void registerPipelines();

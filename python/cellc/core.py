@@ -59,7 +59,7 @@ class Cell:
     (sizes, dtype) on first use, and cached on disk."""
 
     def __init__(self, source, file_name="<cell>", target=None, threads=0, cuda=None):
-        targets = list(_cellc.Target.__members__)
+        targets = list(_cellc.Target.__members__) + [EMULATED]
         if target is not None and target not in targets:
             raise ValueError(f"unknown target {target!r}; expected None, "
                              + " or ".join(repr(t) for t in targets))
@@ -71,6 +71,8 @@ class Cell:
         self.source = source
         self.file_name = file_name
         self.target = target
+        #: Whether the CUDA kernels run in the SIMT emulator, on CPU tensors.
+        self.emulated = target == EMULATED
         self.threads = threads
         decls = _cellc.declarations(source, file_name)
         self._decls = decls
@@ -210,7 +212,7 @@ class Cell:
         JIT-compiled cell (for `batch`'s tuned config; batch 0: any compiled
         one) or the CUDA kernels, each with layout, forward_kept and
         backward_kept."""
-        if device.type == "cuda":
+        if self._runs_cuda(device):
             return self._cuda_cell(sizes, dtype, device)
         same = [c for (s, d, _), c in self._compiled.items()
                 if s == tuple(sorted(sizes.items())) and d == dtype] if not batch else []
@@ -256,7 +258,11 @@ class Cell:
         if device.type not in ("cpu", "cuda"):
             raise RuntimeError(f"cellc runs cells on CPU and CUDA tensors, not {device.type}")
         cuda = _cellc.Target.cuda.name
-        if (device.type == "cuda") != (self.target == cuda) and self.target is not None:
+        if self.emulated and device.type != "cpu":
+            raise ValueError(f"target={EMULATED!r} runs the CUDA kernels in the SIMT emulator "
+                             f"on CPU tensors, but the tensors are on {device}")
+        if ((device.type == "cuda") != (self.target == cuda) and self.target is not None
+                and not self.emulated):
             raise ValueError(f"this cell was compiled with target={self.target!r}, "
                              f"but the tensors are on {device}")
         for name, t in zip(names_in, inputs):
@@ -282,7 +288,7 @@ class Cell:
             return self._call_op(sizes, inputs, [params[n] for n in names_par], states,
                                  resets, mode, batch_first, lengths)
         lengths = _check_lengths(lengths, T, B)
-        if device.type == "cuda":
+        if self._runs_cuda(device):
             return self._call_cuda(sizes, names_in, inputs, names_par, params, states, resets,
                                    save_gates, recompute, batch_first, device, lengths)
         compiled = self.jit(sizes, dtype, batch=B, seq_len=T)
@@ -295,10 +301,11 @@ class Cell:
         """A call through the torch operator cellc::sequence (torch >= 2.4):
         what torch.compile and torch.export trace. Reads no tensor's values."""
         x0 = inputs[0]
-        if x0.is_cuda and x0.dtype not in (torch.float32, torch.bfloat16):
+        cuda_kernels = self._runs_cuda(x0.device)
+        if cuda_kernels and x0.dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"cellc's CUDA kernels take float32 or bfloat16 tensors, not "
                             f"{x0.dtype}")
-        if not x0.is_cuda and x0.dtype not in _DTYPES:
+        if not cuda_kernels and x0.dtype not in _DTYPES:
             raise TypeError(f"cellc runs float32 and float64 tensors on the CPU, not "
                             f"{x0.dtype} (under torch.autocast it casts bfloat16 and "
                             f"float16 to float32)")
@@ -314,7 +321,7 @@ class Cell:
                 # The CUDA kernels' states are float32 whatever the storage.
                 state_list.append(t if t is not None else x0.new_zeros(
                     B, self.shape(n, sizes)[0],
-                    dtype=torch.float32 if x0.is_cuda else x0.dtype))
+                    dtype=torch.float32 if cuda_kernels else x0.dtype))
         inputs, params, state_list = ([t.contiguous() for t in ts]
                                       for ts in (inputs, params, state_list))
         training = torch.is_grad_enabled() and any(
@@ -363,7 +370,7 @@ class Cell:
     # CUDA --------------------------------------------------------------------
 
     def cuda_package(self, sizes, *, arch="sm_90", strategy=None, precision="ieee",
-                     storage="f32", batch_tile=0, ctas=0, shared_limit=0):
+                     storage="f32", batch_tile=0, ctas=0, shared_limit=0, simt=False):
         """Compiles the cell for CUDA at `sizes` into an AOT package (PTX of both
         SAVE_GATES variants and kernels.json, as `cellc --emit=package` writes)
         in the cache directory, once per cell, sizes, options and compiler
@@ -371,9 +378,10 @@ class Cell:
         as `cellc` chooses it: batch-tiled where a CTA's buffers fit in 48
         KiB, else persistent. `shared_limit` (persistent: the dynamic shared
         memory of a CTA; 0: 49152 when persistent is named, the `arch`'s
-        opt-in when chosen)."""
+        opt-in when chosen). With `simt`, the package holds the kernels for
+        the SIMT emulator too (target="cuda-emu")."""
         strategy = strategy or ""
-        options = [arch, strategy, precision, storage, batch_tile, ctas, shared_limit]
+        options = [arch, strategy, precision, storage, batch_tile, ctas, shared_limit, simt]
         key = hashlib.sha256(json.dumps(
             [_cellc.compiler_version(), self.source, sorted(sizes.items()), options]
         ).encode()).hexdigest()[:32]
@@ -385,7 +393,7 @@ class Cell:
             shutil.rmtree(tmp, ignore_errors=True)
             try:
                 _cellc.package(self.source, self.file_name, sizes, tmp, arch, strategy,
-                               precision, storage, batch_tile, ctas, shared_limit)
+                               precision, storage, batch_tile, ctas, shared_limit, simt)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
@@ -395,7 +403,7 @@ class Cell:
                 shutil.rmtree(tmp, ignore_errors=True)
         return path
 
-    def _device_package(self, sizes, arch, storage, shared_optin):
+    def _device_package(self, sizes, arch, storage, shared_optin, simt=False):
         """The package for a device of `arch` whose CTAs may opt in to
         `shared_optin` bytes of shared memory: the cell's CUDA options; when
         they name no strategy, chosen as `cuda_package` chooses it, a
@@ -404,15 +412,27 @@ class Cell:
         options = dict(self.cuda_options)
         if "strategy" not in options:
             options["shared_limit"] = options.get("shared_limit") or shared_optin
-        return self.cuda_package(sizes, arch=arch, storage=storage, **options)
+        return self.cuda_package(sizes, arch=arch, storage=storage, simt=simt, **options)
+
+    def _runs_cuda(self, device):
+        """Whether tensors on `device` run the CUDA kernels: on a GPU, or in
+        the SIMT emulator (target="cuda-emu")."""
+        return device.type == "cuda" or self.emulated
 
     def _cuda_cell(self, sizes, dtype, device):
         """The CUDA kernels at `sizes` for `device`, stored as `dtype`
-        (bfloat16, else float32): loaded once."""
+        (bfloat16, else float32): loaded once. Emulated, for an H100 (sm_90,
+        and its opt-in shared memory)."""
         from . import cuda
-        index = device.index if device.index is not None else torch.cuda.current_device()
         storage = (_cellc.Storage.bf16 if dtype == torch.bfloat16
                    else _cellc.Storage.f32).name
+        if self.emulated:
+            key = (tuple(sorted(sizes.items())), storage, EMULATED)
+            if key not in self._cuda:
+                path = self._device_package(sizes, "sm_90", storage, 232448, simt=True)
+                self._cuda[key] = cuda.CudaCell(cuda.Package(path), emulate=True)
+            return self._cuda[key]
+        index = device.index if device.index is not None else torch.cuda.current_device()
         key = (tuple(sorted(sizes.items())), storage, index)
         cell = self._cuda.get(key)
         if cell is None:
@@ -441,6 +461,9 @@ class Cell:
             out = next(iter(out.values()))
         return out, final
 
+
+#: The target that runs the CUDA kernels in the SIMT emulator, on the CPU.
+EMULATED = "cuda-emu"
 
 _CUDA_OPTIONS = {"strategy", "precision", "batch_tile", "ctas", "shared_limit"}
 
@@ -536,7 +559,10 @@ def compile(source, target=None, *, threads=0, cuda=None):
     .cell file. Kernels are compiled per (sizes, dtype) on first use.
     `cuda`: the CUDA kernels' options, from those of `Cell.cuda_package`
     (strategy, precision, batch_tile, ctas, shared_limit); the storage
-    follows the inputs' dtype."""
+    follows the inputs' dtype. `target`: None (the tensors' device), "cpu",
+    "cuda", or "cuda-emu": the CUDA kernels, run on CPU tensors in the SIMT
+    emulator (every CUDA thread a fiber, with race, bounds and deadlock
+    checks; see README)."""
     file_name = "<cell>"
     if "{" not in source and os.path.exists(source):
         file_name = source

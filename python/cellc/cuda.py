@@ -82,6 +82,14 @@ def _library():
                                       ctypes.POINTER(ctypes.c_void_p)] + err
     lib.cellc_cuda_registers.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
                                          ctypes.POINTER(ctypes.c_int)] + err
+    # The SIMT emulator (runtime/emu/Simt.h).
+    lib.cellc_emu_load.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)] + err
+    lib.cellc_emu_unload.argtypes = [ctypes.c_void_p]
+    lib.cellc_emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint,
+                                     ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                                     ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                                     ctypes.POINTER(ctypes.c_int64), ctypes.c_int64,
+                                     ctypes.c_uint64] + err
     # The sequence driver (runtime/driver/DriverC.h).
     V = ctypes.POINTER(_View)
     lib.cellc_element.argtypes = [ctypes.c_char_p]
@@ -187,25 +195,48 @@ class CudaCell:
     as torch GEMMs, then the forward kernel; in backward, the backward kernel
     and the weight and input gradients as torch GEMMs. Its buffers are torch
     tensors (the kernels allocate nothing), so it can be captured in a graph.
+
+    With `emulate`, the same kernels run on the CPU in the SIMT emulator
+    (runtime/emu): the package's `simt` objects, every CUDA thread a fiber,
+    with its race, bounds and deadlock checks. The tensors are then CPU
+    tensors, and everything else (the driver, the arguments, the grids) is
+    as on a GPU. `shuffle_seed` (nonzero) shuffles the threads' order
+    between sync points.
     """
 
-    def __init__(self, package, device=0):
+    def __init__(self, package, device=0, emulate=False, shuffle_seed=0):
         self.package = package
+        self.emulate = emulate
+        self.shuffle_seed = shuffle_seed
         lib = _library()
         self._lib = lib
         self.modules = {}
-        for variant, ptx in package.ptx.items():
-            handle = ctypes.c_void_p()
-            buf = ctypes.create_string_buffer(8192)
-            _check(lib.cellc_cuda_load(device, ptx.encode(), ctypes.byref(handle),
-                                       buf, len(buf)), buf)
-            self.modules[variant] = handle
+        buf = ctypes.create_string_buffer(8192)
+        if emulate:
+            objects = package.meta.get("simt")
+            if not objects:
+                raise ValueError(f"{package.directory}: the package has no kernels for the "
+                                 "SIMT emulator (cellc --emit=package --simt)")
+            for variant, name in objects.items():
+                handle = ctypes.c_void_p()
+                path = os.path.join(package.directory, name)
+                _check(lib.cellc_emu_load(path.encode(), ctypes.byref(handle), buf,
+                                          len(buf)), buf)
+                self.modules[variant] = handle
+        else:
+            for variant, ptx in package.ptx.items():
+                handle = ctypes.c_void_p()
+                _check(lib.cellc_cuda_load(device, ptx.encode(), ctypes.byref(handle),
+                                           buf, len(buf)), buf)
+                self.modules[variant] = handle
         #: Bytes the last call kept for its backward (0 without autograd).
         self.saved_bytes = 0
 
     def __del__(self):
+        unload = (self._lib.cellc_emu_unload if getattr(self, "emulate", False)
+                  else self._lib.cellc_cuda_unload)
         for handle in getattr(self, "modules", {}).values():
-            self._lib.cellc_cuda_unload(handle)
+            unload(handle)
 
     def memory_stats(self):
         """The bytes the driver held in the last forward and backward, as
@@ -217,6 +248,9 @@ class CudaCell:
                          "live_bytes"], out))
 
     def registers(self, kernel, variant="save"):
+        if self.emulate:
+            raise CudaError("registers are the CUDA driver's figure; the SIMT emulator "
+                            "has none")
         n = ctypes.c_int()
         buf = ctypes.create_string_buffer(1024)
         _check(self._lib.cellc_cuda_registers(self.modules[variant], kernel.encode(),
@@ -235,7 +269,7 @@ class CudaCell:
         args = info["args"]
         if len(tensors) != len(args):
             raise ValueError(f"{kernel} takes {len(args)} arguments, got {len(tensors)}")
-        keep, ptrs = [], []
+        keep, ptrs, buffers = [], [], []
 
         def push(value):
             keep.append(value)
@@ -249,12 +283,13 @@ class CudaCell:
             if t.dim() != len(shape) or any(s not in (-1, d) for s, d in zip(shape, t.shape)):
                 raise ValueError(f"{kernel}: argument {arg['kind']} {arg['name']} "
                                  f"needs shape {shape}, got {list(t.shape)}")
-            if not t.is_cuda or not t.is_contiguous():
+            if t.is_cuda == self.emulate or not t.is_contiguous():
                 raise ValueError(f"{kernel}: argument {arg['name']} must be a "
-                                 "contiguous CUDA tensor")
+                                 f"contiguous {self._device_kind} tensor")
             if t.dtype != _torch_dtype(arg):
                 raise TypeError(f"{kernel}: argument {arg['kind']} {arg['name']} "
                                 f"must be {_torch_dtype(arg)}, got {t.dtype}")
+            buffers += [t.data_ptr(), t.numel() * t.element_size()]
             push(ctypes.c_void_p(t.data_ptr()))
             push(ctypes.c_void_p(t.data_ptr()))
             push(ctypes.c_int64(0))
@@ -268,14 +303,25 @@ class CudaCell:
             grid, cooperative = (info["ctas"], tiles), 1
         else:
             grid, cooperative = (tiles, 1), 0
+        buf = ctypes.create_string_buffer(1024)
+        if self.emulate:
+            ranges = (ctypes.c_int64 * max(1, len(buffers)))(*buffers)
+            _check(self._lib.cellc_emu_launch(
+                self.modules[variant], kernel.encode(), grid[0], grid[1], info["threads"],
+                info.get("dynamic_shared_bytes", 0), cooperative, params, ranges,
+                len(buffers) // 2, self.shuffle_seed, buf, len(buf)), buf)
+            return
         if stream is None:
             stream = torch.cuda.current_stream().cuda_stream
-        buf = ctypes.create_string_buffer(1024)
         _check(self._lib.cellc_cuda_launch(self.modules[variant], kernel.encode(),
                                            grid[0], grid[1], info["threads"],
                                            info.get("dynamic_shared_bytes", 0),
                                            cooperative, ctypes.c_void_p(stream),
                                            params, buf, len(buf)), buf)
+
+    @property
+    def _device_kind(self):
+        return "CPU (the SIMT emulator's)" if self.emulate else "CUDA"
 
     @property
     def storage(self):
@@ -291,8 +337,9 @@ class CudaCell:
             if t.dtype not in (torch.float32, torch.bfloat16):
                 raise TypeError(f"CudaCell's kernels take float32 or bfloat16 tensors, "
                                 f"got {t.dtype}")
-            if not t.is_cuda:
-                raise ValueError(f"CudaCell runs on CUDA tensors; got a tensor on {t.device}")
+            if t.is_cuda == self.emulate:
+                raise ValueError(f"CudaCell runs on {self._device_kind} tensors; got a tensor "
+                                 f"on {t.device}")
             if t.device != device:
                 raise ValueError(f"all tensors must be on one device; got {device} and {t.device}")
 

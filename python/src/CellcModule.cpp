@@ -122,7 +122,8 @@ emit(const std::string &source, const std::string &fileName,
   // `cellc --emit` prints them (printStage).
   std::optional<Emit> parsed = parse<Emit>(stage);
   if (!parsed || *parsed == Emit::Ast || *parsed == Emit::Summary ||
-      *parsed == Emit::Ptx || *parsed == Emit::Package || *parsed == Emit::Nvvm)
+      *parsed == Emit::Ptx || *parsed == Emit::Package || *parsed == Emit::Nvvm ||
+      *parsed == Emit::Simt)
     throw py::value_error("unknown stage '" + stage +
                           "'; expected mlir, split, grad, saves, plan, phases, "
                           "kernels or llvm (ptx: Cell.emit builds the package)");
@@ -145,7 +146,7 @@ void package(const std::string &source, const std::string &fileName,
              const std::map<std::string, int64_t> &sizes, const std::string &dir,
              const std::string &arch, const std::string &strategy,
              const std::string &precision, const std::string &storage,
-             int64_t batchTile, int64_t ctas, int64_t sharedLimit) {
+             int64_t batchTile, int64_t ctas, int64_t sharedLimit, bool simt) {
   CellSource src(source, fileName);
   mlir::MLIRContext context;
   SizeBindings bindings(sizes.begin(), sizes.end());
@@ -183,7 +184,7 @@ void package(const std::string &source, const std::string &fileName,
     options = chooseCudaStrategy(*module, options, arch);
   else if (options.sharedLimit <= 0)
     options.sharedLimit = 49152;
-  if (llvm::Error e = writePackage(*module, dir, options, arch, "f32"))
+  if (llvm::Error e = writePackage(*module, dir, options, arch, "f32", simt))
     throw py::value_error(src.diagnostics() + llvm::toString(std::move(e)));
 }
 
@@ -297,5 +298,6 @@ PYBIND11_MODULE(_cellc, m) {
   m.def("package", &package, py::arg("source"), py::arg("file_name"), py::arg("sizes"),
         py::arg("dir"), py::arg("arch") = "sm_90", py::arg("strategy") = "batch-tiled",
         py::arg("precision") = "ieee", py::arg("storage") = "f32",
-        py::arg("batch_tile") = 0, py::arg("ctas") = 0, py::arg("shared_limit") = 49152);
+        py::arg("batch_tile") = 0, py::arg("ctas") = 0, py::arg("shared_limit") = 49152,
+        py::arg("simt") = false);
 }

@@ -63,6 +63,10 @@ driver::Status SharedObject::open(const std::string &path) {
   return driver::Status();
 }
 
+void *SharedObject::symbol(const std::string &name) const {
+  return handle ? dlsym(handle, name.c_str()) : nullptr;
+}
+
 Entry SharedObject::entry(const std::string &name) const {
   return handle ? reinterpret_cast<Entry>(dlsym(handle, ("cellc_packed_" + name).c_str()))
                 : nullptr;

@@ -64,6 +64,8 @@ public:
   driver::Status open(const std::string &path);
   /// The packed entry of kernel `name`, or null.
   Entry entry(const std::string &name) const;
+  /// The address of the symbol `name`, or null.
+  void *symbol(const std::string &name) const;
 
 private:
   void *handle = nullptr;

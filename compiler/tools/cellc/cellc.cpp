@@ -155,6 +155,13 @@ static cl::opt<std::string> dtype("dtype",
                                   cl::desc("Element type: f32, f64, f16, bf16"),
                                   cl::init("f32"));
 
+static cl::opt<bool> simtObjects(
+    "simt",
+    cl::desc("With --emit=package --target=cuda: also the kernels compiled for the "
+             "SIMT emulator, save.simt.so and replay.simt.so (Python's "
+             "target=\"cuda-emu\" runs them)"),
+    cl::init(false));
+
 /// The command line's words, parsed once through KernelInterface.h.
 static struct {
   std::optional<Target> target;
@@ -166,7 +173,7 @@ static struct {
 /// Whether the kernels are built for CUDA: asked for, or implied by the stage.
 static bool targetsCuda() {
   return words.target == Target::Cuda || emitAction == Emit::Nvvm ||
-         emitAction == Emit::Ptx ||
+         emitAction == Emit::Ptx || emitAction == Emit::Simt ||
          (emitAction == Emit::Package && words.target != Target::Cpu);
 }
 
@@ -263,13 +270,15 @@ static jit::CpuOptions cpuPackageOptions() {
 /// `save.ptx` and `replay.ptx` (the kernels of both SAVE_GATES variants, and
 /// what the runtime needs to call them without MLIR: arguments, tiles,
 /// threads, workgroup bytes); for the CPU, `save.so` and `replay.so`
-/// compiled for this host instead.
+/// compiled for this host instead; with --simt, the CUDA package's kernels
+/// for the SIMT emulator too.
 static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
                          llvm::SourceMgr &sourceMgr) {
   mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
   auto write = [&]() -> llvm::Error {
     if (targetsCuda())
-      return cellc::writePackage(cell, outputFilename, chosenCudaOptions(cell), arch, dtype);
+      return cellc::writePackage(cell, outputFilename, chosenCudaOptions(cell), arch, dtype,
+                                 simtObjects);
     jit::CpuOptions options = cpuPackageOptions();
     auto package = buildCpuPackage(cell, jit::pipelineOptionsOf(options), dtype,
                                    jit::kernelConfigText(options));
