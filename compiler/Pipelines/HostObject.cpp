@@ -65,7 +65,8 @@ static void addPackedEntries(llvm::Module &module) {
 }
 
 /// The host's target machine: its CPU model and features, PIC.
-static llvm::Expected<std::unique_ptr<llvm::TargetMachine>> hostMachine() {
+static llvm::Expected<std::unique_ptr<llvm::TargetMachine>>
+hostMachine(llvm::CodeGenOptLevel level) {
   static std::once_flag once;
   std::call_once(once, [] {
     llvm::InitializeNativeTarget();
@@ -81,7 +82,7 @@ static llvm::Expected<std::unique_ptr<llvm::TargetMachine>> hostMachine() {
     features.AddFeature(feature.first(), feature.second);
   std::unique_ptr<llvm::TargetMachine> machine(target->createTargetMachine(
       triple, llvm::sys::getHostCPUName(), features.getString(), llvm::TargetOptions(),
-      llvm::Reloc::PIC_, std::nullopt, llvm::CodeGenOptLevel::Aggressive));
+      llvm::Reloc::PIC_, std::nullopt, level));
   if (!machine)
     return fail("cellc: cannot create a target machine for " + triple);
   return machine;
@@ -121,15 +122,18 @@ llvm::Error cellc::writeHostSharedObject(mlir::ModuleOp module, llvm::StringRef 
   return compileHostSharedObject(*ir, path);
 }
 
-llvm::Error cellc::compileHostSharedObject(llvm::Module &ir, llvm::StringRef path) {
-  auto machine = hostMachine();
+llvm::Error cellc::compileHostSharedObject(llvm::Module &ir, llvm::StringRef path,
+                                           unsigned optLevel) {
+  auto machine = hostMachine(optLevel >= 3   ? llvm::CodeGenOptLevel::Aggressive
+                             : optLevel == 0 ? llvm::CodeGenOptLevel::None
+                                             : llvm::CodeGenOptLevel::Less);
   if (!machine)
     return machine.takeError();
   ir.setDataLayout((*machine)->createDataLayout());
   ir.setTargetTriple((*machine)->getTargetTriple().str());
   // The optimizer as the JIT ran it: O3, without the target's cost model
   // (the kernels come vectorized from the vector dialect).
-  auto optimize = mlir::makeOptimizingTransformer(/*optLevel=*/3, /*sizeLevel=*/0,
+  auto optimize = mlir::makeOptimizingTransformer(optLevel, /*sizeLevel=*/0,
                                                   /*targetMachine=*/nullptr);
   if (llvm::Error e = optimize(&ir))
     return e;

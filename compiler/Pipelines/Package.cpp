@@ -147,7 +147,8 @@ llvm::Error writeJson(llvm::StringRef dir, llvm::json::Object meta) {
 
 llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
                                 const PipelineOptions &cuda, llvm::StringRef arch,
-                                llvm::StringRef dtype, bool simt) {
+                                llvm::StringRef dtype, bool simt,
+                                llvm::StringRef simtMutation) {
   mlir::MLIRContext &context = *cell.getContext();
   if (std::error_code ec = llvm::sys::fs::create_directories(dir))
     return fail("cellc: error: cannot create '" + dir + "': " + ec.message());
@@ -188,7 +189,8 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
     // gpu.module with its binary.
     if (simt) {
       std::string object = saveGates ? "save.simt.so" : "replay.simt.so";
-      if (llvm::Error e = writeSimtSharedObject(*module, (dir + "/" + object).str()))
+      if (llvm::Error e =
+              writeSimtSharedObject(*module, (dir + "/" + object).str(), simtMutation))
         return e;
       simtObjects[saveGates ? "save" : "replay"] = object;
     }

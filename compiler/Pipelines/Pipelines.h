@@ -121,7 +121,8 @@ llvm::Expected<std::string> serializeToPTX(mlir::ModuleOp module,
 /// Pass errors are reported to the context's diagnostic handler too.
 llvm::Error writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
                          const PipelineOptions &options, llvm::StringRef arch,
-                         llvm::StringRef dtype, bool simt = false);
+                         llvm::StringRef dtype, bool simt = false,
+                         llvm::StringRef simtMutation = "");
 
 /// Runs the passes up to `emit` (a stage of KernelInterface.def that prints
 /// IR: mlir, split, grad, saves, plan, phases, kernels, llvm, nvvm, ptx) on
@@ -161,9 +162,11 @@ llvm::Error writeCpuPackage(const CpuPackage &package, llvm::StringRef dir);
 /// **args)` for each kernel; links with `$CELLC_CC` or the system's cc.
 llvm::Error writeHostSharedObject(mlir::ModuleOp module, llvm::StringRef path);
 
-/// Compiles `ir` at O3 for the host CPU (its triple, model and features,
-/// PIC) into the shared object `path`; links with `$CELLC_CC` or cc.
-llvm::Error compileHostSharedObject(llvm::Module &ir, llvm::StringRef path);
+/// Compiles `ir` at `optLevel` for the host CPU (its triple, model and
+/// features, PIC) into the shared object `path`; links with `$CELLC_CC` or
+/// cc.
+llvm::Error compileHostSharedObject(llvm::Module &ir, llvm::StringRef path,
+                                    unsigned optLevel = 3);
 
 /// Adds `cellc_packed_<name>(void **args)` to `kernel`'s module: it calls
 /// `kernel` with the value that each `args[i]` points to, so that a runtime
@@ -177,13 +180,18 @@ std::vector<std::string> hostVectorFeatures();
 
 /// The SIMT emulator's object: the CUDA kernels of `module` (at Stage::NVVM)
 /// as the NVPTX backend would take them, retargeted to the host
-/// (retargetSimtToHost), compiled into the shared object `path` with an
-/// entry `cellc_packed_<k>` per kernel that takes cuLaunchKernel's
-/// arguments.
-llvm::Error writeSimtSharedObject(mlir::ModuleOp module, llvm::StringRef path);
+/// (SimtToHost.cpp), compiled into the shared object `path` with an entry
+/// `cellc_packed_<k>` per kernel that takes cuLaunchKernel's arguments.
+/// `mutation` plants a bug, for the tests that show the emulator catches
+/// it: "drop-barrier:N" (the N-th bar.sync of the module, from 0, is
+/// gone) or "swap-mma-a" (each mma.sync reads its A registers 0 and 1
+/// swapped); "" plants none.
+llvm::Error writeSimtSharedObject(mlir::ModuleOp module, llvm::StringRef path,
+                                  llvm::StringRef mutation = "");
 
 /// The same LLVM IR, retargeted and printed (--emit=simt).
-llvm::Error printSimtIR(mlir::ModuleOp module, llvm::raw_ostream &os);
+llvm::Error printSimtIR(mlir::ModuleOp module, llvm::raw_ostream &os,
+                        llvm::StringRef mutation = "");
 
 /// Registers the pipelines with the pass registry, for cellc-opt.
 void registerPipelines();

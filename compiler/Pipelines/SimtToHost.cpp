@@ -63,8 +63,8 @@ enum MmaShape { Tf32M16N8K8 = 0, Bf16M16N8K16 = 1 };
 /// Rewrites one module (see the file comment).
 class SimtToHost {
 public:
-  explicit SimtToHost(llvm::Module &module)
-      : module(module), context(module.getContext()),
+  SimtToHost(llvm::Module &module, int dropBarrier, bool swapMmaA)
+      : module(module), dropBarrier(dropBarrier), swapMmaA(swapMmaA), context(module.getContext()),
         ptr(llvm::PointerType::getUnqual(context)), i32(llvm::Type::getInt32Ty(context)),
         i64(llvm::Type::getInt64Ty(context)), f32(llvm::Type::getFloatTy(context)) {}
 
@@ -86,6 +86,10 @@ private:
   std::string where(llvm::Instruction *inst) const;
 
   llvm::Module &module;
+  /// The planted bug: the bar.sync to drop (-1: none), A's registers swapped.
+  int dropBarrier;
+  bool swapMmaA;
+  int barriers = 0;
   llvm::LLVMContext &context;
   llvm::Type *ptr, *i32, *i64, *f32;
   llvm::GlobalVariable *table = nullptr;
@@ -222,13 +226,22 @@ llvm::Error SimtToHost::placeSharedMemory() {
 void SimtToHost::checkAccess(llvm::Instruction *inst, llvm::Value *address,
                              llvm::Type *type, bool write) {
   unsigned space = address->getType()->getPointerAddressSpace();
-  if (space != 3 && llvm::isa<llvm::AllocaInst>(llvm::getUnderlyingObject(address, 0)))
+  const llvm::Value *base = llvm::getUnderlyingObject(address, /*MaxLookup=*/0);
+  if (space != 3 && llvm::isa<llvm::AllocaInst>(base))
     return;
   llvm::IRBuilder<> b(inst);
   uint64_t bytes = module.getDataLayout().getTypeStoreSize(type);
   llvm::Value *generic = b.CreateAddrSpaceCast(address, ptr);
-  b.CreateCall(hook(space == 3 ? Hook::shared_access : Hook::global_access),
-               {generic, b.getInt64(bytes), b.getInt32(write)});
+  if (space == 3) {
+    b.CreateCall(hook(Hook::shared_access), {generic, b.getInt64(bytes), b.getInt32(write)});
+    return;
+  }
+  // The argument the address derives from: its own buffer bounds it.
+  llvm::Value *argument = llvm::ConstantPointerNull::get(llvm::cast<llvm::PointerType>(ptr));
+  if (auto *arg = llvm::dyn_cast<llvm::Argument>(base))
+    argument = b.CreateAddrSpaceCast(const_cast<llvm::Argument *>(arg), ptr);
+  b.CreateCall(hook(Hook::global_access),
+               {generic, b.getInt64(bytes), b.getInt32(write), argument});
 }
 
 /// shfl.sync.{up,down,bfly,idx}.{i32,f32}[p](mask, value, b, c): the hook
@@ -264,6 +277,8 @@ llvm::Value *SimtToHost::emitMma(llvm::CallInst *call, MmaShape shape) {
     llvm::Value *v = call->getArgOperand(i);
     llvm::Value *to = i < 4 ? a : i < 6 ? bRegs : c;
     unsigned k = i < 4 ? i : i < 6 ? i - 4 : i - 6;
+    if (swapMmaA && i < 2)
+      k = 1 - k;
     b.CreateStore(v, b.CreateConstGEP1_64(v->getType(), to, k));
   }
   b.CreateCall(hook(Hook::mma), {b.getInt32(shape), a, bRegs, c, d});
@@ -301,7 +316,8 @@ llvm::Error SimtToHost::rewriteIntrinsic(llvm::CallInst *call, llvm::StringRef n
     if (std::optional<Hook> reg = specialRegister(rest))
       replacement = b.CreateCall(hook(*reg));
   } else if (name == "llvm.nvvm.barrier0") {
-    b.CreateCall(hook(Hook::barrier));
+    if (barriers++ != dropBarrier)
+      b.CreateCall(hook(Hook::barrier));
     call->eraseFromParent();
     return llvm::Error::success();
   } else if (rest.consume_front("llvm.nvvm.shfl.sync.")) {
@@ -476,29 +492,48 @@ translateKernels(mlir::ModuleOp module, llvm::LLVMContext &context,
   return ir;
 }
 
+/// Parses a planted bug (writeSimtSharedObject) and rewrites `ir`.
+llvm::Error retarget(llvm::Module &ir, llvm::StringRef mutation) {
+  int dropBarrier = -1;
+  bool swapMmaA = mutation == "swap-mma-a";
+  llvm::StringRef n = mutation;
+  if (n.consume_front("drop-barrier:")) {
+    if (n.getAsInteger(10, dropBarrier) || dropBarrier < 0)
+      return fail("cellc: bad SIMT mutation '" + mutation + "'");
+  } else if (!mutation.empty() && !swapMmaA) {
+    return fail("cellc: unknown SIMT mutation '" + mutation +
+                "'; expected drop-barrier:N or swap-mma-a");
+  }
+  return SimtToHost(ir, dropBarrier, swapMmaA).run();
+}
+
 } // namespace
 
-llvm::Error cellc::printSimtIR(mlir::ModuleOp module, llvm::raw_ostream &os) {
+llvm::Error cellc::printSimtIR(mlir::ModuleOp module, llvm::raw_ostream &os,
+                               llvm::StringRef mutation) {
   llvm::LLVMContext context;
   std::vector<std::string> kernels;
   auto ir = translateKernels(module, context, kernels);
   if (!ir)
     return ir.takeError();
-  if (llvm::Error e = SimtToHost(**ir).run())
+  if (llvm::Error e = retarget(**ir, mutation))
     return e;
   (*ir)->print(os, nullptr);
   return llvm::Error::success();
 }
 
-llvm::Error cellc::writeSimtSharedObject(mlir::ModuleOp module, llvm::StringRef path) {
+llvm::Error cellc::writeSimtSharedObject(mlir::ModuleOp module, llvm::StringRef path,
+                                         llvm::StringRef mutation) {
   llvm::LLVMContext context;
   std::vector<std::string> kernels;
   auto ir = translateKernels(module, context, kernels);
   if (!ir)
     return ir.takeError();
-  if (llvm::Error e = SimtToHost(**ir).run())
+  if (llvm::Error e = retarget(**ir, mutation))
     return e;
   for (const std::string &name : kernels)
     addPackedEntry(*(*ir)->getFunction(name), name);
-  return compileHostSharedObject(**ir, path);
+  // O1: the emulator's time goes to its hooks, and O3 takes seconds more
+  // over code with a call at every access.
+  return compileHostSharedObject(**ir, path, /*optLevel=*/1);
 }

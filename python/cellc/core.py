@@ -284,6 +284,12 @@ class Cell:
         sizes = self.bind_sizes(shapes)
         resets = _check_resets(resets, T, B, batch_first)
         mode = _parse_mode(save_gates, recompute)
+        if dtype == torch.bfloat16 and self._runs_cuda(device):
+            # bf16 is the CUDA kernels' storage of the sequences; their params
+            # and states are float32 (autograd casts the gradients back).
+            params = {n: t.float() for n, t in params.items()}
+            states = ({n: t.float() for n, t in states.items()} if states is not None
+                      else None)
         if _ops.AVAILABLE:
             return self._call_op(sizes, inputs, [params[n] for n in names_par], states,
                                  resets, mode, batch_first, lengths)

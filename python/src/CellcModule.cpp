@@ -146,7 +146,8 @@ void package(const std::string &source, const std::string &fileName,
              const std::map<std::string, int64_t> &sizes, const std::string &dir,
              const std::string &arch, const std::string &strategy,
              const std::string &precision, const std::string &storage,
-             int64_t batchTile, int64_t ctas, int64_t sharedLimit, bool simt) {
+             int64_t batchTile, int64_t ctas, int64_t sharedLimit, bool simt,
+             const std::string &simtMutation) {
   CellSource src(source, fileName);
   mlir::MLIRContext context;
   SizeBindings bindings(sizes.begin(), sizes.end());
@@ -184,7 +185,7 @@ void package(const std::string &source, const std::string &fileName,
     options = chooseCudaStrategy(*module, options, arch);
   else if (options.sharedLimit <= 0)
     options.sharedLimit = 49152;
-  if (llvm::Error e = writePackage(*module, dir, options, arch, "f32", simt))
+  if (llvm::Error e = writePackage(*module, dir, options, arch, "f32", simt, simtMutation))
     throw py::value_error(src.diagnostics() + llvm::toString(std::move(e)));
 }
 
@@ -299,5 +300,5 @@ PYBIND11_MODULE(_cellc, m) {
         py::arg("dir"), py::arg("arch") = "sm_90", py::arg("strategy") = "batch-tiled",
         py::arg("precision") = "ieee", py::arg("storage") = "f32",
         py::arg("batch_tile") = 0, py::arg("ctas") = 0, py::arg("shared_limit") = 49152,
-        py::arg("simt") = false);
+        py::arg("simt") = false, py::arg("simt_mutation") = "");
 }

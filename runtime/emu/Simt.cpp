@@ -75,7 +75,14 @@ struct Grid {
   ucontext_t scheduler;
   std::string error;
   LaunchStats stats;
+  /// Yields at atomics and fences since a barrier, a warp op or a thread
+  /// last completed: spinning with nothing else going on is a livelock.
+  uint64_t spins = 0;
 };
+
+/// Spins with no barrier, warp op or exit anywhere: a grid barrier whose
+/// CTAs are not all resident, or a flag nobody sets.
+constexpr uint64_t kLivelockSpins = 2000000;
 
 thread_local Grid *grid = nullptr;
 
@@ -121,6 +128,7 @@ void releaseBarrier(Cta &cta) {
     if (u->state == State::AtBarrier)
       u->state = State::Runnable;
   ++cta.epoch;
+  grid->spins = 0;
 }
 
 void hook_barrier() {
@@ -284,6 +292,7 @@ void arriveAtWarpOp(WarpOp::Kind kind, uint32_t mask) {
   for (unsigned i = 0; i < lanes.size(); ++i)
     if (mask >> i & 1)
       lanes[i]->state = State::Runnable;
+  grid->spins = 0;
   yieldThread();
 }
 
@@ -338,7 +347,7 @@ void checkShared(Thread &t, uint64_t offset, uint64_t bytes, bool write) {
 }
 
 void checkGlobal(Thread &t, uintptr_t address, uint64_t bytes, bool write,
-                 const char *what) {
+                 const char *what, uintptr_t base = 0) {
   uintptr_t arena = uintptr_t(t.cta->shared.get());
   if (address >= arena && address < arena + t.cta->sharedBytes)
     return checkShared(t, address - arena, bytes, write);
@@ -346,14 +355,24 @@ void checkGlobal(Thread &t, uintptr_t address, uint64_t bytes, bool write,
   const std::vector<Buffer> &buffers = grid->launch->buffers;
   if (buffers.empty())
     return;
+  char at[32];
+  std::snprintf(at, sizeof at, "%#lx", (unsigned long)address);
+  std::string access = std::string("global ") + what + " of " + std::to_string(bytes) +
+                       " bytes at " + at;
+  std::string where = ", in " + kernelAt(*t.cta) + ", thread " + std::to_string(t.tid);
+  // Within the buffer of the argument it derives from, where that is known
+  // (a neighbouring buffer does not excuse it).
+  for (const Buffer &b : buffers)
+    if (base && b.begin == base) {
+      if (address >= b.begin && address + bytes <= b.begin + b.bytes)
+        return;
+      abortLaunch(access + ", " + std::to_string(int64_t(address - b.begin)) +
+                  " bytes into an argument's buffer of " + std::to_string(b.bytes) + where);
+    }
   for (const Buffer &b : buffers)
     if (address >= b.begin && address + bytes <= b.begin + b.bytes)
       return;
-  char at[32];
-  std::snprintf(at, sizeof at, "%#lx", (unsigned long)address);
-  abortLaunch(std::string("global ") + what + " of " + std::to_string(bytes) +
-              " bytes at " + at + " outside every buffer of the launch, in " +
-              kernelAt(*t.cta) + ", thread " + std::to_string(t.tid));
+  abortLaunch(access + " outside every buffer of the launch" + where);
 }
 
 // --- The hooks --------------------------------------------------------------
@@ -395,11 +414,21 @@ void hook_mma(int32_t shape, void *a, void *b, void *c, void *d) {
   arriveAtWarpOp(WarpOp::Mma, 0xffffffffu);
 }
 
-void hook_fence() { yieldThread(); }
+/// After an atomic or a fence: another thread or CTA may run.
+void spin() {
+  if (++grid->spins > kLivelockSpins)
+    abortLaunch("livelock in kernel " + grid->launch->kernel + ": the threads have " +
+                "spun on atomics " + std::to_string(kLivelockSpins) +
+                " times with no barrier, warp op or exit anywhere (a grid barrier whose "
+                "CTAs are not all resident needs a cooperative launch)");
+  yieldThread();
+}
+
+void hook_fence() { spin(); }
 
 void hook_atomic(void *address, int64_t bytes) {
   checkGlobal(self(), uintptr_t(address), uint64_t(bytes), true, "atomic");
-  yieldThread();
+  spin();
 }
 
 void hook_shared_access(void *address, int64_t bytes, int32_t write) {
@@ -410,9 +439,9 @@ void hook_shared_access(void *address, int64_t bytes, int32_t write) {
   checkShared(t, uintptr_t(address) - arena, uint64_t(bytes), write != 0);
 }
 
-void hook_global_access(void *address, int64_t bytes, int32_t write) {
+void hook_global_access(void *address, int64_t bytes, int32_t write, void *base) {
   checkGlobal(self(), uintptr_t(address), uint64_t(bytes), write != 0,
-              write ? "store" : "load");
+              write ? "store" : "load", uintptr_t(base));
 }
 
 /// The table the object calls through, in EmulatorHooks.def's order.
@@ -429,6 +458,16 @@ void threadMain() {
   grid->entry(grid->launch->params);
   self().state = State::Done;
   // Returning resumes the scheduler (uc_link).
+}
+
+/// The thread's context: threadMain on its own stack, back to the scheduler
+/// at its end.
+void prepareFiber(Thread &t) {
+  getcontext(&t.context);
+  t.context.uc_stack.ss_sp = t.stack;
+  t.context.uc_stack.ss_size = kStackBytes;
+  t.context.uc_link = &grid->scheduler;
+  makecontext(&t.context, threadMain, 0);
 }
 
 std::unique_ptr<Cta> makeCta(unsigned x, unsigned y, uint64_t sharedBytes) {
@@ -452,11 +491,7 @@ std::unique_ptr<Cta> makeCta(unsigned x, unsigned y, uint64_t sharedBytes) {
       t->stack = nullptr;
       throw EmuError("cuda-emu: cannot map a thread's stack");
     }
-    getcontext(&t->context);
-    t->context.uc_stack.ss_sp = t->stack;
-    t->context.uc_stack.ss_size = kStackBytes;
-    t->context.uc_link = &grid->scheduler;
-    makecontext(&t->context, threadMain, 0);
+    prepareFiber(*t);
     cta->threads.push_back(std::move(t));
   }
   return cta;
@@ -505,8 +540,10 @@ void runResident() {
       ran = true;
       if (!grid->error.empty())
         throw EmuError(grid->error);
-      if (t->state == State::Done)
+      if (t->state == State::Done) {
+        grid->spins = 0;
         releaseBarrier(*t->cta);
+      }
     }
     for (Thread *t : order)
       live |= t->state != State::Done;

@@ -1,0 +1,290 @@
+"""The CUDA kernels, run on the CPU in the SIMT emulator (target="cuda-emu").
+
+Every CUDA thread is a fiber; bar.sync, shfl.sync and mma.sync meet as on the
+device; the emulator fails a launch on a shared-memory race, a global access
+outside the launch's buffers, a deadlock or a livelock. So every test here
+that passes also says: no race, no access out of bounds, no hang, in any of
+the kernels it ran. The host path is the real one: cellc.compile,
+CudaCell.launch and the C driver, with the emulator behind the launch.
+
+Tolerances, each relative to the largest magnitude of the float64 reference:
+- ieee: fp32 FMAs over T = 5 steps of products of depth <= 32: 1e-4.
+- tf32: the tensor cores read 10 of fp32's 23 mantissa bits (relative error
+  2^-11 per operand), over the same depths: 1e-2.
+- bf16: sequences stored in bf16 (8 bits, 2^-9 per rounding: x, h, the
+  gates and their gradients) and bf16 operands in the products: 6e-2.
+
+The full matrix (every example cell in every strategy and precision) is
+`make test-emu`; this file runs the LSTM in every one, every example cell in
+two, and a cell nobody here wrote in every one.
+"""
+
+import os
+
+import pytest
+import torch
+
+import cellc
+from cellc import _cellc, cuda
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+FULL = os.environ.get("CELLC_EMU_FULL") == "1"
+
+TOLERANCE = {"ieee": 1e-4, "tf32": 1e-2, "bf16": 6e-2}
+
+#: (strategy, CUDA options) of each strategy tested: batch-tiled with a
+#: partial last tile (B = 5 over tiles of 4 rows), persistent with one CTA
+#: per tile and with three that split the units and meet at grid barriers.
+STRATEGIES = {
+    "batch-tiled": {"strategy": "batch-tiled", "batch_tile": 4},
+    "persistent-1": {"strategy": "persistent", "ctas": 1},
+    "persistent-3": {"strategy": "persistent", "ctas": 3},
+}
+
+#: Sizes that bind every example's names, with the recurrent products'
+#: depths multiples of 16: the tf32 and bf16 products run on the tensor cores
+#: (TilePlan.cpp, onTensorCores), not on the FMAs they fall back to.
+SIZES = {"I": 5, "H": 16, "NH": 2, "D": 16, "G": 2, "P": 16}
+
+LEAKY = """
+cell leaky_gated {
+  input x: [I]
+  state h: [H]
+  param W: [2*H, I], U: [2*H, H], b: [2*H], d: [H]
+  z, n = chunk(W @ x + U @ h + b, 2)
+  g = sigmoid(z)
+  h = exp(-softplus(d)) * h + g * tanh(n)
+  output h
+}
+"""
+
+
+def problem(cell, T=5, B=5, seed=0):
+    """float64 params, inputs and initial states for `cell` at SIZES, and
+    weights for the outputs' and final states' gradients."""
+    g = torch.Generator().manual_seed(seed)
+    params = {n: 0.4 * torch.randn(*cell.shape(n, SIZES), generator=g, dtype=torch.float64)
+              for n, _ in cell.params}
+    inputs = {n: torch.randn(T, B, cell.shape(n, SIZES)[0], generator=g, dtype=torch.float64)
+              for n, _ in cell.inputs}
+    states = {n: 0.5 * torch.rand(B, cell.shape(n, SIZES)[0], generator=g,
+                                  dtype=torch.float64) for n, _ in cell.states}
+    return params, inputs, states, g
+
+
+def run(cell, params, inputs, states, weights, dtype, recompute):
+    """Outputs, final states and every gradient of the weighted sum of both,
+    computed by `cell` with its tensors in `dtype`."""
+    leaves = {k: {n: t.detach().to(dtype).requires_grad_() for n, t in group.items()}
+              for k, group in (("p", params), ("x", inputs), ("s", states))}
+    x = leaves["x"] if len(leaves["x"]) > 1 else next(iter(leaves["x"].values()))
+    out, final = cell(x, leaves["p"], leaves["s"], recompute=recompute)
+    outs = out if isinstance(out, dict) else {cell.outputs[0]: out}
+    results = {**{"out " + n: t for n, t in outs.items()},
+               **{"final " + n: t for n, t in final.items()}}
+    loss = sum((t.double() * weights[n]).sum() for n, t in results.items())
+    loss.backward()
+    values = {n: t.detach().double() for n, t in results.items()}
+    for k, group in leaves.items():
+        for n, t in group.items():
+            values[f"d{k} {n}"] = t.grad.double()
+    return values
+
+
+def weights_for(cell, params, inputs, states, g):
+    """Random weights for each output and final state (their gradients)."""
+    reference = run(cellc.compile(cell.source), params, inputs, states,
+                    _Ones(), torch.float64, "none")
+    return {n: torch.randn(*reference[n].shape, generator=g, dtype=torch.float64)
+            for n in reference if n.startswith(("out ", "final "))}
+
+
+class _Ones(dict):
+    def __getitem__(self, name):
+        return 1.0
+
+
+def compare(source, options, precision, modes, seed=0):
+    """The cell in the emulator against the CPU kernels in float64, in each
+    recompute mode: forward, final states and every gradient."""
+    cpu = cellc.compile(source)
+    params, inputs, states, g = problem(cpu, seed=seed)
+    weights = weights_for(cpu, params, inputs, states, g)
+    want = run(cpu, params, inputs, states, weights, torch.float64, "none")
+    emu = cellc.compile(source, target="cuda-emu",
+                        cuda=dict(options, precision="bf16" if precision == "bf16"
+                                  else precision))
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    for mode in modes:
+        got = run(emu, params, inputs, states, weights, dtype, mode)
+        assert set(got) == set(want)
+        for name, w in want.items():
+            error = (got[name] - w).abs().max().item()
+            scale = w.abs().max().item() + 1e-3
+            assert error <= TOLERANCE[precision] * scale, (
+                f"{mode}, {name}: largest difference {error:.2e} from float64, "
+                f"of a largest value {scale:.2e}")
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32", "bf16"])
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_lstm_matches_torch_in_every_strategy_and_precision(strategy, precision):
+    # Against torch.nn.LSTM in float64, the forward and every gradient, in
+    # each recompute mode.
+    T, B, I, H = 5, 5, SIZES["I"], SIZES["H"]
+    torch.manual_seed(1)
+    ref = torch.nn.LSTM(I, H).double()
+    names = {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0, "b_ih": ref.bias_ih_l0,
+             "b_hh": ref.bias_hh_l0}
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(T, B, H, dtype=torch.float64)
+    out, _ = ref(x)
+    (out * weight).sum().backward()
+    cell = cellc.compile(os.path.join(EXAMPLES, "lstm.cell"), target="cuda-emu",
+                         cuda=dict(STRATEGIES[strategy], precision=precision))
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    for mode in ["none", "full", "chunk:2"]:
+        xs = x.detach().to(dtype).requires_grad_()
+        ps = {n: t.detach().to(dtype).requires_grad_() for n, t in names.items()}
+        got, _ = cell(xs, ps, recompute=mode)
+        (got.double() * weight).sum().backward()
+        tol = TOLERANCE[precision]
+        pairs = [("out", got, out), ("dx", xs.grad, x.grad)]
+        pairs += [("d" + n, ps[n].grad, t.grad) for n, t in names.items()]
+        for what, a, b in pairs:
+            error = (a.double() - b).abs().max().item()
+            assert error <= tol * (b.abs().max().item() + 1e-3), f"{mode}, {what}: {error:.2e}"
+
+
+EXAMPLE_CELLS = sorted(f[:-5] for f in os.listdir(EXAMPLES) if f.endswith(".cell"))
+
+
+@pytest.mark.parametrize("case", ["batch-tiled ieee", "persistent-3 tf32"] + (
+    [f"{s} {p}" for s in STRATEGIES for p in TOLERANCE] if FULL else []))
+@pytest.mark.parametrize("name", EXAMPLE_CELLS)
+def test_every_example_cell_matches_float64(name, case):
+    strategy, precision = case.split()
+    with open(os.path.join(EXAMPLES, name + ".cell")) as f:
+        source = f.read()
+    compare(source, STRATEGIES[strategy], precision,
+            ["none", "full", "chunk:2"] if FULL or precision == "ieee" else ["full"])
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32", "bf16"])
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_cell_nobody_wrote_matches_float64(strategy, precision):
+    compare(LEAKY, STRATEGIES[strategy], precision, ["none", "full", "chunk:2"], seed=3)
+
+
+# The checks, each shown to catch a planted bug ---------------------------------
+
+
+def lstm_package(tmp_path, mutation="", strategy="batch-tiled", precision="ieee", ctas=0):
+    with open(os.path.join(EXAMPLES, "lstm.cell")) as f:
+        source = f.read()
+    path = str(tmp_path / f"pkg-{mutation or 'none'}-{strategy}-{precision}")
+    _cellc.package(source, "lstm.cell", {"I": SIZES["I"], "H": SIZES["H"]}, path, "sm_90",
+                   strategy, precision, "f32", 4, ctas, 49152, True, mutation)
+    return cuda.Package(path)
+
+
+def lstm_call(package, seed=0, **kwargs):
+    """Runs the package's LSTM forward and backward; returns the output and
+    the gradients."""
+    H, I = SIZES["H"], SIZES["I"]
+    g = torch.Generator().manual_seed(seed)
+    ps = {n: (0.3 * torch.randn(*s, generator=g)).requires_grad_()
+          for n, s in (("W_ih", (4 * H, I)), ("W_hh", (4 * H, H)), ("b_ih", (4 * H,)),
+                       ("b_hh", (4 * H,)))}
+    x = torch.randn(5, 5, I, generator=g).requires_grad_()
+    cell = cuda.CudaCell(package, emulate=True, **kwargs)
+    out, _ = cell({"x": x}, ps)
+    out["h"].sum().backward()
+    return [out["h"].detach(), x.grad] + [p.grad for p in ps.values()]
+
+
+def test_a_missing_barrier_is_a_race(tmp_path):
+    # The forward kernel's second bar.sync orders the step's writes of h to
+    # shared memory before the products read them: without it, the thread
+    # that writes a unit's h races with the threads that read it.
+    with pytest.raises(cuda.CudaError) as error:
+        lstm_call(lstm_package(tmp_path, "drop-barrier:1"))
+    message = str(error.value)
+    assert "cuda-emu: shared-memory race in kernel lstm_fwd, CTA (0, 0)" in message
+    assert "of __wg_lstm_fwd_0" in message and "which thread" in message
+    # The backward's, likewise.
+    with pytest.raises(cuda.CudaError, match="shared-memory race in kernel lstm_bwd"):
+        lstm_call(lstm_package(tmp_path, "drop-barrier:5"))
+    # The same kernels with every barrier run clean.
+    lstm_call(lstm_package(tmp_path))
+
+
+def test_swapped_mma_fragments_fail_the_comparison(tmp_path):
+    # mma.sync reading A's registers 0 and 1 swapped (rows g and g + 8) runs,
+    # and its results are far outside tf32's tolerance; the right one's are
+    # inside it.
+    right = lstm_call(lstm_package(tmp_path, precision="tf32"))
+    swapped = lstm_call(lstm_package(tmp_path, "swap-mma-a", precision="tf32"))
+    exact = lstm_call(lstm_package(tmp_path))
+    scale = exact[0].abs().max().item()
+    assert (right[0] - exact[0]).abs().max().item() < TOLERANCE["tf32"] * scale
+    assert (swapped[0] - exact[0]).abs().max().item() > 10 * TOLERANCE["tf32"] * scale
+
+
+def test_shuffled_schedules_compute_the_same(tmp_path):
+    # Threads run in another order between sync points: the same bits, and
+    # no race, for the persistent kernels with their grid barriers too.
+    for package in (lstm_package(tmp_path),
+                    lstm_package(tmp_path, strategy="persistent", ctas=3)):
+        first = lstm_call(package)
+        for seed in (1, 2):
+            again = lstm_call(package, shuffle_seed=seed)
+            assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_a_grid_barrier_without_a_cooperative_launch_is_a_livelock(tmp_path):
+    # Launched one CTA at a time (as a non-cooperative grid may be), the
+    # persistent kernel's first grid barrier waits for CTAs that never run:
+    # an error that says so, not a hang.
+    package = lstm_package(tmp_path, strategy="persistent", ctas=3)
+    for info in package.kernels.values():
+        del info["ctas"]
+    with pytest.raises(cuda.CudaError, match="livelock in kernel lstm_fwd.*cooperative"):
+        lstm_call(package)
+
+
+def test_an_access_outside_the_buffers_is_an_error(tmp_path):
+    # A launch whose workspace is one row short: the kernel's stores past it
+    # fail the bounds check, named with the kernel, CTA and thread.
+    package = lstm_package(tmp_path)
+    cell = cuda.CudaCell(package, emulate=True)
+    info = package.kernels["lstm_fwd"]
+    T, B = 2, 4
+    tensors = []
+    for arg in info["args"]:
+        if not arg["memref"]:
+            tensors.append(0 if arg["kind"] == "batch_begin" else B)
+            continue
+        shape = [{-1: None}.get(d, d) for d in arg["shape"]]
+        dims = [d if d is not None else (T if i == 0 and len(shape) == 3 else B)
+                for i, d in enumerate(shape)]
+        if arg["kind"] == "output":
+            dims[0] -= 1  # one step short
+        tensors.append(torch.zeros(*dims, dtype=torch.uint8 if arg.get("element") == "i8"
+                                   else torch.float32))
+    with pytest.raises(cuda.CudaError, match=r"global store of 4 bytes at 0x[0-9a-f]+, "
+                                             r"\d+ bytes into an argument's buffer of \d+, "
+                                             r"in kernel lstm_fwd, CTA \(0, 0\), thread \d+"):
+        cell.launch("lstm_fwd", "save", tensors, B)
+
+
+def test_bad_tensors_are_errors(tmp_path):
+    cell = cellc.compile(os.path.join(EXAMPLES, "lstm.cell"), target="cuda-emu")
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
+        cell(torch.zeros(2, 3, 4, dtype=torch.float64),
+             {n: torch.zeros(*cell.shape(n, {"I": 4, "H": 5}), dtype=torch.float64)
+              for n, _ in cell.params})
+    with pytest.raises(ValueError, match="package has no kernels for the SIMT emulator"):
+        package = lstm_package(tmp_path)
+        del package.meta["simt"]
+        cuda.CudaCell(package, emulate=True)
