@@ -20,7 +20,7 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DPython3_EXECUTABLE=$(PYTHON) \
   -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 
-.PHONY: all deps configure build demo test check check-layers lit pytest test-install fuzz \
+.PHONY: all deps configure build demo test check check-layers lit pytest test-emu test-install fuzz \
         fuzz-smoke \
         test-sanitize test-torch2 bench-cpu clean
 
@@ -62,6 +62,13 @@ lit: build
 
 pytest: build
 	PYTHONPATH=$(BUILD)/python CELLC_BUILD_DIR=$(BUILD) $(PYTHON) -m pytest -q -rs test/python
+
+# The CUDA kernels in the SIMT emulator, the full matrix: every example cell
+# in every strategy and precision, in every recompute mode (make test runs
+# a slice of it, in test/python/test_emulator.py).
+test-emu: build
+	CELLC_EMU_FULL=1 PYTHONPATH=$(BUILD)/python CELLC_BUILD_DIR=$(BUILD) $(PYTHON) -m pytest \
+	  -q -rs test/python/test_emulator.py
 
 # The wheel, built from a clean copy and used from a fresh virtual environment.
 test-install: build

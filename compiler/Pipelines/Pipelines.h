@@ -189,6 +189,11 @@ std::vector<std::string> hostVectorFeatures();
 llvm::Error writeSimtSharedObject(mlir::ModuleOp module, llvm::StringRef path,
                                   llvm::StringRef mutation = "");
 
+/// The same for LLVM IR that holds NVVM intrinsics (as the NVPTX backend
+/// takes it), with the kernels `kernels`.
+llvm::Error compileSimtObject(llvm::Module &ir, llvm::ArrayRef<std::string> kernels,
+                              llvm::StringRef path, llvm::StringRef mutation = "");
+
 /// The same LLVM IR, retargeted and printed (--emit=simt).
 llvm::Error printSimtIR(mlir::ModuleOp module, llvm::raw_ostream &os,
                         llvm::StringRef mutation = "");

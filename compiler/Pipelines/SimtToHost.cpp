@@ -529,11 +529,20 @@ llvm::Error cellc::writeSimtSharedObject(mlir::ModuleOp module, llvm::StringRef 
   auto ir = translateKernels(module, context, kernels);
   if (!ir)
     return ir.takeError();
-  if (llvm::Error e = retarget(**ir, mutation))
+  return compileSimtObject(**ir, kernels, path, mutation);
+}
+
+llvm::Error cellc::compileSimtObject(llvm::Module &ir, llvm::ArrayRef<std::string> kernels,
+                                     llvm::StringRef path, llvm::StringRef mutation) {
+  if (llvm::Error e = retarget(ir, mutation))
     return e;
-  for (const std::string &name : kernels)
-    addPackedEntry(*(*ir)->getFunction(name), name);
+  for (const std::string &name : kernels) {
+    llvm::Function *kernel = ir.getFunction(name);
+    if (!kernel)
+      return fail("cellc: no kernel '" + name + "' to emulate");
+    addPackedEntry(*kernel, name);
+  }
   // O1: the emulator's time goes to its hooks, and O3 takes seconds more
   // over code with a call at every access.
-  return compileHostSharedObject(**ir, path, /*optLevel=*/1);
+  return compileHostSharedObject(ir, path, /*optLevel=*/1);
 }

@@ -325,12 +325,16 @@ struct ConvertCellToTiledKernels
 
 /// bf16 storage: the per-step sequences ([T, B, n]: inputs, projections,
 /// outputs, state history, gates and their gradients) are bf16 in memory;
-/// states, params and their gradients stay in the cell's type.
+/// states, params (a block-diagonal one is rank 3 too) and their gradients
+/// stay in the cell's type.
 void storeSequencesAsBf16(KernelSignature &sig, Type element) {
-  for (Type &type : sig.types)
-    if (auto memref = dyn_cast<MemRefType>(type);
-        memref && memref.getRank() == 3 && memref.getElementType() == element)
+  for (auto [type, info] : llvm::zip(sig.types, sig.info)) {
+    auto arg = dyn_cast<KernelArgAttr>(info);
+    auto memref = dyn_cast<MemRefType>(type);
+    if (memref && memref.getRank() == 3 && memref.getElementType() == element && arg &&
+        arg.getKind() != cellc::ArgKind::Param)
       type = MemRefType::get(memref.getShape(), BFloat16Type::get(element.getContext()));
+  }
 }
 
 /// A tiled kernel: a `gpu.func` in `gpuModule` (the GPU), or a `func.func`
