@@ -40,6 +40,8 @@
 #include "llvm/IR/Verifier.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
+
 using namespace cellc;
 
 namespace {
@@ -289,23 +291,16 @@ llvm::Value *SimtToHost::emitMma(llvm::CallInst *call, MmaShape shape) {
   return result;
 }
 
-/// The hook that reads a special register ("tid.x", ...).
+/// The hook that reads a special register ("tid.x", ...): the hooks tid_x
+/// to laneid, spelled with dots.
 std::optional<Hook> specialRegister(llvm::StringRef reg) {
-  return llvm::StringSwitch<std::optional<Hook>>(reg)
-      .Case("tid.x", Hook::tid_x)
-      .Case("tid.y", Hook::tid_y)
-      .Case("tid.z", Hook::tid_z)
-      .Case("ntid.x", Hook::ntid_x)
-      .Case("ntid.y", Hook::ntid_y)
-      .Case("ntid.z", Hook::ntid_z)
-      .Case("ctaid.x", Hook::ctaid_x)
-      .Case("ctaid.y", Hook::ctaid_y)
-      .Case("ctaid.z", Hook::ctaid_z)
-      .Case("nctaid.x", Hook::nctaid_x)
-      .Case("nctaid.y", Hook::nctaid_y)
-      .Case("nctaid.z", Hook::nctaid_z)
-      .Case("laneid", Hook::laneid)
-      .Default(std::nullopt);
+  for (size_t h = size_t(Hook::tid_x); h <= size_t(Hook::laneid); ++h) {
+    std::string dotted = hookName(Hook(h)).str();
+    std::replace(dotted.begin(), dotted.end(), '_', '.');
+    if (reg == dotted)
+      return Hook(h);
+  }
+  return std::nullopt;
 }
 
 llvm::Error SimtToHost::rewriteIntrinsic(llvm::CallInst *call, llvm::StringRef name) {

@@ -204,6 +204,9 @@ class CudaCell:
     between sync points.
     """
 
+    #: Whether the kernels run in the SIMT emulator.
+    emulate = False
+
     def __init__(self, package, device=0, emulate=False, shuffle_seed=0):
         self.package = package
         self.emulate = emulate
@@ -233,8 +236,10 @@ class CudaCell:
         self.saved_bytes = 0
 
     def __del__(self):
-        unload = (self._lib.cellc_emu_unload if getattr(self, "emulate", False)
-                  else self._lib.cellc_cuda_unload)
+        lib = getattr(self, "_lib", None)
+        if lib is None:
+            return
+        unload = lib.cellc_emu_unload if self.emulate else lib.cellc_cuda_unload
         for handle in getattr(self, "modules", {}).values():
             unload(handle)
 

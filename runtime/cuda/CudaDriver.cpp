@@ -2,6 +2,8 @@
 
 #include "runtime/cuda/CudaDriver.h"
 
+#include "runtime/driver/CErrors.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <dlfcn.h>
@@ -197,31 +199,19 @@ int Module::registers(const std::string &kernel) {
 // C API, for ctypes: errors are returned as text, never thrown across it.
 //===----------------------------------------------------------------------===//
 
-namespace {
-template <typename F> int guarded(char *error, size_t size, F &&body) {
-  try {
-    body();
-    return 0;
-  } catch (const std::exception &e) {
-    if (error && size) {
-      std::snprintf(error, size, "%s", e.what());
-    }
-    return 1;
-  }
-}
-} // namespace
+using cellc::driver::catchErrors;
 
 extern "C" {
 
 /// Whether a driver and a device are there; `error` says why not.
 int cellc_cuda_available(char *error, size_t size) {
-  return guarded(error, size, [] { cellc::cuda::Driver::get(); }) == 0;
+  return catchErrors(error, size, [] { cellc::cuda::Driver::get(); }) == 0;
 }
 
 /// Loads `ptx` on `device`; `*module` is the handle.
 int cellc_cuda_load(int device, const char *ptx, void **module, char *error,
                     size_t size) {
-  return guarded(error, size, [&] {
+  return catchErrors(error, size, [&] {
     cellc::cuda::Driver::get().useDevice(device);
     *module = new cellc::cuda::Module(ptx);
   });
@@ -236,7 +226,7 @@ int cellc_cuda_launch(void *module, const char *kernel, unsigned gridX,
                       unsigned gridY, unsigned block, unsigned sharedBytes,
                       int cooperative, void *stream, void **params, char *error,
                       size_t size) {
-  return guarded(error, size, [&] {
+  return catchErrors(error, size, [&] {
     static_cast<cellc::cuda::Module *>(module)->launch(
         kernel, gridX, gridY, block, sharedBytes, cooperative != 0, stream, params);
   });
@@ -244,7 +234,7 @@ int cellc_cuda_launch(void *module, const char *kernel, unsigned gridX,
 
 int cellc_cuda_registers(void *module, const char *kernel, int *registers,
                          char *error, size_t size) {
-  return guarded(error, size, [&] {
+  return catchErrors(error, size, [&] {
     *registers = static_cast<cellc::cuda::Module *>(module)->registers(kernel);
   });
 }

@@ -1,6 +1,8 @@
 //===- DriverC.cpp - The sequence driver's C interface --------------------===//
 
 #include "runtime/driver/DriverC.h"
+
+#include "runtime/driver/CErrors.h"
 #include "runtime/driver/SequenceDriver.h"
 
 #include <cstdio>
@@ -12,11 +14,6 @@ using namespace cellc::driver;
 
 namespace {
 
-int report(char *error, size_t size, const std::string &message) {
-  if (error && size)
-    std::snprintf(error, size, "%s", message.c_str());
-  return 1;
-}
 
 View viewOf(const cellc_view &v) {
   View view;
@@ -127,9 +124,9 @@ struct DriverHandle {
 template <typename F> int guarded(char *error, size_t size, F &&f) {
   try {
     Status s = f();
-    return s ? report(error, size, s.message()) : 0;
+    return s ? reportError(error, size, s.message()) : 0;
   } catch (const std::exception &e) {
-    return report(error, size, e.what());
+    return reportError(error, size, e.what());
   }
 }
 
@@ -213,7 +210,7 @@ void *cellc_driver_new(void *handle, const cellc_callbacks *callbacks, char *err
   auto driver = std::make_unique<DriverHandle>();
   driver->interface = *static_cast<Interface *>(handle);
   if (Status s = driver->interface.finish()) {
-    report(error, size, s.message());
+    reportError(error, size, s.message());
     return nullptr;
   }
   driver->backend = std::make_shared<CallbackBackend>(*callbacks);

@@ -2,6 +2,8 @@
 
 #include "runtime/emu/Simt.h"
 
+#include "runtime/driver/CErrors.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -619,23 +621,10 @@ LaunchStats Module::launch(const Launch &launch) const {
   return state.stats;
 }
 
-namespace {
-template <typename F> int guarded(char *error, size_t size, F &&body) {
-  try {
-    body();
-    return 0;
-  } catch (const std::exception &e) {
-    if (error && size)
-      std::snprintf(error, size, "%s", e.what());
-    return 1;
-  }
-}
-} // namespace
-
 extern "C" {
 
 int cellc_emu_load(const char *path, void **module, char *error, size_t size) {
-  return guarded(error, size, [&] { *module = new Module(path); });
+  return cellc::driver::catchErrors(error, size, [&] { *module = new Module(path); });
 }
 
 void cellc_emu_unload(void *module) { delete static_cast<Module *>(module); }
@@ -644,7 +633,7 @@ int cellc_emu_launch(void *module, const char *kernel, unsigned gridX, unsigned 
                      unsigned block, unsigned sharedBytes, int cooperative, void **params,
                      const int64_t *buffers, int64_t num_buffers, uint64_t shuffle_seed,
                      char *error, size_t size) {
-  return guarded(error, size, [&] {
+  return cellc::driver::catchErrors(error, size, [&] {
     Launch launch;
     launch.kernel = kernel;
     launch.gridX = gridX;

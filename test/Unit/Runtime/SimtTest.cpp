@@ -88,26 +88,20 @@ define void @shuffles(ptr %out) {
   %p = extractvalue { i32, i1 } %pair, 1
   %pred = zext i1 %p to i32
   %i = zext i32 %lane to i64
-  %p0 = getelementptr i32, ptr %out, i64 %i
-  store i32 %up, ptr %p0
-  %s1 = getelementptr i32, ptr %out, i64 32
-  %p1 = getelementptr i32, ptr %s1, i64 %i
-  store i32 %down, ptr %p1
-  %s2 = getelementptr i32, ptr %out, i64 64
-  %p2 = getelementptr i32, ptr %s2, i64 %i
-  store i32 %xor, ptr %p2
-  %s3 = getelementptr i32, ptr %out, i64 96
-  %p3 = getelementptr i32, ptr %s3, i64 %i
-  store i32 %idx, ptr %p3
-  %s4 = getelementptr i32, ptr %out, i64 128
-  %p4 = getelementptr i32, ptr %s4, i64 %i
-  store i32 %xor8, ptr %p4
-  %s5 = getelementptr i32, ptr %out, i64 160
-  %p5 = getelementptr i32, ptr %s5, i64 %i
-  store i32 %down16, ptr %p5
-  %s6 = getelementptr i32, ptr %out, i64 192
-  %p6 = getelementptr i32, ptr %s6, i64 %i
-  store i32 %pred, ptr %p6
+  %at.up = getelementptr [32 x i32], ptr %out, i64 0, i64 %i
+  store i32 %up, ptr %at.up
+  %at.down = getelementptr [32 x i32], ptr %out, i64 1, i64 %i
+  store i32 %down, ptr %at.down
+  %at.xor = getelementptr [32 x i32], ptr %out, i64 2, i64 %i
+  store i32 %xor, ptr %at.xor
+  %at.idx = getelementptr [32 x i32], ptr %out, i64 3, i64 %i
+  store i32 %idx, ptr %at.idx
+  %at.xor8 = getelementptr [32 x i32], ptr %out, i64 4, i64 %i
+  store i32 %xor8, ptr %at.xor8
+  %at.down16 = getelementptr [32 x i32], ptr %out, i64 5, i64 %i
+  store i32 %down16, ptr %at.down16
+  %at.pred = getelementptr [32 x i32], ptr %out, i64 6, i64 %i
+  store i32 %pred, ptr %at.pred
   ret void
 }
 )";

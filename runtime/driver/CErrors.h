@@ -1,0 +1,38 @@
+//===- CErrors.h - Errors across the runtime's C interfaces -----*- C++ -*-===//
+//
+// Every C entry point of the runtime (DriverC.h, the CUDA loader, the SIMT
+// emulator) returns 0, or 1 with the reason in the caller's `error` buffer:
+// no exception crosses into C or Python.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_RUNTIME_DRIVER_CERRORS_H
+#define CELLC_RUNTIME_DRIVER_CERRORS_H
+
+#include <cstddef>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+namespace cellc::driver {
+
+/// Writes `message` into `error` (truncated to `size`) and returns 1.
+inline int reportError(char *error, size_t size, const std::string &message) {
+  if (error && size)
+    std::snprintf(error, size, "%s", message.c_str());
+  return 1;
+}
+
+/// Runs `body`: 0, or 1 with the exception's message in `error`.
+template <typename F> int catchErrors(char *error, size_t size, F &&body) {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception &e) {
+    return reportError(error, size, e.what());
+  }
+}
+
+} // namespace cellc::driver
+
+#endif // CELLC_RUNTIME_DRIVER_CERRORS_H
