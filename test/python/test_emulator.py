@@ -289,3 +289,55 @@ def test_bad_tensors_are_errors(tmp_path):
         package = lstm_package(tmp_path)
         del package.meta["simt"]
         cuda.CudaCell(package, emulate=True)
+
+
+# The host path around the kernels ----------------------------------------------
+
+
+def test_resets_lengths_and_a_transposed_param(tmp_path):
+    # Rows that restart mid-sequence, samples of different lengths and a
+    # param that is a transposed view: the driver's host code around the
+    # launches, against the CPU kernels in float64.
+    path = os.path.join(EXAMPLES, "lstm.cell")
+    cpu, emu = cellc.compile(path), cellc.compile(path, target="cuda-emu",
+                                                   cuda={"strategy": "persistent", "ctas": 2})
+    T, B, I, H = 6, 5, SIZES["I"], SIZES["H"]
+    g = torch.Generator().manual_seed(4)
+    W_hh_t = 0.3 * torch.randn(H, 4 * H, generator=g, dtype=torch.float64)
+    params = {"W_ih": 0.3 * torch.randn(4 * H, I, generator=g, dtype=torch.float64),
+              "b_ih": 0.1 * torch.randn(4 * H, generator=g, dtype=torch.float64),
+              "b_hh": 0.1 * torch.randn(4 * H, generator=g, dtype=torch.float64)}
+    x = torch.randn(T, B, I, generator=g, dtype=torch.float64)
+    resets = torch.zeros(T, B, dtype=torch.bool)
+    resets[3, 1] = resets[2, 4] = True
+    lengths = torch.tensor([6, 2, 5, 1, 4])
+    weight = torch.randn(T, B, H, generator=g, dtype=torch.float64)
+    grads = []
+    for cell, dtype in ((cpu, torch.float64), (emu, torch.float32)):
+        leaf = W_hh_t.detach().to(dtype).requires_grad_()
+        ps = {n: t.detach().to(dtype).requires_grad_() for n, t in params.items()}
+        xs = x.detach().to(dtype).requires_grad_()
+        out, _ = cell(xs, dict(ps, W_hh=leaf.t()), resets=resets, lengths=lengths,
+                      recompute="chunk:2")
+        (out.double() * weight).sum().backward()
+        grads.append([out.detach().double(), xs.grad.double(), leaf.grad.double()]
+                     + [p.grad.double() for p in ps.values()])
+    for want, got in zip(*grads):
+        assert (got - want).abs().max() <= TOLERANCE["ieee"] * (want.abs().max() + 1e-3)
+
+
+def test_the_nn_modules_run_an_emulated_cell():
+    # cellc.nn.Recurrent over a cell compiled for the emulator trains as the
+    # same module over the CPU kernels does.
+    path = os.path.join(EXAMPLES, "gru.cell")
+    results = []
+    for target in (None, "cuda-emu"):
+        torch.manual_seed(5)
+        model = cellc.nn.Recurrent(cellc.compile(path, target=target), I=SIZES["I"],
+                                   H=SIZES["H"], recompute="full")
+        x = torch.randn(5, 3, SIZES["I"])
+        out, _ = model(x)
+        out.pow(2).sum().backward()
+        results.append([out.detach()] + [p.grad for p in model.parameters()])
+    for want, got in zip(*results):
+        assert (got - want).abs().max() <= 1e-4 * (want.abs().max() + 1e-3)
