@@ -502,29 +502,35 @@ llvm::Error retarget(llvm::Module &ir, llvm::StringRef mutation) {
   return SimtToHost(ir, dropBarrier, swapMmaA).run();
 }
 
+/// Runs `use` on the LLVM IR of `module`'s kernels and their names.
+llvm::Error withKernels(
+    mlir::ModuleOp module,
+    llvm::function_ref<llvm::Error(llvm::Module &, llvm::ArrayRef<std::string>)> use) {
+  llvm::LLVMContext context;
+  std::vector<std::string> kernels;
+  auto ir = translateKernels(module, context, kernels);
+  if (!ir)
+    return ir.takeError();
+  return use(**ir, kernels);
+}
+
 } // namespace
 
 llvm::Error cellc::printSimtIR(mlir::ModuleOp module, llvm::raw_ostream &os,
                                llvm::StringRef mutation) {
-  llvm::LLVMContext context;
-  std::vector<std::string> kernels;
-  auto ir = translateKernels(module, context, kernels);
-  if (!ir)
-    return ir.takeError();
-  if (llvm::Error e = retarget(**ir, mutation))
-    return e;
-  (*ir)->print(os, nullptr);
-  return llvm::Error::success();
+  return withKernels(module, [&](llvm::Module &ir, llvm::ArrayRef<std::string>) -> llvm::Error {
+    if (llvm::Error e = retarget(ir, mutation))
+      return e;
+    ir.print(os, nullptr);
+    return llvm::Error::success();
+  });
 }
 
 llvm::Error cellc::writeSimtSharedObject(mlir::ModuleOp module, llvm::StringRef path,
                                          llvm::StringRef mutation) {
-  llvm::LLVMContext context;
-  std::vector<std::string> kernels;
-  auto ir = translateKernels(module, context, kernels);
-  if (!ir)
-    return ir.takeError();
-  return compileSimtObject(**ir, kernels, path, mutation);
+  return withKernels(module, [&](llvm::Module &ir, llvm::ArrayRef<std::string> kernels) {
+    return compileSimtObject(ir, kernels, path, mutation);
+  });
 }
 
 llvm::Error cellc::compileSimtObject(llvm::Module &ir, llvm::ArrayRef<std::string> kernels,

@@ -64,6 +64,12 @@ class Cell:
             raise ValueError(f"unknown target {target!r}; expected None, "
                              + " or ".join(repr(t) for t in targets))
         self.cuda_options = dict(cuda or {})
+        #: The emulator's schedule: nonzero shuffles the threads' order between
+        #: sync points with this seed (target="cuda-emu" only).
+        self.shuffle_seed = self.cuda_options.pop("shuffle_seed", 0)
+        if self.shuffle_seed and target != EMULATED:
+            raise TypeError(f"the CUDA option 'shuffle_seed' is the SIMT emulator's; it "
+                            f"needs target={EMULATED!r}")
         unknown = set(self.cuda_options) - _CUDA_OPTIONS
         if unknown:
             raise TypeError(f"unknown CUDA option {sorted(unknown)[0]!r}; expected one of "
@@ -436,7 +442,8 @@ class Cell:
             key = (tuple(sorted(sizes.items())), storage, EMULATED)
             if key not in self._cuda:
                 path = self._device_package(sizes, "sm_90", storage, 232448, simt=True)
-                self._cuda[key] = cuda.CudaCell(cuda.Package(path), emulate=True)
+                self._cuda[key] = cuda.CudaCell(cuda.Package(path), emulate=True,
+                                                shuffle_seed=self.shuffle_seed)
             return self._cuda[key]
         index = device.index if device.index is not None else torch.cuda.current_device()
         key = (tuple(sorted(sizes.items())), storage, index)
@@ -568,7 +575,8 @@ def compile(source, target=None, *, threads=0, cuda=None):
     follows the inputs' dtype. `target`: None (the tensors' device), "cpu",
     "cuda", or "cuda-emu": the CUDA kernels, run on CPU tensors in the SIMT
     emulator (every CUDA thread a fiber, with race, bounds and deadlock
-    checks; see README)."""
+    checks; see README), where `cuda={"shuffle_seed": n}` shuffles the
+    threads' order between sync points."""
     file_name = "<cell>"
     if "{" not in source and os.path.exists(source):
         file_name = source

@@ -87,7 +87,7 @@ class _TorchStyleRNN(torch.nn.Module):
     def __init__(self, source, gates, state_names, input_size, hidden_size,
                  num_layers=1, bias=True, batch_first=False, dropout=0.0,
                  bidirectional=False, proj_size=0, device=None, dtype=None,
-                 recompute="none"):
+                 recompute="none", target=None, cuda=None):
         super().__init__()
         if proj_size < 0:
             raise ValueError(f"proj_size should be >= 0, got {proj_size}")
@@ -95,7 +95,7 @@ class _TorchStyleRNN(torch.nn.Module):
             raise ValueError(f"proj_size ({proj_size}) has to be smaller than "
                              f"hidden_size ({hidden_size})")
         # LSTMP: h is the projection of o * tanh(c) (examples/lstmp.cell).
-        self.cell = _compile(LSTMP_CELL if proj_size else source)
+        self.cell = _compile(LSTMP_CELL if proj_size else source, target, cuda=cuda)
         self.state_names = state_names
         self.proj_size = proj_size
         self.input_size, self.hidden_size = input_size, hidden_size
@@ -246,14 +246,16 @@ class LSTM(_TorchStyleRNN):
     """torch.nn.LSTM on cellc kernels: the same arguments (proj_size runs
     examples/lstmp.cell), state_dict keys and forward; `recompute` ("none", "full", "chunk:K") trades memory for time,
     and `resets` ([T, B] bool, or [B, T] with batch_first) restarts episodes
-    from the initial state inside the sequence."""
+    from the initial state inside the sequence. `target` and `cuda` are
+    cellc.compile's: target="cuda-emu" runs the CUDA kernels on CPU tensors
+    in the SIMT emulator."""
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True,
                  batch_first=False, dropout=0.0, bidirectional=False, proj_size=0,
-                 device=None, dtype=None, recompute="none"):
+                 device=None, dtype=None, recompute="none", target=None, cuda=None):
         super().__init__(LSTM_CELL, 4, ["h", "c"], input_size, hidden_size, num_layers,
                          bias, batch_first, dropout, bidirectional, proj_size, device,
-                         dtype, recompute)
+                         dtype, recompute, target, cuda)
 
     def forward(self, input, hx=None, resets=None):
         if hx is not None and (not isinstance(hx, (tuple, list)) or len(hx) != 2):
@@ -263,14 +265,15 @@ class LSTM(_TorchStyleRNN):
 
 
 class GRU(_TorchStyleRNN):
-    """torch.nn.GRU on cellc kernels; see LSTM for `recompute` and `resets`."""
+    """torch.nn.GRU on cellc kernels; see LSTM for `recompute`, `resets`,
+    `target` and `cuda`."""
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True,
                  batch_first=False, dropout=0.0, bidirectional=False, device=None,
-                 dtype=None, recompute="none"):
+                 dtype=None, recompute="none", target=None, cuda=None):
         super().__init__(GRU_CELL, 3, ["h"], input_size, hidden_size, num_layers,
                          bias, batch_first, dropout, bidirectional, 0, device, dtype,
-                         recompute)
+                         recompute, target, cuda)
 
     def forward(self, input, hx=None, resets=None):
         out, (h,) = self._forward(input, None if hx is None else (hx,), resets)
@@ -283,9 +286,9 @@ class Recurrent(torch.nn.Module):
     layers in sequence (layer k > 0 takes the previous layer's first output)."""
 
     def __init__(self, cell, num_layers=1, batch_first=False, dropout=0.0,
-                 recompute="none", dtype=None, **sizes):
+                 recompute="none", dtype=None, target=None, cuda=None, **sizes):
         super().__init__()
-        self.cell = _compile(cell) if isinstance(cell, str) else cell
+        self.cell = _compile(cell, target, cuda=cuda) if isinstance(cell, str) else cell
         self.sizes = dict(sizes)
         self.num_layers, self.batch_first = num_layers, batch_first
         self.dropout, self.recompute = float(dropout), recompute
@@ -356,17 +359,18 @@ class LayerNormLSTM(torch.nn.Module):
     DropConnect `dropout` on the recurrent kernel; zoneout is not offered.
     The step is examples/layernorm_lstm.cell. `forward(input, state=None,
     lengths=None, resets=None)` returns `output` [T, B, H] and `(h_n, c_n)`,
-    each [1, B, H]; `state` is such a pair. `recompute` as for cellc cells."""
+    each [1, B, H]; `state` is such a pair. `recompute`, `target` and `cuda`
+    as for cellc cells."""
 
     def __init__(self, input_size, hidden_size, batch_first=False, forget_bias=1.0,
-                 dropout=0.0, recompute="none", dtype=None):
+                 dropout=0.0, recompute="none", dtype=None, target=None, cuda=None):
         super().__init__()
         if not 0.0 <= dropout <= 1.0:
             raise ValueError("LayerNormLSTM: dropout must be in [0.0, 1.0]")
         self.input_size, self.hidden_size = input_size, hidden_size
         self.batch_first, self.forget_bias = batch_first, forget_bias
         self.dropout, self.recompute = float(dropout), recompute
-        self.cell = _compile(LAYERNORM_LSTM_CELL)
+        self.cell = _compile(LAYERNORM_LSTM_CELL, target, cuda=cuda)
         H, dtype = hidden_size, dtype or torch.get_default_dtype()
         empty = lambda *shape: torch.nn.Parameter(torch.empty(*shape, dtype=dtype))
         self.kernel = empty(input_size, 4 * H)

@@ -14,9 +14,10 @@ Tolerances, each relative to the largest magnitude of the float64 reference:
 - bf16: sequences stored in bf16 (8 bits, 2^-9 per rounding: x, h, the
   gates and their gradients) and bf16 operands in the products: 6e-2.
 
-The full matrix (every example cell in every strategy and precision) is
-`make test-emu`; this file runs the LSTM in every one, every example cell in
-two, and a cell nobody here wrote in every one.
+The full matrix (every example cell in every strategy, precision and
+storage) is `make test-emu`; this file runs the LSTM in every strategy and
+precision, every example cell in three configs, and a cell nobody here wrote
+in every strategy and precision.
 """
 
 import os
@@ -105,24 +106,25 @@ class _Ones(dict):
         return 1.0
 
 
-def compare(source, options, precision, modes, seed=0):
+def compare(source, options, precision, modes, seed=0, storage=None):
     """The cell in the emulator against the CPU kernels in float64, in each
-    recompute mode: forward, final states and every gradient."""
+    recompute mode: forward, final states and every gradient. `storage` (bf16
+    with bf16 products, else f32) is the dtype of the tensors."""
+    storage = storage or ("bf16" if precision == "bf16" else "f32")
+    tolerance = max(TOLERANCE[precision], TOLERANCE["bf16"] if storage == "bf16" else 0)
     cpu = cellc.compile(source)
     params, inputs, states, g = problem(cpu, seed=seed)
     weights = weights_for(cpu, params, inputs, states, g)
     want = run(cpu, params, inputs, states, weights, torch.float64, "none")
-    emu = cellc.compile(source, target="cuda-emu",
-                        cuda=dict(options, precision="bf16" if precision == "bf16"
-                                  else precision))
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    emu = cellc.compile(source, target="cuda-emu", cuda=dict(options, precision=precision))
+    dtype = torch.bfloat16 if storage == "bf16" else torch.float32
     for mode in modes:
         got = run(emu, params, inputs, states, weights, dtype, mode)
         assert set(got) == set(want)
         for name, w in want.items():
             error = (got[name] - w).abs().max().item()
             scale = w.abs().max().item() + 1e-3
-            assert error <= TOLERANCE[precision] * scale, (
+            assert error <= tolerance * scale, (
                 f"{mode}, {name}: largest difference {error:.2e} from float64, "
                 f"of a largest value {scale:.2e}")
 
@@ -160,15 +162,22 @@ def test_lstm_matches_torch_in_every_strategy_and_precision(strategy, precision)
 EXAMPLE_CELLS = sorted(f[:-5] for f in os.listdir(EXAMPLES) if f.endswith(".cell"))
 
 
-@pytest.mark.parametrize("case", ["batch-tiled ieee", "persistent-3 tf32"] + (
-    [f"{s} {p}" for s in STRATEGIES for p in TOLERANCE] if FULL else []))
+#: (strategy, precision of the products, storage of the sequences): a slice
+#: here, every combination in the full matrix.
+CASES = (["batch-tiled ieee f32", "persistent-3 tf32 f32", "batch-tiled bf16 bf16"]
+         if not FULL else
+         [f"{s} {p} {st}" for s in STRATEGIES for p in TOLERANCE for st in ("f32", "bf16")])
+
+
+@pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("name", EXAMPLE_CELLS)
 def test_every_example_cell_matches_float64(name, case):
-    strategy, precision = case.split()
+    strategy, precision, storage = case.split()
     with open(os.path.join(EXAMPLES, name + ".cell")) as f:
         source = f.read()
     compare(source, STRATEGIES[strategy], precision,
-            ["none", "full", "chunk:2"] if FULL or precision == "ieee" else ["full"])
+            ["none", "full", "chunk:2"] if FULL or precision == "ieee" else ["full"],
+            storage=storage)
 
 
 @pytest.mark.parametrize("precision", ["ieee", "tf32", "bf16"])
@@ -230,6 +239,18 @@ def test_swapped_mma_fragments_fail_the_comparison(tmp_path):
     scale = exact[0].abs().max().item()
     assert (right[0] - exact[0]).abs().max().item() < TOLERANCE["tf32"] * scale
     assert (swapped[0] - exact[0]).abs().max().item() > 10 * TOLERANCE["tf32"] * scale
+
+
+def test_a_shuffled_schedule_through_compile():
+    path = os.path.join(EXAMPLES, "gru.cell")
+    cpu = cellc.compile(path)
+    x = torch.randn(4, 3, SIZES["I"])
+    params = {n: 0.3 * torch.randn(*cpu.shape(n, SIZES)) for n, _ in cpu.params}
+    outs = [cellc.compile(path, target="cuda-emu", cuda={"shuffle_seed": seed})(x, params)[0]
+            for seed in (0, 9)]
+    assert torch.equal(*outs)
+    with pytest.raises(TypeError, match="'shuffle_seed' is the SIMT emulator's"):
+        cellc.compile(path, cuda={"shuffle_seed": 1})
 
 
 def test_shuffled_schedules_compute_the_same(tmp_path):
@@ -324,6 +345,24 @@ def test_resets_lengths_and_a_transposed_param(tmp_path):
                      + [p.grad.double() for p in ps.values()])
     for want, got in zip(*grads):
         assert (got - want).abs().max() <= TOLERANCE["ieee"] * (want.abs().max() + 1e-3)
+
+
+@pytest.mark.parametrize("module", ["LSTM", "GRU", "LayerNormLSTM"])
+def test_the_nn_drop_ins_run_in_the_emulator(module):
+    # torch.nn-style modules with target="cuda-emu": the same parameters,
+    # outputs and gradients as the module over the CPU kernels.
+    results = []
+    for target in (None, "cuda-emu"):
+        torch.manual_seed(6)
+        make = getattr(cellc.nn, module)
+        extra = {"num_layers": 2} if module != "LayerNormLSTM" else {}
+        rnn = make(SIZES["I"], SIZES["H"], recompute="chunk:2", target=target, **extra)
+        x = torch.randn(5, 3, SIZES["I"])
+        out, _ = rnn(x)
+        (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+        results.append([out.detach()] + [p.grad for p in rnn.parameters()])
+    for want, got in zip(*results):
+        assert (got - want).abs().max() <= 1e-4 * (want.abs().max() + 1e-3)
 
 
 def test_the_nn_modules_run_an_emulated_cell():

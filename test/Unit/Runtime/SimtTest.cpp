@@ -66,6 +66,20 @@ emu::Launch launchOf(const std::string &kernel, unsigned threads, std::vector<in
   return launch;
 }
 
+/// What a launch of `kernel` over one CTA of `threads`, with `out`, throws:
+/// the emulator's message, or "" when it runs clean.
+std::string errorOf(const emu::Module &module, const std::string &kernel, unsigned threads,
+                    std::vector<int32_t> &out) {
+  int32_t *data = out.data();
+  void *params[] = {&data};
+  try {
+    module.launch(launchOf(kernel, threads, out, params));
+    return "";
+  } catch (const emu::EmuError &e) {
+    return e.what();
+  }
+}
+
 TEST(SimtTest, ShuffleModesMatchCuda) {
   // Each lane's value is 100 + lane. Rows of `out`: __shfl_up_sync(v, 3),
   // __shfl_down_sync(v, 5), __shfl_xor_sync(v, 6), __shfl_sync(v, 7) as a
@@ -147,23 +161,16 @@ define void @neighbours(ptr %out) {
 )";
   };
   std::vector<int32_t> out(64);
-  int32_t *data = out.data();
-  void *params[] = {&data};
   auto clean = emulate(kernel(true), {"neighbours"});
   ASSERT_TRUE(clean);
-  clean->launch(launchOf("neighbours", 32, out, params));
+  EXPECT_EQ(errorOf(*clean, "neighbours", 32, out), "");
   EXPECT_EQ(out[0], 1);
   EXPECT_EQ(out[30], 31);
   auto racy = emulate(kernel(false), {"neighbours"});
   ASSERT_TRUE(racy);
-  try {
-    racy->launch(launchOf("neighbours", 32, out, params));
-    FAIL() << "no race reported";
-  } catch (const emu::EmuError &e) {
-    EXPECT_STREQ(e.what(), "cuda-emu: shared-memory race in kernel neighbours, CTA (0, 0): "
-                           "thread 1 writes byte 4 of words (offset 4), which thread 0 "
-                           "read since the last bar.sync");
-  }
+  EXPECT_EQ(errorOf(*racy, "neighbours", 32, out),
+            "cuda-emu: shared-memory race in kernel neighbours, CTA (0, 0): thread 1 writes "
+            "byte 4 of words (offset 4), which thread 0 read since the last bar.sync");
 }
 
 TEST(SimtTest, AStorePastTheBufferIsAnError) {
@@ -180,17 +187,11 @@ define void @shifted(ptr %out) {
   auto module = emulate(ir, {"shifted"});
   ASSERT_TRUE(module);
   std::vector<int32_t> out(32);
-  int32_t *data = out.data();
-  void *params[] = {&data};
-  try {
-    module->launch(launchOf("shifted", 32, out, params));
-    FAIL() << "no bounds error";
-  } catch (const emu::EmuError &e) {
-    EXPECT_NE(std::string(e.what()).find(", 128 bytes into an argument's buffer of 128, in "
-                                         "kernel shifted, CTA (0, 0), thread 31"),
-              std::string::npos)
-        << e.what();
-  }
+  std::string error = errorOf(*module, "shifted", 32, out);
+  EXPECT_NE(error.find(", 128 bytes into an argument's buffer of 128, in kernel shifted, "
+                       "CTA (0, 0), thread 31"),
+            std::string::npos)
+      << error;
 }
 
 TEST(SimtTest, ALaneThatSkipsAWarpOpIsADeadlock) {
@@ -215,24 +216,15 @@ shuffle:
 )";
   };
   std::vector<int32_t> out(64);
-  int32_t *data = out.data();
-  void *params[] = {&data};
   auto lane5 = emulate(kernel("icmp eq i32 %tid, 5", false), {"skips"});
   ASSERT_TRUE(lane5);
-  try {
-    lane5->launch(launchOf("skips", 32, out, params));
-    FAIL() << "no deadlock reported";
-  } catch (const emu::EmuError &e) {
-    EXPECT_STREQ(e.what(), "cuda-emu: warp 0 of kernel skips, CTA (0, 0): lane 5 exited, "
-                           "and the lanes of the mask wait for it");
-  }
+  EXPECT_EQ(errorOf(*lane5, "skips", 32, out),
+            "cuda-emu: warp 0 of kernel skips, CTA (0, 0): lane 5 exited, and the lanes of "
+            "the mask wait for it");
   auto half = emulate(kernel("icmp ult i32 %tid, 16", true), {"skips"});
   ASSERT_TRUE(half);
-  try {
-    half->launch(launchOf("skips", 64, out, params));
-    FAIL() << "no deadlock reported";
-  } catch (const emu::EmuError &e) {
-    std::string message = e.what();
+  {
+    std::string message = errorOf(*half, "skips", 64, out);
     EXPECT_NE(message.find("cuda-emu: deadlock in kernel skips: no thread can run"),
               std::string::npos)
         << message;
