@@ -395,7 +395,7 @@ class Cell:
         strategy = strategy or ""
         options = [arch, strategy, precision, storage, batch_tile, ctas, shared_limit, simt]
         key = hashlib.sha256(json.dumps(
-            [_cellc.compiler_version(), self.source, sorted(sizes.items()), options]
+            [_compiler_build(), self.source, sorted(sizes.items()), options]
         ).encode()).hexdigest()[:32]
         root = os.path.join(_cellc.cache_dir(), "cuda")
         path = os.path.join(root, key)
@@ -473,6 +473,14 @@ class Cell:
         if len(out) == 1:
             out = next(iter(out.values()))
         return out, final
+
+
+def _compiler_build():
+    """The compiler's version and this build of it (the size and time of the
+    extension that holds it): a CUDA package that another build wrote, whose
+    kernels may differ under the same version, is not reused."""
+    st = os.stat(_cellc.__file__)
+    return f"{_cellc.compiler_version()}-{st.st_size}-{st.st_mtime_ns}"
 
 
 #: The target that runs the CUDA kernels in the SIMT emulator, on the CPU.

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import TOOLS
+import cellc
 from cellc import cuda
 
 CELLC = os.path.join(TOOLS, "cellc")
@@ -322,3 +323,15 @@ def test_a_second_backward_finds_what_forward_kept(tmp_path):
     first = x.grad.clone()
     out["h"].sum().backward()
     torch.testing.assert_close(x.grad, 2 * first)
+
+
+def test_a_new_compiler_build_rebuilds_the_packages(monkeypatch):
+    # The package cache is keyed by the compiler's build, not its version
+    # string alone: kernels fixed under the same version are rebuilt.
+    from cellc import core
+    cell = cellc.compile(os.path.join(EXAMPLES, "elman.cell"))
+    sizes = {"I": 3, "H": 4}
+    first = cell.cuda_package(sizes)
+    assert cell.cuda_package(sizes) == first
+    monkeypatch.setattr(core, "_compiler_build", lambda: "another build")
+    assert cell.cuda_package(sizes) != first
