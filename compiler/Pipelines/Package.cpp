@@ -17,6 +17,8 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/FileSystem.h"
@@ -185,6 +187,16 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
     nvvm.addPass(mlir::cell::createConvertKernelsToNVVM());
     if (mlir::failed(nvvm.run(*module)))
       return fail("cellc: lowering the CUDA kernels to NVVM failed");
+    // What runs on the tensor cores: a product whose depth the mma shape
+    // does not divide falls back to FMAs, and a reader should know it.
+    int64_t mmas = 0;
+    module->walk([&](mlir::Operation *op) {
+      auto inlineAsm = llvm::dyn_cast<mlir::LLVM::InlineAsmOp>(op);
+      mmas += llvm::isa<mlir::NVVM::MmaOp>(op) ||
+              (inlineAsm && inlineAsm.getAsmString().starts_with("mma.sync"));
+    });
+    if (saveGates)
+      meta["mma_sites"] = mmas;
     // The emulator's object first: serializing to PTX replaces the
     // gpu.module with its binary.
     if (simt) {

@@ -9,6 +9,7 @@ a GPU; using it there raises `CudaUnavailable` with the reason.
 import ctypes
 import json
 import os
+import warnings
 
 __all__ = ["CudaUnavailable", "CudaError", "available", "Package", "CudaCell"]
 
@@ -234,6 +235,12 @@ class CudaCell:
                 self.modules[variant] = handle
         #: Bytes the last call kept for its backward (0 without autograd).
         self.saved_bytes = 0
+        precision = package.meta.get("precision", "ieee")
+        if precision != "ieee" and package.meta.get("mma_sites") == 0:
+            warnings.warn(f"{package.cell}: precision={precision!r}, but no product runs on "
+                          "the tensor cores at these sizes: they need 16 rows a tile and a "
+                          f"depth that {8 if precision == 'tf32' else 16} divides, and the "
+                          "products run on fp32 FMAs instead", stacklevel=2)
 
     def __del__(self):
         lib = getattr(self, "_lib", None)

@@ -21,6 +21,7 @@ in every strategy and precision.
 """
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -298,6 +299,22 @@ def test_an_access_outside_the_buffers_is_an_error(tmp_path):
                                              r"\d+ bytes into an argument's buffer of \d+, "
                                              r"in kernel lstm_fwd, CTA \(0, 0\), thread \d+"):
         cell.launch("lstm_fwd", "save", tensors, B)
+
+
+def test_tensor_cores_that_cannot_run_are_a_warning():
+    # At H = 12 the recurrent product's depth is not a multiple of 8: tf32
+    # asks for tensor cores that the kernels cannot use, and the user is told.
+    path = os.path.join(EXAMPLES, "lstm.cell")
+    x = torch.randn(3, 2, 4)
+    cpu = cellc.compile(path)
+    params = {n: torch.randn(*cpu.shape(n, {"I": 4, "H": 12})) for n, _ in cpu.params}
+    with pytest.warns(UserWarning, match="precision='tf32', but no product runs on the "
+                                         "tensor cores"):
+        cellc.compile(path, target="cuda-emu", cuda={"precision": "tf32"})(x, params)
+    params16 = {n: torch.randn(*cpu.shape(n, {"I": 4, "H": 16})) for n, _ in cpu.params}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cellc.compile(path, target="cuda-emu", cuda={"precision": "tf32"})(x, params16)
 
 
 def test_bad_tensors_are_errors(tmp_path):
