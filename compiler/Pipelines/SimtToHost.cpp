@@ -104,10 +104,11 @@ std::string SimtToHost::where(llvm::Instruction *inst) const {
 
 /// The hook's type, from EmulatorHooks.def's words.
 llvm::FunctionType *hookType(llvm::LLVMContext &context, Hook which) {
-  llvm::Type *Void = llvm::Type::getVoidTy(context), *I32 = llvm::Type::getInt32Ty(context),
-             *I64 = llvm::Type::getInt64Ty(context),
-             *Ptr = llvm::PointerType::getUnqual(context);
-  (void)Void, (void)I32, (void)I64, (void)Ptr;
+  // The .def's type words, as LLVM types.
+  [[maybe_unused]] llvm::Type *Void = llvm::Type::getVoidTy(context),
+                              *I32 = llvm::Type::getInt32Ty(context),
+                              *I64 = llvm::Type::getInt64Ty(context),
+                              *Ptr = llvm::PointerType::getUnqual(context);
   switch (which) {
 #define CELLC_EMU_HOOK(name, result, ...)                                      \
   case Hook::name:                                                             \

@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <sys/mman.h>
+#include <type_traits>
 #include <ucontext.h>
 
 using namespace cellc::emu;
@@ -395,7 +396,7 @@ int32_t hook_nctaid_y() { return int32_t(grid->launch->gridY); }
 int32_t hook_laneid() { return int32_t(self().tid % kWarp); }
 void *hook_shared_base() { return self().cta->shared.get(); }
 
-uint64_t hook_shfl(int32_t mode, int32_t mask, int32_t value, int32_t b, int32_t c) {
+int64_t hook_shfl(int32_t mode, int32_t mask, int32_t value, int32_t b, int32_t c) {
   WarpOp &op = self().op;
   op.mode = uint32_t(mode);
   op.value = uint32_t(value);
@@ -403,7 +404,7 @@ uint64_t hook_shfl(int32_t mode, int32_t mask, int32_t value, int32_t b, int32_t
   op.c = uint32_t(c);
   op.shape = 0;
   arriveAtWarpOp(WarpOp::Shuffle, uint32_t(mask));
-  return self().op.result;
+  return int64_t(self().op.result);
 }
 
 void hook_mma(int32_t shape, void *a, void *b, void *c, void *d) {
@@ -445,6 +446,19 @@ void hook_global_access(void *address, int64_t bytes, int32_t write, void *base)
   checkGlobal(self(), uintptr_t(address), uint64_t(bytes), write != 0,
               write ? "store" : "load", uintptr_t(base));
 }
+
+// Each hook has the type EmulatorHooks.def gives it: the object calls it
+// through a pointer of that type.
+namespace words {
+using Void = void;
+using I32 = int32_t;
+using I64 = int64_t;
+using Ptr = void *;
+#define CELLC_EMU_HOOK(name, result, ...)                                      \
+  static_assert(std::is_same_v<decltype(&hook_##name), result (*)(__VA_ARGS__)>, \
+                "hook_" #name " does not have EmulatorHooks.def's type");
+#include "dialects/Cell/IR/EmulatorHooks.def"
+} // namespace words
 
 /// The table the object calls through, in EmulatorHooks.def's order.
 std::vector<void *> hookTable() {
