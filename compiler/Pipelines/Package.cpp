@@ -197,6 +197,13 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
     });
     if (saveGates)
       meta["mma_sites"] = mmas;
+    if (saveGates && mmas == 0 && cuda.precision != Precision::Ieee)
+      mlir::emitWarning(def.getLoc())
+          << "precision " << name(cuda.precision)
+          << " runs no product on the tensor cores at these sizes (16 rows a tile and a "
+             "depth that "
+          << (cuda.precision == Precision::Tf32 ? 8 : 16)
+          << " divides); the products run on fp32 FMAs";
     // The emulator's object first: serializing to PTX replaces the
     // gpu.module with its binary.
     if (simt) {
