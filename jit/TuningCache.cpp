@@ -3,6 +3,7 @@
 #include "jit/TuningCache.h"
 
 #include "jit/KernelCache.h"
+#include "runtime/cpu/ThreadPool.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Path.h"
@@ -18,7 +19,7 @@ llvm::Error cellc::jit::jitError(const llvm::Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
 }
 
-int cellc::jit::cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+int cellc::jit::cores() { return runtime::cores(); }
 
 //===----------------------------------------------------------------------===//
 // Knobs and configs

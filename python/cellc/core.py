@@ -111,6 +111,8 @@ class Cell:
         self.saved_bytes = 0
         # The compiled cell of the last call on the CPU (memory_stats).
         self._last = None
+        # Direct steps' checked plans, by the tensors' shapes and dtypes.
+        self._step_plans = {}
 
     def __repr__(self):
         return (f"cellc.Cell(inputs={self.inputs}, states={self.states}, "
@@ -308,6 +310,115 @@ class Cell:
                                             states, resets, mode, lengths, batch_first)
         self._last = compiled
         return out, final
+
+    def step(self, x, params, states=None):
+        """One step, as a stream runs the cell (an RL actor, a model served
+        token by token): `x` is `[B, n]` (a dict for several inputs),
+        `params` as for a call, `states` a dict of `[B, n]` (those missing
+        start at zero). Returns `(output, new_states)`: the output `[B, n]`
+        (a dict when there are several) and every state after the step.
+        Under no_grad on the CPU it calls the kernel directly, with what it
+        checked and allocated kept per shape; where gradients are wanted, or
+        on CUDA, it is the call of a one-step sequence, and gradients flow
+        as through any call."""
+        fast = self._step_plan(x, params, states)
+        if fast is None:
+            return self._step_as_sequence(x, params, states)
+        compiled, names_in, names_par, widths_out, widths_st = fast
+        x0 = x[names_in[0]] if isinstance(x, dict) else x
+        B = x0.shape[0]
+        inputs = [x0] if not isinstance(x, dict) else [x[n] for n in names_in]
+        buf = lambda ts: [(t.data_ptr(), list(t.shape)) for t in ts]
+        st = [] if states is None else states
+        state_list = [st[n] if n in st else x0.new_zeros(B, w) for n, w in widths_st]
+        outs = [x0.new_empty(B, w) for w in widths_out]
+        news = [x0.new_empty(B, w) for _, w in widths_st]
+        compiled.step(buf(inputs), buf([params[n] for n in names_par]), buf(state_list),
+                      buf(outs), buf(news))
+        out = outs[0] if len(outs) == 1 else dict(zip(self.outputs, outs))
+        return out, {n: t for (n, _), t in zip(widths_st, news)}
+
+    def _step_plan(self, x, params, states):
+        """What a direct step needs (the compiled cell, the names, the widths
+        of the outputs and states), cached per the tensors' shapes, dtypes and
+        layouts; None where the step must run as a sequence (gradients, CUDA,
+        the emulator, autocast)."""
+        try:
+            inputs = list(x.values()) if isinstance(x, dict) else [x]
+            tensors = inputs + list(params.values()) + (
+                [] if states is None else list(states.values()))
+            key = (tuple(x) if isinstance(x, dict) else None, tuple(params),
+                   None if states is None else tuple(states),
+                   tuple((t.shape, t.dtype, t.device, t.is_contiguous()) for t in tensors))
+            grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        except (AttributeError, TypeError):
+            return None  # not tensors, not dicts: the sequence call says what is wrong
+        if grad or self.emulated or _autocast_cpu():
+            return None
+        plan = self._step_plans.get(key, False)
+        if plan is False:
+            plan = self._make_step_plan(x, params, states)
+            if len(self._step_plans) > 64:
+                self._step_plans.clear()
+            self._step_plans[key] = plan
+        return plan
+
+    def _make_step_plan(self, x, params, states):
+        """Checks a step's tensors once for their key (errors as a call
+        reports them) and binds its sizes."""
+        names_in = [n for n, _ in self.inputs]
+        names_par = [n for n, _ in self.params]
+        inputs = _arguments(x, params, states, names_in, names_par,
+                            [n for n, _ in self.states])
+        tensors = list(inputs) + [params[n] for n in names_par] + list(
+            (states or {}).values())
+        if any(not t.is_contiguous() for t in tensors) or inputs[0].device.type != "cpu":
+            return None
+        dtype = inputs[0].dtype
+        for t in tensors:
+            if t.dtype != dtype:
+                raise TypeError(f"all tensors must have one dtype; got {dtype} and {t.dtype}")
+        if dtype not in _DTYPES:
+            return None  # the sequence call says which dtypes run
+        if self.target == _cellc.Target.cuda.name:
+            return None
+        for name, t in zip(names_in, inputs):
+            if t.dim() != 2:
+                raise ValueError(f"a step's input '{name}' must be [B, n], got shape "
+                                 f"{list(t.shape)}")
+        B = inputs[0].shape[0]
+        for name, t in zip(names_in, inputs):
+            if t.shape[0] != B:
+                raise ValueError(f"input '{name}' has B = {t.shape[0]}, but "
+                                 f"'{names_in[0]}' has B = {B}")
+        shapes = {n: (t.shape[1],) for n, t in zip(names_in, inputs)}
+        shapes.update({n: tuple(params[n].shape) for n in names_par})
+        for n, t in (states or {}).items():
+            if t.dim() != 2 or t.shape[0] != B:
+                raise ValueError(f"state '{n}' must be [B, n] with B={B}, got {list(t.shape)}")
+            shapes[n] = (t.shape[1],)
+        sizes = self.bind_sizes(shapes)
+        compiled = self.jit(sizes, dtype, batch=B, seq_len=1)
+        widths_out = [shape[0] for _, shape in compiled.outputs]
+        widths_st = [(n, shape[0]) for n, shape in compiled.states]
+        return compiled, names_in, names_par, widths_out, widths_st
+
+    def _step_as_sequence(self, x, params, states):
+        """A step as the call of a one-step sequence (autograd, CUDA)."""
+        named = x if isinstance(x, dict) else {n: x for n, _ in self.inputs[:1]}
+        for n, t in named.items():
+            if isinstance(t, torch.Tensor) and t.dim() != 2:
+                raise ValueError(f"a step's input '{n}' must be [B, n], got shape "
+                                 f"{list(t.shape)}")
+        if isinstance(x, dict):
+            seq = {n: t.unsqueeze(0) if isinstance(t, torch.Tensor) else t
+                   for n, t in x.items()}
+        else:
+            seq = x.unsqueeze(0) if isinstance(x, torch.Tensor) else x
+        out, final = self(seq, params, states)
+        if isinstance(out, dict):
+            return {n: o[0] for n, o in out.items()}, final
+        return out[0], final
 
     def _call_op(self, sizes, inputs, params, states, resets, mode, batch_first, lengths):
         """A call through the torch operator cellc::sequence (torch >= 2.4):

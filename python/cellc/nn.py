@@ -230,6 +230,39 @@ class _TorchStyleRNN(torch.nn.Module):
             out = out.transpose(0, 1)
         return out, finals
 
+    def _step(self, input, hx):
+        """One step of every layer: `input` [B, n] (unbatched: [n]), `hx` a
+        tuple of [L, B, n] (unbatched: [L, n]) or None. Returns the last
+        layer's output and the new states, shaped as `hx`."""
+        name = type(self).__name__
+        if self.bidirectional:
+            raise ValueError(f"cellc.nn.{name}.step: a bidirectional module has no step "
+                             f"(its reverse direction starts at the sequence's end)")
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"cellc.nn.{name}.step: input must be a tensor, got "
+                            f"{type(input).__name__}")
+        if input.dim() not in (1, 2):
+            raise ValueError(f"cellc.nn.{name}.step: expected input of 2 (batched: [B, n]) "
+                             f"or 1 (unbatched) dimensions, got shape {list(input.shape)}")
+        batched = input.dim() == 2
+        x = input if batched else input.unsqueeze(0)
+        if hx is not None:
+            hx = tuple(self._check_state(h, i, x.shape[0], batched)
+                       for i, h in enumerate(hx))
+        finals = [[] for _ in self.state_names]
+        for layer in range(self.num_layers):
+            states = None if hx is None else {n: h[layer]
+                                              for n, h in zip(self.state_names, hx)}
+            x, final = self.cell.step(x, self._params(layer), states)
+            for k, n in enumerate(self.state_names):
+                finals[k].append(final[n])
+            if layer + 1 < self.num_layers and self.training and self.dropout:
+                x = torch.nn.functional.dropout(x, self.dropout, True)
+        finals = tuple(torch.stack(f) for f in finals)
+        if not batched:
+            return x[0], tuple(f[:, 0] for f in finals)
+        return x, finals
+
     def _check_state(self, h, i, batch, batched):
         """The i-th initial state, [L * D, B, n] (unbatched: [L * D, n])."""
         layers = self.num_layers * (2 if self.bidirectional else 1)
@@ -263,6 +296,19 @@ class LSTM(_TorchStyleRNN):
         out, (h, c) = self._forward(input, hx, resets)
         return out, (h, c)
 
+    def step(self, input, hx=None):
+        """One time step, as a stream runs the module (an RL actor, a model
+        served token by token): `input` [B, input_size] (or unbatched
+        [input_size]), `hx` = (h, c) as for forward, or None (zeros).
+        Returns `(output, (h, c))`, output [B, H] the last layer's h. Under
+        no_grad it calls the kernels directly (cellc.Cell.step); where
+        gradients are wanted they flow as through forward. Not for a
+        bidirectional module."""
+        if hx is not None and (not isinstance(hx, (tuple, list)) or len(hx) != 2):
+            raise ValueError("cellc.nn.LSTM.step: hx must be a tuple (h_0, c_0)")
+        out, (h, c) = self._step(input, hx)
+        return out, (h, c)
+
 
 class GRU(_TorchStyleRNN):
     """torch.nn.GRU on cellc kernels; see LSTM for `recompute`, `resets`,
@@ -277,6 +323,12 @@ class GRU(_TorchStyleRNN):
 
     def forward(self, input, hx=None, resets=None):
         out, (h,) = self._forward(input, None if hx is None else (hx,), resets)
+        return out, h
+
+    def step(self, input, hx=None):
+        """One time step: `input` [B, input_size] (or [input_size]), `hx` as
+        for forward or None. Returns `(output, h)`; see LSTM.step."""
+        out, (h,) = self._step(input, None if hx is None else (hx,))
         return out, h
 
 
@@ -345,6 +397,25 @@ class Recurrent(torch.nn.Module):
             return _pack_like(x, rows, packed), finals
         if self.batch_first:
             x = x.transpose(0, 1)
+        return x, finals
+
+    def step(self, x, states=None):
+        """One time step of every layer: `x` [B, n], `states` None or a list
+        (one a layer) of dicts of [B, n]. Returns the last layer's first
+        output and each layer's new states, as forward does for a
+        sequence; see cellc.Cell.step."""
+        if states is not None and (not isinstance(states, (list, tuple))
+                                   or len(states) != self.num_layers):
+            raise ValueError(f"cellc.nn.Recurrent.step: states must be a list of "
+                             f"{self.num_layers} dicts (one a layer), or None")
+        finals = []
+        for k, params in enumerate(self.layers):
+            out, final = self.cell.step(x, dict(params.items()),
+                                        None if states is None else states[k])
+            finals.append(final)
+            x = out if isinstance(out, torch.Tensor) else next(iter(out.values()))
+            if k + 1 < self.num_layers and self.training and self.dropout:
+                x = torch.nn.functional.dropout(x, self.dropout, True)
         return x, finals
 
 

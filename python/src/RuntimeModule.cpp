@@ -91,6 +91,24 @@ struct PyCell {
     return training ? saved : nullptr;
   }
 
+  /// One step of inference: [B, n] inputs, states, outputs and new states.
+  void step(const Buffers &inputs, const Buffers &params, const Buffers &states,
+            const Buffers &outputs, const Buffers &newStates) {
+    CpuCell::Sequence seq;
+    seq.inputs = arrays(inputs);
+    seq.params = arrays(params);
+    seq.initialStates = arrays(states);
+    seq.steps = 1;
+    seq.batch = seq.inputs.empty() || seq.inputs[0].shape.empty() ? -1
+                                                                  : seq.inputs[0].shape[0];
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = cell->step(seq, arrays(outputs), arrays(newStates));
+    }
+    check(status);
+  }
+
   static Recompute parseMode(const std::string &mode) {
     Recompute parsed;
     check(Recompute::parse(mode, parsed));
@@ -203,6 +221,10 @@ PYBIND11_MODULE(_cellc_runtime, m) {
            py::arg("mode"), py::arg("training"), py::arg("lengths"),
            py::arg("outputs_outlive_saved") = false, py::arg("kept") = py::none())
       .def("backward", &PyCell::backward)
+      .def("step", &PyCell::step, py::arg("inputs"), py::arg("params"), py::arg("states"),
+           py::arg("outputs"), py::arg("new_states"),
+           "One step of inference: [B, n] inputs, states stepped from, outputs and "
+           "new states")
       .def("kept_layout", &PyCell::keptLayout, py::arg("mode"), py::arg("has_lengths"))
       .def("backward_kept", &PyCell::backwardKept)
       .def(

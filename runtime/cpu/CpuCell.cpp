@@ -10,6 +10,7 @@
 
 #include "runtime/cpu/CpuCell.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/ThreadPool.h"
 
 #include <cblas.h>
 #include <sys/mman.h>
@@ -69,6 +70,20 @@ void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
     return;
   auto ta = transA ? CblasTrans : CblasNoTrans;
   auto tb = transB ? CblasTrans : CblasNoTrans;
+  if (m == 1) {
+    // One row (a step of one sample): y = op(B)^T x, a matrix-vector product
+    // that reads op(B) once. GEMM would copy it into panels first.
+    auto tv = transB ? CblasNoTrans : CblasTrans;
+    int64_t rows = transB ? n : k, cols = transB ? k : n, inc = transA ? lda : 1;
+    if (dtype == DType::F32)
+      cblas_sgemv(CblasRowMajor, tv, rows, cols, 1.0f, static_cast<const float *>(b), ldb,
+                  static_cast<const float *>(a), inc, static_cast<float>(beta),
+                  static_cast<float *>(c), 1);
+    else
+      cblas_dgemv(CblasRowMajor, tv, rows, cols, 1.0, static_cast<const double *>(b), ldb,
+                  static_cast<const double *>(a), inc, beta, static_cast<double *>(c), 1);
+    return;
+  }
   if (dtype == DType::F32)
     cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f,
                 static_cast<const float *>(a), lda,
@@ -81,35 +96,43 @@ void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
                 static_cast<double *>(c), ldc);
 }
 
-/// acc[j] += sum over rows of m[row, j] (or += v[j] with rows = 1).
-void addColumnSums(DType dtype, const void *m, int64_t rows, int64_t cols,
-                   void *acc) {
-  if (dtype == DType::F32) {
-    auto *a = static_cast<float *>(acc);
-    auto *x = static_cast<const float *>(m);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < cols; ++j)
-        a[j] += x[r * cols + j];
-  } else {
-    auto *a = static_cast<double *>(acc);
-    auto *x = static_cast<const double *>(m);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < cols; ++j)
-        a[j] += x[r * cols + j];
-  }
+/// Host loops split across threads when they are at least this many
+/// elements a thread: below it, a wake costs more than it saves.
+constexpr int64_t kHostGrain = int64_t(1) << 15;
+
+/// acc[j] += sum over rows of m[row, j] (or += v[j] with rows = 1), each
+/// thread a range of columns.
+void addColumnSums(DType dtype, const void *m, int64_t rows, int64_t cols, void *acc,
+                   int threads = 1) {
+  auto sums = [&](auto *a, auto *x) {
+    parallelRanges(cols, threads, std::max<int64_t>(16, kHostGrain / std::max<int64_t>(rows, 1)),
+                   [&](int64_t j0, int64_t j1) {
+                     for (int64_t r = 0; r < rows; ++r)
+                       for (int64_t j = j0; j < j1; ++j)
+                         a[j] += x[r * cols + j];
+                   });
+  };
+  if (dtype == DType::F32)
+    sums(static_cast<float *>(acc), static_cast<const float *>(m));
+  else
+    sums(static_cast<double *>(acc), static_cast<const double *>(m));
 }
 
-/// m[row, :] = the sum of `vectors` for every row.
+/// m[row, :] = the sum of `vectors` for every row, each thread a range of
+/// rows.
 void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
-              const std::vector<const void *> &vectors) {
+              const std::vector<const void *> &vectors, int threads = 1) {
   auto fill = [&](auto *x) {
     using E = std::remove_pointer_t<decltype(x)>;
     std::vector<E> sum(cols, E(0));
     for (const void *v : vectors)
       for (int64_t j = 0; j < cols; ++j)
         sum[j] += static_cast<const E *>(v)[j];
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(x + r * cols, sum.data(), cols * sizeof(E));
+    parallelRanges(rows, threads, std::max<int64_t>(1, kHostGrain / std::max<int64_t>(cols, 1)),
+                   [&](int64_t r0, int64_t r1) {
+                     for (int64_t r = r0; r < r1; ++r)
+                       std::memcpy(x + r * cols, sum.data(), cols * sizeof(E));
+                   });
   };
   if (dtype == DType::F32)
     fill(static_cast<float *>(m));
@@ -121,19 +144,11 @@ void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
 Status parallelBatches(int64_t batch, int threads,
                        const std::function<Status(int64_t, int64_t)> &fn) {
   int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(threads, batch));
-  if (tiles == 1)
-    return fn(0, batch);
-  std::vector<std::thread> workers;
   std::vector<std::string> errors(tiles);
-  for (int64_t i = 0; i < tiles; ++i) {
-    int64_t begin = batch * i / tiles, end = batch * (i + 1) / tiles;
-    workers.emplace_back([&, i, begin, end] {
-      if (Status e = fn(begin, end))
-        errors[i] = e.message();
-    });
-  }
-  for (std::thread &w : workers)
-    w.join();
+  runTasks(int(tiles), [&](int i) {
+    if (Status e = fn(batch * i / tiles, batch * (i + 1) / tiles))
+      errors[i] = e.message();
+  });
   for (const std::string &e : errors)
     if (!e.empty())
       return Status::error(e);
@@ -219,7 +234,7 @@ public:
   }
   driver::Status columnSums(const View &m, int64_t rows, int64_t cols,
                             const View &acc) override {
-    addColumnSums(dtype, m.pointer(), rows, cols, acc.pointer());
+    addColumnSums(dtype, m.pointer(), rows, cols, acc.pointer(), threads);
     return driver::Status();
   }
   driver::Status fillRows(const View &m, int64_t rows, int64_t cols,
@@ -227,13 +242,16 @@ public:
     std::vector<const void *> pointers;
     for (const View &v : vectors)
       pointers.push_back(v.pointer());
-    ::fillRows(dtype, m.pointer(), rows, cols, pointers);
+    ::fillRows(dtype, m.pointer(), rows, cols, pointers, threads);
     return driver::Status();
   }
   driver::Status copy(const View &from, const View &to) override {
     if (from.element() != to.element())
       return driver::Status::error("internal error: the CPU backend copies one type");
-    std::memcpy(to.pointer(), from.pointer(), from.size() * driver::bytesOf(from.element()));
+    auto *dst = static_cast<char *>(to.pointer());
+    auto *src = static_cast<const char *>(from.pointer());
+    parallelRanges(from.size() * driver::bytesOf(from.element()), threads, 4 * kHostGrain,
+                   [&](int64_t b0, int64_t b1) { std::memcpy(dst + b0, src + b0, b1 - b0); });
     return driver::Status();
   }
   driver::Status add(const View &from, const View &to) override {
@@ -484,7 +502,7 @@ std::string CpuCell::config() const {
 }
 
 void CpuCell::setThreads(int threads) {
-  numThreads = threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
+  numThreads = threads > 0 ? threads : cores();
   if (impl->backend)
     impl->backend->threads = numThreads;
 }
@@ -562,6 +580,42 @@ Status CpuCell::forward(const Sequence &batchFirstOrNot,
   if (tm)
     tm->copyBack(outputs, callerOutputs);
   return Status();
+}
+
+Status CpuCell::step(const Sequence &seq, const std::vector<Array> &outputs,
+                     const std::vector<Array> &newStates) {
+  if (seq.batchFirst || seq.resets || !seq.lengths.empty())
+    return Status::error("a step takes no resets, lengths or batch-first layout");
+  if (seq.inputs.empty() || seq.inputs[0].shape.size() != 2)
+    return Status::error("a step's inputs are [B, n]");
+  int64_t B = seq.inputs[0].shape[0];
+  // The driver's [1, B, n] sequences over the caller's [B, n] rows.
+  auto oneStep = [&](std::vector<Array> &arrays, const char *what) -> Status {
+    for (Array &a : arrays) {
+      if (a.shape.size() != 2 || a.shape[0] != B)
+        return Status::error(std::string("a step's ") + what + " is " +
+                             driver::shapeString(a.shape) + ", not [" + std::to_string(B) +
+                             ", n]");
+      a.shape.insert(a.shape.begin(), 1);
+    }
+    return Status();
+  };
+  Sequence inner = seq;
+  std::vector<Array> outs = outputs;
+  if (Status e = oneStep(inner.inputs, "input"))
+    return e;
+  if (Status e = oneStep(outs, "output"))
+    return e;
+  driver::Element e = elementOf(elementType);
+  driver::Sequence s;
+  if (Status err = driverSequence(*this, inner, 1, B, e, s))
+    return err;
+  std::vector<View> outViews, newViews;
+  if (Status err = viewsOf(outs, info.outputs, e, "output", outViews))
+    return err;
+  if (Status err = viewsOf(newStates, info.states, e, "new state", newViews))
+    return err;
+  return impl->driver->step(s, outViews, newViews);
 }
 
 Status CpuCell::backward(const Sequence &batchFirstOrNot, const Saved &saved,

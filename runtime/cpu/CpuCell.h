@@ -115,6 +115,14 @@ public:
                  const std::vector<Array> &finalStates, Recompute mode, SavedPtr *saved,
                  const std::vector<Array> *kept = nullptr);
 
+  /// One step of inference (driver::SequenceDriver::step): inputs `[B, n]`,
+  /// params, the states to step from `[B, n]` (all given, as
+  /// `seq.initialStates`), outputs and new states `[B, n]`. `seq.resets`,
+  /// `lengths` and `batchFirst` must be unset. Buffers are kept for the
+  /// next step of the same B.
+  Status step(const Sequence &seq, const std::vector<Array> &outputs,
+              const std::vector<Array> &newStates);
+
   /// What a training forward in `mode` keeps, as a caller that holds it
   /// allocates it (driver::SequenceDriver::keptLayout; the outputs kept).
   std::vector<driver::KeptBuffer> keptLayout(Recompute mode, bool hasLengths) const;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <mutex>
 
 using namespace cellc;
 using namespace cellc::driver;
@@ -182,6 +183,16 @@ struct SequenceDriver::Workspace {
   /// its result (chunk:K's projection gradients), or -1; the input whose
   /// gradient (the caller's) the kernel writes into, or -1.
   std::vector<int64_t> projectionOf, inputOf;
+};
+
+/// What `step` keeps between calls, for the B it last ran: the
+/// projections' buffers ([1, B, rows]), zero resets ([1, B]) and the empty
+/// gates. Calls of one driver's step take turns.
+struct SequenceDriver::StepBuffers {
+  std::mutex turn;
+  int64_t batch = -1;
+  std::vector<Scratch> projected;
+  Scratch resets, noGates;
 };
 
 //===----------------------------------------------------------------------===//
@@ -710,6 +721,69 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
   if (training)
     *saved = std::move(keep);
   return Status();
+}
+
+Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &outputs,
+                            const std::vector<View> &newStates) {
+  if (seq.steps != 1)
+    return Status::error("a step runs T = 1, not T = " + std::to_string(seq.steps));
+  if (Status e = checkForward(seq, outputs, newStates))
+    return e;
+  if (seq.resets.valid() || !seq.lengths.empty())
+    return Status::error("a step takes no resets and no lengths");
+  if (seq.initialStates.size() != cell.states.size())
+    return Status::error("a step needs every state to step from");
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    if (!seq.initialStates[i].valid())
+      return Status::error("a step needs every state to step from; '" +
+                           cell.states[i].name + "' is missing");
+    // No kernel promises to read the state it starts from before it writes
+    // the state's history.
+    if (seq.initialStates[i].pointer() == newStates[i].pointer())
+      return Status::error("a step's new state '" + cell.states[i].name +
+                           "' must not be the state it steps from");
+  }
+  int64_t B = seq.batch;
+  if (!stepBuffers)
+    stepBuffers = std::make_unique<StepBuffers>();
+  StepBuffers &s = *stepBuffers;
+  std::lock_guard<std::mutex> lock(s.turn);
+  if (s.batch != B) {
+    s.batch = -1;
+    s.projected.clear();
+    s.projected.resize(cell.projections.size());
+    for (size_t p = 0; p < cell.projections.size(); ++p)
+      if (Status e = scratch({1, B, cell.projections[p].rows}, cell.projections[p].element,
+                             false, s.projected[p]))
+        return e;
+    if (Status e = scratch({1, B}, Element::U8, true, s.resets))
+      return e;
+    if (Status e = scratch({0, B, cell.gatesWidth}, cell.storage, false, s.noGates))
+      return e;
+    s.batch = B;
+  }
+  Chunk chunk;
+  chunk.len = 1;
+  chunk.resets = s.resets.view();
+  chunk.initial = seq.initialStates;
+  chunk.start = seq.initialStates;
+  chunk.outputs = outputs;
+  chunk.gates = s.noGates.view();
+  for (size_t p = 0; p < cell.projections.size(); ++p) {
+    chunk.projections.push_back(s.projected[p].view());
+    if (Status e = project(seq, cell.projections[p], 0, 1, chunk.projections.back()))
+      return e;
+  }
+  for (size_t i = 0; i < cell.states.size(); ++i)
+    chunk.history.push_back(newStates[i].at(0, {1, B, cell.states[i].shape[0]}));
+  std::vector<Arg> args;
+  std::vector<size_t> results;
+  if (Status e = bind(cell.forward, seq, chunk, /*backward=*/false, args, results))
+    return e;
+  std::vector<Scratch> keep;
+  if (Status e = workspace(cell.forward, B, args, keep))
+    return e;
+  return launch(cell.forward, /*backward=*/false, /*saveGates=*/false, args, B);
 }
 
 int64_t SequenceDriver::keptOutput(size_t state, Recompute mode, bool hasLengths,

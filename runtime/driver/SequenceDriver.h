@@ -305,6 +305,15 @@ public:
   /// The gradients of the inputs, params and initial states (invalid views:
   /// not wanted) from those of the outputs and final states (invalid:
   /// zeros).
+  /// One step of an inference forward (T = 1, nothing kept), as a stream
+  /// calls it: inputs `[1, B, n]`, the states to step from `[B, n]` (all
+  /// given), outputs `[1, B, n]` and the new states `[B, n]`, which may not
+  /// be the states stepped from. No resets, no lengths. The projections'
+  /// buffers are made once per B and kept between calls (bytes that the
+  /// ledger counts while they live); one step runs at a time.
+  Status step(const Sequence &seq, const std::vector<View> &outputs,
+              const std::vector<View> &newStates);
+
   Status backward(const Sequence &seq, const Saved &saved,
                   const std::vector<View> &gradOutputs,
                   const std::vector<View> &gradFinalStates,
@@ -387,6 +396,9 @@ private:
   Status runForwardChunk(const Sequence &seq, const Chunk &chunk, bool saveGates);
   /// The forward's buffers (defined with the forward).
   struct ForwardRun;
+  /// What `step` keeps between calls (defined with it).
+  struct StepBuffers;
+  std::unique_ptr<StepBuffers> stepBuffers;
   /// The forward's arguments against the cell's interface.
   Status checkForward(const Sequence &seq, const std::vector<View> &outputs,
                       const std::vector<View> &finalStates) const;

@@ -801,3 +801,94 @@ TEST(CpuCellLayout, BatchFirstIsTheTransposeOfTimeMajor) {
   EXPECT_NE(llvm::toString(std::move(e)).find("batch-first output has shape [4, 3, 5]"),
             std::string::npos);
 }
+
+namespace {
+
+/// Streaming: T steps through CpuCell::step give the bits of one forward
+/// over the T steps, at B = 5 then B = 2 (new buffers) on 1 and 3 threads;
+/// a step's bad arguments are errors that say what is wrong.
+TEST(CpuCellStep, StepsAreTheForwardStepByStep) {
+  const int64_t T = 3, I = 4, H = 9;
+  SizeBindings sizes = {{"H", H}, {"I", I}};
+  auto cell = compileCpu(source("lstm"), "lstm.cell", sizes, DType::F64);
+  ASSERT_TRUE(static_cast<bool>(cell));
+  CpuCell &c = **cell;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> uniform(-0.5, 0.5);
+  auto random = [&](int64_t n) {
+    std::vector<double> v(n);
+    for (double &x : v)
+      x = uniform(rng);
+    return v;
+  };
+  std::vector<std::vector<double>> params;
+  for (const Slot &p : c.params()) {
+    int64_t n = 1;
+    for (int64_t d : p.shape)
+      n *= d;
+    params.push_back(random(n));
+  }
+  std::vector<Array> paramArrays;
+  for (size_t i = 0; i < params.size(); ++i)
+    paramArrays.push_back({params[i].data(), c.params()[i].shape});
+  for (int threads : {1, 3})
+    for (int64_t B : {5, 2}) {
+      SCOPED_TRACE("threads=" + std::to_string(threads) + " B=" + std::to_string(B));
+      c.setThreads(threads);
+      std::vector<double> x = random(T * B * I), h0 = random(B * H), c0 = random(B * H);
+      std::vector<double> out(T * B * H), hT(B * H), cT(B * H);
+      CpuCell::Sequence seq;
+      seq.inputs = {{x.data(), {T, B, I}}};
+      seq.params = paramArrays;
+      seq.initialStates = {{h0.data(), {B, H}}, {c0.data(), {B, H}}};
+      ASSERT_FALSE(c.forward(seq, {{out.data(), {T, B, H}}},
+                             {{hT.data(), {B, H}}, {cT.data(), {B, H}}},
+                             *parseRecompute("none"), nullptr));
+      std::vector<double> h = h0, cs = c0, o(B * H), h1(B * H), c1(B * H);
+      for (int64_t t = 0; t < T; ++t) {
+        CpuCell::Sequence one;
+        one.inputs = {{x.data() + t * B * I, {B, I}}};
+        one.params = paramArrays;
+        one.initialStates = {{h.data(), {B, H}}, {cs.data(), {B, H}}};
+        Status s = c.step(one, {{o.data(), {B, H}}}, {{h1.data(), {B, H}}, {c1.data(), {B, H}}});
+        ASSERT_FALSE(s) << s.message();
+        EXPECT_EQ(o, std::vector<double>(out.begin() + t * B * H,
+                                         out.begin() + (t + 1) * B * H));
+        h = h1;
+        cs = c1;
+      }
+      EXPECT_EQ(h, hT);
+      EXPECT_EQ(cs, cT);
+    }
+
+  // Errors.
+  const int64_t B = 2;
+  std::vector<double> x = random(B * I), h = random(B * H), cs = random(B * H), o(B * H),
+                      h1(B * H), c1(B * H);
+  CpuCell::Sequence one;
+  one.inputs = {{x.data(), {B, I}}};
+  one.params = paramArrays;
+  one.initialStates = {{h.data(), {B, H}}, {cs.data(), {B, H}}};
+  auto message = [&](const CpuCell::Sequence &s, std::vector<Array> news) {
+    return c.step(s, {{o.data(), {B, H}}}, news).message();
+  };
+  EXPECT_EQ(message(one, {{h.data(), {B, H}}, {c1.data(), {B, H}}}),
+            "a step's new state 'h' must not be the state it steps from");
+  EXPECT_EQ(message(one, {{h1.data(), {B, H + 1}}, {c1.data(), {B, H}}}),
+            "final state 'h' has shape [2, 10], expected [2, 9]");
+  CpuCell::Sequence bad = one;
+  bad.inputs = {{x.data(), {1, B, I}}};
+  EXPECT_EQ(message(bad, {{h1.data(), {B, H}}, {c1.data(), {B, H}}}),
+            "a step's inputs are [B, n]");
+  bad = one;
+  bad.initialStates[1].data = nullptr;
+  EXPECT_EQ(message(bad, {{h1.data(), {B, H}}, {c1.data(), {B, H}}}),
+            "a step needs every state to step from; 'c' is missing");
+  std::vector<uint8_t> resets(B, 1);
+  bad = one;
+  bad.resets = resets.data();
+  EXPECT_EQ(message(bad, {{h1.data(), {B, H}}, {c1.data(), {B, H}}}),
+            "a step takes no resets, lengths or batch-first layout");
+}
+
+} // namespace

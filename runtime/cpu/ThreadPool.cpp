@@ -1,0 +1,165 @@
+//===- ThreadPool.cpp - The CPU runtime's persistent threads --------------===//
+
+#include "runtime/cpu/ThreadPool.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CELLC_PAUSE() _mm_pause()
+#else
+#define CELLC_PAUSE() std::this_thread::yield()
+#endif
+
+using namespace cellc::runtime;
+
+int cellc::runtime::cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+namespace {
+
+/// How long a thread with nothing to do spins before it sleeps: longer than
+/// the host work between two launches of a chunked sequence, far shorter
+/// than anything a user would see as a busy core.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+/// Pauses a waiting thread spins through before it yields its core.
+constexpr int kPauses = 64;
+
+/// Threads 1 .. n - 1 of a job (the caller is thread 0), kept between jobs.
+class Pool {
+public:
+  /// The process's pool; a child process after fork gets a new one (the
+  /// parent's threads are not in it).
+  static Pool &shared() {
+    static std::mutex made;
+    static Pool *pool = nullptr;
+    std::lock_guard<std::mutex> lock(made);
+    if (!pool || pool->pid != getpid())
+      pool = new Pool(); // Never destroyed: its threads sleep until exit.
+    return *pool;
+  }
+
+  /// Runs the job if no other job is running; false otherwise.
+  bool tryRun(int count, const std::function<void(int)> &job) {
+    std::unique_lock<std::mutex> mine(busy, std::try_to_lock);
+    if (!mine.owns_lock())
+      return false;
+    while (int(workers.size()) < count - 1) {
+      int index = int(workers.size()) + 1;
+      // It waits for the job after those before it was started.
+      uint64_t seen = generation.load(std::memory_order_relaxed);
+      workers.emplace_back([this, index, seen] { work(index, seen); });
+      workers.back().detach();
+    }
+    remaining.store(count - 1, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(sleep);
+      current = {generation.load(std::memory_order_relaxed) + 1, &job, count};
+      generation.store(current.generation, std::memory_order_release);
+    }
+    wake.notify_all();
+    job(0);
+    // Spinning, then yielding: with more threads than cores, the threads
+    // still running need this one's core.
+    for (int spins = 0; remaining.load(std::memory_order_acquire) != 0; ++spins)
+      relax(spins);
+    return true;
+  }
+
+private:
+  Pool() : pid(getpid()) {}
+
+  /// One turn of a wait: a pause for the first spins, then a yield.
+  static void relax(int spins) {
+    if (spins < kPauses)
+      CELLC_PAUSE();
+    else
+      std::this_thread::yield();
+  }
+
+  /// A job as the threads see it: written under `sleep`, with the
+  /// generation that announces it.
+  struct Job {
+    uint64_t generation = 0;
+    const std::function<void(int)> *task = nullptr;
+    int tasks = 0;
+  };
+
+  void work(int index, uint64_t seen) {
+    for (;;) {
+      Job job = waitForJob(seen);
+      seen = job.generation;
+      // A thread of this job: the next one cannot start until it is done.
+      if (index < job.tasks) {
+        (*job.task)(index);
+        remaining.fetch_sub(1, std::memory_order_release);
+      }
+    }
+  }
+
+  /// The job after generation `seen`: spun for, then slept for; read under
+  /// the lock it was written under, whole.
+  Job waitForJob(uint64_t seen) {
+    auto until = std::chrono::steady_clock::now() + kSpin;
+    for (int spins = 0; generation.load(std::memory_order_acquire) == seen; ++spins) {
+      relax(spins);
+      if (spins % 64 == 63 && std::chrono::steady_clock::now() > until)
+        break;
+    }
+    std::unique_lock<std::mutex> lock(sleep);
+    wake.wait(lock, [&] { return current.generation != seen; });
+    return current;
+  }
+
+  pid_t pid;
+  std::mutex busy, sleep;
+  std::condition_variable wake;
+  std::vector<std::thread> workers;
+  std::atomic<uint64_t> generation{0};
+  std::atomic<int> remaining{0};
+  Job current;
+};
+
+} // namespace
+
+void cellc::runtime::runTasks(int count, const std::function<void(int)> &task) {
+  if (count <= 1) {
+    if (count == 1)
+      task(0);
+    return;
+  }
+  if (Pool::shared().tryRun(count, task))
+    return;
+  std::vector<std::thread> threads;
+  for (int i = 1; i < count; ++i)
+    threads.emplace_back([&task, i] { task(i); });
+  task(0);
+  for (std::thread &t : threads)
+    t.join();
+}
+
+void cellc::runtime::parallelRanges(int64_t n, int threads, int64_t grain,
+                                    const std::function<void(int64_t, int64_t)> &body) {
+  int64_t parts = std::max<int64_t>(
+      1, std::min<int64_t>(threads, n / std::max<int64_t>(grain, 1)));
+  if (parts == 1) {
+    if (n > 0)
+      body(0, n);
+    return;
+  }
+  runTasks(int(parts), [&](int i) { body(n * i / parts, n * (i + 1) / parts); });
+}

@@ -1,0 +1,35 @@
+//===- ThreadPool.h - The CPU runtime's persistent threads ------*- C++ -*-===//
+//
+// The threads that run a launch's batch tiles and the host loops between
+// the kernels. They are started once, when first needed, and wait between
+// jobs: spinning for a few microseconds, then asleep. A launch costs a wake,
+// not a thread start (a sequence in chunk:K mode launches twice a chunk).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_RUNTIME_CPU_THREADPOOL_H
+#define CELLC_RUNTIME_CPU_THREADPOOL_H
+
+#include <cstdint>
+#include <functional>
+
+namespace cellc::runtime {
+
+/// The cores this process may run on (its affinity mask, as `taskset` sets
+/// it), at least 1.
+int cores();
+
+/// Runs `task(i)` for each i in [0, count), each on a thread of its own (the
+/// caller runs task 0), and returns when all have returned. On the shared
+/// pool; when the pool is busy (another caller, or a task that runs tasks),
+/// on threads started for the call.
+void runTasks(int count, const std::function<void(int)> &task);
+
+/// Runs `body(begin, end)` over [0, n) split into at most `threads` ranges
+/// of at least `grain` each (one range, on the caller: no thread at all).
+void parallelRanges(int64_t n, int threads, int64_t grain,
+                    const std::function<void(int64_t, int64_t)> &body);
+
+} // namespace cellc::runtime
+
+#endif // CELLC_RUNTIME_CPU_THREADPOOL_H

@@ -1,0 +1,124 @@
+//===- ThreadPoolTest.cpp - The CPU runtime's persistent threads ----------===//
+
+#include "runtime/cpu/ThreadPool.h"
+
+#include "gtest/gtest.h"
+
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+using namespace cellc::runtime;
+
+namespace {
+
+TEST(ThreadPool, CoresAreTheAffinityMask) {
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  EXPECT_EQ(cores(), CPU_COUNT(&set));
+  // One core allowed: one core counted, whatever the machine has.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  EXPECT_EQ(cores(), 1);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(set), &set), 0);
+}
+
+TEST(ThreadPool, EachTaskRunsOnceOnAThreadOfItsOwn) {
+  for (int count : {1, 2, 3, 5}) {
+    std::vector<int> runs(count, 0);
+    std::mutex lock;
+    std::set<std::thread::id> ids;
+    runTasks(count, [&](int i) {
+      ++runs[i];
+      std::lock_guard<std::mutex> hold(lock);
+      ids.insert(std::this_thread::get_id());
+    });
+    EXPECT_EQ(runs, std::vector<int>(count, 1)) << "count " << count;
+    EXPECT_EQ(int(ids.size()), count) << "count " << count;
+  }
+}
+
+/// Many short jobs in a row, as launches in a chunked sequence come: none
+/// is lost between a thread's spin and its sleep, and none runs twice.
+TEST(ThreadPool, JobsInARowAreNeitherLostNorRepeated) {
+  std::atomic<int64_t> sum{0};
+  const int jobs = 20000;
+  for (int j = 0; j < jobs; ++j) {
+    runTasks(3, [&](int i) { sum += i + 1; });
+    // Now and then long enough that the threads fall asleep.
+    if (j % 2000 == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(sum.load(), int64_t(jobs) * 6);
+}
+
+/// Two callers at once (two Python threads on two cells), and a task that
+/// runs tasks: one gets the pool, the other threads of its own; all finish.
+TEST(ThreadPool, ConcurrentAndNestedCallersFinish) {
+  std::atomic<int> done{0};
+  auto caller = [&] {
+    for (int j = 0; j < 500; ++j)
+      runTasks(2, [&](int) {
+        runTasks(2, [&](int) { ++done; });
+      });
+  };
+  std::thread a(caller), b(caller);
+  a.join();
+  b.join();
+  EXPECT_EQ(done.load(), 2 * 500 * 2 * 2);
+}
+
+TEST(ThreadPool, RangesCoverEveryIndexOnce) {
+  for (int64_t n : {0, 1, 7, 1000, 100003}) {
+    std::vector<int> seen(n, 0);
+    std::atomic<int> ranges{0};
+    parallelRanges(n, 3, 100, [&](int64_t b, int64_t e) {
+      ++ranges;
+      for (int64_t i = b; i < e; ++i)
+        ++seen[i];
+    });
+    EXPECT_EQ(seen, std::vector<int>(n, 1)) << "n " << n;
+    // At most 3, each at least the grain; one for what fits in one grain.
+    EXPECT_LE(ranges.load(), n < 300 ? 1 : 3) << "n " << n;
+  }
+}
+
+/// A child forked after the pool ran (cellc-tune forks, so does
+/// multiprocessing) runs tasks on a pool of its own.
+TEST(ThreadPool, AChildAfterForkRunsTasks) {
+  runTasks(2, [](int) {});
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::atomic<int> ran{0};
+    runTasks(2, [&](int) { ++ran; });
+    _exit(ran.load() == 2 ? 0 : 1);
+  }
+  int status = 0;
+  for (int waited = 0; waited < 1000; ++waited) {
+    if (waitpid(child, &status, WNOHANG) == child)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (waitpid(child, &status, WNOHANG) == 0) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    FAIL() << "the child hung";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+} // namespace

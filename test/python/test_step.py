@@ -1,0 +1,228 @@
+"""Streaming steps: cellc.Cell.step and the nn modules' step, against the
+sequence call step by step and against torch's cells, in float64; their
+gradients; and their errors for bad tensors."""
+
+import os
+
+import pytest
+import torch
+
+import cellc
+from conftest import lstm_problem
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+LSTM = cellc.nn.LSTM_CELL
+
+
+def example(name):
+    return cellc.compile(os.path.join(ROOT, "examples", name + ".cell"))
+
+
+def random_params(cell, sizes, dtype=torch.float64):
+    return {n: 0.3 * torch.randn(*cell.shape(n, sizes), dtype=dtype) for n, _ in cell.params}
+
+
+# The cells: a plain one, one with reductions (layer norm), one with
+# block-diagonal weights and a reduction, one with two outputs of which
+# neither is a state (lstmp's h is a projection).
+CASES = [("lstm", {"I": 5, "H": 7}), ("layernorm_lstm", {"I": 5, "H": 7}),
+         ("block_gru", None), ("lstmp", {"I": 5, "H": 7, "P": 3})]
+
+
+def sizes_for(cell, sizes):
+    if sizes is not None:
+        return sizes
+    return {s: 4 for s in cell.size_symbols}
+
+
+@pytest.mark.parametrize("name,sizes", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_steps_are_the_sequence_step_by_step(name, sizes, threads):
+    torch.manual_seed(0)
+    cell = cellc.compile(os.path.join(ROOT, "examples", name + ".cell"), threads=threads)
+    sizes = sizes_for(cell, sizes)
+    params = random_params(cell, sizes)
+    T, B = 4, 5
+    x = {n: torch.randn(T, B, cell.shape(n, sizes)[0], dtype=torch.float64)
+         for n, _ in cell.inputs}
+    states = {n: torch.randn(B, cell.shape(n, sizes)[0], dtype=torch.float64)
+              for n, _ in cell.states}
+    with torch.no_grad():
+        out, final = cell(x, params, states)
+        st = states
+        for t in range(T):
+            o, st = cell.step({n: v[t] for n, v in x.items()}, params, st)
+            if isinstance(out, dict):
+                for n in out:
+                    torch.testing.assert_close(o[n], out[n][t], rtol=1e-12, atol=1e-12)
+            else:
+                torch.testing.assert_close(o, out[t], rtol=1e-12, atol=1e-12)
+    for n in final:
+        torch.testing.assert_close(st[n], final[n], rtol=1e-12, atol=1e-12)
+    # The states stepped from are left as they were.
+    assert all(st[n] is not states[n] for n in states)
+
+
+def test_a_step_is_torchs_lstm_cell_and_missing_states_are_zeros():
+    torch.manual_seed(1)
+    cell = cellc.compile(LSTM)
+    ref = torch.nn.LSTMCell(6, 8).double()
+    params = {"W_ih": ref.weight_ih, "W_hh": ref.weight_hh, "b_ih": ref.bias_ih,
+              "b_hh": ref.bias_hh}
+    x = torch.randn(3, 6, dtype=torch.float64)
+    with torch.no_grad():
+        h, c = ref(x)
+        out, st = cell.step(x, params)
+        torch.testing.assert_close(out, h, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(st["c"], c, rtol=1e-12, atol=1e-12)
+        # Only c given: h starts at zero.
+        c0 = torch.randn(3, 8, dtype=torch.float64)
+        h, c = ref(x, (torch.zeros(3, 8, dtype=torch.float64), c0))
+        out, st = cell.step(x, params, {"c": c0})
+        torch.testing.assert_close(st["c"], c, rtol=1e-12, atol=1e-12)
+
+
+def test_batch_sizes_change_between_steps_and_params_changed_in_place_count():
+    torch.manual_seed(2)
+    cell = cellc.compile(LSTM)
+    ref = torch.nn.LSTMCell(4, 6)
+    params = {"W_ih": ref.weight_ih, "W_hh": ref.weight_hh, "b_ih": ref.bias_ih,
+              "b_hh": ref.bias_hh}
+    with torch.no_grad():
+        for B in (3, 17, 1, 3):
+            x, h, c = torch.randn(B, 4), torch.randn(B, 6), torch.randn(B, 6)
+            out, st = cell.step(x, params, {"h": h, "c": c})
+            rh, rc = ref(x, (h, c))
+            torch.testing.assert_close(out, rh, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(st["c"], rc, rtol=1e-5, atol=1e-6)
+            # An optimizer's step (in place): the next step reads the new values.
+            for p in params.values():
+                p.mul_(0.9).add_(0.01)
+
+
+def test_gradients_flow_through_a_step():
+    torch.manual_seed(3)
+    cell = cellc.compile(LSTM)
+    ref, params, x, h0, c0 = lstm_problem(1, 4, 5, 6)
+    cell_ref = torch.nn.LSTMCell(5, 6).double()
+    for a, b in ((cell_ref.weight_ih, ref.weight_ih_l0), (cell_ref.weight_hh, ref.weight_hh_l0),
+                 (cell_ref.bias_ih, ref.bias_ih_l0), (cell_ref.bias_hh, ref.bias_hh_l0)):
+        a.data.copy_(b.data)
+    out, st = cell.step(x[0], params, {"h": h0, "c": c0})
+    (out.sum() + 2 * st["c"].sum()).backward()
+    got = [t.grad.clone() for t in (x, h0, c0, *params.values())]
+    for t in (x, h0, c0):
+        t.grad = None
+    h, c = cell_ref(x[0], (h0, c0))
+    (h.sum() + 2 * c.sum()).backward()
+    want = [x.grad, h0.grad, c0.grad, cell_ref.weight_ih.grad, cell_ref.weight_hh.grad,
+            cell_ref.bias_ih.grad, cell_ref.bias_hh.grad]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("proj_size", [0, 3])
+def test_lstm_step_is_its_forward_step_by_step(proj_size):
+    torch.manual_seed(4)
+    m = cellc.nn.LSTM(5, 7, num_layers=2, proj_size=proj_size).double()
+    x = torch.randn(4, 3, 5, dtype=torch.float64)
+    hx = (torch.randn(2, 3, proj_size or 7, dtype=torch.float64),
+          torch.randn(2, 3, 7, dtype=torch.float64))
+    with torch.no_grad():
+        out, (h, c) = m(x, hx)
+        state = hx
+        for t in range(4):
+            o, state = m.step(x[t], state)
+            torch.testing.assert_close(o, out[t], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(state[0], h, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(state[1], c, rtol=1e-12, atol=1e-12)
+        # Unbatched: [n] and [L, n].
+        o, (h1, c1) = m.step(x[0, 0], (hx[0][:, 0], hx[1][:, 0]))
+        torch.testing.assert_close(o, out[0, 0], rtol=1e-12, atol=1e-12)
+        assert h1.shape == (2, proj_size or 7) and c1.shape == (2, 7)
+
+
+def test_gru_and_recurrent_steps_are_their_forwards_step_by_step():
+    torch.manual_seed(5)
+    g = cellc.nn.GRU(5, 7, num_layers=2).double()
+    r = cellc.nn.Recurrent(os.path.join(ROOT, "examples", "elman.cell"), num_layers=2,
+                           dtype=torch.float64, **{s: 6 for s in
+                                                   example("elman").size_symbols})
+    x = torch.randn(3, 2, 5, dtype=torch.float64)
+    xr = torch.randn(3, 2, 6, dtype=torch.float64)
+    with torch.no_grad():
+        out, h = g(x)
+        rout, rfinal = r(xr)
+        hx, states = None, None
+        for t in range(3):
+            o, hx = g.step(x[t], hx)
+            ro, states = r.step(xr[t], states)
+            torch.testing.assert_close(o, out[t], rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(ro, rout[t], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(hx, h, rtol=1e-12, atol=1e-12)
+        for got, want in zip(states, rfinal):
+            for n in want:
+                torch.testing.assert_close(got[n], want[n], rtol=1e-12, atol=1e-12)
+
+
+def test_module_steps_train():
+    # Under autograd the modules' steps are one-step sequences: the gradient
+    # of a two-step unroll matches forward's.
+    torch.manual_seed(6)
+    m = cellc.nn.LSTM(3, 4).double()
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    out, _ = m(x)
+    out.pow(2).sum().backward()
+    want = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    hx, total = None, 0
+    for t in range(2):
+        o, hx = m.step(x[t], hx)
+        total = total + o.pow(2).sum()
+    total.backward()
+    for p, w in zip(m.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=1e-10, atol=1e-12)
+
+
+def test_bad_tensors_are_errors_that_say_what_is_wrong():
+    cell = cellc.compile(LSTM)
+    p = {"W_ih": torch.randn(16, 3), "W_hh": torch.randn(16, 4), "b_ih": torch.randn(16),
+         "b_hh": torch.randn(16)}
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"a step's input 'x' must be \[B, n\], got shape \[3\]"):
+            cell.step(torch.randn(3), p)
+        with pytest.raises(ValueError, match=r"input 'x' must be \[B, n\], got shape \[2, 2, 3\]"):
+            cell.step(torch.randn(2, 2, 3), p)
+        with pytest.raises(ValueError, match=r"state 'h' must be \[B, n\] with B=2, got \[3, 4\]"):
+            cell.step(x, p, {"h": torch.randn(3, 4)})
+        with pytest.raises(ValueError, match=r"param 'W_hh' is declared \[4\*H, H\]"):
+            cell.step(x, dict(p, W_hh=torch.randn(16, 5)))
+        with pytest.raises(ValueError, match="no tensor for param 'b_hh'"):
+            cell.step(x, {n: t for n, t in p.items() if n != "b_hh"})
+        with pytest.raises(ValueError, match="'bias' is not a param of this cell"):
+            cell.step(x, dict(p, bias=torch.randn(16)))
+        with pytest.raises(TypeError, match="all tensors must have one dtype"):
+            cell.step(x.double(), p)
+        with pytest.raises(TypeError, match="float32 and float64"):
+            cell.step(x.int(), {n: t.int() for n, t in p.items()})
+        with pytest.raises(TypeError, match="expected tensors, got list"):
+            cell.step([1, 2], p)
+        with pytest.raises(TypeError, match="params must be a dict"):
+            cell.step(x, [p["W_ih"]])
+        with pytest.raises(ValueError, match="'z' is not a state of this cell"):
+            cell.step(x, p, {"z": torch.randn(2, 4)})
+        # After the errors, the same cell steps, from a transposed (not
+        # contiguous) input too.
+        out, _ = cell.step(torch.randn(3, 2).t(), p)
+        assert out.shape == (2, 4) and torch.isfinite(out).all()
+    m = cellc.nn.LSTM(3, 4, bidirectional=True)
+    with pytest.raises(ValueError, match="a bidirectional module has no step"):
+        m.step(x)
+    m = cellc.nn.LSTM(3, 4, num_layers=2)
+    with pytest.raises(ValueError, match=r"expected initial state 'h' of shape \[2, 2, 4\]"):
+        m.step(x, (torch.randn(1, 2, 4), torch.randn(2, 2, 4)))
+    with pytest.raises(ValueError, match=r"expected input of 2 \(batched: \[B, n\]\) or 1"):
+        m.step(torch.randn(1, 2, 3))
+    with pytest.raises(ValueError, match="hx must be a tuple"):
+        m.step(x, torch.randn(2, 2, 4))
