@@ -258,7 +258,8 @@ class _TorchStyleRNN(torch.nn.Module):
                 finals[k].append(final[n])
             if layer + 1 < self.num_layers and self.training and self.dropout:
                 x = torch.nn.functional.dropout(x, self.dropout, True)
-        finals = tuple(torch.stack(f) for f in finals)
+        # One layer: a view, not a copy.
+        finals = tuple(f[0].unsqueeze(0) if len(f) == 1 else torch.stack(f) for f in finals)
         if not batched:
             return x[0], tuple(f[:, 0] for f in finals)
         return x, finals
