@@ -81,6 +81,18 @@ def _pack_like(out, rows, like):
     return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
 
 
+def _check_input(input, who, batched, unbatched):
+    """Whether `input`, a tensor of `batched` or `unbatched` dimensions (each
+    given as its count first, then words), is batched."""
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"{who}: input must be a tensor, got {type(input).__name__}")
+    dims = int(batched.split()[0])
+    if input.dim() not in (dims - 1, dims):
+        raise ValueError(f"{who}: expected input of {unbatched} or {batched} dimensions, "
+                         f"got shape {list(input.shape)}")
+    return input.dim() == dims
+
+
 class _TorchStyleRNN(torch.nn.Module):
     """The common part of LSTM and GRU: torch's parameter layout and forward."""
 
@@ -198,13 +210,7 @@ class _TorchStyleRNN(torch.nn.Module):
             out, finals = self._run(x, hx, to_sorted(resets), lengths)
             return (_pack_like(out, rows, input),
                     tuple(to_sorted(f, True) for f in finals))
-        if not isinstance(input, torch.Tensor):
-            raise TypeError(f"cellc.nn.{name}: input must be a tensor, got "
-                            f"{type(input).__name__}")
-        if input.dim() not in (2, 3):
-            raise ValueError(f"cellc.nn.{name}: expected input of 2 (unbatched) or 3 "
-                             f"dimensions, got shape {list(input.shape)}")
-        batched = input.dim() == 3
+        batched = _check_input(input, f"cellc.nn.{name}", "3", "2 (unbatched)")
         # Unbatched input is [T, n] whatever batch_first says, as in torch.
         if not batched:
             x = input.unsqueeze(1)
@@ -238,13 +244,8 @@ class _TorchStyleRNN(torch.nn.Module):
         if self.bidirectional:
             raise ValueError(f"cellc.nn.{name}.step: a bidirectional module has no step "
                              f"(its reverse direction starts at the sequence's end)")
-        if not isinstance(input, torch.Tensor):
-            raise TypeError(f"cellc.nn.{name}.step: input must be a tensor, got "
-                            f"{type(input).__name__}")
-        if input.dim() not in (1, 2):
-            raise ValueError(f"cellc.nn.{name}.step: expected input of 2 (batched: [B, n]) "
-                             f"or 1 (unbatched) dimensions, got shape {list(input.shape)}")
-        batched = input.dim() == 2
+        batched = _check_input(input, f"cellc.nn.{name}.step", "2 (batched: [B, n])",
+                               "1 (unbatched)")
         x = input if batched else input.unsqueeze(0)
         if hx is not None:
             hx = tuple(self._check_state(h, i, x.shape[0], batched)

@@ -222,7 +222,7 @@ def test_bad_tensors_are_errors_that_say_what_is_wrong():
     m = cellc.nn.LSTM(3, 4, num_layers=2)
     with pytest.raises(ValueError, match=r"expected initial state 'h' of shape \[2, 2, 4\]"):
         m.step(x, (torch.randn(1, 2, 4), torch.randn(2, 2, 4)))
-    with pytest.raises(ValueError, match=r"expected input of 2 \(batched: \[B, n\]\) or 1"):
+    with pytest.raises(ValueError, match=r"expected input of 1 \(unbatched\) or 2 \(batched: \[B, n\]\) dimensions"):
         m.step(torch.randn(1, 2, 3))
     with pytest.raises(ValueError, match="hx must be a tuple"):
         m.step(x, torch.randn(2, 2, 4))
