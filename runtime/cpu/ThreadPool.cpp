@@ -31,9 +31,10 @@ int cellc::runtime::cores() {
 
 namespace {
 
-/// How long a thread with nothing to do spins before it sleeps: longer than
-/// the host work between two launches of a chunked sequence, far shorter
-/// than anything a user would see as a busy core.
+/// How long a thread with nothing to do spins before it sleeps: enough for
+/// launches that follow each other closely (the pieces of a sequence with
+/// lengths, the host loops around them), short beside the GEMMs between
+/// chunks, during which a spinning thread would take a core from OpenBLAS.
 constexpr auto kSpin = std::chrono::microseconds(50);
 
 /// Pauses a waiting thread spins through before it yields its core.

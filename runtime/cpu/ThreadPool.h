@@ -2,7 +2,8 @@
 //
 // The threads that run a launch's batch tiles and the host loops between
 // the kernels. They are started once, when first needed, and wait between
-// jobs: spinning for a few microseconds, then asleep. A launch costs a wake,
+// jobs: spinning for 50 microseconds (yielding their core after the first
+// few pauses), then asleep. A launch costs a wake,
 // not a thread start (a sequence in chunk:K mode launches twice a chunk).
 //
 //===----------------------------------------------------------------------===//
