@@ -255,10 +255,7 @@ class Cell:
             params = {n: up(t) for n, t in params.items()}
             states = {n: up(t) for n, t in states.items()} if states is not None else None
         tensors = list(inputs) + [params[n] for n in names_par]
-        dtype = inputs[0].dtype
-        for t in tensors + list((states or {}).values()):
-            if t.dtype != dtype:
-                raise TypeError(f"all tensors must have one dtype; got {dtype} and {t.dtype}")
+        dtype = _one_dtype(tensors + list((states or {}).values()))
         devices = {t.device for t in tensors + list((states or {}).values())}
         if len(devices) > 1:
             raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}")
@@ -284,11 +281,7 @@ class Cell:
             if lead != (T, B):
                 raise ValueError(f"input '{n}' has T, B = {lead}, but '{names_in[0]}' has {(T, B)}")
         shapes.update({n: tuple(params[n].shape) for n in names_par})
-        if states is not None:
-            for n, t in states.items():
-                if t.dim() != 2 or t.shape[0] != B:
-                    raise ValueError(f"state '{n}' must be [B, n] with B={B}, got {list(t.shape)}")
-                shapes[n] = (t.shape[1],)
+        shapes.update(_state_shapes(states, B))
         sizes = self.bind_sizes(shapes)
         resets = _check_resets(resets, T, B, batch_first)
         mode = _parse_mode(save_gates, recompute)
@@ -374,10 +367,7 @@ class Cell:
             (states or {}).values())
         if any(not t.is_contiguous() for t in tensors) or inputs[0].device.type != "cpu":
             return None
-        dtype = inputs[0].dtype
-        for t in tensors:
-            if t.dtype != dtype:
-                raise TypeError(f"all tensors must have one dtype; got {dtype} and {t.dtype}")
+        dtype = _one_dtype(tensors)
         if dtype not in _DTYPES:
             return None  # the sequence call says which dtypes run
         if self.target == _cellc.Target.cuda.name:
@@ -393,10 +383,7 @@ class Cell:
                                  f"'{names_in[0]}' has B = {B}")
         shapes = {n: (t.shape[1],) for n, t in zip(names_in, inputs)}
         shapes.update({n: tuple(params[n].shape) for n in names_par})
-        for n, t in (states or {}).items():
-            if t.dim() != 2 or t.shape[0] != B:
-                raise ValueError(f"state '{n}' must be [B, n] with B={B}, got {list(t.shape)}")
-            shapes[n] = (t.shape[1],)
+        shapes.update(_state_shapes(states, B))
         sizes = self.bind_sizes(shapes)
         compiled = self.jit(sizes, dtype, batch=B, seq_len=1)
         widths_out = [shape[0] for _, shape in compiled.outputs]
@@ -584,6 +571,26 @@ class Cell:
         if len(out) == 1:
             out = next(iter(out.values()))
         return out, final
+
+
+def _one_dtype(tensors):
+    """The dtype all of `tensors` share (an error names two that differ)."""
+    dtype = tensors[0].dtype
+    for t in tensors:
+        if t.dtype != dtype:
+            raise TypeError(f"all tensors must have one dtype; got {dtype} and {t.dtype}")
+    return dtype
+
+
+def _state_shapes(states, B):
+    """The width of each state given (a dict of [B, n], or None), for
+    bind_sizes."""
+    shapes = {}
+    for n, t in (states or {}).items():
+        if t.dim() != 2 or t.shape[0] != B:
+            raise ValueError(f"state '{n}' must be [B, n] with B={B}, got {list(t.shape)}")
+        shapes[n] = (t.shape[1],)
+    return shapes
 
 
 def _compiler_build():
