@@ -260,8 +260,12 @@ llvm::Expected<CpuPackage> cellc::buildCpuPackage(mlir::ModuleOp cell,
       if (!func)
         return fail("internal error: no kernel @" + names[k]);
       // The arguments are the same in both variants; the scratch is not.
-      if (saveGates)
+      if (saveGates) {
         kernels[k]["args"] = argsOf(func, func.getArgumentTypes());
+        for (const char *attr : {"batch_tile", "workspace_bytes", "barrier_words"})
+          if (auto n = func->getAttrOfType<mlir::IntegerAttr>(std::string("cell.") + attr))
+            kernels[k][attr] = n.getInt();
+      }
       llvm::json::Object *scratch = kernels[k].getObject("scratch_bytes");
       if (!scratch) {
         kernels[k]["scratch_bytes"] = llvm::json::Object();

@@ -215,6 +215,10 @@ PYBIND11_MODULE(_cellc_runtime, m) {
                              "'tuned' when the config came from the tuning cache")
       .def_property("threads", [](PyCell &c) { return c.cell->threads(); },
                     [](PyCell &c, int t) { c.cell->setThreads(t); })
+      .def_property("unit_slices", [](PyCell &c) { return c.cell->unitSlices(); },
+                    [](PyCell &c, bool on) { c.cell->setUnitSlices(on); },
+                    "With fewer batch tiles than threads, whether a tile's threads "
+                    "split its units (True) or its rows")
       .def("forward", &PyCell::forward, py::arg("inputs"), py::arg("params"),
            py::arg("states"), py::arg("resets"), py::arg("steps"), py::arg("batch"),
            py::arg("batch_first"), py::arg("outputs"), py::arg("finals"),

@@ -140,20 +140,35 @@ void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
     fill(static_cast<double *>(m));
 }
 
-/// Runs `fn(bBegin, bEnd)` over batch tiles on up to `threads` threads.
-Status parallelBatches(int64_t batch, int threads,
-                       const std::function<Status(int64_t, int64_t)> &fn) {
-  int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(threads, batch));
-  std::vector<std::string> errors(tiles);
-  runTasks(int(tiles), [&](int i) {
-    if (Status e = fn(batch * i / tiles, batch * (i + 1) / tiles))
-      errors[i] = e.message();
-  });
-  for (const std::string &e : errors)
-    if (!e.empty())
-      return Status::error(e);
-  return Status();
-}
+/// How a launch over `batch` rows runs on `threads` threads, with tiles of
+/// `tile` rows: `groups` ranges of rows, each run by `slices` threads that
+/// split the units. With fewer tiles than threads (and unit slices on), a
+/// group is a tile's range and its threads split the units; otherwise each
+/// thread runs an even share of the rows (a part of a tile, when there are
+/// more threads than tiles).
+struct Split {
+  int64_t groups = 1, slices = 1;
+  bool byTiles = false;
+
+  static Split of(int64_t batch, int threads, int64_t tile, bool unitSlices) {
+    Split s;
+    int64_t tiles = (batch + tile - 1) / std::max<int64_t>(tile, 1);
+    if (unitSlices && tiles < threads && threads / std::max<int64_t>(tiles, 1) > 1) {
+      s.groups = std::max<int64_t>(tiles, 1);
+      s.slices = threads / s.groups;
+      s.byTiles = true;
+    } else {
+      s.groups = std::max<int64_t>(1, std::min<int64_t>(threads, batch));
+    }
+    return s;
+  }
+  /// The rows of group `g`: whole tiles when split by tiles.
+  std::pair<int64_t, int64_t> rows(int64_t g, int64_t batch, int64_t tile) const {
+    if (!byTiles)
+      return {batch * g / groups, batch * (g + 1) / groups};
+    return {std::min(batch, g * tile), std::min(batch, (g + 1) * tile)};
+  }
+};
 
 /// A package's shared object, open, with its two kernels' entries.
 struct KernelObject {
@@ -176,11 +191,20 @@ struct KernelObject {
 /// package's kernels on a batch tile per thread.
 class CpuBackend : public driver::Backend {
 public:
-  CpuBackend(DType dtype, const KernelObject *variants, int threads)
-      : threads(threads), dtype(dtype), variants(variants) {}
+  /// `grouped`: the kernels take a group, slice and slices (the batched
+  /// kernels do; the per-row ones take only b_begin and b_end).
+  CpuBackend(DType dtype, const KernelObject *variants, int threads, int64_t tile,
+             bool grouped)
+      : threads(threads), dtype(dtype), variants(variants), tile(tile), grouped(grouped) {}
 
   /// Threads for the kernels, from CpuCell::setThreads.
   std::atomic<int> threads;
+  /// Whether the threads may split a tile's units (CpuCell::setUnitSlices).
+  std::atomic<bool> unitSlices{true};
+
+  Split split(int64_t batch) const {
+    return Split::of(batch, threads, tile, grouped && unitSlices);
+  }
 
   driver::Status allocate(int64_t elements, driver::Element element, bool zero,
                           driver::Buffer &out) override {
@@ -197,32 +221,42 @@ public:
   void release(const driver::Buffer &buffer) override {
     releaseBytes(buffer.data, buffer.id);
   }
-  int64_t instances(int64_t batch) const override {
-    return std::max<int64_t>(1, std::min<int64_t>(threads, batch));
-  }
+  /// The groups of a launch, each with its part of the workspace.
+  int64_t instances(int64_t batch) const override { return split(batch).groups; }
 
+  /// Runs each group's rows on its slices' threads. The index arguments are
+  /// b_begin, b_end, then group, slice and slices.
   driver::Status launch(bool backward, bool saveGates,
                         const std::vector<driver::Arg> &args,
                         int64_t batch) override {
     std::vector<KernelArg> base;
-    size_t first = size_t(-1);
+    std::vector<size_t> indices;
     for (const driver::Arg &arg : args) {
-      if (arg.index && first == size_t(-1))
-        first = base.size();
+      if (arg.index)
+        indices.push_back(base.size());
       base.push_back(arg.index ? KernelArg::indexValue(*arg.index)
                                : KernelArg::buffer(arg.view.pointer(), arg.view.shape));
     }
-    if (first == size_t(-1) || first + 1 >= base.size())
-      return driver::Status::error("internal error: a kernel without b_begin, b_end");
+    if (indices.size() != (grouped ? 5u : 2u))
+      return driver::Status::error("internal error: a kernel without b_begin, b_end" +
+                                   std::string(grouped ? ", group, slice and slices" : ""));
     const KernelObject &object = variants[saveGates ? 1 : 0];
     Entry entry = backward ? object.backward : object.forward;
-    return parallelBatches(batch, threads, [&](int64_t b0, int64_t b1) {
+    Split s = split(batch);
+    runTasks(int(s.groups * s.slices), [&](int task) {
+      int64_t g = task / s.slices;
+      auto [b0, b1] = s.rows(g, batch, tile);
       std::vector<KernelArg> mine = base;
-      mine[first].index = b0;
-      mine[first + 1].index = b1;
+      mine[indices[0]].index = b0;
+      mine[indices[1]].index = b1;
+      if (!grouped)
+        return callPacked(entry, mine);
+      mine[indices[2]].index = g;
+      mine[indices[3]].index = task % s.slices;
+      mine[indices[4]].index = s.slices;
       callPacked(entry, mine);
-      return Status();
     });
+    return driver::Status();
   }
 
   driver::Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
@@ -262,6 +296,8 @@ public:
 private:
   DType dtype;
   const KernelObject *variants;
+  int64_t tile;
+  bool grouped;
 };
 
 /// The caller's arrays as the driver's views (null data: an invalid view),
@@ -468,7 +504,9 @@ Status CpuCell::load(const std::string &dir, const Options &options,
   cell->setThreads(options.threads);
   Impl &impl = *cell->impl;
   impl.backend = std::make_shared<CpuBackend>(cell->elementType, impl.variants,
-                                              cell->numThreads);
+                                              cell->numThreads,
+                                              info.interface.forward.batchTile,
+                                              info.interface.forward.perGroup());
   impl.driver = std::make_unique<driver::SequenceDriver>(info.interface, impl.backend);
   impl.pieceRows =
       options.pieceRows > 0 ? options.pieceRows : driver::SequenceDriver::kPieceRows;
@@ -499,6 +537,13 @@ std::string CpuCell::config() const {
   for (const std::string &knob : knobs)
     text += (text.empty() ? "" : ",") + knob;
   return text;
+}
+
+void CpuCell::setUnitSlices(bool on) { impl->backend->unitSlices = on; }
+bool CpuCell::unitSlices() const { return impl->backend->unitSlices; }
+std::pair<int64_t, int64_t> CpuCell::threadSplit(int64_t batch) const {
+  Split s = impl->backend->split(batch);
+  return {s.groups, s.slices};
 }
 
 void CpuCell::setThreads(int threads) {

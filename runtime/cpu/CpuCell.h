@@ -52,7 +52,8 @@ using SavedPtr = driver::SavedPtr;
 /// A cell's CPU package, loaded: its forward and backward over `[T, B, n]`
 /// sequences with resets, in any recompute mode. The hoisted projections and
 /// weight gradients run on OpenBLAS; the recurrence runs in the package's
-/// kernels, one batch tile per thread.
+/// kernels, a group of threads per batch tile (or part of one), the threads
+/// of a group each a slice of the units.
 class CpuCell {
 public:
   struct Options {
@@ -78,6 +79,14 @@ public:
   DType dtype() const { return elementType; }
   int threads() const { return numThreads; }
   void setThreads(int threads);
+  /// Whether, with fewer batch tiles than threads, the threads of a tile
+  /// split its units (each a slice of every step's products and element
+  /// loops, meeting at barriers) rather than its rows. On by default.
+  bool unitSlices() const;
+  void setUnitSlices(bool on);
+  /// How a kernel launch over `batch` rows runs: groups of threads, each
+  /// group a range of rows, and the threads of a group (1: no unit slices).
+  std::pair<int64_t, int64_t> threadSplit(int64_t batch) const;
 
   /// What one forward reads. Inputs are `[T, B, n]` in declaration order,
   /// params in declaration order, initial states `[B, n]` (null data: zeros),

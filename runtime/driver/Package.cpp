@@ -265,6 +265,8 @@ Status readKernel(const Json &kernels, const std::string &name, Kernel &kernel) 
     kernel.batchTile = tile->integer();
   if (const Json *workspace = k->get("workspace_bytes"))
     kernel.workspaceBytes = workspace->integer();
+  if (const Json *words = k->get("barrier_words"))
+    kernel.barrierWords = words->integer();
   if (const Json *scratch = k->get("scratch_bytes")) {
     if (const Json *replay = scratch->get("replay"))
       kernel.scratchBytes[0] = replay->integer();

@@ -186,12 +186,13 @@ struct SequenceDriver::Workspace {
 };
 
 /// What `step` keeps between calls, for the B it last ran: the
-/// projections' buffers ([1, B, rows]), zero resets ([1, B]) and the empty
-/// gates. Calls of one driver's step take turns.
+/// projections' buffers ([1, B, rows]), zero resets ([1, B]), the empty
+/// gates, and the kernel's workspace for as many groups as it last ran.
+/// Calls of one driver's step take turns.
 struct SequenceDriver::StepBuffers {
   std::mutex turn;
-  int64_t batch = -1;
-  std::vector<Scratch> projected;
+  int64_t batch = -1, groups = -1;
+  std::vector<Scratch> projected, workspace;
   Scratch resets, noGates;
 };
 
@@ -221,18 +222,27 @@ int64_t SequenceDriver::pieceSteps(int64_t batch, int64_t steps) const {
   return std::max<int64_t>(1, std::min((pieceRows + batch - 1) / batch, steps));
 }
 
+bool Kernel::perGroup() const {
+  return std::any_of(args.begin(), args.end(),
+                     [](const KernelArg &a) { return a.kind == ArgKind::Group; });
+}
+
 Status SequenceDriver::workspace(const Kernel &kernel, int64_t batch,
                                  std::vector<Arg> &args, std::vector<Scratch> &keep) {
-  // The persistent strategy's global buffers: a workspace per tile, and the
+  // The kernels' global buffers: a workspace per tile (CUDA's persistent
+  // strategy) or per group of threads (the CPU's batched kernels), and the
   // barrier words (zero before the launch; each launch leaves them so).
-  int64_t tiles = (batch + kernel.batchTile - 1) / std::max<int64_t>(kernel.batchTile, 1);
+  int64_t parts = kernel.perGroup()
+                      ? backend->instances(batch)
+                      : (batch + kernel.batchTile - 1) / std::max<int64_t>(kernel.batchTile, 1);
   for (size_t i = 0; i < kernel.args.size(); ++i) {
     const KernelArg &arg = kernel.args[i];
     if (arg.kind != ArgKind::Workspace && arg.kind != ArgKind::GridBarrier)
       continue;
     bool words = arg.kind == ArgKind::GridBarrier;
     Element element = arg.element.value_or(words ? Element::I32 : cell.compute);
-    int64_t n = words ? 2 * tiles : tiles * kernel.workspaceBytes / bytesOf(element);
+    int64_t n = words ? kernel.barrierWords * parts
+                      : parts * kernel.workspaceBytes / bytesOf(element);
     keep.emplace_back();
     if (Status e = scratch({n}, element, /*zero=*/words, keep.back()))
       return e;
@@ -295,6 +305,14 @@ Status SequenceDriver::bind(const Kernel &kernel, const Sequence &seq,
       break;
     case ArgKind::Workspace:
     case ArgKind::GridBarrier:
+      break;
+    // One group of one slice; a backend that runs more sets them.
+    case ArgKind::Group:
+    case ArgKind::Slice:
+      args[a].index = 0;
+      break;
+    case ArgKind::Slices:
+      args[a].index = 1;
       break;
     case ArgKind::Output:
       if (backward)
@@ -750,6 +768,7 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
   std::lock_guard<std::mutex> lock(s.turn);
   if (s.batch != B) {
     s.batch = -1;
+    s.groups = -1;
     s.projected.clear();
     s.projected.resize(cell.projections.size());
     for (size_t p = 0; p < cell.projections.size(); ++p)
@@ -780,9 +799,21 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
   std::vector<size_t> results;
   if (Status e = bind(cell.forward, seq, chunk, /*backward=*/false, args, results))
     return e;
-  std::vector<Scratch> keep;
-  if (Status e = workspace(cell.forward, B, args, keep))
-    return e;
+  int64_t groups = backend->instances(B);
+  if (s.groups != groups) {
+    s.groups = -1;
+    s.workspace.clear();
+    if (Status e = workspace(cell.forward, B, args, s.workspace))
+      return e;
+    s.groups = groups;
+  } else {
+    // The views that workspace() made, in the order it made them.
+    size_t next = 0;
+    for (size_t a = 0; a < cell.forward.args.size(); ++a)
+      if (cell.forward.args[a].kind == ArgKind::Workspace ||
+          cell.forward.args[a].kind == ArgKind::GridBarrier)
+        args[a].view = s.workspace[next++].view();
+  }
   return launch(cell.forward, /*backward=*/false, /*saveGates=*/false, args, B);
 }
 
@@ -1404,6 +1435,9 @@ Status SequenceDriver::fold(const Sequence &seq, int64_t first, int64_t count,
     case ArgKind::BatchEnd:
     case ArgKind::Workspace:
     case ArgKind::GridBarrier:
+    case ArgKind::Group:
+    case ArgKind::Slice:
+    case ArgKind::Slices:
       break;
     }
   }

@@ -93,7 +93,7 @@ public:
   virtual Status launch(bool backward, bool saveGates, const std::vector<Arg> &args,
                         int64_t batch) = 0;
   /// How many instances of a kernel a launch over `batch` rows runs at once
-  /// (each with its own scratch).
+  /// (each with its own scratch, and its part of a per-group workspace).
   virtual int64_t instances(int64_t batch) const { return 1; }
   /// Row-major `c = op(a) op(b) + beta c`, with leading dimensions; in the
   /// element type of `a`, accumulated and stored in `c`'s.
@@ -138,11 +138,16 @@ struct KernelArg {
 };
 
 /// A kernel: its arguments, and for the persistent CUDA strategy its tile and
-/// workspace per tile.
+/// workspace per tile; for the CPU's batched kernels (which have a `group`
+/// argument), the workspace and barrier words per group of threads.
 struct Kernel {
   std::vector<KernelArg> args;
   int64_t batchTile = 1;
   int64_t workspaceBytes = 0;
+  int64_t barrierWords = 2;
+  /// Whether the workspace has a part per group of threads (the backend's
+  /// instances), not per tile.
+  bool perGroup() const;
   /// What one instance of the kernel allocates for itself as it runs (the
   /// CPU's tile buffers and packed weights), in the variant that replays
   /// (0) or reads saved gates (1).

@@ -7,6 +7,13 @@
 // `[tile, n]` buffers of the tile, the packed weights. Product phases are
 // register-blocked matrix products over the tile (Products.h).
 //
+// The `slices` threads of a group run the same rows together, each its slice
+// of the units: of every element loop, of every product's panels (and of
+// the packing, so that a thread's panels stay in its cache), of a sum's
+// rows. The group's buffers are views of its part of the workspace, and a
+// phase ends with a spinning barrier on the group's barrier words. With one
+// slice the barriers are skipped.
+//
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Conversion/Passes.h"
@@ -42,19 +49,67 @@ public:
   /// The packed weight of each product: one a block of a block-diagonal
   /// weight.
   DenseMap<Operation *, SmallVector<Value>> packed;
-  /// What `free` deallocates before the kernel returns, in order.
-  SmallVector<Value> allocated;
+  /// The workspace (every group's part) and barrier words, and this
+  /// thread's group, slice and the group's slices.
+  Value workspace, barrierWords, group, slice, slices;
+  /// The first element of the group's part of the workspace, and the
+  /// elements of a part (a constant set once every buffer is laid out).
+  Value partBase;
+  arith::ConstantIndexOp partSize;
+  int64_t workspaceUsed = 0;
 
-  /// A buffer allocated once, at the kernel's entry.
+  /// Barrier words per group: a cache line, so that groups do not share one.
+  static constexpr int64_t kBarrierWords = 16;
+
+  /// A `[shape...]` buffer of the group, laid out once, at the kernel's
+  /// entry: a view of the workspace at the next 64 bytes.
   Value alloc(ArrayRef<int64_t> shape) {
-    OpBuilder at = OpBuilder::atBlockBegin(entry);
-    Value buf = at.create<memref::AllocOp>(loc, MemRefType::get(shape, element));
-    allocated.push_back(buf);
-    return buf;
+    OpBuilder at(entry, std::next(partBase.getDefiningOp()->getIterator()));
+    SmallVector<int64_t> strides(shape.size(), 1);
+    for (int64_t d = int64_t(shape.size()) - 2; d >= 0; --d)
+      strides[d] = strides[d + 1] * shape[d + 1];
+    Value offset = at.create<arith::AddIOp>(
+        loc, partBase, at.create<arith::ConstantIndexOp>(loc, workspaceUsed));
+    int64_t line = 64 / (element.getIntOrFloatBitWidth() / 8);
+    workspaceUsed += (strides[0] * shape[0] + line - 1) / line * line;
+    auto type = MemRefType::get(
+        shape, element,
+        StridedLayoutAttr::get(builder.getContext(), ShapedType::kDynamic, strides));
+    SmallVector<OpFoldResult> sizes, steps;
+    for (auto [n, st] : llvm::zip(shape, strides)) {
+      sizes.push_back(at.getIndexAttr(n));
+      steps.push_back(at.getIndexAttr(st));
+    }
+    return at.create<memref::ReinterpretCastOp>(loc, type, workspace, OpFoldResult(offset),
+                                                sizes, steps);
   }
-  void freeAll() {
-    for (Value buf : allocated)
-      builder.create<memref::DeallocOp>(loc, buf);
+  /// The workspace's elements per group, now that every buffer is laid out.
+  int64_t finishWorkspace() {
+    int64_t size = std::max<int64_t>(workspaceUsed, 1);
+    partSize->setAttr("value", builder.getIndexAttr(size));
+    return size;
+  }
+
+  /// `[begin, end)` of `count` items split evenly over the slices: this
+  /// thread's part.
+  std::pair<Value, Value> sliceOf(Value count) {
+    auto part = [&](Value s) {
+      return builder.create<arith::DivUIOp>(
+          loc, builder.create<arith::MulIOp>(loc, s, count), slices);
+    };
+    return {part(slice), part(builder.create<arith::AddIOp>(loc, slice, index(1)))};
+  }
+  /// Whether this thread is the group's first (which computes what is not
+  /// split).
+  Value isFirstSlice() {
+    return builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, slice, index(0));
+  }
+  /// Runs `body` on the first slice only.
+  void onFirstSlice(function_ref<void()> body) {
+    auto ifOp = builder.create<scf::IfOp>(loc, isFirstSlice(), false);
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+    body();
   }
 
   /// `[tile, n]`, or `[2, tile, n]` for `{2, n}`, with rows padded so that
@@ -109,14 +164,15 @@ public:
   Value loadParam(Value param, Value j) override {
     return builder.create<vector::LoadOp>(loc, lane, param, ValueRange{j});
   }
-  /// For each row of the tile, the units `[0, n)`: `lanes` at a time, then
-  /// the rest one at a time.
+  /// For each row of the tile, this slice's units of `[0, n)`: `lanes` at a
+  /// time, then the rest one at a time.
   void forEachElement(int64_t n, function_ref<void(Value j)> body) override {
     forEachRow([&] { forEachUnit(n, body); });
   }
-  void forEachRow(function_ref<void()> body) {
+  void forEachRow(function_ref<void()> body) { forEachRowIn(index(0), rows, body); }
+  void forEachRowIn(Value begin, Value end, function_ref<void()> body) {
     builder.create<scf::ForOp>(
-        loc, index(0), rows, index(1), ValueRange(),
+        loc, begin, end, index(1), ValueRange(),
         [&](OpBuilder &b, Location l, Value r, ValueRange) {
           OpBuilder::InsertionGuard guard(builder);
           builder.setInsertionPoint(b.create<scf::YieldOp>(l));
@@ -125,27 +181,105 @@ public:
           body();
         });
   }
+  /// This slice's units of `[0, n)`: its share of the whole vectors, and the
+  /// units past the last whole vector on the last slice. Every loop over a
+  /// value of n units splits them alike, so a slice reads back in a later
+  /// phase what it wrote, without a barrier.
   void forEachUnit(int64_t n, function_ref<void(Value j)> body) {
     int64_t main = n / lanes * lanes;
-    auto loop = [&](int64_t begin, int64_t end, int64_t step) {
+    auto loop = [&](Value begin, Value end, int64_t step) {
       builder.create<scf::ForOp>(
-          loc, index(begin), index(end), index(step), ValueRange(),
+          loc, begin, end, index(step), ValueRange(),
           [&](OpBuilder &b, Location l, Value j, ValueRange) {
             OpBuilder::InsertionGuard guard(builder);
             builder.setInsertionPoint(b.create<scf::YieldOp>(l));
             body(j);
           });
     };
-    if (main > 0)
-      loop(0, main, lanes);
+    if (main > 0) {
+      auto [first, last] = sliceOf(index(main / lanes));
+      loop(builder.create<arith::MulIOp>(loc, first, index(lanes)),
+           builder.create<arith::MulIOp>(loc, last, index(lanes)), lanes);
+    }
     if (main < n) {
       VectorType wide = lane;
       lane = VectorType::get({1}, element);
-      loop(main, n, 1);
+      Value isLast = builder.create<arith::CmpIOp>(
+          loc, arith::CmpIPredicate::eq, builder.create<arith::AddIOp>(loc, slice, index(1)),
+          slices);
+      loop(builder.create<arith::SelectOp>(loc, isLast, index(main), index(n)), index(n), 1);
       lane = wide;
     }
   }
-  void barrier() override {}
+  /// A barrier among the group's slices (none with one slice): each arrives
+  /// at its count word and waits until the last bumps the generation word;
+  /// the count goes back to 0, so the words need zeroing once. A waiter
+  /// spins, then yields its core (slices may share cores).
+  void barrier() override {
+    Value several =
+        builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ugt, slices, index(1));
+    auto ifOp = builder.create<scf::IfOp>(loc, several, false);
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+    Value count = builder.create<arith::MulIOp>(loc, group, index(kBarrierWords));
+    Value generation = builder.create<arith::AddIOp>(loc, count, index(kBarrierWords / 2));
+    auto rmw = [&](OpBuilder &b, arith::AtomicRMWKind kind, int64_t value, Value word) {
+      Value v = b.create<arith::ConstantIntOp>(loc, value, 32);
+      return b.create<memref::AtomicRMWOp>(loc, kind, v, barrierWords, ValueRange{word})
+          .getResult();
+    };
+    // An atomic add of 0 reads a word, ordered with the other slices' adds.
+    Value seen = rmw(builder, arith::AtomicRMWKind::addi, 0, generation);
+    Value arrived = rmw(builder, arith::AtomicRMWKind::addi, 1, count);
+    Value slices32 = builder.create<arith::IndexCastOp>(loc, builder.getI32Type(), slices);
+    Value last = builder.create<arith::CmpIOp>(
+        loc, arith::CmpIPredicate::eq,
+        builder.create<arith::AddIOp>(loc, arrived,
+                                      builder.create<arith::ConstantIntOp>(loc, 1, 32)),
+        slices32);
+    auto ifLast = builder.create<scf::IfOp>(loc, last, true);
+    builder.setInsertionPoint(ifLast.thenBlock()->getTerminator());
+    rmw(builder, arith::AtomicRMWKind::assign, 0, count);
+    rmw(builder, arith::AtomicRMWKind::addi, 1, generation);
+    builder.setInsertionPoint(ifLast.elseBlock()->getTerminator());
+    Value zero = builder.create<arith::ConstantIntOp>(loc, 0, 32);
+    auto spin = builder.create<scf::WhileOp>(loc, TypeRange{builder.getI32Type()},
+                                             ValueRange{zero});
+    {
+      OpBuilder::InsertionGuard inner(builder);
+      Block *before = builder.createBlock(&spin.getBefore(), {}, {builder.getI32Type()}, {loc});
+      Value now = rmw(builder, arith::AtomicRMWKind::addi, 0, generation);
+      Value waiting = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, now, seen);
+      builder.create<scf::ConditionOp>(loc, waiting, before->getArgument(0));
+      Block *after = builder.createBlock(&spin.getAfter(), {}, {builder.getI32Type()}, {loc});
+      Value spins = after->getArgument(0);
+      Value tired = builder.create<arith::CmpIOp>(
+          loc, arith::CmpIPredicate::uge, spins,
+          builder.create<arith::ConstantIntOp>(loc, kSpinsBeforeYield, 32));
+      auto yield = builder.create<scf::IfOp>(loc, tired, false);
+      {
+        OpBuilder::InsertionGuard g(builder);
+        builder.setInsertionPoint(yield.thenBlock()->getTerminator());
+        builder.create<func::CallOp>(loc, yieldCore(), ValueRange());
+      }
+      builder.create<scf::YieldOp>(
+          loc, ValueRange{builder.create<arith::AddIOp>(
+                   loc, spins, builder.create<arith::ConstantIntOp>(loc, 1, 32))});
+    }
+  }
+  /// Spins on the generation word before a waiter yields its core.
+  static constexpr int64_t kSpinsBeforeYield = 4000;
+  /// `sched_yield`, declared in the kernel's module.
+  func::FuncOp yieldCore() {
+    auto module = entry->getParentOp()->getParentOfType<ModuleOp>();
+    if (auto f = module.lookupSymbol<func::FuncOp>("sched_yield"))
+      return f;
+    OpBuilder at = OpBuilder::atBlockBegin(module.getBody());
+    auto f = at.create<func::FuncOp>(loc, "sched_yield",
+                                     at.getFunctionType({}, {at.getI32Type()}));
+    f.setPrivate();
+    return f;
+  }
   bool computesProduct(Operation *op) override {
     return PhasePlan::isCrossUnit(op);
   }
@@ -161,13 +295,15 @@ public:
     Value scalar = builder.create<vector::ExtractOp>(loc, v, ArrayRef<int64_t>{0});
     return builder.create<vector::BroadcastOp>(loc, lane, scalar);
   }
-  /// The sum of each row's units: `lanes` at a time into one vector, whose
-  /// elements are added at the end, then the rest one at a time.
+  /// The sum of each of this slice's rows: `lanes` units at a time into one
+  /// vector, whose elements are added at the end, then the rest one at a
+  /// time.
   void emitSum(SumOp sum, Value a, Value slot, Value out) {
     int64_t n = sizeOf(sum.getInput());
     int64_t main = n / lanes * lanes;
     VectorType one = VectorType::get({1}, element);
-    forEachRow([&] {
+    auto [first, last] = sliceOf(rows);
+    forEachRowIn(first, last, [&] {
       Value acc = splat(builder, loc, lane, 0.0);
       if (main > 0) {
         auto loop = builder.create<scf::ForOp>(
@@ -194,14 +330,50 @@ public:
     if (auto sum = dyn_cast<SumOp>(op))
       return emitSum(sum, a, slot, out);
     ProductBlocks b = productBlocks(op);
-    for (int64_t g = 0; g < b.blocks; ++g)
-      mlir::cell::emitProduct(builder, loc, a, slot, packed[op][g], out, rows, b.ins,
-                              shape.panels(b.outs), shape, g * b.ins, g * b.outs);
+    if (b.blocks > 1) {
+      // Block g's last panel runs into block g + 1's columns, which block
+      // g + 1 then writes: the blocks are computed in order, by one slice.
+      onFirstSlice([&] {
+        for (int64_t g = 0; g < b.blocks; ++g)
+          mlir::cell::emitProduct(builder, loc, a, slot, packed[op][g], out, rows, b.ins,
+                                  index(0), index(shape.panels(b.outs)), shape, g * b.ins,
+                                  g * b.outs);
+      });
+      return;
+    }
+    auto [first, last] = sliceOf(index(shape.panels(b.outs)));
+    mlir::cell::emitProduct(builder, loc, a, slot, packed[op][0], out, rows, b.ins, first,
+                            last, shape);
+  }
+
+  /// Packs this slice's panels of each block of the weight of `op` (every
+  /// panel on the first slice, for a block-diagonal weight).
+  void packSlice(OpBuilder &b, Operation *op, Value weight, ArrayRef<Value> packs) {
+    ProductBlocks blocks = productBlocks(op);
+    int64_t size = blocks.outs, depth = blocks.ins;
+    bool transposed = isa<VecmatOp>(op);
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPoint(b.getInsertionBlock(), b.getInsertionPoint());
+    auto blockAt = [&](int64_t g) {
+      return blocks.diagonal ? blockOf(builder, loc, weight, g) : weight;
+    };
+    if (blocks.blocks > 1) {
+      onFirstSlice([&] {
+        for (int64_t g = 0; g < blocks.blocks; ++g)
+          packWeightInto(builder, loc, blockAt(g), packs[g], transposed, size, depth,
+                         index(0), index(shape.panels(size)), shape);
+      });
+      return;
+    }
+    auto [first, last] = sliceOf(index(shape.panels(size)));
+    packWeightInto(builder, loc, blockAt(0), packs[0], transposed, size, depth, first, last,
+                   shape);
   }
 
   /// Packs the weight of every product in `step` (each block of a
   /// block-diagonal one), at the kernel's entry; a replayed product's only
-  /// when the gates were not saved.
+  /// when the gates were not saved. The packed weights are the group's:
+  /// each slice packs its panels, and a barrier follows.
   void packWeights(Block &step) {
     step.walk([&](Operation *op) {
       if (!PhasePlan::isProduct(op))
@@ -209,31 +381,19 @@ public:
       Value weight =
           params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
       ProductBlocks blocks = productBlocks(op);
-      int64_t size = blocks.outs, depth = blocks.ins;
-      bool transposed = isa<VecmatOp>(op);
-      auto blockAt = [&](OpBuilder &b, int64_t g) {
-        return blocks.diagonal ? blockOf(b, loc, weight, g) : weight;
-      };
       SmallVector<Value> &packs = packed[op];
-      if (!op->getParentOfType<RestoreOp>()) {
-        for (int64_t g = 0; g < blocks.blocks; ++g) {
-          packs.push_back(packWeight(builder, loc, blockAt(builder, g), transposed, size,
-                                     depth, shape));
-          allocated.push_back(packs.back());
-        }
-        return;
-      }
-      // Allocated either way (freed at the end), filled when replaying.
+      // Laid out either way, filled when replaying.
       for (int64_t g = 0; g < blocks.blocks; ++g)
-        packs.push_back(alloc({shape.panels(size), depth, shape.panel()}));
+        packs.push_back(alloc({shape.panels(blocks.outs), blocks.ins, shape.panel()}));
+      if (!op->getParentOfType<RestoreOp>())
+        return packSlice(builder, op, weight, packs);
       Value replaying = builder.create<arith::XOrIOp>(
           loc, saveGates, builder.create<arith::ConstantIntOp>(loc, 1, 1));
       auto ifOp = builder.create<scf::IfOp>(loc, replaying, false);
-      OpBuilder inside = OpBuilder::atBlockBegin(ifOp.thenBlock());
-      for (int64_t g = 0; g < blocks.blocks; ++g)
-        packWeightInto(inside, loc, blockAt(inside, g), packs[g], transposed, size, depth,
-                       shape);
+      OpBuilder inside(ifOp.thenBlock()->getTerminator());
+      packSlice(inside, op, weight, packs);
     });
+    barrier();
   }
 
   /// Copies `n` units of a row between buffers, at the indices given.
@@ -285,21 +445,43 @@ struct ConvertCellToBatchedKernels
   LogicalResult buildBackward(DefOp def, func::FuncOp grad);
 };
 
+/// The arguments after `b_begin` and `b_end`: the workspace, the barrier
+/// words, and the group, slice and slices of the call.
+constexpr unsigned kGroupArgs = 5;
+
 /// What both kernels start with: the function, its emitter, the tile loop.
 struct Kernel {
-  Kernel(DefOp def, StringRef suffix, const KernelSignature &sig, int64_t tile,
+  Kernel(DefOp def, StringRef suffix, KernelSignature sig, int64_t tile,
          const BlockShape &shape, const ForwardArgs &args)
       : loc(def.getLoc()), builder(def) {
+    element = cast<RankedTensorType>(def.getStates()[0].getType()).getElementType();
+    MLIRContext *ctx = builder.getContext();
+    sig.add(ctx, MemRefType::get({ShapedType::kDynamic}, element), cellc::ArgKind::Workspace,
+            "workspace");
+    sig.add(ctx, MemRefType::get({ShapedType::kDynamic}, builder.getI32Type()),
+            cellc::ArgKind::GridBarrier, "barrier");
+    sig.add(ctx, builder.getIndexType(), cellc::ArgKind::Group, "group");
+    sig.add(ctx, builder.getIndexType(), cellc::ArgKind::Slice, "slice");
+    sig.add(ctx, builder.getIndexType(), cellc::ArgKind::Slices, "slices");
     func = builder.create<func::FuncOp>(loc, (def.getSymName() + suffix).str(),
                                         builder.getFunctionType(sig.types, {}));
     func->setAttr("cell.kernel_args", builder.getArrayAttr(sig.info));
     func->setAttr("cell.batch_tile", builder.getI64IntegerAttr(tile));
+    func->setAttr("cell.barrier_words",
+                  builder.getI64IntegerAttr(BatchedBuilder::kBarrierWords));
     entry = func.addEntryBlock();
     builder.setInsertionPointToEnd(entry);
-    element = cast<RankedTensorType>(def.getStates()[0].getType()).getElementType();
     emitter = std::make_unique<BatchedBuilder>(builder, loc, element, entry, tile,
                                                shape);
     BatchedBuilder &e = *emitter;
+    unsigned last = entry->getNumArguments() - kGroupArgs;
+    e.workspace = arg(last);
+    e.barrierWords = arg(last + 1);
+    e.group = arg(last + 2);
+    e.slice = arg(last + 3);
+    e.slices = arg(last + 4);
+    e.partSize = builder.create<arith::ConstantIndexOp>(loc, 0);
+    e.partBase = builder.create<arith::MulIOp>(loc, e.group, e.partSize);
     for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
       e.params[param.getName()] = arg(args.firstParam + i);
     e.gates = arg(args.gates);
@@ -311,11 +493,12 @@ struct Kernel {
   Value arg(unsigned i) { return entry->getArgument(i); }
   Value index(int64_t v) { return builder.create<arith::ConstantIndexOp>(loc, v); }
 
-  /// Runs `body` for each tile of the rows `[b_begin, b_end)`.
+  /// Runs `body` for each tile of the rows `[b_begin, b_end)`, then records
+  /// the workspace that the buffers took.
   void forEachTile(function_ref<void()> body) {
     BatchedBuilder &e = *emitter;
-    Value bBegin = arg(entry->getNumArguments() - 2);
-    Value bEnd = arg(entry->getNumArguments() - 1);
+    Value bBegin = arg(entry->getNumArguments() - kGroupArgs - 2);
+    Value bEnd = arg(entry->getNumArguments() - kGroupArgs - 1);
     builder.create<scf::ForOp>(
         loc, bBegin, bEnd, index(e.tile), ValueRange(),
         [&](OpBuilder &b, Location l, Value b0, ValueRange) {
@@ -326,8 +509,9 @@ struct Kernel {
               loc, builder.create<arith::SubIOp>(loc, bEnd, b0), index(e.tile));
           body();
         });
-    e.freeAll();
     builder.create<func::ReturnOp>(loc);
+    int64_t bytes = e.finishWorkspace() * element.getIntOrFloatBitWidth() / 8;
+    func->setAttr("cell.workspace_bytes", builder.getI64IntegerAttr(bytes));
   }
 
   /// Whether row `batchRow` restarts at step `t`.
@@ -397,6 +581,8 @@ LogicalResult ConvertCellToBatchedKernels::buildForward(DefOp def) {
                   stateBufs[i],
                   [&](Value j) { return SmallVector<Value>{slot, e.row, j}; });
     });
+    // The products read whole rows of the states that each slice copied.
+    e.barrier();
     e.sources.clear();
     for (auto [i, s] : llvm::enumerate(def.getStates()))
       e.sources[s] = {Source::Shared, stateBufs[i], slot};
@@ -534,6 +720,7 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
       ReverseSteps steps = buildReverseSteps(b, loc, k.steps, c0, c1, c2);
       e.t = steps.t;
       loadStatesBefore(k, def, args, prevBufs, steps.isFirst, c1);
+      e.barrier();
       e.bindBackwardStep(
           body, [&](unsigned i) { return k.arg(i); }, numInputs, numOutputs,
           args.firstDOut, prevBufs, gradBufs, steps.slot);

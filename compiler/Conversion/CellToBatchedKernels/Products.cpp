@@ -17,30 +17,29 @@ Value constant(OpBuilder &b, Location loc, int64_t v) {
 }
 } // namespace
 
-Value packWeight(OpBuilder &b, Location loc, Value weight, bool transposed,
-                 int64_t size, int64_t depth, const BlockShape &shape) {
-  Type element = cast<MemRefType>(weight.getType()).getElementType();
-  Value packed = b.create<memref::AllocOp>(
-      loc, MemRefType::get({shape.panels(size), depth, shape.panel()}, element));
-  packWeightInto(b, loc, weight, packed, transposed, size, depth, shape);
-  return packed;
-}
-
 void packWeightInto(OpBuilder &b, Location loc, Value weight, Value packed,
-                    bool transposed, int64_t size, int64_t depth,
-                    const BlockShape &shape) {
+                    bool transposed, int64_t size, int64_t depth, Value firstPanel,
+                    Value lastPanel, const BlockShape &shape) {
   Type element = cast<MemRefType>(weight.getType()).getElementType();
   int64_t panels = shape.panels(size), panel = shape.panel();
   Value zero = b.create<arith::ConstantOp>(loc, b.getFloatAttr(element, 0.0));
+  // The outputs of the panels, up to `size`.
+  Value first = b.create<arith::MulIOp>(loc, firstPanel, constant(b, loc, panel));
+  Value last = b.create<arith::MinUIOp>(
+      loc, b.create<arith::MulIOp>(loc, lastPanel, constant(b, loc, panel)),
+      constant(b, loc, size));
   // Walk the weight in its own order: a row of a matvec's weight is an
   // output over depth, a row of a vecmat's weight a depth over outputs.
-  int64_t outer = transposed ? depth : size, inner = transposed ? size : depth;
+  Value outerBegin = transposed ? constant(b, loc, 0) : first;
+  Value outerEnd = transposed ? constant(b, loc, depth) : last;
+  Value innerBegin = transposed ? first : constant(b, loc, 0);
+  Value innerEnd = transposed ? last : constant(b, loc, depth);
   b.create<scf::ForOp>(
-      loc, constant(b, loc, 0), constant(b, loc, outer), constant(b, loc, 1),
-      ValueRange(), [&](OpBuilder &ob, Location l, Value i, ValueRange) {
+      loc, outerBegin, outerEnd, constant(b, loc, 1), ValueRange(),
+      [&](OpBuilder &ob, Location l, Value i, ValueRange) {
         ob.create<scf::ForOp>(
-            l, constant(ob, l, 0), constant(ob, l, inner), constant(ob, l, 1),
-            ValueRange(), [&](OpBuilder &ib, Location il, Value j, ValueRange) {
+            l, innerBegin, innerEnd, constant(ob, l, 1), ValueRange(),
+            [&](OpBuilder &ib, Location il, Value j, ValueRange) {
               Value w = ib.create<memref::LoadOp>(il, weight, ValueRange{i, j});
               Value c = transposed ? j : i, k = transposed ? i : j;
               Value p = ib.create<arith::DivUIOp>(il, c, constant(ib, il, panel));
@@ -50,16 +49,20 @@ void packWeightInto(OpBuilder &b, Location loc, Value weight, Value packed,
             });
         ob.create<scf::YieldOp>(l);
       });
-  // The columns past `size` in the last panel are zero.
+  // The columns past `size` in the last panel are zero, where it is ours.
   int64_t tail = panels * panel - size;
   if (tail > 0) {
-    Value last = constant(b, loc, panels - 1);
-    b.create<scf::ForOp>(
-        loc, constant(b, loc, 0), constant(b, loc, depth), constant(b, loc, 1),
+    Value ours = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, lastPanel,
+                                         constant(b, loc, panels));
+    auto ifOp = b.create<scf::IfOp>(loc, ours, false);
+    OpBuilder tb = OpBuilder::atBlockBegin(ifOp.thenBlock());
+    Value lastOne = constant(tb, loc, panels - 1);
+    tb.create<scf::ForOp>(
+        loc, constant(tb, loc, 0), constant(tb, loc, depth), constant(tb, loc, 1),
         ValueRange(), [&](OpBuilder &ob, Location l, Value k, ValueRange) {
           for (int64_t q = panel - tail; q < panel; ++q)
             ob.create<memref::StoreOp>(l, zero, packed,
-                                       ValueRange{last, k, constant(ob, l, q)});
+                                       ValueRange{lastOne, k, constant(ob, l, q)});
           ob.create<scf::YieldOp>(l);
         });
   }
@@ -115,13 +118,14 @@ static void emitBlock(OpBuilder &b, Location loc, Value a, Value slot,
 }
 
 void emitProduct(OpBuilder &b, Location loc, Value a, Value slot, Value packed,
-                 Value out, Value rows, int64_t depth, int64_t panels,
-                 const BlockShape &shape, int64_t aOffset, int64_t outOffset) {
+                 Value out, Value rows, int64_t depth, Value firstPanel,
+                 Value lastPanel, const BlockShape &shape, int64_t aOffset,
+                 int64_t outOffset) {
   int64_t R = shape.rows;
   Value rest = b.create<arith::RemUIOp>(loc, rows, constant(b, loc, R));
   Value full = b.create<arith::SubIOp>(loc, rows, rest);
   b.create<scf::ForOp>(
-      loc, constant(b, loc, 0), constant(b, loc, panels), constant(b, loc, 1),
+      loc, firstPanel, lastPanel, constant(b, loc, 1),
       ValueRange(), [&](OpBuilder &pb, Location l, Value p, ValueRange) {
         pb.create<scf::ForOp>(
             l, constant(pb, l, 0), full, constant(pb, l, R), ValueRange(),

@@ -3,6 +3,7 @@
 // The product phases of the CPU's batched kernels: `out = A x op(W)` for the
 // rows of a tile, where A is `[rows, depth]` (a state, or a value the
 // previous phase wrote) and W a recurrent weight. W is packed once per call
+// (each thread of a group its panels, Products run over the same panels)
 // into panels `[panels, depth, panel]` of `panel` output columns (zero past
 // the last), so that the micro-kernel reads a panel contiguously; each
 // register block holds `rows x vectors` accumulators of `lanes` lanes, fed by
@@ -28,24 +29,24 @@ struct BlockShape {
   int64_t panels(int64_t size) const { return (size + panel() - 1) / panel(); }
 };
 
-/// Packs `weight` (`[rows, cols]`) for products that compute `size` outputs
-/// from `depth` inputs: output `c` is row `c` of the weight, or its column
-/// `c` when `transposed` (a vecmat). Returns the `[panels, depth, panel]`
-/// buffer, allocated here; the caller frees it.
-Value packWeight(OpBuilder &b, Location loc, Value weight, bool transposed,
-                 int64_t size, int64_t depth, const BlockShape &shape);
-/// Packs `weight` as `packWeight` does, into `packed`.
+/// Packs the panels `[firstPanel, lastPanel)` of `weight` (`[rows, cols]`)
+/// into `packed` (`[panels, depth, panel]`), for products that compute
+/// `size` outputs from `depth` inputs: output `c` is row `c` of the weight,
+/// or its column `c` when `transposed` (a vecmat). The columns past `size`
+/// in the last panel are zero.
 void packWeightInto(OpBuilder &b, Location loc, Value weight, Value packed,
-                    bool transposed, int64_t size, int64_t depth,
-                    const BlockShape &shape);
+                    bool transposed, int64_t size, int64_t depth, Value firstPanel,
+                    Value lastPanel, const BlockShape &shape);
 
 /// Computes `out[r, outOffset + c] = sum_k a[(slot,) r, aOffset + k] *
 /// packed(k, c)` for the rows `r < rows` (a run-time value) and the columns
-/// of every panel: `out` is `[tile, outOffset + panels * panel]` or wider.
-/// The offsets place one block of a block-diagonal product.
+/// of the panels `[firstPanel, lastPanel)`: `out` is `[tile, outOffset +
+/// panels * panel]` or wider. The offsets place one block of a
+/// block-diagonal product.
 void emitProduct(OpBuilder &b, Location loc, Value a, Value slot, Value packed,
-                 Value out, Value rows, int64_t depth, int64_t panels,
-                 const BlockShape &shape, int64_t aOffset = 0, int64_t outOffset = 0);
+                 Value out, Value rows, int64_t depth, Value firstPanel,
+                 Value lastPanel, const BlockShape &shape, int64_t aOffset = 0,
+                 int64_t outOffset = 0);
 
 } // namespace mlir::cell
 

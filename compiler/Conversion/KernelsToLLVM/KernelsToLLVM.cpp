@@ -25,9 +25,11 @@ struct ConvertKernelsToLLVM
     if (flag.wasInterrupted())
       return signalPassFailure();
 
+    // Kernels, not the C functions they call (sched_yield).
     for (auto func : module.getOps<func::FuncOp>())
-      func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
-                    UnitAttr::get(&getContext()));
+      if (!func.isExternal())
+        func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
+                      UnitAttr::get(&getContext()));
 
     RewritePatternSet approximations(&getContext());
     populateMathPolynomialApproximationPatterns(approximations);

@@ -15,19 +15,51 @@
 // RUN: cellc %examples/lstm.cell -D H=12 -D I=4 --emit=kernels --save-gates=1 \
 // RUN:   | FileCheck %s --check-prefix=CPU
 
-// The forward: the tile's buffers and the packed recurrent weight are made
+// RUN: cellc %examples/lstm.cell -D H=12 -D I=4 --emit=mlir \
+// RUN:   | cellc-opt --cell-split-projections --cell-autodiff --cell-plan-saves \
+// RUN:       --convert-cell-to-batched-kernels \
+// RUN:   | FileCheck %s --check-prefix=NOALLOC
+
+// The forward: the tile's buffers and the packed recurrent weight are views
+// of the group's part of the workspace (2368 floats: 9472 bytes), laid out
 // once, before the tiles. W_hh's 48 rows are 3 panels of 16 outputs, over a
 // depth of 12; the state slots hold 16 rows of 12 units padded to 16; the
 // product buffer 16 rows of the 3 panels.
 // CHECK-LABEL: func.func @lstm_fwd
 // CHECK-SAME:    %[[WHH:[^:]+]]: memref<48x12xf32>
+// CHECK-SAME:    %[[WS:[^:]+]]: memref<?xf32>, %[[WORDS:[^:]+]]: memref<?xi32>, %[[GROUP:[^:]+]]: index, %[[SLICE:[^:]+]]: index, %[[SLICES:[^:]+]]: index)
+// CHECK-SAME:    cell.barrier_words = 16
 // CHECK-SAME:    cell.batch_tile = 16
-// CHECK-DAG:     %[[PRODUCT:.*]] = memref.alloc() : memref<16x48xf32>
-// CHECK-DAG:     memref.alloc() : memref<2x16x16xf32>
+// CHECK-SAME:    cell.workspace_bytes = 9472
+// CHECK:         %[[BASE:.*]] = arith.muli %[[GROUP]], %c2368
+// CHECK-DAG:     %[[PRODUCT:.*]] = memref.reinterpret_cast %[[WS]] to offset: [%{{.*}}], sizes: [16, 48], strides: [48, 1]
+// CHECK-DAG:     memref.reinterpret_cast %[[WS]] to offset: [%{{.*}}], sizes: [2, 16, 16], strides: [256, 16, 1]
+// CHECK-DAG:     %[[PACKED:.*]] = memref.reinterpret_cast %[[WS]] to offset: [%{{.*}}], sizes: [3, 12, 16], strides: [192, 16, 1]
 // CHECK-DAG:     %[[SAVE:.*]] = cell.save_gates
-// CHECK:         %[[PACKED:.*]] = memref.alloc() : memref<3x12x16xf32>
-// CHECK:         memref.load %[[WHH]]
-// CHECK:         memref.store %{{.*}}, %[[PACKED]]
+// Each slice packs its panels of the 3, [slice * 3 / slices, (slice + 1) *
+// 3 / slices): the outputs from 16 times the first up to 48.
+// CHECK:         %[[FIRST:.*]] = arith.muli %[[SLICE]], %c3
+// CHECK:         arith.divui %[[FIRST]], %[[SLICES]]
+// CHECK:         scf.for
+// CHECK:           memref.load %[[WHH]]
+// CHECK:           memref.store %{{.*}}, %[[PACKED]]
+// Then the slices meet: with more than one, each adds 1 to the group's count
+// word (16 words per group) and the last bumps the generation word (8 on),
+// which the others spin on, then yield their core.
+// CHECK:         %[[SEVERAL:.*]] = arith.cmpi ugt, %[[SLICES]], %c1
+// CHECK:         scf.if %[[SEVERAL]]
+// CHECK:           %[[COUNT:.*]] = arith.muli %[[GROUP]], %c16
+// CHECK:           %[[GEN:.*]] = arith.addi %[[COUNT]], %c8
+// CHECK:           %[[SEEN:.*]] = memref.atomic_rmw addi %{{.*}}, %[[WORDS]][%[[GEN]]]
+// CHECK:           memref.atomic_rmw addi %{{.*}}, %[[WORDS]][%[[COUNT]]]
+// CHECK:           scf.if
+// CHECK:             memref.atomic_rmw assign %{{.*}}, %[[WORDS]][%[[COUNT]]]
+// CHECK:             memref.atomic_rmw addi %{{.*}}, %[[WORDS]][%[[GEN]]]
+// CHECK:           } else {
+// CHECK:             scf.while
+// CHECK:               %[[NOW:.*]] = memref.atomic_rmw addi %{{.*}}, %[[WORDS]][%[[GEN]]]
+// CHECK:               arith.cmpi eq, %[[NOW]], %[[SEEN]]
+// CHECK:               func.call @sched_yield()
 // The tiles of the kernel's rows, then the steps of each.
 // CHECK:         scf.for %{{.*}} = %{{.*}} to %{{.*}} step %c16
 // CHECK:           scf.for %{{.*}} = %{{.*}} to %{{.*}} step
@@ -43,12 +75,11 @@
 // CHECK:             scf.for %{{.*}} iter_args({{.*}}) -> (vector<8xf32>, vector<8xf32>, vector<8xf32>, vector<8xf32>)
 // CHECK:             scf.if
 // CHECK:             scf.for %{{.*}} iter_args({{.*}}) -> (vector<8xf32>, vector<8xf32>)
-// The element phase: 8 units at a time, then the 4 left one at a time; the
-// gates are stored only with SAVE_GATES.
+// The element phase: 8 units at a time, then the 4 left one at a time (on
+// the last slice); the gates are stored only with SAVE_GATES.
 // CHECK:             vector.load %[[PRODUCT]]{{.*}} vector<8xf32>
 // CHECK:             scf.if %[[SAVE]]
 // CHECK:             vector.load %[[PRODUCT]]{{.*}} vector<1xf32>
-// CHECK:         memref.dealloc %[[PACKED]]
 // CHECK:         return
 
 // The backward packs W_hh twice: for the replayed product (only when the
@@ -56,20 +87,23 @@
 // outputs over a depth of 48.
 // CHECK-LABEL: func.func @lstm_bwd
 // CHECK-SAME:    %[[BWHH:[^:]+]]: memref<48x12xf32>
-// CHECK-DAG:     %[[REPLAY:.*]] = memref.alloc() : memref<3x12x16xf32>
+// CHECK-DAG:     %[[REPLAY:.*]] = memref.reinterpret_cast {{.*}} sizes: [3, 12, 16]
+// CHECK-DAG:     %[[TRANSPOSED:.*]] = memref.reinterpret_cast {{.*}} sizes: [1, 48, 16]
 // CHECK-DAG:     %[[SAVED:.*]] = cell.save_gates
 // CHECK:         %[[REPLAYING:.*]] = arith.xori %[[SAVED]]
 // CHECK:         scf.if %[[REPLAYING]] {
 // CHECK:           memref.load %[[BWHH]]
 // CHECK:           memref.store %{{.*}}, %[[REPLAY]]
 // CHECK:         }
-// CHECK:         %[[TRANSPOSED:.*]] = memref.alloc() : memref<1x48x16xf32>
 // CHECK:         memref.load %[[BWHH]]
 // CHECK:         memref.store %{{.*}}, %[[TRANSPOSED]]
 // CHECK:         return
 
+// The kernels allocate nothing: every buffer is in the workspace.
+// NOALLOC-NOT: memref.alloc
+
 // LANES-LABEL: func.func @lstm_fwd
-// LANES:         memref.alloc() : memref<4x12x12xf32>
+// LANES:         memref.reinterpret_cast {{.*}} sizes: [4, 12, 12]
 // LANES:         scf.for %{{.*}} iter_args({{.*}}) -> (vector<4xf32>, vector<4xf32>, vector<4xf32>, vector<4xf32>, vector<4xf32>, vector<4xf32>)
 // LANES-COUNT-3:   vector.load %{{.*}} vector<4xf32>
 

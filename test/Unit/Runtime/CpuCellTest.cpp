@@ -332,6 +332,38 @@ TEST_P(CpuCellTest, MatchesTheReferenceInDoublePrecision) {
   }
 }
 
+/// With fewer batch tiles than threads, the threads of a tile split its
+/// units (unit slices): every element loop, product and packing by slice,
+/// and a sum's rows, meeting at barriers. On 2 and 3 threads (B = 5 in one
+/// tile; H = 5 in f64 vectors of 4: slices of no vector, one, and the tail;
+/// 4H = 20 gate rows in panels of 8) against the reference, with resets and
+/// with per-sample lengths against one thread; and the same with slices
+/// off, where the threads split the rows.
+TEST_P(CpuCellTest, UnitSlicesMatchTheReference) {
+  std::vector<Result> withLengths;
+  ASSERT_NO_FATAL_FAILURE(runWithLengths(name, s, T, mode, withLengths));
+  auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F64);
+  ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+  for (int threads : {2, 3})
+    for (bool slices : {true, false}) {
+      SCOPED_TRACE("threads=" + std::to_string(threads) + (slices ? " unit" : " row") +
+                   " slices");
+      (*cell)->setThreads(threads);
+      (*cell)->setUnitSlices(slices);
+      auto split = (*cell)->threadSplit(B);
+      EXPECT_EQ(split.first, slices ? 1 : threads);
+      EXPECT_EQ(split.second, slices ? threads : 1);
+      Result r = runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T, mode);
+      compareWithReference(**cell, *s.ref, s.samples, s.resets, T, r, 1e-10);
+      for (size_t k = 0; k < kLengths.size(); ++k) {
+        SCOPED_TRACE(k ? "lengths longest first" : "lengths unsorted");
+        expectSameResults(runCell<double>(**cell, *s.samples[0], s.samples, s.resets, T,
+                                          mode, kLengths[k]),
+                          withLengths[k], 1e-12);
+      }
+    }
+}
+
 TEST_P(CpuCellTest, MatchesTheReferenceInSinglePrecision) {
   auto cell = compileCpu(source(name), "t.cell", kSizes, DType::F32, {2});
   ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
@@ -546,6 +578,49 @@ TEST(CpuCellModes, ThreadsDoNotChangeTheResult) {
     EXPECT_EQ(results[0].dInitial, results[i].dInitial);
     EXPECT_EQ(results[0].dParams, results[i].dParams);
   }
+}
+
+/// Unit slices where each slice has several vectors and the tiles are
+/// fewer than the threads but more than one: B = 11 in tiles of 4 (3 tiles)
+/// on 7 threads is 3 groups of 2 slices; B = 3 in one tile on 3 threads, 3
+/// slices. H = 37 in f32 vectors of 8 (4 vectors and 5 units left over),
+/// 148 gate rows in panels of 16; layernorm_lstm's sums split by rows.
+/// Results equal one thread's, bit for bit, and match the reference.
+TEST(CpuCellModes, UnitSlicesWithManyVectorsAndGroups) {
+  struct Case {
+    int64_t B, tile;
+    int threads;
+    int64_t groups, slices;
+  };
+  for (const char *name : {"lstm", "layernorm_lstm"})
+    for (Case c : {Case{11, 4, 7, 3, 2}, Case{3, 0, 3, 1, 3}}) {
+      SCOPED_TRACE(std::string(name) + " B=" + std::to_string(c.B));
+      const int64_t T = 5;
+      SizeBindings sizes = {{"H", 37}, {"I", 6}};
+      Problems s = makeProblems(source(name), sizes, T, c.B);
+      CpuOptions options;
+      options.batchTile = c.tile;
+      options.vectorWidth = 8;
+      auto cell = compileCpu(source(name), "t.cell", sizes, DType::F32, options);
+      ASSERT_TRUE(static_cast<bool>(cell)) << llvm::toString(cell.takeError());
+      for (const char *m : {"none", "full", "chunk:2"}) {
+        SCOPED_TRACE(m);
+        Recompute mode = *parseRecompute(m);
+        (*cell)->setThreads(1);
+        Result one = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T, mode);
+        (*cell)->setThreads(c.threads);
+        auto split = (*cell)->threadSplit(c.B);
+        EXPECT_EQ(split.first, c.groups);
+        EXPECT_EQ(split.second, c.slices);
+        Result many = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T, mode);
+        compareWithReference(**cell, *s.ref, s.samples, s.resets, T, many, 3e-4);
+        EXPECT_EQ(one.outputs, many.outputs);
+        EXPECT_EQ(one.finals, many.finals);
+        EXPECT_EQ(one.dInputs, many.dInputs);
+        EXPECT_EQ(one.dInitial, many.dInitial);
+        EXPECT_EQ(one.dParams, many.dParams);
+      }
+    }
 }
 
 TEST(CpuCellShapes, OneStepOneRowAndOddSizes) {

@@ -61,6 +61,8 @@ struct Signature {
   std::vector<cellc::ArgKind> kinds;
   std::vector<std::string> names;
   std::vector<std::vector<int64_t>> shapes;
+  /// The batched kernels' workspace and barrier words, for one group.
+  int64_t workspaceBytes = 0, barrierWords = 0;
 };
 
 Signature signatureOf(ModuleOp kernels, StringRef name) {
@@ -82,6 +84,10 @@ Signature signatureOf(ModuleOp kernels, StringRef name) {
     }
     sig.shapes.push_back(shape);
   }
+  if (auto n = func->getAttrOfType<IntegerAttr>("cell.workspace_bytes"))
+    sig.workspaceBytes = n.getInt();
+  if (auto n = func->getAttrOfType<IntegerAttr>("cell.barrier_words"))
+    sig.barrierWords = n.getInt();
   return sig;
 }
 
@@ -181,6 +187,20 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
       }
       if (kind == cellc::ArgKind::Resets) {
         args.push_back(KernelArg::buffer(resetBytes.data(), sig.shapes[i]));
+        continue;
+      }
+      // One group of one slice: its workspace and (zero) barrier words.
+      if (kind == cellc::ArgKind::Group || kind == cellc::ArgKind::Slice ||
+          kind == cellc::ArgKind::Slices) {
+        args.push_back(KernelArg::indexValue(kind == cellc::ArgKind::Slices ? 1 : 0));
+        continue;
+      }
+      if (kind == cellc::ArgKind::Workspace || kind == cellc::ArgKind::GridBarrier) {
+        int64_t bytes = kind == cellc::ArgKind::Workspace ? sig.workspaceBytes
+                                                          : 4 * sig.barrierWords;
+        auto &slot = buffers[{kind, n}];
+        slot = std::make_unique<Buffer>(std::vector<int64_t>{bytes / (f32 ? 4 : 8) + 1}, f32);
+        args.push_back(KernelArg::buffer(slot->data(), slot->shape));
         continue;
       }
       auto key = std::make_pair(kind, n + "#" + std::to_string(
