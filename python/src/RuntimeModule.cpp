@@ -219,6 +219,9 @@ PYBIND11_MODULE(_cellc_runtime, m) {
                     [](PyCell &c, bool on) { c.cell->setUnitSlices(on); },
                     "With fewer batch tiles than threads, whether a tile's threads "
                     "split its units (True) or its rows")
+      .def("thread_split", [](PyCell &c, int64_t batch) { return c.cell->threadSplit(batch); },
+           py::arg("batch"),
+           "(groups, slices): how a launch over `batch` rows runs on the threads")
       .def("forward", &PyCell::forward, py::arg("inputs"), py::arg("params"),
            py::arg("states"), py::arg("resets"), py::arg("steps"), py::arg("batch"),
            py::arg("batch_first"), py::arg("outputs"), py::arg("finals"),

@@ -118,6 +118,43 @@ void addColumnSums(DType dtype, const void *m, int64_t rows, int64_t cols, void 
     sums(static_cast<double *>(acc), static_cast<const double *>(m));
 }
 
+/// A GEMM's multiply-adds below which it runs on the calling thread.
+constexpr int64_t kGemmGrain = int64_t(1) << 21;
+
+/// `gemm` split over `threads` of the pool: by the rows of C, or by its
+/// columns when it has fewer rows than threads, each part a single-threaded
+/// BLAS call. OpenBLAS's own threads are set to 1 for the call and back
+/// after: left on, they spin after each GEMM on the cores that the kernels'
+/// threads run on next.
+void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                  void *c, int64_t ldc, int threads) {
+  if (threads <= 1 || m * n * k < kGemmGrain || m == 1) {
+    gemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  int64_t bytes = dtype == DType::F32 ? 4 : 8;
+  auto at = [bytes](const void *p, int64_t elements) {
+    return static_cast<const char *>(p) + elements * bytes;
+  };
+  int before = openblas_get_num_threads();
+  openblas_set_num_threads(1);
+  if (m >= 2 * threads) {
+    // Rows i of C are rows i of op(A): row i of A, or its column i.
+    parallelRanges(m, threads, 1, [&](int64_t r0, int64_t r1) {
+      gemm(dtype, transA, transB, r1 - r0, n, k, at(a, transA ? r0 : r0 * lda), lda, b, ldb,
+           beta, const_cast<char *>(at(c, r0 * ldc)), ldc);
+    });
+  } else {
+    // Columns j of C are columns j of op(B): column j of B, or its row j.
+    parallelRanges(n, threads, 1, [&](int64_t c0, int64_t c1) {
+      gemm(dtype, transA, transB, m, c1 - c0, k, a, lda, at(b, transB ? c0 * ldb : c0), ldb,
+           beta, const_cast<char *>(at(c, c0)), ldc);
+    });
+  }
+  openblas_set_num_threads(before);
+}
+
 /// m[row, :] = the sum of `vectors` for every row, each thread a range of
 /// rows.
 void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
@@ -262,8 +299,8 @@ public:
   driver::Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                       const View &a, int64_t lda, const View &b, int64_t ldb,
                       double beta, const View &c, int64_t ldc) override {
-    ::gemm(dtype, transA, transB, m, n, k, a.pointer(), lda, b.pointer(), ldb, beta,
-           c.pointer(), ldc);
+    parallelGemm(dtype, transA, transB, m, n, k, a.pointer(), lda, b.pointer(), ldb, beta,
+                 c.pointer(), ldc, threads);
     return driver::Status();
   }
   driver::Status columnSums(const View &m, int64_t rows, int64_t cols,
