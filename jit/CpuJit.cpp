@@ -98,6 +98,7 @@ void cellc::jit::applyConfig(const KernelConfig &config, CpuOptions &options) {
     return it == config.end() ? fallback : it->second;
   };
   options.threads = get("threads", options.threads);
+  options.unitSlices = get("unit_slices", 1);
   options.kernels =
       get("kernels", 1) ? CpuOptions::Kernels::Batched : CpuOptions::Kernels::PerRow;
   options.batchTile = get("batch_tile", 0);
@@ -110,6 +111,7 @@ void cellc::jit::applyConfig(const KernelConfig &config, CpuOptions &options) {
 KernelConfig cellc::jit::configOf(const CpuOptions &options, int threads) {
   BatchedShape shape = batchedShape(options);
   return {{"threads", threads},
+          {"unit_slices", options.unitSlices},
           {"kernels", usesBatchedKernels(options) ? 1 : 0},
           {"batch_tile", shape.tile},
           {"product_rows", shape.rows},
@@ -120,7 +122,9 @@ KernelConfig cellc::jit::configOf(const CpuOptions &options, int threads) {
 
 std::string cellc::jit::kernelConfigText(const CpuOptions &options) {
   KernelConfig config = configOf(options, 0);
+  // How the threads share the work is the runtime's, not the package's.
   config.erase("threads");
+  config.erase("unit_slices");
   return str(config);
 }
 
@@ -136,6 +140,7 @@ cellc::jit::loadCpuPackage(llvm::StringRef dir, const CpuOptions &options) {
   std::unique_ptr<CpuCell> cell;
   if (llvm::Error e = errorOf(CpuCell::load(dir.str(), load, cell)))
     return std::move(e);
+  cell->setUnitSlices(options.unitSlices != 0);
   return cell;
 }
 
@@ -211,6 +216,7 @@ cellc::jit::prepareCpuPackage(llvm::StringRef source, llvm::StringRef fileName,
   if (applyTuned(source, sizes, dtype, options))
     prepared.origin = "tuned";
   prepared.threads = options.threads;
+  prepared.unitSlices = options.unitSlices != 0;
   if (const char *log = std::getenv("CELLC_LOG"); log && llvm::StringRef(log).contains("tune"))
     llvm::errs() << "cellc: " << fileName << ": " << prepared.origin << " config "
                  << str(configOf(options, options.threads > 0 ? options.threads : cores()))
@@ -253,6 +259,7 @@ cellc::jit::compileCpu(llvm::StringRef source, llvm::StringRef fileName,
   if (!prepared)
     return prepared.takeError();
   options.threads = prepared->threads;
+  options.unitSlices = prepared->unitSlices;
   auto cell = loadCpuPackage(prepared->dir, options);
   // The shared objects stay mapped once the files are gone.
   if (prepared->temporary)

@@ -29,6 +29,9 @@ using runtime::CpuCell;
 struct CpuOptions {
   /// Threads for the recurrent kernels; 0 means one per core.
   int threads = 0;
+  /// With fewer batch tiles than threads: 1, a tile's threads split its
+  /// units (CpuCell::setUnitSlices); 0, its rows.
+  int unitSlices = 1;
   /// Whether packages are read from and written to the kernel cache
   /// (`$CELLC_CACHE_DIR`, default `~/.cache/cellc`). Without it, the package
   /// is built in a temporary directory that goes once it is loaded.
@@ -108,6 +111,8 @@ struct PreparedPackage {
   bool temporary = false;
   std::string origin = "default";
   int threads = 0;
+  /// Whether the threads split a tile's units (CpuOptions::unitSlices).
+  bool unitSlices = true;
 };
 
 /// Parses, checks and compiles `source` into a CPU package, or finds it in

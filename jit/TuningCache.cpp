@@ -41,6 +41,11 @@ std::vector<Knob> cellc::jit::knobsOf(TuneTarget target) {
         {"threads", "threads running the recurrent kernels, each on its own "
                     "batch rows (up to the cores)",
          threads},
+        {"unit_slices", "with fewer batch tiles than threads: 1, the threads of a "
+                        "tile split its units (each a slice of every product, "
+                        "element loop and packed weight, meeting at barriers); 0, "
+                        "its rows",
+         {1, 0}},
         {"kernels", "1: batched kernels (each step as phases over a tile of "
                     "rows, products as register-blocked matrix products); 0: "
                     "per-row kernels (one row at a time, whole vectors in "

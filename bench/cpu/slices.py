@@ -36,6 +36,8 @@ def main():
     p.add_argument("--cells", nargs="+", default=["lstm", "gru"])
     p.add_argument("--shapes", nargs="+", default=["64x100", "8x500", "256x50", "16x100"])
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--barrier-steps", type=int, default=20000,
+                   help="steps of the barrier probe (0: skip it)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     H = I = a.size
@@ -101,6 +103,40 @@ def main():
                       f"{ms['one'] / ms['slices']:>8.2f}x {ms['rows'] / ms['slices']:>11.2f}x "
                       f"{ms['torch'] / ms['slices']:>8.2f}x "
                       f"{flops / ms['slices'] / 1e6:>8.1f}")
+
+    if a.barrier_steps and a.threads > 1:
+        barrier_probe(a)
+
+
+def barrier_probe(a):
+    """What a barrier costs: an LSTM so small (H = 16, B = 1) that a step is
+    little more than its barriers (3 in the forward: after the reset copy,
+    the product and the element phase), under no_grad, per step, on one
+    thread and on the slices of one tile."""
+    cell = cellc.compile(os.path.join(HERE, "..", "..", "examples", "lstm.cell"),
+                         threads=a.threads)
+    H, T = 16, a.barrier_steps
+    x = torch.randn(T, 1, H)
+    params = {"W_ih": torch.randn(4 * H, H) * 0.1, "W_hh": torch.randn(4 * H, H) * 0.1,
+              "b_ih": torch.zeros(4 * H), "b_hh": torch.zeros(4 * H)}
+    compiled = cell.jit({"H": H, "I": H}, torch.float32, batch=1)
+
+    def run(threads):
+        def go():
+            compiled.threads = threads
+            with torch.no_grad():
+                cell(x, params)
+        return go
+
+    runs = {"one": run(1), "slices": run(a.threads)}
+    for f in runs.values():
+        f()
+    med = side_by_side(runs, a.repeats)
+    compiled.threads = a.threads
+    one, many = (med[k] / T * 1e6 for k in ("one", "slices"))
+    print(f"\nbarrier probe: LSTM H = 16, B = 1, T = {T}, no_grad, per step: 1 thread "
+          f"{one:.2f} us, {a.threads} slices {many:.2f} us; 3 barriers a step: about "
+          f"{max(many - one, 0) / 3:.2f} us a barrier beyond the step's own work")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,9 @@ matvecShapes(const TuneProblem &problem) {
 std::string cpuPruneReason(const KernelConfig &c, const TuneProblem &problem,
                            const std::vector<std::pair<int64_t, int64_t>> &shapes) {
   if (c.at("kernels") == 0) {
+    // The knob is the batched kernels': per-row kernels split rows only.
+    if (c.count("unit_slices") && c.at("unit_slices") == 0)
+      return "the per-row kernels have no unit slices";
     int64_t width = c.at("matvec_width"), unroll = c.at("matvec_unroll");
     for (auto [rows, cols] : shapes) {
       if (width > 0 && cols % width)
@@ -567,7 +570,7 @@ llvm::Expected<TuneResult> cellc::tuner::tune(const TuneProblem &problem,
 
   std::vector<KernelConfig> shapesToTry = cpuShapeCandidates(base);
   // Time per candidate: a share of the budget, within [0.2 s, 2 s].
-  size_t expected = shapesToTry.size() + knobsOf(TuneTarget::Cpu)[0].values.size();
+  size_t expected = shapesToTry.size() + 2 * knobsOf(TuneTarget::Cpu)[0].values.size();
   double perCandidate =
       std::clamp(options.budgetSeconds / double(2 * expected), 0.2, 2.0);
   auto runAll = [&](const std::vector<KernelConfig> &configs) {
@@ -611,19 +614,24 @@ llvm::Expected<TuneResult> cellc::tuner::tune(const TuneProblem &problem,
     return winner;
   };
   // Stage one: the kernels' shape at the default threads; stage two: the
-  // threads for the fastest shape.
+  // threads for the fastest shape, and on more than one thread whether they
+  // split a tile's units or its rows.
   runAll(shapesToTry);
   int shapeWinner = best();
   if (shapeWinner >= 0) {
     std::vector<KernelConfig> threads;
     std::vector<Knob> knobs = knobsOf(TuneTarget::Cpu);
-    for (int64_t t : knobs[0].values) {
-      KernelConfig c = result.candidates[shapeWinner].config;
-      if (c["threads"] == t)
-        continue;
-      c["threads"] = t;
-      threads.push_back(c);
-    }
+    KernelConfig winner = result.candidates[shapeWinner].config;
+    for (int64_t t : knobs[0].values)
+      for (int64_t slices : {1, 0}) {
+        KernelConfig c = winner;
+        c["threads"] = t;
+        c["unit_slices"] = slices;
+        if (c == winner || (t == 1 && slices == 0) ||
+            std::find(threads.begin(), threads.end(), c) != threads.end())
+          continue;
+        threads.push_back(c);
+      }
     runAll(threads);
   }
   result.winner = best();

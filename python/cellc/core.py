@@ -45,10 +45,12 @@ def _size_value(terms, sizes):
 def _jit(source, file_name, sizes, dtype, threads, batch):
     """The JIT: the cell's CPU package, built by the compiler (or found in the
     kernel cache), loaded by the runtime as cellc.load_package loads one."""
-    path, from_cache, origin, temporary, threads = _cellc.prepare_package(
+    path, from_cache, origin, temporary, threads, unit_slices = _cellc.prepare_package(
         source, file_name, sizes, dtype, threads, True, batch)
     try:
-        return _cellc_runtime.load(path, threads, from_cache, origin)
+        compiled = _cellc_runtime.load(path, threads, from_cache, origin)
+        compiled.unit_slices = unit_slices
+        return compiled
     finally:
         if temporary:  # no cache: the shared objects stay mapped
             shutil.rmtree(path, ignore_errors=True)

@@ -257,12 +257,13 @@ PYBIND11_MODULE(_cellc, m) {
           prepared = std::move(*result);
         }
         return py::make_tuple(prepared->dir, prepared->fromCache, prepared->origin,
-                              prepared->temporary, prepared->threads);
+                              prepared->temporary, prepared->threads,
+                              prepared->unitSlices);
       },
       py::arg("source"), py::arg("file_name"), py::arg("sizes"), py::arg("dtype"),
       py::arg("threads") = 0, py::arg("use_cache") = true, py::arg("batch") = 0,
       "Builds the CPU package of the cell at `sizes` (or finds it in the cache): "
-      "(path, from_cache, config_source, temporary, threads)");
+      "(path, from_cache, config_source, temporary, threads, unit_slices)");
   m.def(
       "tuned_config",
       [](const std::string &source, const std::map<std::string, int64_t> &sizes,

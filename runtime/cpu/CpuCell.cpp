@@ -563,7 +563,8 @@ Status CpuCell::memoryPlan(int64_t steps, int64_t batch, Recompute mode,
 }
 
 std::string CpuCell::config() const {
-  std::vector<std::string> knobs = {"threads=" + std::to_string(numThreads)};
+  std::vector<std::string> knobs = {"threads=" + std::to_string(numThreads),
+                                    "unit_slices=" + std::to_string(int(unitSlices()))};
   for (size_t begin = 0; begin < info.config.size();) {
     size_t comma = std::min(info.config.find(',', begin), info.config.size());
     knobs.push_back(info.config.substr(begin, comma - begin));

@@ -168,8 +168,8 @@ public:
   /// Where the package came from, for those who made it (the JIT): whether
   /// it was loaded from the kernel cache, and whether its config was tuned.
   bool loadedFromCache() const { return fromCache; }
-  /// The knobs the kernels were built with and the threads, `name=value,...`
-  /// sorted by name.
+  /// The knobs the kernels were built with, the threads and unit slices:
+  /// `name=value,...` sorted by name.
   std::string config() const;
   const std::string &configSource() const { return configOrigin; }
   void setOrigin(bool cached, std::string source) {
