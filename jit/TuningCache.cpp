@@ -38,8 +38,8 @@ std::vector<Knob> cellc::jit::knobsOf(TuneTarget target) {
       threads.push_back(t);
     threads.push_back(cores());
     return {
-        {"threads", "threads running the recurrent kernels, each on its own "
-                    "batch rows (up to the cores)",
+        {"threads", "threads running the recurrent kernels and the GEMMs (up to "
+                    "the cores)",
          threads},
         {"unit_slices", "with fewer batch tiles than threads: 1, the threads of a "
                         "tile split its units (each a slice of every product, "
