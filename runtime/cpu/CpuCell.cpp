@@ -224,8 +224,10 @@ struct KernelObject {
   }
 };
 
-/// The sequence driver's CPU backend: memory from the pool, OpenBLAS, and the
-/// package's kernels on a batch tile per thread.
+/// The sequence driver's CPU backend: memory from the pool, OpenBLAS's GEMMs
+/// split over the threads, and the package's kernels on groups of threads
+/// (Split). `threads` and `unitSlices` must not change while a call runs:
+/// the driver sizes a launch's workspace from `instances` just before it.
 class CpuBackend : public driver::Backend {
 public:
   /// `grouped`: the kernels take a group, slice and slices (the batched
