@@ -28,6 +28,37 @@ void packWeightInto(OpBuilder &b, Location loc, Value weight, Value packed,
   Value last = b.create<arith::MinUIOp>(
       loc, b.create<arith::MulIOp>(loc, lastPanel, constant(b, loc, panel)),
       constant(b, loc, size));
+  if (!transposed) {
+    // A matvec's whole panels: for each step of depth, the panel's outputs
+    // gathered from their rows and stored as one contiguous vector (a
+    // scalar store per element, `panel` floats apart, was the slow part).
+    int64_t whole = size / panel;
+    Value end = b.create<arith::MinUIOp>(loc, lastPanel, constant(b, loc, whole));
+    auto vectorType = VectorType::get({panel}, element);
+    b.create<scf::ForOp>(
+        loc, firstPanel, end, constant(b, loc, 1), ValueRange(),
+        [&](OpBuilder &pb, Location l, Value p, ValueRange) {
+          Value row0 = pb.create<arith::MulIOp>(l, p, constant(pb, l, panel));
+          SmallVector<Value> rows;
+          for (int64_t q = 0; q < panel; ++q)
+            rows.push_back(q ? pb.create<arith::AddIOp>(l, row0, constant(pb, l, q)).getResult()
+                             : row0);
+          pb.create<scf::ForOp>(
+              l, constant(pb, l, 0), constant(pb, l, depth), constant(pb, l, 1), ValueRange(),
+              [&](OpBuilder &kb, Location kl, Value k, ValueRange) {
+                SmallVector<Value> column;
+                for (Value r : rows)
+                  column.push_back(kb.create<memref::LoadOp>(kl, weight, ValueRange{r, k}));
+                Value v = kb.create<vector::FromElementsOp>(kl, vectorType, column);
+                kb.create<vector::StoreOp>(kl, v, packed,
+                                           ValueRange{p, k, constant(kb, kl, 0)});
+                kb.create<scf::YieldOp>(kl);
+              });
+          pb.create<scf::YieldOp>(l);
+        });
+    // The rows of the last panel, when it is partial, one by one below.
+    first = b.create<arith::MaxUIOp>(loc, first, constant(b, loc, whole * panel));
+  }
   // Walk the weight in its own order: a row of a matvec's weight is an
   // output over depth, a row of a vecmat's weight a depth over outputs.
   Value outerBegin = transposed ? constant(b, loc, 0) : first;
