@@ -187,11 +187,12 @@ struct SequenceDriver::Workspace {
 
 /// What `step` keeps between calls, for the B it last ran: the
 /// projections' buffers ([1, B, rows]), zero resets ([1, B]), the empty
-/// gates, and the kernel's workspace for as many groups as it last ran.
+/// gates, and the kernel's workspace (workspace() reuses it while its size
+/// holds).
 /// Calls of one driver's step take turns.
 struct SequenceDriver::StepBuffers {
   std::mutex turn;
-  int64_t batch = -1, groups = -1;
+  int64_t batch = -1;
   std::vector<Scratch> projected, workspace;
   Scratch resets, noGates;
 };
@@ -232,22 +233,41 @@ Status SequenceDriver::workspace(const Kernel &kernel, int64_t batch,
   // The kernels' global buffers: a workspace per tile (CUDA's persistent
   // strategy) or per group of threads (the CPU's batched kernels), and the
   // barrier words (zero before the launch; each launch leaves them so).
+  // Buffers that `keep` already holds, of the sizes needed, are used again
+  // (the step keeps them between calls).
   int64_t parts = kernel.perGroup()
                       ? backend->instances(batch)
                       : (batch + kernel.batchTile - 1) / std::max<int64_t>(kernel.batchTile, 1);
+  struct Wanted {
+    size_t arg;
+    bool words;
+    Element element;
+    int64_t n;
+  };
+  std::vector<Wanted> wanted;
   for (size_t i = 0; i < kernel.args.size(); ++i) {
     const KernelArg &arg = kernel.args[i];
     if (arg.kind != ArgKind::Workspace && arg.kind != ArgKind::GridBarrier)
       continue;
     bool words = arg.kind == ArgKind::GridBarrier;
     Element element = arg.element.value_or(words ? Element::I32 : cell.compute);
-    int64_t n = words ? kernel.barrierWords * parts
-                      : parts * kernel.workspaceBytes / bytesOf(element);
-    keep.emplace_back();
-    if (Status e = scratch({n}, element, /*zero=*/words, keep.back()))
-      return e;
-    args[i].view = keep.back().view();
+    wanted.push_back({i, words, element,
+                      words ? kernel.barrierWords * parts
+                            : parts * kernel.workspaceBytes / bytesOf(element)});
   }
+  bool reuse = keep.size() == wanted.size();
+  for (size_t w = 0; reuse && w < wanted.size(); ++w)
+    reuse = keep[w].view().shape == std::vector<int64_t>{wanted[w].n};
+  if (!reuse) {
+    keep.clear();
+    for (const Wanted &w : wanted) {
+      keep.emplace_back();
+      if (Status e = scratch({w.n}, w.element, /*zero=*/w.words, keep.back()))
+        return e;
+    }
+  }
+  for (size_t w = 0; w < wanted.size(); ++w)
+    args[wanted[w].arg].view = keep[w].view();
   return Status();
 }
 
@@ -768,7 +788,6 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
   std::lock_guard<std::mutex> lock(s.turn);
   if (s.batch != B) {
     s.batch = -1;
-    s.groups = -1;
     s.projected.clear();
     s.projected.resize(cell.projections.size());
     for (size_t p = 0; p < cell.projections.size(); ++p)
@@ -799,21 +818,8 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
   std::vector<size_t> results;
   if (Status e = bind(cell.forward, seq, chunk, /*backward=*/false, args, results))
     return e;
-  int64_t groups = backend->instances(B);
-  if (s.groups != groups) {
-    s.groups = -1;
-    s.workspace.clear();
-    if (Status e = workspace(cell.forward, B, args, s.workspace))
-      return e;
-    s.groups = groups;
-  } else {
-    // The views that workspace() made, in the order it made them.
-    size_t next = 0;
-    for (size_t a = 0; a < cell.forward.args.size(); ++a)
-      if (cell.forward.args[a].kind == ArgKind::Workspace ||
-          cell.forward.args[a].kind == ArgKind::GridBarrier)
-        args[a].view = s.workspace[next++].view();
-  }
+  if (Status e = workspace(cell.forward, B, args, s.workspace))
+    return e;
   return launch(cell.forward, /*backward=*/false, /*saveGates=*/false, args, B);
 }
 
