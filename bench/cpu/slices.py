@@ -64,7 +64,7 @@ def main():
             x = torch.randn(T, B, I, requires_grad=True)
             sizes = {"H": H, "I": I}
             compiled = cell.jit(sizes, torch.float32, batch=B)
-            split = compiled.thread_split(B) if hasattr(compiled, "thread_split") else None
+            split = compiled.thread_split(B)
 
             def ours(threads, slices, train):
                 def run():
@@ -99,7 +99,7 @@ def main():
                 flops = 2 * T * B * G * H * (I + H) * (3 if train else 1)
                 print(f"{name:>5} {shape:>8} {'train' if train else 'infer':>9} "
                       f"{ms['torch']:>8.1f} {ms['one']:>9.1f} {ms['rows']:>8.1f} "
-                      f"{ms['slices']:>8.1f} {'%dx%d' % split if split else '?':>6} "
+                      f"{ms['slices']:>8.1f} {'%dx%d' % split:>6} "
                       f"{ms['one'] / ms['slices']:>8.2f}x {ms['rows'] / ms['slices']:>11.2f}x "
                       f"{ms['torch'] / ms['slices']:>8.2f}x "
                       f"{flops / ms['slices'] / 1e6:>8.1f}")
