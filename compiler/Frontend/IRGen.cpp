@@ -165,6 +165,8 @@ private:
   std::optional<Val> evalName(const Expr &expr);
   std::optional<Val> evalBinary(const Expr &expr);
   std::optional<Val> evalMatvec(const Expr &expr);
+  /// `v @ W`: the transpose of matrix param W times the vector v.
+  std::optional<Val> evalVecmat(const Expr &expr);
   std::optional<Val> evalCall(const Expr &expr);
   Val applyUnary(Fn fn, Val arg, Location l);
   std::optional<Val> evalReduction(const Expr &expr, Fn fn);
@@ -391,7 +393,7 @@ bool IRGen::assign(const Stmt &stmt) {
     return false;
   if (val->kind == Val::Kind::Matrix) {
     diag.error(value.range.Start,
-               "a matrix param can only be the left operand of '@'",
+               "a matrix param can only be an operand of '@'",
                value.range);
     return false;
   }
@@ -577,7 +579,9 @@ std::optional<Val> IRGen::evalElementwise(const Expr &expr,
     diag.error(expr.range.Start,
                "param '" + expr.name + "' is a " +
                    (val->blocks ? "block-diagonal matrix" : "matrix") +
-                   "; it can only be the left operand of '@', not an operand of " + what,
+                   (val->blocks ? "; it can only be the left operand of '@', not an operand of "
+                                : "; it can only be an operand of '@', not an operand of ") +
+                   what,
                expr.range);
     return std::nullopt;
   }
@@ -665,6 +669,11 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
 
 std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
   const Expr &lhsExpr = *expr.operands[0], &rhsExpr = *expr.operands[1];
+  if (rhsExpr.kind == Expr::Kind::Name) {
+    auto it = scope.find(rhsExpr.name);
+    if (it != scope.end() && it->second.current.kind == Val::Kind::Matrix)
+      return evalVecmat(expr);
+  }
   const Binding *weight = nullptr;
   if (lhsExpr.kind == Expr::Kind::Name) {
     Binding *binding = use(lhsExpr);
@@ -728,6 +737,45 @@ std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
   Value result = builder.create<cell::MatvecOp>(
       loc(expr.opLoc), vectorType(w.size), w.value, rhs->value);
   return Val::ofVector(result, w.size);
+}
+
+std::optional<Val> IRGen::evalVecmat(const Expr &expr) {
+  const Expr &lhsExpr = *expr.operands[0], &rhsExpr = *expr.operands[1];
+  Binding *weight = use(rhsExpr);
+  if (!weight)
+    return std::nullopt;
+  const Val &w = weight->current;
+  if (w.blocks) {
+    diag.error(rhsExpr.range.Start,
+               "param '" + rhsExpr.name +
+                   "' is block-diagonal; only a dense matrix param can be the right "
+                   "operand of '@' (v @ W, its transpose times v)",
+               rhsExpr.range);
+    return std::nullopt;
+  }
+  std::optional<Val> lhs = eval(lhsExpr);
+  if (!lhs)
+    return std::nullopt;
+  if (lhs->kind != Val::Kind::Vector) {
+    diag.error(lhsExpr.range.Start,
+               llvm::Twine("the left operand of '@' must be a vector when its right "
+                           "operand is a matrix param, found ") +
+                   lhs->describe(),
+               lhsExpr.range);
+    return std::nullopt;
+  }
+  if (lhs->size != w.size) {
+    diag.error(expr.opLoc,
+               "size mismatch in '@': '" + rhsExpr.name + "' is [" + llvm::Twine(w.size) +
+                   ", " + llvm::Twine(w.cols) + "], so v @ " + rhsExpr.name +
+                   " needs a left operand of size " + llvm::Twine(w.size) + "; found " +
+                   llvm::Twine(lhs->size),
+               {lhsExpr.range, rhsExpr.range});
+    return std::nullopt;
+  }
+  Value result = builder.create<cell::VecmatOp>(loc(expr.opLoc), vectorType(w.cols),
+                                                w.value, lhs->value);
+  return Val::ofVector(result, w.cols);
 }
 
 std::optional<Val> IRGen::evalCall(const Expr &expr) {

@@ -185,6 +185,17 @@ SmallVector<Value> MatvecOp::buildGradients(OpBuilder &b, ValueRange grads) {
   return {Value(), dv};
 }
 
+/// The transpose of the matvec's: the vector's gradient is the product with
+/// the weight, and cell-autodiff emits the weight's rows (the vector) for the
+/// weight-gradient GEMM.
+SmallVector<Value> VecmatOp::buildGradients(OpBuilder &b, ValueRange grads) {
+  Value g = single(grads);
+  if (!g)
+    return {Value(), Value()};
+  Value dv = b.create<MatvecOp>(getLoc(), getVector().getType(), getWeight(), g);
+  return {Value(), dv};
+}
+
 /// Nothing flows through a projection inside the step: cell-autodiff hands its
 /// result's gradient to the GEMMs that compute the weight, bias and input
 /// gradients.

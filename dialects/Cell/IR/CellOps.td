@@ -355,11 +355,13 @@ def Cell_ProjectionOp : Cell_Op<"projection", [Pure,
   let hasVerifier = 1;
 }
 
-def Cell_VecmatOp : Cell_Op<"vecmat", [Pure]> {
+def Cell_VecmatOp : Cell_Op<"vecmat", [Pure,
+    DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
   let summary = "Product of a vector and a matrix: the transposed matvec";
   let description = [{
     Computes `result[j] = sum_i weight[i, j] * vector[i]`, the product with the
-    transpose of `weight` that the backward of `cell.matvec` needs. `weight` is
+    transpose of `weight`: the language's `v @ W`, and what the backward of
+    `cell.matvec` needs. `weight` is
     `[M, N]`, `vector` `[M]` and the result `[N]`. The verifier rejects other
     shapes and mixed element types.
 

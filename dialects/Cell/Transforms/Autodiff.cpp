@@ -140,6 +140,14 @@ func::FuncOp GradBuilder::build() {
         rowInfo.push_back(describe(cellc::GradKind::WeightRows, param.getName()));
       }
     }
+    // v @ W = W^T v: dW = v g^T, so the vector is the rows and the result's
+    // gradient the vectors.
+    if (auto vecmat = dyn_cast<VecmatOp>(op)) {
+      if (auto param = vecmat.getWeight().getDefiningOp<ParamOp>()) {
+        rowGrads.emplace_back(vecmat.getVector(), gradOrZeros(vecmat.getResult()));
+        rowInfo.push_back(describe(cellc::GradKind::WeightRows, param.getName()));
+      }
+    }
 
     auto differentiable = dyn_cast<DifferentiableOpInterface>(op);
     if (!differentiable || llvm::all_of(resultGrads, [](Value g) { return !g; }))

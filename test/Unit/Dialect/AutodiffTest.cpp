@@ -77,7 +77,9 @@ INSTANTIATE_TEST_SUITE_P(
         "min(u * h, x)", "h * h + x", "2 * h - 1 + x",
         "tanh(W @ h + x)", "tanh(W @ (u * h) + x)", "tanh(h) * sum(u * x)",
         "(h - mean(h)) / sqrt(mean((h - mean(h)) * (h - mean(h))) + 0.1) + x",
-        "tanh(W @ (h / sqrt(mean(h * h) + 0.1)) + x)", "h * mean(x) + sum(u)"));
+        "tanh(W @ (h / sqrt(mean(h * h) + 0.1)) + x)", "h * mean(x) + sum(u)",
+        "tanh(h @ W + x)", "tanh((u * h) @ W + x)", "tanh(x @ W + h)",
+        "tanh(W @ h - h @ W + x)"));
 
 TEST(OpDerivativeTest, ChunkWithAnUnusedPart) {
   checkCell(R"(cell chunked {
@@ -138,6 +140,13 @@ TEST(CellDerivativeTest, MinimalGatedUnit) {
 /// projection, and two outputs.
 TEST(CellDerivativeTest, TwoInputsTwoOutputs) {
   checkCell(kTwo, kSizes);
+}
+
+/// Transposed params: the antisymmetric RNN's W - W^T, and tied.cell's
+/// `x @ U` on an input and `h @ W` beside `W @ h`.
+TEST(CellDerivativeTest, TransposedParams) {
+  checkCell(readExample("antisymmetric.cell"), kSizes);
+  checkCell(kTied, kSizes);
 }
 
 /// IndRNN: no recurrent matvec; relu, abs and min in the step.

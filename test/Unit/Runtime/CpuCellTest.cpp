@@ -33,6 +33,8 @@ std::string source(const std::string &name) {
     return kTwo;
   if (name == "indrnn")
     return kIndRnn;
+  if (name == "tied")
+    return kTied;
   return readExample((name + ".cell").c_str());
 }
 
@@ -495,7 +497,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("lstm", "gru", "elman", "peephole",
                                          "mgu", "two", "indrnn", "peephole_lstm",
                                          "layernorm_lstm", "rmsnorm_gru", "block_gru",
-                                         "slstm"),
+                                         "slstm", "antisymmetric", "tied"),
                        ::testing::Values("none", "full", "chunk:2", "chunk:4")));
 
 /// The autotuner's per-row knobs: the recurrent matvec in pieces of 2 and 4

@@ -37,6 +37,7 @@ inline const std::string kPeephole = readTestCell("peephole");
 inline const std::string kMgu = readTestCell("mgu");
 inline const std::string kTwo = readTestCell("two");
 inline const std::string kIndRnn = readTestCell("indrnn");
+inline const std::string kTied = readTestCell("tied");
 
 } // namespace cellc::testing
 
