@@ -91,6 +91,7 @@ enum class Fn {
   Unknown,
 #define CELLC_UNARY_FN(E, name, op, value) E,
 #include "compiler/Frontend/Functions.def"
+  LogSigmoid,
   Max,
   Min,
   Sum,
@@ -102,6 +103,7 @@ Fn lookupFn(llvm::StringRef name) {
   return llvm::StringSwitch<Fn>(name)
 #define CELLC_UNARY_FN(E, text, op, value) .Case(text, Fn::E)
 #include "compiler/Frontend/Functions.def"
+      .Case("logsigmoid", Fn::LogSigmoid)
       .Case("max", Fn::Max)
       .Case("min", Fn::Min)
       .Case("sum", Fn::Sum)
@@ -115,7 +117,7 @@ std::string functionNames() {
   std::string names;
 #define CELLC_UNARY_FN(E, text, op, value) names += text ", ";
 #include "compiler/Frontend/Functions.def"
-  return names + "max, min, sum, mean and chunk";
+  return names + "logsigmoid, max, min, sum, mean and chunk";
 }
 
 class IRGen {
@@ -828,6 +830,16 @@ Val IRGen::applyUnary(Fn fn, Val arg, Location l) {
     arg.value = builder.create<cell::op>(l, arg.value);                        \
     return arg;
 #include "compiler/Frontend/Functions.def"
+  case Fn::LogSigmoid:
+    // log(sigmoid(x)) = -softplus(-x), in softplus's stable form: finite
+    // where sigmoid(x) underflows, as xLSTM's and GLA's gates need.
+    if (arg.kind == Val::Kind::Scalar) {
+      double x = arg.scalar;
+      return Val::ofScalar(std::fmin(x, 0.0) - std::log1p(std::exp(-std::fabs(x))));
+    }
+    arg.value = builder.create<cell::NegOp>(
+        l, builder.create<cell::SoftplusOp>(l, builder.create<cell::NegOp>(l, arg.value)));
+    return arg;
   case Fn::Unknown:
   case Fn::Max:
   case Fn::Min:

@@ -71,7 +71,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         "-(u * h + x)", "sigmoid(u * h + x)", "tanh(u * h + x)",
         "exp(u * h + x)", "log(u * u * h * h + x * x + 0.5)",
-        "relu(u * h + x)", "softplus(u * h + x)", "abs(u * h + x)",
+        "relu(u * h + x)", "softplus(u * h + x)", "logsigmoid(u * h + x)", "abs(u * h + x)",
         "sqrt(u * u * h * h + x * x + 0.5)", "u * h + x", "u * h - x",
         "(u * h) * x", "(u * h) / (x * x + 1)", "max(u * h, x)",
         "min(u * h, x)", "h * h + x", "2 * h - 1 + x",
