@@ -297,6 +297,21 @@ replaceCellsByKernels(ModuleOp module,
                       function_ref<LogicalResult(DefOp def, func::FuncOp grad)> build) {
   for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
     func::FuncOp grad = backwardStepOf(def);
+    // The ops of matrix states have their derivatives and no kernels yet
+    // (docs/matrix-states.md).
+    for (Operation *step : {def.getOperation(), grad.getOperation()}) {
+      if (!step)
+        continue;
+      WalkResult unlowered = step->walk([](Operation *op) {
+        if (!isa<ExpandOp, ReduceOp>(op))
+          return WalkResult::advance();
+        op->emitOpError("has no kernel lowering yet: matrix states run only in the "
+                        "reference interpreter (docs/matrix-states.md)");
+        return WalkResult::interrupt();
+      });
+      if (unlowered.wasInterrupted())
+        return failure();
+    }
     if (!grad || failed(build(def, grad)))
       return failure();
     grad->erase();

@@ -231,6 +231,25 @@ SmallVector<Value> SumOp::buildGradients(OpBuilder &b, ValueRange grads) {
   return {b.create<BroadcastOp>(getLoc(), getInput().getType(), g)};
 }
 
+/// Each input element feeds the result's elements along the other dims: its
+/// gradient sums theirs.
+SmallVector<Value> ExpandOp::buildGradients(OpBuilder &b, ValueRange grads) {
+  Value g = single(grads);
+  if (!g)
+    return {Value()};
+  return {b.create<ReduceOp>(getLoc(), getInput().getType(), g, getShapeAttr(),
+                             getKeptAttr())};
+}
+
+/// Each input element adds to one result element: its gradient is that one's.
+SmallVector<Value> ReduceOp::buildGradients(OpBuilder &b, ValueRange grads) {
+  Value g = single(grads);
+  if (!g)
+    return {Value()};
+  return {b.create<ExpandOp>(getLoc(), getInput().getType(), g, getShapeAttr(),
+                             getKeptAttr())};
+}
+
 /// The one value feeds every element: its gradient sums theirs.
 SmallVector<Value> BroadcastOp::buildGradients(OpBuilder &b, ValueRange grads) {
   Value g = single(grads);

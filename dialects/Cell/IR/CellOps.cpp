@@ -303,6 +303,49 @@ LogicalResult BroadcastOp::verify() {
   return verifyPerSample(*this, getInput(), "the input");
 }
 
+/// Checks an expand's or a reduce's `shape` and `kept` against its `full`
+/// (the shape's) and `part` (the kept dims') values.
+static LogicalResult verifyShapeAndKept(Operation *op, ArrayRef<int64_t> shape,
+                                        ArrayRef<int64_t> kept, Value full, Value part) {
+  auto from = cast<RankedTensorType>(op->getOperand(0).getType());
+  auto to = cast<RankedTensorType>(op->getResult(0).getType());
+  if (from.getElementType() != to.getElementType())
+    return op->emitOpError("expects input and result to share an element type, got ")
+           << from.getElementType() << " and " << to.getElementType();
+  if (shape.empty())
+    return op->emitOpError("expects a shape of at least one dim");
+  int64_t whole = 1, keptElements = 1;
+  for (int64_t d : shape) {
+    if (d < 1)
+      return op->emitOpError("expects dims of at least 1, got ") << d;
+    whole *= d;
+  }
+  int64_t previous = -1;
+  for (int64_t k : kept) {
+    if (k <= previous || k >= int64_t(shape.size()))
+      return op->emitOpError("expects kept dims increasing within the shape's ")
+             << shape.size() << " dims";
+    previous = k;
+    keptElements *= shape[k];
+  }
+  int64_t fullSize = cast<RankedTensorType>(full.getType()).getDimSize(0);
+  int64_t partSize = cast<RankedTensorType>(part.getType()).getDimSize(0);
+  if (fullSize != whole)
+    return op->emitOpError("expects the shape's ") << whole << " elements, got " << fullSize;
+  if (partSize != keptElements)
+    return op->emitOpError("expects the kept dims' ")
+           << keptElements << " elements, got " << partSize;
+  return success();
+}
+
+LogicalResult ExpandOp::verify() {
+  return verifyShapeAndKept(*this, getShape(), getKept(), getResult(), getInput());
+}
+
+LogicalResult ReduceOp::verify() {
+  return verifyShapeAndKept(*this, getShape(), getKept(), getInput(), getResult());
+}
+
 //===----------------------------------------------------------------------===//
 // Binary elementwise ops
 //===----------------------------------------------------------------------===//

@@ -252,6 +252,70 @@ def Cell_BroadcastOp : Cell_Op<"broadcast", [Pure,
   let hasVerifier = 1;
 }
 
+def Cell_ExpandOp : Cell_Op<"expand", [Pure,
+    DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
+  let summary = "A value of some dims of a shape, repeated along the others";
+  let description = [{
+    A sample's values are vectors; a matrix state, or a stack of a head's
+    matrices, is the vector of its elements in row-major order. `shape`
+    gives such a result's dims (`[NH, K, V]`), and `kept` the dims that the
+    input has, in order (`[0, 1]`: the input is `[NH, K]`). Each element of
+    the result is the input's element at the kept dims' indices:
+
+      result[i_0, ..., i_n] = input[i_kept[0], ..., i_kept[m]]
+
+    With `cell.reduce` and the elementwise ops it builds the products of a
+    matrix state: an outer product `k v^T` per head is
+    `expand(k, [0, 1]) * expand(v, [0, 2])` over `[NH, K, V]`, and `C q` is
+    `reduce(C * expand(q, [0, 2]), [0, 1])`. Its gradient is `cell.reduce`
+    with the same shape and dims. `cell.broadcast` is the case of one dim
+    and none kept. In a kernel over a batch tile it reads its input across
+    units, so it ends a phase, like a product. The verifier checks that
+    `kept` increases within the shape and that the sizes are the products
+    of the dims.
+
+    Example:
+
+    ```mlir
+    %e = cell.expand %k {shape = array<i64: 2, 3, 4>, kept = array<i64: 0, 1>} : tensor<6xf32> -> tensor<24xf32>
+    ```
+  }];
+  let arguments = (ins Cell_Vector:$input, DenseI64ArrayAttr:$shape,
+                       DenseI64ArrayAttr:$kept);
+  let results = (outs Cell_Vector:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Cell_ReduceOp : Cell_Op<"reduce", [Pure,
+    DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
+  let summary = "The sums over some dims of a value of a shape";
+  let description = [{
+    The input holds a value of `shape` in row-major order; the result keeps
+    the dims `kept` and sums over the others:
+
+      result[i_kept[0], ..., i_kept[m]] = sum over the other dims of input[i_0, ..., i_n]
+
+    `cell.reduce %C {shape = [NH, K, V], kept = [0, 1]}` sums each row of
+    each head's matrix; `kept = [0]` over `[NH, K]` gives one sum per head.
+    Its gradient is `cell.expand` with the same shape and dims; `cell.sum`
+    is the case of one dim and none kept. It reads its input across units,
+    so it ends a phase in a kernel over a batch tile. The verifier checks
+    what `cell.expand`'s does.
+
+    Example:
+
+    ```mlir
+    %r = cell.reduce %c {shape = array<i64: 2, 3, 4>, kept = array<i64: 0, 1>} : tensor<24xf32> -> tensor<6xf32>
+    ```
+  }];
+  let arguments = (ins Cell_Vector:$input, DenseI64ArrayAttr:$shape,
+                       DenseI64ArrayAttr:$kept);
+  let results = (outs Cell_Vector:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Elementwise operations
 //===----------------------------------------------------------------------===//

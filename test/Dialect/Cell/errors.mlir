@@ -297,6 +297,46 @@ cell.def @sum_to_f64 inputs() states(%h: tensor<4xf32>) outputs() {
 
 // -----
 
+cell.def @expand_kept_out_of_order inputs() states(%h: tensor<6xf32>) outputs() {
+  // expected-error @below {{'cell.expand' op expects kept dims increasing within the shape's 3 dims}}
+  %e = cell.expand %h {shape = array<i64: 2, 3, 4>, kept = array<i64: 1, 0>} : tensor<6xf32> -> tensor<24xf32>
+  cell.yield states(%h : tensor<6xf32>)
+}
+
+// -----
+
+cell.def @expand_kept_past_the_shape inputs() states(%h: tensor<6xf32>) outputs() {
+  // expected-error @below {{'cell.expand' op expects kept dims increasing within the shape's 2 dims}}
+  %e = cell.expand %h {shape = array<i64: 2, 3>, kept = array<i64: 0, 2>} : tensor<6xf32> -> tensor<6xf32>
+  cell.yield states(%h : tensor<6xf32>)
+}
+
+// -----
+
+cell.def @expand_wrong_result inputs() states(%h: tensor<6xf32>) outputs() {
+  // expected-error @below {{'cell.expand' op expects the shape's 24 elements, got 12}}
+  %e = cell.expand %h {shape = array<i64: 2, 3, 4>, kept = array<i64: 0, 1>} : tensor<6xf32> -> tensor<12xf32>
+  cell.yield states(%h : tensor<6xf32>)
+}
+
+// -----
+
+cell.def @reduce_wrong_result inputs() states(%h: tensor<24xf32>) outputs() {
+  // expected-error @below {{'cell.reduce' op expects the kept dims' 8 elements, got 6}}
+  %r = cell.reduce %h {shape = array<i64: 2, 3, 4>, kept = array<i64: 0, 2>} : tensor<24xf32> -> tensor<6xf32>
+  cell.yield states(%h : tensor<24xf32>)
+}
+
+// -----
+
+cell.def @reduce_zero_dim inputs() states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.reduce' op expects dims of at least 1, got 0}}
+  %r = cell.reduce %h {shape = array<i64: 4, 0>, kept = array<i64: 0>} : tensor<4xf32> -> tensor<4xf32>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
 cell.def @block_product_size inputs() states(%h: tensor<4xf32>) outputs() {
   %w = cell.param "W" : tensor<2x4x3xf32>
   // expected-error @below {{'cell.matvec' op expects the columns of weight's 2 blocks (6) to equal the size of vector (4)}}

@@ -52,6 +52,11 @@ cell.def @every_op inputs(%x: tensor<3xf32>, %y: tensor<4xf32>) states(%h: tenso
   %sum = cell.sum %sqrt : tensor<4xf32> -> tensor<1xf32>
   // CHECK: cell.broadcast %[[SUM]] : tensor<1xf32> -> tensor<4xf32>
   %bc = cell.broadcast %sum : tensor<1xf32> -> tensor<4xf32>
+  // A [2, 2] matrix per sample, as a vector: its rows' sums, repeated.
+  // CHECK: %[[ROWS:.*]] = cell.reduce %[[SQRT]] {kept = array<i64: 0>, shape = array<i64: 2, 2>} : tensor<4xf32> -> tensor<2xf32>
+  %rows = cell.reduce %sqrt {shape = array<i64: 2, 2>, kept = array<i64: 0>} : tensor<4xf32> -> tensor<2xf32>
+  // CHECK: cell.expand %[[ROWS]] {kept = array<i64: 0>, shape = array<i64: 2, 2>} : tensor<2xf32> -> tensor<4xf32>
+  %spread = cell.expand %rows {shape = array<i64: 2, 2>, kept = array<i64: 0>} : tensor<2xf32> -> tensor<4xf32>
   // CHECK: cell.yield states(%[[SQRT]], %[[C]] : tensor<4xf32>, tensor<4xf32>) outputs(%[[SQRT]], %[[SIG]] : tensor<4xf32>, tensor<4xf32>)
   cell.yield states(%sqrt, %c : tensor<4xf32>, tensor<4xf32>) outputs(%sqrt, %sig : tensor<4xf32>, tensor<4xf32>)
 }

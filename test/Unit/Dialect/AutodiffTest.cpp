@@ -21,9 +21,16 @@ namespace {
 
 /// Checks a cell's derived backward, replayed and from saved values, on one
 /// step and on a sequence with resets in the middle.
+void checkCompiled(Compiled &compiled);
+
 void checkCell(const std::string &source, const SizeBindings &sizes) {
   auto c = compile(source, sizes);
   ASSERT_TRUE(c->module) << c->diagnostics;
+  checkCompiled(*c);
+}
+
+void checkCompiled(Compiled &compiled) {
+  Compiled *c = &compiled;
   struct Case {
     int steps;
     std::vector<bool> resets;
@@ -147,6 +154,37 @@ TEST(CellDerivativeTest, TwoInputsTwoOutputs) {
 TEST(CellDerivativeTest, TransposedParams) {
   checkCell(readExample("antisymmetric.cell"), kSizes);
   checkCell(kTied, kSizes);
+}
+
+/// A matrix state per head, as the dialect holds one: C [2 heads, 3, 4] in
+/// row-major order, decayed by a gate per head and added to the outer
+/// product of k [2, 3] and v [2, 4]; the output C q [2, 3], scaled by a
+/// function of its sum per head. Every cell.expand and cell.reduce, and
+/// their gradients, against finite differences.
+TEST(CellDerivativeTest, ExpandAndReduceOfAMatrixState) {
+  auto c = compileIR(R"(
+    cell.def @mstate inputs(%k: tensor<6xf64>, %v: tensor<8xf64>, %q: tensor<8xf64>)
+        states(%C: tensor<24xf64>) outputs("h") {
+      %u = cell.param "u" : tensor<2xf64>
+      %f = cell.sigmoid %u : tensor<2xf64>
+      %fe = cell.expand %f {shape = array<i64: 2, 3, 4>, kept = array<i64: 0>} : tensor<2xf64> -> tensor<24xf64>
+      %ke = cell.expand %k {shape = array<i64: 2, 3, 4>, kept = array<i64: 0, 1>} : tensor<6xf64> -> tensor<24xf64>
+      %ve = cell.expand %v {shape = array<i64: 2, 3, 4>, kept = array<i64: 0, 2>} : tensor<8xf64> -> tensor<24xf64>
+      %kv = cell.mul %ke, %ve : tensor<24xf64>
+      %fc = cell.mul %fe, %C : tensor<24xf64>
+      %next = cell.add %fc, %kv : tensor<24xf64>
+      %qe = cell.expand %q {shape = array<i64: 2, 3, 4>, kept = array<i64: 0, 2>} : tensor<8xf64> -> tensor<24xf64>
+      %cq = cell.mul %next, %qe : tensor<24xf64>
+      %h = cell.reduce %cq {shape = array<i64: 2, 3, 4>, kept = array<i64: 0, 1>} : tensor<24xf64> -> tensor<6xf64>
+      %n = cell.reduce %h {shape = array<i64: 2, 3>, kept = array<i64: 0>} : tensor<6xf64> -> tensor<2xf64>
+      %t = cell.tanh %n : tensor<2xf64>
+      %te = cell.expand %t {shape = array<i64: 2, 3>, kept = array<i64: 0>} : tensor<2xf64> -> tensor<6xf64>
+      %out = cell.mul %h, %te : tensor<6xf64>
+      cell.yield states(%next : tensor<24xf64>) outputs(%out : tensor<6xf64>)
+    }
+  )");
+  ASSERT_TRUE(c->module);
+  checkCompiled(*c);
 }
 
 /// IndRNN: no recurrent matvec; relu, abs and min in the step.

@@ -70,6 +70,20 @@ std::vector<Tensor> CellInterpreter::run(Block &block,
   return results;
 }
 
+/// The index into the kept dims' values of element `flat` of a row-major
+/// value of `shape` (cell.expand, cell.reduce).
+static size_t keptIndex(ArrayRef<int64_t> shape, ArrayRef<int64_t> kept, size_t flat) {
+  SmallVector<int64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    index[d] = int64_t(flat) % shape[d];
+    flat /= shape[d];
+  }
+  size_t at = 0;
+  for (int64_t k : kept)
+    at = at * shape[k] + index[k];
+  return at;
+}
+
 void CellInterpreter::runOps(Block &block) {
   for (Operation &op : block.without_terminator()) {
     auto set = [&](Tensor t) { slot(op.getResult(0)) = std::move(t); };
@@ -127,6 +141,18 @@ void CellInterpreter::runOps(Block &block) {
           set(Tensor(1, total));
         })
         .Case([&](BroadcastOp b) { set(Tensor(sizeOf(b.getResult()), in(0)[0])); })
+        .Case([&](ExpandOp e) {
+          Tensor r(sizeOf(e.getResult()));
+          for (size_t f = 0; f < r.size(); ++f)
+            r[f] = in(0)[keptIndex(e.getShape(), e.getKept(), f)];
+          set(r);
+        })
+        .Case([&](ReduceOp e) {
+          Tensor r(sizeOf(e.getResult()), 0.0);
+          for (size_t f = 0; f < in(0).size(); ++f)
+            r[keptIndex(e.getShape(), e.getKept(), f)] += in(0)[f];
+          set(r);
+        })
         .Case([&](ChunkOp c) {
           const Tensor &a = in(0);
           int64_t part = sizeOf(c.getResult(0));

@@ -21,6 +21,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/OwningOpRef.h"
+#include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/SourceMgr.h"
@@ -48,6 +49,22 @@ struct Compiled {
   std::string diagnostics;
 };
 
+/// Runs `c`'s module through the pipeline up to `stage`, and finds its cell
+/// and backward step.
+inline void lower(Compiled &c, Stage stage, const PipelineOptions &options) {
+  PassManager pm(&c.context);
+  buildPipeline(pm, stage, options);
+  if (failed(pm.run(*c.module))) {
+    c.module = nullptr;
+    return;
+  }
+  if (stage <= Stage::Plan) {
+    c.def = *c.module->getOps<cell::DefOp>().begin();
+    if (stage >= Stage::Grad)
+      c.grad = *c.module->getOps<func::FuncOp>().begin();
+  }
+}
+
 inline std::unique_ptr<Compiled>
 compile(const std::string &source, const SizeBindings &sizes,
         Stage stage = Stage::Plan, const PipelineOptions &options = {}) {
@@ -56,19 +73,19 @@ compile(const std::string &source, const SizeBindings &sizes,
   c->module = compileCellSource(c->context, sizes,
                                 Float64Type::get(&c->context), src.diag);
   c->diagnostics = src.diagnostics();
-  if (!c->module)
-    return c;
-  PassManager pm(&c->context);
-  buildPipeline(pm, stage, options);
-  if (failed(pm.run(*c->module))) {
-    c->module = nullptr;
-    return c;
-  }
-  if (stage <= Stage::Plan) {
-    c->def = *c->module->getOps<cell::DefOp>().begin();
-    if (stage >= Stage::Grad)
-      c->grad = *c->module->getOps<func::FuncOp>().begin();
-  }
+  if (c->module)
+    lower(*c, stage, options);
+  return c;
+}
+
+/// A cell written in the dialect (for ops no language construct builds
+/// yet), compiled as `compile` does.
+inline std::unique_ptr<Compiled> compileIR(const std::string &text, Stage stage = Stage::Plan) {
+  auto c = std::make_unique<Compiled>();
+  c->context.loadDialect<cell::CellDialect, func::FuncDialect>();
+  c->module = parseSourceString<ModuleOp>(text, &c->context);
+  if (c->module)
+    lower(*c, stage, {});
   return c;
 }
 
