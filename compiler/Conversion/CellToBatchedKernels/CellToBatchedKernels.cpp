@@ -134,6 +134,8 @@ public:
   Value productBuffer(Operation *op) override {
     if (isa<SumOp>(op))
       return buffer({1});
+    if (isa<ExpandOp, ReduceOp>(op))
+      return buffer({sizeOf(op->getResult(0))});
     // Blocks are computed in order, each writing whole panels: block g's last
     // panel runs into block g + 1's columns, which that block then writes.
     ProductBlocks b = productBlocks(op);
@@ -324,11 +326,109 @@ public:
                                       out, indices(Value(), row, index(0)));
     });
   }
+  /// A loop over `[0, n)` in steps of `step` at the builder, `body` in it.
+  void loopTo(int64_t n, int64_t step, function_ref<void(Value i)> body) {
+    builder.create<scf::ForOp>(loc, index(0), index(n), index(step), ValueRange(),
+                               [&](OpBuilder &b, Location l, Value i, ValueRange) {
+                                 OpBuilder::InsertionGuard guard(builder);
+                                 builder.setInsertionPoint(b.create<scf::YieldOp>(l));
+                                 body(i);
+                               });
+  }
+  /// `cell.expand` (`out[f] = a[kept index of f]`) or `cell.reduce` (`out[kept
+  /// index of f] += a[f]`) for each of this slice's rows: a loop per dim of
+  /// the shape. Along the last dim, `lanes` at a time where the kept
+  /// values run along it too, else a splat or a sum of the run.
+  void emitExpandOrReduce(Operation *op, Value a, Value slot, Value out) {
+    bool expand = isa<ExpandOp>(op);
+    ArrayRef<int64_t> shape =
+        expand ? cast<ExpandOp>(op).getShape() : cast<ReduceOp>(op).getShape();
+    ArrayRef<int64_t> kept = expand ? cast<ExpandOp>(op).getKept() : cast<ReduceOp>(op).getKept();
+    int64_t dims = shape.size();
+    SmallVector<int64_t> fullStride(dims, 1), keptStride(dims, 0);
+    for (int64_t d = dims - 2; d >= 0; --d)
+      fullStride[d] = fullStride[d + 1] * shape[d + 1];
+    int64_t keptSize = 1;
+    for (int64_t k : llvm::reverse(kept)) {
+      keptStride[k] = keptSize;
+      keptSize *= shape[k];
+    }
+    int64_t inner = shape.back();
+    bool innerKept = keptStride[dims - 1] != 0;
+    VectorType one = VectorType::get({1}, element);
+    auto add = [&](Value x, Value y) { return builder.create<arith::AddIOp>(loc, x, y); };
+    auto mul = [&](Value x, int64_t c) { return builder.create<arith::MulIOp>(loc, x, index(c)); };
+    // Along the last dim from `full` (in the shape) and `part` (in the kept
+    // values), in vectors of `width` units from `begin` to `end`.
+    auto run = [&](Value full, Value part, int64_t begin, int64_t end, VectorType width) {
+      if (begin >= end)
+        return;
+      int64_t n = width.getNumElements();
+      Value sum;
+      if (!expand && !innerKept)
+        sum = splat(builder, loc, width, 0.0);
+      for (int64_t j = begin; j + n <= end; j += n) {
+        Value f = add(full, index(j));
+        Value k = innerKept ? add(part, index(j)) : part;
+        if (expand) {
+          Value v;
+          if (innerKept) {
+            v = builder.create<vector::LoadOp>(loc, width, a, indices(slot, row, k));
+          } else {
+            Value x = builder.create<vector::LoadOp>(loc, one, a, indices(slot, row, k));
+            v = builder.create<vector::BroadcastOp>(
+                loc, width, builder.create<vector::ExtractOp>(loc, x, ArrayRef<int64_t>{0}));
+          }
+          builder.create<vector::StoreOp>(loc, v, out, indices(Value(), row, f));
+          continue;
+        }
+        Value x = builder.create<vector::LoadOp>(loc, width, a, indices(slot, row, f));
+        if (!innerKept) {
+          sum = builder.create<arith::AddFOp>(loc, sum, x);
+          continue;
+        }
+        Value acc = builder.create<vector::LoadOp>(loc, width, out, indices(Value(), row, k));
+        builder.create<vector::StoreOp>(loc, builder.create<arith::AddFOp>(loc, acc, x), out,
+                                        indices(Value(), row, k));
+      }
+      if (expand || innerKept)
+        return;
+      Value total = builder.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, sum);
+      Value acc = builder.create<vector::LoadOp>(loc, one, out, indices(Value(), row, part));
+      Value acc0 = builder.create<vector::ExtractOp>(loc, acc, ArrayRef<int64_t>{0});
+      builder.create<vector::StoreOp>(
+          loc, builder.create<vector::BroadcastOp>(
+                   loc, one, builder.create<arith::AddFOp>(loc, acc0, total)),
+          out, indices(Value(), row, part));
+    };
+    std::function<void(int64_t, Value, Value)> nest = [&](int64_t d, Value full, Value part) {
+      if (d == dims - 1) {
+        int64_t main = inner / lanes * lanes;
+        run(full, part, 0, main, lane);
+        run(full, part, main, inner, one);
+        return;
+      }
+      loopTo(shape[d], 1, [&](Value i) {
+        nest(d + 1, add(full, mul(i, fullStride[d])), add(part, mul(i, keptStride[d])));
+      });
+    };
+    auto [first, last] = sliceOf(rows);
+    forEachRowIn(first, last, [&] {
+      if (!expand)
+        loopTo(keptSize, 1, [&](Value k) {
+          builder.create<vector::StoreOp>(loc, splat(builder, loc, one, 0.0), out,
+                                          indices(Value(), row, k));
+        });
+      nest(0, index(0), index(0));
+    });
+  }
   void emitProduct(Operation *op, Value out) override {
     Value vec = PhasePlan::wholeOperand(op), slot;
     Value a = bufferOf(vec, slot);
     if (auto sum = dyn_cast<SumOp>(op))
       return emitSum(sum, a, slot, out);
+    if (isa<ExpandOp, ReduceOp>(op))
+      return emitExpandOrReduce(op, a, slot, out);
     ProductBlocks b = productBlocks(op);
     if (b.blocks > 1) {
       // Block g's last panel runs into block g + 1's columns, which block
@@ -416,10 +516,13 @@ struct ConvertCellToBatchedKernels
                        "vector-width >= 0");
       return signalPassFailure();
     }
-    if (failed(replaceCellsByKernels(module, [&](DefOp def, func::FuncOp grad) {
-          return success(succeeded(buildForward(def)) &&
-                         succeeded(buildBackward(def, grad)));
-        })))
+    if (failed(replaceCellsByKernels(
+            module,
+            [&](DefOp def, func::FuncOp grad) {
+              return success(succeeded(buildForward(def)) &&
+                             succeeded(buildBackward(def, grad)));
+            },
+            /*matrixStates=*/true)))
       return signalPassFailure();
   }
 

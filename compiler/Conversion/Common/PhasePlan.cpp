@@ -24,7 +24,7 @@ ProductBlocks productBlocks(Operation *product) {
 }
 
 bool PhasePlan::isCrossUnit(Operation *op) {
-  return isa<MatvecOp, VecmatOp, SumOp>(op);
+  return isa<MatvecOp, VecmatOp, SumOp, ExpandOp, ReduceOp>(op);
 }
 
 bool PhasePlan::isProduct(Operation *op) { return isa<MatvecOp, VecmatOp>(op); }
@@ -36,6 +36,10 @@ Value PhasePlan::wholeOperand(Operation *op) {
     return m.getVector();
   if (auto sum = dyn_cast<SumOp>(op))
     return sum.getInput();
+  if (auto expand = dyn_cast<ExpandOp>(op))
+    return expand.getInput();
+  if (auto reduce = dyn_cast<ReduceOp>(op))
+    return reduce.getInput();
   return {};
 }
 

@@ -73,8 +73,8 @@ public:
                   Options()) {}
 
   /// Whether `op` reads an operand across the units of a sample, which must
-  /// then be whole in a buffer: it ends a phase. These are the products and
-  /// the reductions (`cell.sum`).
+  /// then be whole in a buffer: it ends a phase. These are the products, the
+  /// reductions (`cell.sum`, `cell.reduce`) and `cell.expand`.
   static bool isCrossUnit(Operation *op);
   /// Whether the cross-unit op `op` is a product with a weight.
   static bool isProduct(Operation *op);
