@@ -126,6 +126,32 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
                                                       ArrayRef<int64_t>{0});
         return result(builder.create<vector::BroadcastOp>(loc, type, one));
       })
+      // A sample's value is one vector here: an expand picks each element's
+      // kept one; a reduce adds, for each combination of the summed dims,
+      // the elements picked at it.
+      .Case([&](ExpandOp e) -> LogicalResult {
+        SmallVector<int64_t> mask;
+        for (int64_t f = 0, n = type.getNumElements(); f < n; ++f)
+          mask.push_back(keptIndex(e.getShape(), e.getKept(), f));
+        return result(builder.create<vector::ShuffleOp>(loc, operand(0), operand(0), mask));
+      })
+      .Case([&](ReduceOp r) -> LogicalResult {
+        int64_t kept = type.getNumElements();
+        int64_t whole = cast<VectorType>(operand(0).getType()).getNumElements();
+        SmallVector<SmallVector<int64_t>> picks(whole / kept);
+        SmallVector<int64_t> seen(kept, 0);
+        for (int64_t f = 0; f < whole; ++f) {
+          int64_t k = keptIndex(r.getShape(), r.getKept(), f);
+          picks[seen[k]++].resize(kept);
+          picks[seen[k] - 1][k] = f;
+        }
+        Value acc;
+        for (ArrayRef<int64_t> mask : picks) {
+          Value part = builder.create<vector::ShuffleOp>(loc, operand(0), operand(0), mask);
+          acc = acc ? builder.create<arith::AddFOp>(loc, acc, part).getResult() : part;
+        }
+        return result(acc);
+      })
       .Case([&](ConcatOp concat) -> LogicalResult {
         Value acc = splat(builder, loc, type, 0.0);
         int64_t offset = 0;
@@ -332,10 +358,13 @@ struct ConvertCellToKernels
     });
     if (shapes.wasInterrupted())
       return signalPassFailure();
-    if (failed(replaceCellsByKernels(module, [&](DefOp def, func::FuncOp grad) {
-          return success(succeeded(buildForward(def)) &&
-                         succeeded(buildBackward(def, grad)));
-        })))
+    if (failed(replaceCellsByKernels(
+            module,
+            [&](DefOp def, func::FuncOp grad) {
+              return success(succeeded(buildForward(def)) &&
+                             succeeded(buildBackward(def, grad)));
+            },
+            /*matrixStates=*/true)))
       return signalPassFailure();
   }
 

@@ -298,7 +298,7 @@ replaceCellsByKernels(ModuleOp module,
                       bool matrixStates) {
   for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
     func::FuncOp grad = backwardStepOf(def);
-    // Only the CPU's batched kernels lower the ops of matrix states yet
+    // Only the CPU's kernels lower the ops of matrix states yet
     // (docs/matrix-states.md).
     for (Operation *step : {def.getOperation(), grad.getOperation()}) {
       if (!step || matrixStates)
@@ -307,7 +307,7 @@ replaceCellsByKernels(ModuleOp module,
         if (!isa<ExpandOp, ReduceOp>(op))
           return WalkResult::advance();
         op->emitOpError("has no lowering in these kernels yet: matrix states run on "
-                        "the CPU's batched kernels only (docs/matrix-states.md)");
+                        "the CPU's kernels only (docs/matrix-states.md)");
         return WalkResult::interrupt();
       });
       if (unlowered.wasInterrupted())

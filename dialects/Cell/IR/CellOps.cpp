@@ -338,6 +338,19 @@ static LogicalResult verifyShapeAndKept(Operation *op, ArrayRef<int64_t> shape,
   return success();
 }
 
+int64_t mlir::cell::keptIndex(ArrayRef<int64_t> shape, ArrayRef<int64_t> kept,
+                              int64_t flat) {
+  SmallVector<int64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    index[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  int64_t at = 0;
+  for (int64_t k : kept)
+    at = at * shape[k] + index[k];
+  return at;
+}
+
 LogicalResult ExpandOp::verify() {
   return verifyShapeAndKept(*this, getShape(), getKept(), getResult(), getInput());
 }

@@ -18,4 +18,11 @@
 #define GET_OP_CLASSES
 #include "dialects/Cell/IR/CellOps.h.inc"
 
+namespace mlir::cell {
+/// For element `flat` of a row-major value of `shape`, the index into the
+/// value of the `kept` dims (`cell.expand` reads it, `cell.reduce` adds
+/// into it).
+int64_t keptIndex(ArrayRef<int64_t> shape, ArrayRef<int64_t> kept, int64_t flat);
+} // namespace mlir::cell
+
 #endif // CELLC_DIALECTS_CELL_IR_CELLOPS_H

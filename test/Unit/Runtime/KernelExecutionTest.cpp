@@ -440,9 +440,10 @@ INSTANTIATE_TEST_SUITE_P(
 /// it yet): C [2 heads, 3, 5] decays by a gate per head and adds the outer
 /// product of k [2, 3] and v [2, 5]; the output is C q [2, 3] times a
 /// function of its sum per head. Every cell.expand and cell.reduce on the
-/// batched kernels, forward and backward, with and without saved gates,
-/// against the reference. V = 5 runs a vector and a tail along the last
-/// dim in f32 (8 lanes: the tail only) and f64.
+/// batched and the per-row kernels, forward and backward, with and without
+/// saved gates, against the reference. V = 5 runs a vector and a tail along
+/// the last dim of the batched kernels in f64 (4 lanes), the tail only in
+/// f32 (8).
 constexpr const char *kMatrixState = R"(
   cell.def @mstate inputs(%k: tensor<6xELEM>, %v: tensor<10xELEM>, %q: tensor<10xELEM>)
       states(%C: tensor<30xELEM>) outputs("h") {
@@ -465,11 +466,11 @@ constexpr const char *kMatrixState = R"(
   }
 )";
 
-TEST(KernelExecutionMatrixState, BatchedKernelsMatchTheReference) {
-  for (bool f32 : {false, true})
-    for (bool saveGates : {false, true})
-      checkKernels(kMatrixState, f32, saveGates, KernelStrategy::Batched, nullptr,
-                   /*isIR=*/true);
+TEST(KernelExecutionMatrixState, CpuKernelsMatchTheReference) {
+  for (KernelStrategy strategy : {KernelStrategy::Batched, KernelStrategy::PerRow})
+    for (bool f32 : {false, true})
+      for (bool saveGates : {false, true})
+        checkKernels(kMatrixState, f32, saveGates, strategy, nullptr, /*isIR=*/true);
 }
 
 /// The tests above catch a product phase that reads another row of the tile

@@ -70,20 +70,6 @@ std::vector<Tensor> CellInterpreter::run(Block &block,
   return results;
 }
 
-/// The index into the kept dims' values of element `flat` of a row-major
-/// value of `shape` (cell.expand, cell.reduce).
-static size_t keptIndex(ArrayRef<int64_t> shape, ArrayRef<int64_t> kept, size_t flat) {
-  SmallVector<int64_t> index(shape.size());
-  for (size_t d = shape.size(); d-- > 0;) {
-    index[d] = int64_t(flat) % shape[d];
-    flat /= shape[d];
-  }
-  size_t at = 0;
-  for (int64_t k : kept)
-    at = at * shape[k] + index[k];
-  return at;
-}
-
 void CellInterpreter::runOps(Block &block) {
   for (Operation &op : block.without_terminator()) {
     auto set = [&](Tensor t) { slot(op.getResult(0)) = std::move(t); };
