@@ -42,6 +42,14 @@ struct Val {
   /// Vector: its size (PerSample: 1). Matrix: rows and cols; of each block
   /// when `blocks` is set (a block-diagonal [G, M, N] param).
   int64_t size = 0, cols = 0, blocks = 0;
+  /// Vector: its heads' dims, `[NH, n / NH]` from `heads(v, NH)`, held in
+  /// row-major order; empty for a plain vector.
+  SmallVector<int64_t, 2> dims;
+
+  /// A vector's shape: its dims, or `[size]`.
+  SmallVector<int64_t, 2> shape() const {
+    return dims.empty() ? SmallVector<int64_t, 2>{size} : dims;
+  }
 
   static Val ofScalar(double v) {
     Val val;
@@ -92,6 +100,7 @@ enum class Fn {
 #define CELLC_UNARY_FN(E, name, op, value) E,
 #include "compiler/Frontend/Functions.def"
   LogSigmoid,
+  Heads,
   Max,
   Min,
   Sum,
@@ -104,6 +113,7 @@ Fn lookupFn(llvm::StringRef name) {
 #define CELLC_UNARY_FN(E, text, op, value) .Case(text, Fn::E)
 #include "compiler/Frontend/Functions.def"
       .Case("logsigmoid", Fn::LogSigmoid)
+      .Case("heads", Fn::Heads)
       .Case("max", Fn::Max)
       .Case("min", Fn::Min)
       .Case("sum", Fn::Sum)
@@ -117,7 +127,7 @@ std::string functionNames() {
   std::string names;
 #define CELLC_UNARY_FN(E, text, op, value) names += text ", ";
 #include "compiler/Frontend/Functions.def"
-  return names + "logsigmoid, max, min, sum, mean and chunk";
+  return names + "logsigmoid, heads, max, min, sum, mean and chunk";
 }
 
 class IRGen {
@@ -169,6 +179,8 @@ private:
   std::optional<Val> evalMatvec(const Expr &expr);
   /// `v @ W`: the transpose of matrix param W times the vector v.
   std::optional<Val> evalVecmat(const Expr &expr);
+  /// `heads(v, NH)`: v seen as NH heads of equal parts.
+  std::optional<Val> evalHeads(const Expr &expr);
   std::optional<Val> evalCall(const Expr &expr);
   Val applyUnary(Fn fn, Val arg, Location l);
   std::optional<Val> evalReduction(const Expr &expr, Fn fn);
@@ -177,6 +189,8 @@ private:
   /// Builds an elementwise binary op on two operands, broadcasting literals.
   /// The two operands of `expr`, element-wise, combined by `elementwise`.
   std::optional<Val> evalElementwise2(const Expr &expr, const std::string &what);
+  std::optional<std::pair<Val, Val>> broadcastHeads(const Expr &expr, const Val &lhs,
+                                                    const Val &rhs, llvm::StringRef what);
   std::optional<Val> elementwise(const Expr &expr, const Val &lhs,
                                  const Val &rhs, llvm::StringRef what);
 
@@ -631,23 +645,21 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
     llvm_unreachable("'@' is not element-wise");
   }
   const Expr &lhsExpr = *expr.operands[0], &rhsExpr = *expr.operands[1];
-  if (lhs.kind == Val::Kind::Vector && rhs.kind == Val::Kind::Vector &&
-      lhs.size != rhs.size) {
-    diag.error(expr.opLoc,
-               "size mismatch in " + what + ": the left operand has size " +
-                   llvm::Twine(lhs.size) + ", the right has size " +
-                   llvm::Twine(rhs.size),
-               {lhsExpr.range, rhsExpr.range});
+  std::optional<std::pair<Val, Val>> matched = broadcastHeads(expr, lhs, rhs, what);
+  if (!matched)
     return std::nullopt;
-  }
+  const auto &[left, right] = *matched;
   // A vector operand gives the result's size; otherwise the result is one
   // value per sample.
-  bool vector = lhs.kind == Val::Kind::Vector || rhs.kind == Val::Kind::Vector;
-  int64_t size = lhs.kind == Val::Kind::Vector ? lhs.size
-                 : rhs.kind == Val::Kind::Vector ? rhs.size
-                                                 : 1;
-  Value a = spread(lhs, size, lhsExpr.range.Start);
-  Value b = spread(rhs, size, rhsExpr.range.Start);
+  bool vector = left.kind == Val::Kind::Vector || right.kind == Val::Kind::Vector;
+  int64_t size = left.kind == Val::Kind::Vector ? left.size
+                 : right.kind == Val::Kind::Vector ? right.size
+                                                   : 1;
+  SmallVector<int64_t, 2> dims = left.kind == Val::Kind::Vector && !left.dims.empty()
+                                     ? left.dims
+                                     : right.dims;
+  Value a = spread(left, size, lhsExpr.range.Start);
+  Value b = spread(right, size, rhsExpr.range.Start);
   Location l = loc(expr.opLoc);
   Value result;
   if (isCall) {
@@ -666,7 +678,104 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
       llvm_unreachable("'@' is not element-wise");
     }
   }
-  return vector ? Val::ofVector(result, size) : Val::ofPerSample(result);
+  if (!vector)
+    return Val::ofPerSample(result);
+  Val out = Val::ofVector(result, size);
+  out.dims = dims;
+  return out;
+}
+
+/// The operands of an elementwise op over vectors, made to match:
+/// - equal shapes, or a plain vector and one with heads of its size, as they
+///   are (the result has the heads);
+/// - one shape the start of the other's (`[NH]` and `[NH, K]`): the shorter
+///   repeated along the longer's other dims (cell.expand).
+std::optional<std::pair<Val, Val>> IRGen::broadcastHeads(const Expr &expr, const Val &lhs,
+                                                        const Val &rhs, llvm::StringRef what) {
+  if (lhs.kind != Val::Kind::Vector || rhs.kind != Val::Kind::Vector)
+    return std::make_pair(lhs, rhs);
+  SmallVector<int64_t, 2> ls = lhs.shape(), rs = rhs.shape();
+  if (ls == rs || (lhs.size == rhs.size && (lhs.dims.empty() || rhs.dims.empty())))
+    return std::make_pair(lhs, rhs);
+  const Expr &lhsExpr = *expr.operands[0], &rhsExpr = *expr.operands[1];
+  auto startsWith = [](ArrayRef<int64_t> whole, ArrayRef<int64_t> start) {
+    return start.size() < whole.size() && whole.take_front(start.size()) == start;
+  };
+  auto expand = [&](const Val &small, const Val &large) {
+    SmallVector<int64_t> kept;
+    for (int64_t d = 0, n = small.shape().size(); d < n; ++d)
+      kept.push_back(d);
+    Val out = large;
+    out.value = builder.create<cell::ExpandOp>(
+        loc(expr.opLoc), vectorType(large.size), small.value,
+        builder.getDenseI64ArrayAttr(large.shape()), builder.getDenseI64ArrayAttr(kept));
+    return out;
+  };
+  if (!lhs.dims.empty() || !rhs.dims.empty()) {
+    if (startsWith(rs, ls))
+      return std::make_pair(expand(lhs, rhs), rhs);
+    if (startsWith(ls, rs))
+      return std::make_pair(lhs, expand(rhs, lhs));
+    auto text = [](ArrayRef<int64_t> shape) {
+      std::string t = "[";
+      for (auto [i, d] : llvm::enumerate(shape))
+        t += (i ? ", " : "") + std::to_string(d);
+      return t + "]";
+    };
+    diag.error(expr.opLoc,
+               "shape mismatch in " + what + ": the left operand is " + text(ls) +
+                   ", the right " + text(rs) +
+                   "; a value broadcasts over another whose shape starts with its own",
+               {lhsExpr.range, rhsExpr.range});
+    return std::nullopt;
+  }
+  diag.error(expr.opLoc,
+             "size mismatch in " + what + ": the left operand has size " +
+                 llvm::Twine(lhs.size) + ", the right has size " + llvm::Twine(rhs.size),
+             {lhsExpr.range, rhsExpr.range});
+  return std::nullopt;
+}
+
+std::optional<Val> IRGen::evalHeads(const Expr &expr) {
+  const Expr &vecExpr = *expr.operands[0], &countExpr = *expr.operands[1];
+  std::optional<Val> v = evalElementwise(vecExpr, "'heads'");
+  if (!v)
+    return std::nullopt;
+  if (v->kind != Val::Kind::Vector || !v->dims.empty()) {
+    diag.error(vecExpr.range.Start,
+               llvm::Twine("'heads' splits a vector into heads; found ") +
+                   (v->kind == Val::Kind::Vector ? "a value with heads already"
+                                                 : v->describe()),
+               vecExpr.range);
+    return std::nullopt;
+  }
+  std::optional<int64_t> count;
+  if (countExpr.kind == Expr::Kind::Number && countExpr.isInteger)
+    count = int64_t(countExpr.number);
+  else if (countExpr.kind == Expr::Kind::Name && !scope.count(countExpr.name)) {
+    auto it = sizes.find(countExpr.name);
+    if (it != sizes.end())
+      count = it->second;
+  }
+  if (!count || *count < 1) {
+    std::string what = countExpr.kind == Expr::Kind::Name
+                           ? "'" + countExpr.name + "' is not a bound size: the"
+                           : "the";
+    diag.error(countExpr.range.Start,
+               what + " head count of 'heads' must be a size that a declaration uses, or "
+                      "a positive integer literal",
+               countExpr.range);
+    return std::nullopt;
+  }
+  if (v->size % *count != 0) {
+    diag.error(expr.opLoc,
+               "'heads' splits a vector of size " + llvm::Twine(v->size) + " into " +
+                   llvm::Twine(*count) + " heads, which does not divide it",
+               expr.range);
+    return std::nullopt;
+  }
+  v->dims = {*count, v->size / *count};
+  return v;
 }
 
 std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
@@ -796,7 +905,7 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
                expr.range);
     return std::nullopt;
   }
-  size_t arity = (fn == Fn::Max || fn == Fn::Min) ? 2 : 1;
+  size_t arity = (fn == Fn::Max || fn == Fn::Min || fn == Fn::Heads) ? 2 : 1;
   if (expr.operands.size() != arity) {
     diag.error(expr.opLoc,
                "'" + expr.name + "' takes " + llvm::Twine(arity) +
@@ -806,6 +915,8 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
     return std::nullopt;
   }
   std::string what = "'" + expr.name + "'";
+  if (fn == Fn::Heads)
+    return evalHeads(expr);
   if (arity == 2)
     return evalElementwise2(expr, what);
   if (fn == Fn::Sum || fn == Fn::Mean)
@@ -841,6 +952,7 @@ Val IRGen::applyUnary(Fn fn, Val arg, Location l) {
         l, builder.create<cell::SoftplusOp>(l, builder.create<cell::NegOp>(l, arg.value)));
     return arg;
   case Fn::Unknown:
+  case Fn::Heads:
   case Fn::Max:
   case Fn::Min:
   case Fn::Sum:
@@ -865,6 +977,23 @@ std::optional<Val> IRGen::evalReduction(const Expr &expr, Fn fn) {
     return std::nullopt;
   }
   Location l = loc(expr.opLoc);
+  if (!arg->dims.empty()) {
+    // Over each head's part: the last dim.
+    SmallVector<int64_t> kept;
+    for (int64_t d = 0; d + 1 < int64_t(arg->dims.size()); ++d)
+      kept.push_back(d);
+    int64_t last = arg->dims.back(), count = arg->size / last;
+    Value sums = builder.create<cell::ReduceOp>(l, vectorType(count), arg->value,
+                                                builder.getDenseI64ArrayAttr(arg->dims),
+                                                builder.getDenseI64ArrayAttr(kept));
+    if (fn == Fn::Mean)
+      sums = builder.create<cell::MulOp>(l, sums,
+                                         constant(1.0 / double(last), count, expr.opLoc));
+    Val out = Val::ofVector(sums, count);
+    if (kept.size() >= 2)
+      out.dims.assign(arg->dims.begin(), arg->dims.end() - 1);
+    return out;
+  }
   Value sum = builder.create<cell::SumOp>(l, vectorType(1), arg->value);
   if (fn == Fn::Mean)
     sum = builder.create<cell::MulOp>(

@@ -156,6 +156,22 @@ TEST(CellDerivativeTest, TransposedParams) {
   checkCell(kTied, kSizes);
 }
 
+/// Heads: GroupNorm over 2 heads of 3 (a mean per head, spread back over
+/// its head), a gate per head on the state, and each head's sum spread
+/// over it.
+TEST(CellDerivativeTest, GroupNormPerHead) {
+  checkCell(R"(cell gn {
+    input x: [N]
+    state h: [2*N]
+    param W: [2*N, 2*N], U: [2*N, N], gamma: [2*N], s: [2]
+    z = heads(W @ h + U @ x, 2)
+    d = z - mean(z)
+    y = d / sqrt(mean(d * d) + 0.1) * gamma
+    h = tanh(y) + heads(h, 2) * sigmoid(s) + 0.1 * tanh(sum(z)) + 0.1 * mean(x)
+  })",
+            kSizes);
+}
+
 /// A matrix state per head, as the dialect holds one: C [2 heads, 3, 4] in
 /// row-major order, decayed by a gate per head and added to the outer
 /// product of k [2, 3] and v [2, 4]; the output C q [2, 3], scaled by a
