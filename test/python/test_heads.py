@@ -3,7 +3,8 @@ of it give one value per head; a per-head value broadcasts over its head's
 part. A recurrent cell with GroupNorm per head (xLSTM's sLSTM normalizes
 that way) against float64 torch (torch.nn.functional.group_norm), every
 gradient, every recompute mode, resets and lengths, on 1 and 3 threads; in
-f32; and the errors, at their place."""
+f32; in the SIMT emulator (both CUDA strategies); and the errors, at their
+place."""
 
 import re
 
@@ -78,11 +79,27 @@ def test_groupnorm_per_head_in_float32():
     torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-4)
 
 
-def test_the_cuda_kernels_say_they_do_not_lower_heads_yet():
-    cell = cellc.compile(GROUPNORM_RNN, target="cuda-emu")
-    x, h0, p, NH, resets, lengths = problem(torch.float32)
-    with pytest.raises(Exception, match="has no lowering in these kernels yet"):
-        cell(x.detach(), {n: v.detach() for n, v in p.items()}, {"h": h0.detach()})
+@pytest.mark.parametrize("options", [{"strategy": "batch-tiled", "batch_tile": 4},
+                                     {"strategy": "persistent", "ctas": 3}],
+                         ids=["batch-tiled", "persistent-3"])
+def test_groupnorm_per_head_in_the_emulator(options):
+    # The CUDA kernels in the SIMT emulator, forward and every gradient.
+    cell = cellc.compile(GROUPNORM_RNN, target="cuda-emu", cuda=dict(options, precision="ieee"))
+    x, h0, p, NH, _, _ = problem(torch.float32, seed=2)
+    T, B = x.shape[:2]
+    no_resets, full = torch.zeros(T, B, dtype=torch.bool), torch.full((B,), T)
+    p64 = {n: v.detach().double().requires_grad_() for n, v in p.items()}
+    x64, h64 = x.detach().double().requires_grad_(), h0.detach().double().requires_grad_()
+    want_out, want_h = reference(x64, h64, p64, NH, no_resets, full)
+    g = torch.randn_like(want_out)
+    want = torch.autograd.grad((want_out * g).sum() + want_h.sum(), [x64, h64, *p64.values()])
+    for mode in ("none", "full"):
+        out, final = cell(x, p, {"h": h0}, recompute=mode)
+        torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-4)
+        got = torch.autograd.grad((out * g.float()).sum() + final["h"].sum(),
+                                  [x, h0, *p.values()])
+        for n, a, b in zip(["x", "h0", *p], got, want):
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=f"{mode}: d{n}")
 
 
 BAD = [

@@ -516,13 +516,10 @@ struct ConvertCellToBatchedKernels
                        "vector-width >= 0");
       return signalPassFailure();
     }
-    if (failed(replaceCellsByKernels(
-            module,
-            [&](DefOp def, func::FuncOp grad) {
-              return success(succeeded(buildForward(def)) &&
-                             succeeded(buildBackward(def, grad)));
-            },
-            /*matrixStates=*/true)))
+    if (failed(replaceCellsByKernels(module, [&](DefOp def, func::FuncOp grad) {
+          return success(succeeded(buildForward(def)) &&
+                         succeeded(buildBackward(def, grad)));
+        })))
       return signalPassFailure();
   }
 

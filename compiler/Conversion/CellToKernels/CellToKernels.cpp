@@ -358,13 +358,10 @@ struct ConvertCellToKernels
     });
     if (shapes.wasInterrupted())
       return signalPassFailure();
-    if (failed(replaceCellsByKernels(
-            module,
-            [&](DefOp def, func::FuncOp grad) {
-              return success(succeeded(buildForward(def)) &&
-                             succeeded(buildBackward(def, grad)));
-            },
-            /*matrixStates=*/true)))
+    if (failed(replaceCellsByKernels(module, [&](DefOp def, func::FuncOp grad) {
+          return success(succeeded(buildForward(def)) &&
+                         succeeded(buildBackward(def, grad)));
+        })))
       return signalPassFailure();
   }
 

@@ -138,6 +138,8 @@ Value TiledBuilder::sumRange(Value begin, Value end, Value step,
 // block-diagonal weight `[G, M, N]`, the element's block g reads W[g] and
 // part g of the vector.
 Value TiledBuilder::evalProduct(Operation *op, const Index &i) {
+  if (isa<ExpandOp, ReduceOp>(op))
+    return evalExpandOrReduce(op, i);
   bool transposed = isa<VecmatOp>(op);
   Value weight = params.lookup(
       op->getOperand(0).getDefiningOp<ParamOp>().getName());
@@ -170,6 +172,60 @@ Value TiledBuilder::evalProduct(Operation *op, const Index &i) {
         builder.create<scf::YieldOp>(l, next);
       });
   return loop.getResult(0);
+}
+
+// cell.expand: element e reads the input at its kept index. cell.reduce:
+// element e, an index into the kept dims, adds the input over the other
+// dims. The input is whole in its buffer, written in an earlier phase.
+Value TiledBuilder::evalExpandOrReduce(Operation *op, const Index &i) {
+  bool expand = isa<ExpandOp>(op);
+  ArrayRef<int64_t> shape =
+      expand ? cast<ExpandOp>(op).getShape() : cast<ReduceOp>(op).getShape();
+  ArrayRef<int64_t> kept = expand ? cast<ExpandOp>(op).getKept() : cast<ReduceOp>(op).getKept();
+  Value input = op->getOperand(0), slot;
+  Value buffer = bufferOf(input, slot);
+  int64_t dims = shape.size();
+  SmallVector<int64_t> stride(dims, 1);
+  for (int64_t d = dims - 2; d >= 0; --d)
+    stride[d] = stride[d + 1] * shape[d + 1];
+  // Peels `dim`'s index off `rest` (the lowest dim first).
+  auto peel = [&](Value &rest, int64_t dim) {
+    Value at = builder.create<arith::RemUIOp>(loc, rest, index(shape[dim]));
+    rest = builder.create<arith::DivUIOp>(loc, rest, index(shape[dim]));
+    return at;
+  };
+  auto addScaled = [&](Value sum, Value at, int64_t by) {
+    return builder.create<arith::AddIOp>(loc, sum,
+                                         builder.create<arith::MulIOp>(loc, at, index(by)));
+  };
+  Value e = at(i);
+  if (expand) {
+    SmallVector<Value> at(dims);
+    Value rest = e;
+    for (int64_t d = dims - 1; d >= 0; --d)
+      at[d] = peel(rest, d);
+    Value from = index(0);
+    for (int64_t k : kept)
+      from = builder.create<arith::AddIOp>(
+          loc, builder.create<arith::MulIOp>(loc, from, index(shape[k])), at[k]);
+    return loadShared(buffer, slot, from);
+  }
+  Value rest = e, base = index(0);
+  for (int64_t k : llvm::reverse(kept))
+    base = addScaled(base, peel(rest, k), stride[k]);
+  SmallVector<int64_t> others;
+  int64_t count = 1;
+  for (int64_t d = 0; d < dims; ++d)
+    if (!llvm::is_contained(kept, d)) {
+      others.push_back(d);
+      count *= shape[d];
+    }
+  return sumRange(index(0), index(count), index(1), [&](Value r) {
+    Value from = base;
+    for (int64_t d : llvm::reverse(others))
+      from = addScaled(from, peel(r, d), stride[d]);
+    return loadShared(buffer, slot, from);
+  });
 }
 
 void TiledBuilder::forRange(Value begin, Value end, Value step,

@@ -116,6 +116,8 @@ public:
   Value loadPerStep(Value buffer, Value j) override { return gather(buffer, true, j); }
   Value loadParam(Value param, Value j) override;
   Value evalProduct(Operation *op, const Index &i) override;
+  /// cell.expand and cell.reduce at element `i`, from the input's buffer.
+  Value evalExpandOrReduce(Operation *op, const Index &i);
   void forEachElement(int64_t n, function_ref<void(Value j)> body) override;
   void barrier() override;
   /// The reductions, and the products that the strategy computes whole.

@@ -294,25 +294,9 @@ Value buildElementwise(OpBuilder &builder, Operation *op, ValueRange operands,
 
 LogicalResult
 replaceCellsByKernels(ModuleOp module,
-                      function_ref<LogicalResult(DefOp def, func::FuncOp grad)> build,
-                      bool matrixStates) {
+                      function_ref<LogicalResult(DefOp def, func::FuncOp grad)> build) {
   for (DefOp def : llvm::to_vector(module.getOps<DefOp>())) {
     func::FuncOp grad = backwardStepOf(def);
-    // Only the CPU's kernels lower the ops of matrix states yet
-    // (docs/matrix-states.md).
-    for (Operation *step : {def.getOperation(), grad.getOperation()}) {
-      if (!step || matrixStates)
-        continue;
-      WalkResult unlowered = step->walk([](Operation *op) {
-        if (!isa<ExpandOp, ReduceOp>(op))
-          return WalkResult::advance();
-        op->emitOpError("has no lowering in these kernels yet: matrix states run on "
-                        "the CPU's kernels only (docs/matrix-states.md)");
-        return WalkResult::interrupt();
-      });
-      if (unlowered.wasInterrupted())
-        return failure();
-    }
     if (!grad || failed(build(def, grad)))
       return failure();
     grad->erase();

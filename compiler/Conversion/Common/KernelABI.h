@@ -76,13 +76,10 @@ FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
 func::FuncOp backwardStepOf(DefOp def);
 
 /// Replaces each cell of `module`, and its backward step, by the kernels that
-/// `build` makes from them; stops at the first failure. Unless `matrixStates`
-/// (the kernels lower `cell.expand` and `cell.reduce`), a cell with either op
-/// is an error at the op.
+/// `build` makes from them; stops at the first failure.
 LogicalResult
 replaceCellsByKernels(ModuleOp module,
-                      function_ref<LogicalResult(DefOp def, func::FuncOp grad)> build,
-                      bool matrixStates = false);
+                      function_ref<LogicalResult(DefOp def, func::FuncOp grad)> build);
 
 /// The projections of `def`, in the order their buffers are passed.
 SmallVector<ProjectionOp> projectionsOf(DefOp def);

@@ -35,6 +35,8 @@ std::string source(const std::string &name) {
     return kIndRnn;
   if (name == "tied")
     return kTied;
+  if (name == "groupnorm")
+    return kGroupNorm;
   return readExample((name + ".cell").c_str());
 }
 
@@ -497,7 +499,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("lstm", "gru", "elman", "peephole",
                                          "mgu", "two", "indrnn", "peephole_lstm",
                                          "layernorm_lstm", "rmsnorm_gru", "block_gru",
-                                         "slstm", "antisymmetric", "tied"),
+                                         "slstm", "antisymmetric", "tied", "groupnorm"),
                        ::testing::Values("none", "full", "chunk:2", "chunk:4")));
 
 /// The autotuner's per-row knobs: the recurrent matvec in pieces of 2 and 4

@@ -38,6 +38,7 @@ inline const std::string kMgu = readTestCell("mgu");
 inline const std::string kTwo = readTestCell("two");
 inline const std::string kIndRnn = readTestCell("indrnn");
 inline const std::string kTied = readTestCell("tied");
+inline const std::string kGroupNorm = readTestCell("groupnorm");
 
 } // namespace cellc::testing
 
