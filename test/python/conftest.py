@@ -27,3 +27,17 @@ def lstm_problem(T, B, I, H):
     x, h0, c0 = (torch.randn(*shape, dtype=torch.float64, requires_grad=True)
                  for shape in ((T, B, I), (B, H), (B, H)))
     return ref, params, x, h0, c0
+
+
+def assert_sequence_matches(out, final, want_out, want_final, leaves, names, tol=1e-12):
+    """A cell's outputs and final state against a reference's, and the
+    gradients of one random linear loss on both with respect to `leaves`
+    (named `names`): the reference's to `tol`, the gradients' to 100 tol."""
+    import torch
+    torch.testing.assert_close(out, want_out, rtol=tol, atol=tol)
+    torch.testing.assert_close(final, want_final, rtol=tol, atol=tol)
+    g_out, g_final = torch.randn_like(want_out), torch.randn_like(want_final)
+    got = torch.autograd.grad((out * g_out).sum() + (final * g_final).sum(), leaves)
+    want = torch.autograd.grad((want_out * g_out).sum() + (want_final * g_final).sum(), leaves)
+    for n, a, b in zip(names, got, want):
+        torch.testing.assert_close(a, b, rtol=100 * tol, atol=100 * tol, msg=f"d{n}")
