@@ -138,12 +138,12 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
       .Case([&](ReduceOp r) -> LogicalResult {
         int64_t kept = type.getNumElements();
         int64_t whole = cast<VectorType>(operand(0).getType()).getNumElements();
-        SmallVector<SmallVector<int64_t>> picks(whole / kept);
+        // picks[j][k]: the j-th element that adds into k.
+        SmallVector<SmallVector<int64_t>> picks(whole / kept, SmallVector<int64_t>(kept));
         SmallVector<int64_t> seen(kept, 0);
         for (int64_t f = 0; f < whole; ++f) {
           int64_t k = keptIndex(r.getShape(), r.getKept(), f);
-          picks[seen[k]++].resize(kept);
-          picks[seen[k] - 1][k] = f;
+          picks[seen[k]++][k] = f;
         }
         Value acc;
         for (ArrayRef<int64_t> mask : picks) {
