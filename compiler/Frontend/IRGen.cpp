@@ -101,6 +101,7 @@ enum class Fn {
 #include "compiler/Frontend/Functions.def"
   LogSigmoid,
   Heads,
+  Outer,
   Max,
   Min,
   Sum,
@@ -114,6 +115,7 @@ Fn lookupFn(llvm::StringRef name) {
 #include "compiler/Frontend/Functions.def"
       .Case("logsigmoid", Fn::LogSigmoid)
       .Case("heads", Fn::Heads)
+      .Case("outer", Fn::Outer)
       .Case("max", Fn::Max)
       .Case("min", Fn::Min)
       .Case("sum", Fn::Sum)
@@ -122,12 +124,28 @@ Fn lookupFn(llvm::StringRef name) {
       .Default(Fn::Unknown);
 }
 
+/// A shape as messages print it: "[2, 3, 4]".
+std::string shapeText(ArrayRef<int64_t> shape) {
+  std::string text = "[";
+  for (auto [i, d] : llvm::enumerate(shape))
+    text += (i ? ", " : "") + std::to_string(d);
+  return text + "]";
+}
+
+/// `0, 1, ..., n - 1`: the leading dims that an expand or a reduce keeps.
+SmallVector<int64_t> leadingDims(int64_t n) {
+  SmallVector<int64_t> dims;
+  for (int64_t d = 0; d < n; ++d)
+    dims.push_back(d);
+  return dims;
+}
+
 /// The functions, for messages: "sigmoid, tanh, ..., min and chunk".
 std::string functionNames() {
   std::string names;
 #define CELLC_UNARY_FN(E, text, op, value) names += text ", ";
 #include "compiler/Frontend/Functions.def"
-  return names + "logsigmoid, heads, max, min, sum, mean and chunk";
+  return names + "logsigmoid, heads, outer, max, min, sum, mean and chunk";
 }
 
 class IRGen {
@@ -181,6 +199,18 @@ private:
   std::optional<Val> evalVecmat(const Expr &expr);
   /// `heads(v, NH)`: v seen as NH heads of equal parts.
   std::optional<Val> evalHeads(const Expr &expr);
+  /// `outer(a, b)`: the outer product of two vectors, per head.
+  std::optional<Val> evalOuter(const Expr &expr);
+  /// `A @ b` and `b @ A` with A a per-sample matrix (a value with dims).
+  std::optional<Val> evalSampleProduct(const Expr &expr, const Val &lhs, const Val &rhs);
+  /// `small` repeated along the dims of `shape` that `kept` leaves out.
+  Value expand(Value small, ArrayRef<int64_t> shape, ArrayRef<int64_t> kept,
+               llvm::SMLoc at);
+  /// The sums of `large`, of `shape`, over the dims that `kept` leaves out.
+  Value reduce(Value large, ArrayRef<int64_t> shape, ArrayRef<int64_t> kept,
+               llvm::SMLoc at);
+  /// A vector of `shape`: plain for one dim, else with those dims.
+  Val ofShape(Value value, ArrayRef<int64_t> shape);
   std::optional<Val> evalCall(const Expr &expr);
   Val applyUnary(Fn fn, Val arg, Location l);
   std::optional<Val> evalReduction(const Expr &expr, Fn fn);
@@ -233,10 +263,10 @@ bool IRGen::declare(const Decl &decl, std::vector<int64_t> &shape) {
       return false;
     shape.push_back(*value);
   }
-  if (decl.kind != DeclKind::Param && shape.size() != 1) {
+  if (decl.kind == DeclKind::Input && shape.size() != 1) {
     diag.error(decl.ident.range.Start,
-               spell(decl.kind) + " '" + decl.ident.name +
-                   "' must be a vector [n]; only params can be matrices",
+               "input '" + decl.ident.name +
+                   "' must be a vector [n]; only params and states can have more dims",
                decl.range);
     return false;
   }
@@ -302,13 +332,16 @@ OwningOpRef<ModuleOp> IRGen::build(const CellAST &cell) {
       strings(states), builder.getStrArrayAttr({}),
       builder.getDictionaryAttr(sizeAttrs));
   Block *body = builder.createBlock(&def.getBody());
+  // A state of several dims, [NH, K, V], is the vector of its elements in
+  // row-major order, with those dims (docs/matrix-states.md).
   for (const std::string &name : llvm::concat<const std::string>(inputs, states)) {
     Binding &binding = scope[name];
-    int64_t size = shapes[name][0];
-    binding.current =
-        Val::ofVector(body->addArgument(vectorType(size),
-                                        loc(binding.ident.range.Start)),
-                      size);
+    const std::vector<int64_t> &shape = shapes[name];
+    int64_t size = 1;
+    for (int64_t d : shape)
+      size *= d;
+    binding.current = ofShape(
+        body->addArgument(vectorType(size), loc(binding.ident.range.Start)), shape);
   }
   builder.setInsertionPointToStart(body);
   for (const std::string &name : params) {
@@ -509,16 +542,26 @@ bool IRGen::bind(const Ident &ident, Val val, llvm::SMRange valueRange) {
     return false;
   }
   int64_t size = binding.current.size;
+  const SmallVector<int64_t, 2> &dims = binding.current.dims;
   if (val.kind == Val::Kind::Scalar || val.kind == Val::Kind::PerSample) {
     val = Val::ofVector(spread(val, size, valueRange.Start), size);
-  } else if (val.size != size) {
+  } else if (val.size != size ||
+             (!dims.empty() && !val.dims.empty() && val.dims != dims)) {
+    bool shaped = !dims.empty() || !val.dims.empty();
     diag.error(ident.range.Start,
-               "size mismatch: state '" + ident.name + "' has size " +
-                   llvm::Twine(size) + " but the value has size " +
-                   llvm::Twine(val.size),
+               (shaped ? "shape mismatch: state '" + ident.name + "' is " +
+                             shapeText(binding.current.shape()) + " but the value is " +
+                             shapeText(val.shape())
+                       : "size mismatch: state '" + ident.name + "' has size " +
+                             llvm::Twine(size) + " but the value has size " +
+                             llvm::Twine(val.size))
+                   .str(),
                {ident.range, valueRange});
     return false;
   }
+  // A state with dims keeps them; a plain one takes the value's.
+  if (!dims.empty())
+    val.dims = dims;
   binding.current = val;
   binding.assigned = true;
   binding.assignedAt = ident.range;
@@ -583,6 +626,12 @@ Binding *IRGen::use(const Expr &name) {
 }
 
 std::optional<Val> IRGen::evalName(const Expr &expr) {
+  // A size that a declaration uses is a constant, as in `k / sqrt(K)`.
+  if (!scope.count(expr.name)) {
+    auto it = sizes.find(expr.name);
+    if (it != sizes.end())
+      return Val::ofScalar(double(it->second));
+  }
   if (Binding *binding = use(expr))
     return binding->current;
   return std::nullopt;
@@ -702,13 +751,9 @@ std::optional<std::pair<Val, Val>> IRGen::broadcastHeads(const Expr &expr, const
     return start.size() < whole.size() && whole.take_front(start.size()) == start;
   };
   auto expand = [&](const Val &small, const Val &large) {
-    SmallVector<int64_t> kept;
-    for (int64_t d = 0, n = small.shape().size(); d < n; ++d)
-      kept.push_back(d);
     Val out = large;
-    out.value = builder.create<cell::ExpandOp>(
-        loc(expr.opLoc), vectorType(large.size), small.value,
-        builder.getDenseI64ArrayAttr(large.shape()), builder.getDenseI64ArrayAttr(kept));
+    out.value = this->expand(small.value, large.shape(),
+                             leadingDims(small.shape().size()), expr.opLoc);
     return out;
   };
   if (!lhs.dims.empty() || !rhs.dims.empty()) {
@@ -716,15 +761,9 @@ std::optional<std::pair<Val, Val>> IRGen::broadcastHeads(const Expr &expr, const
       return std::make_pair(expand(lhs, rhs), rhs);
     if (startsWith(ls, rs))
       return std::make_pair(lhs, expand(rhs, lhs));
-    auto text = [](ArrayRef<int64_t> shape) {
-      std::string t = "[";
-      for (auto [i, d] : llvm::enumerate(shape))
-        t += (i ? ", " : "") + std::to_string(d);
-      return t + "]";
-    };
     diag.error(expr.opLoc,
-               "shape mismatch in " + what + ": the left operand is " + text(ls) +
-                   ", the right " + text(rs) +
+               "shape mismatch in " + what + ": the left operand is " + shapeText(ls) +
+                   ", the right " + shapeText(rs) +
                    "; a value broadcasts over another whose shape starts with its own",
                {lhsExpr.range, rhsExpr.range});
     return std::nullopt;
@@ -794,6 +833,18 @@ std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
       weight = binding;
   }
   if (!weight) {
+    // A per-sample matrix (a value with dims) times a vector, either way.
+    std::optional<Val> lhs = eval(lhsExpr);
+    if (!lhs)
+      return std::nullopt;
+    if (lhs->kind == Val::Kind::Vector) {
+      std::optional<Val> rhs = evalElementwise(rhsExpr, "'@'");
+      if (!rhs)
+        return std::nullopt;
+      if (rhs->kind == Val::Kind::Vector &&
+          (!lhs->dims.empty() || !rhs->dims.empty()))
+        return evalSampleProduct(expr, *lhs, *rhs);
+    }
     std::string found = "an expression";
     if (lhsExpr.kind == Expr::Kind::Name) {
       const Binding &b = scope.find(lhsExpr.name)->second;
@@ -804,7 +855,8 @@ std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
       found = "a number";
     }
     diag.error(lhsExpr.range.Start,
-               "the left operand of '@' must be a matrix param, found " +
+               "the left operand of '@' must be a matrix param or a value with "
+               "dims (a matrix state, an outer product), found " +
                    found,
                lhsExpr.range);
     return std::nullopt;
@@ -848,6 +900,129 @@ std::optional<Val> IRGen::evalMatvec(const Expr &expr) {
   Value result = builder.create<cell::MatvecOp>(
       loc(expr.opLoc), vectorType(w.size), w.value, rhs->value);
   return Val::ofVector(result, w.size);
+}
+
+std::optional<Val> IRGen::evalSampleProduct(const Expr &expr, const Val &lhs,
+                                             const Val &rhs) {
+  // The matrix is the operand with one dim more than the other, or with two
+  // against a plain vector that every row (or column) shares.
+  SmallVector<int64_t, 2> ls = lhs.shape(), rs = rhs.shape();
+  bool matvec = ls.size() >= 2 && ls.size() > rs.size() &&
+                (rs.size() == 1 || rs.size() + 1 == ls.size());
+  bool vecmat = rs.size() >= 2 && rs.size() > ls.size() &&
+                (ls.size() == 1 || ls.size() + 1 == rs.size());
+  const Expr &lhsExpr = *expr.operands[0], &rhsExpr = *expr.operands[1];
+  ArrayRef<int64_t> as = matvec ? ls : rs, bs = matvec ? rs : ls;
+  int64_t rank = as.size();
+  ArrayRef<int64_t> lead = as.drop_back(2), bLead = bs.drop_back();
+  // `A @ b` contracts A's last dim, `b @ A` its last but one.
+  int64_t contracted = matvec ? rank - 1 : rank - 2;
+  if ((matvec || vecmat) && (!bLead.empty() && bLead != lead))
+    matvec = vecmat = false;
+  if (!matvec && !vecmat) {
+    diag.error(expr.opLoc,
+               "shape mismatch in '@': the left operand is " + shapeText(ls) +
+                   ", the right " + shapeText(rs) +
+                   "; a per-sample matrix [..., M, N] multiplies a vector [..., N] on "
+                   "its right or [..., M] on its left, with the same heads or none",
+               {lhsExpr.range, rhsExpr.range});
+    return std::nullopt;
+  }
+  if (bs.back() != as[contracted]) {
+    diag.error(expr.opLoc,
+               "size mismatch in '@': the " + llvm::Twine(matvec ? "left" : "right") +
+                   " operand is the matrix " + shapeText(as) + ", so the vector needs " +
+                   llvm::Twine(as[contracted]) + " elements in its last dim; found " +
+                   shapeText(bs),
+               {lhsExpr.range, rhsExpr.range});
+    return std::nullopt;
+  }
+  const Val &a = matvec ? lhs : rhs, &b = matvec ? rhs : lhs;
+  SmallVector<int64_t> bKept = bLead.empty() ? SmallVector<int64_t>{}
+                                             : leadingDims(lead.size());
+  bKept.push_back(contracted);
+  SmallVector<int64_t> kept = leadingDims(rank - 2);
+  kept.push_back(matvec ? rank - 2 : rank - 1);
+  Location l = loc(expr.opLoc);
+  Value product = builder.create<cell::MulOp>(
+      l, a.value, expand(b.value, as, bKept, expr.opLoc));
+  SmallVector<int64_t> shape(lead);
+  shape.push_back(as[matvec ? rank - 2 : rank - 1]);
+  return ofShape(reduce(product, as, kept, expr.opLoc), shape);
+}
+
+std::optional<Val> IRGen::evalOuter(const Expr &expr) {
+  const Expr &lhsExpr = *expr.operands[0], &rhsExpr = *expr.operands[1];
+  std::optional<Val> a = evalElementwise(lhsExpr, "'outer'");
+  if (!a)
+    return std::nullopt;
+  std::optional<Val> b = evalElementwise(rhsExpr, "'outer'");
+  if (!b)
+    return std::nullopt;
+  for (auto [val, operand] : {std::pair(&*a, &lhsExpr), std::pair(&*b, &rhsExpr)})
+    if (val->kind != Val::Kind::Vector) {
+      diag.error(operand->range.Start,
+                 llvm::Twine("'outer' takes two vectors; found ") + val->describe(),
+                 operand->range);
+      return std::nullopt;
+    }
+  // a [..., M] and b [..., N] give [..., M, N]: their leading dims (heads)
+  // match, or one has none and is shared by every head.
+  SmallVector<int64_t, 2> as = a->shape(), bs = b->shape();
+  ArrayRef<int64_t> aLead = ArrayRef(as).drop_back(), bLead = ArrayRef(bs).drop_back();
+  if (!aLead.empty() && !bLead.empty() && aLead != bLead) {
+    diag.error(expr.opLoc,
+               "shape mismatch in 'outer': the left operand is " + shapeText(as) +
+                   ", the right " + shapeText(bs) +
+                   "; their heads (all dims but the last) must match, or one must have "
+                   "none",
+               {lhsExpr.range, rhsExpr.range});
+    return std::nullopt;
+  }
+  ArrayRef<int64_t> lead = aLead.empty() ? bLead : aLead;
+  int64_t rank = lead.size() + 2;
+  SmallVector<int64_t> shape(lead);
+  shape.append({as.back(), bs.back()});
+  SmallVector<int64_t> aKept = aLead.empty() ? SmallVector<int64_t>{}
+                                             : leadingDims(lead.size());
+  aKept.push_back(rank - 2);
+  SmallVector<int64_t> bKept = bLead.empty() ? SmallVector<int64_t>{}
+                                             : leadingDims(lead.size());
+  bKept.push_back(rank - 1);
+  Value left = expand(a->value, shape, aKept, expr.opLoc);
+  Value right = expand(b->value, shape, bKept, expr.opLoc);
+  Value product = builder.create<cell::MulOp>(loc(expr.opLoc), left, right);
+  return ofShape(product, shape);
+}
+
+Value IRGen::expand(Value small, ArrayRef<int64_t> shape, ArrayRef<int64_t> kept,
+                    llvm::SMLoc at) {
+  int64_t size = 1;
+  for (int64_t d : shape)
+    size *= d;
+  return builder.create<cell::ExpandOp>(loc(at), vectorType(size), small,
+                                        builder.getDenseI64ArrayAttr(shape),
+                                        builder.getDenseI64ArrayAttr(kept));
+}
+
+Value IRGen::reduce(Value large, ArrayRef<int64_t> shape, ArrayRef<int64_t> kept,
+                    llvm::SMLoc at) {
+  int64_t size = 1;
+  for (int64_t d : kept)
+    size *= shape[d];
+  return builder.create<cell::ReduceOp>(loc(at), vectorType(size), large,
+                                        builder.getDenseI64ArrayAttr(shape),
+                                        builder.getDenseI64ArrayAttr(kept));
+}
+
+Val IRGen::ofShape(Value value, ArrayRef<int64_t> shape) {
+  int64_t size = 1;
+  for (int64_t d : shape)
+    size *= d;
+  Val val = Val::ofVector(value, size);
+  if (shape.size() >= 2)
+    val.dims.assign(shape.begin(), shape.end());
+  return val;
 }
 
 std::optional<Val> IRGen::evalVecmat(const Expr &expr) {
@@ -905,7 +1080,7 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
                expr.range);
     return std::nullopt;
   }
-  size_t arity = (fn == Fn::Max || fn == Fn::Min || fn == Fn::Heads) ? 2 : 1;
+  size_t arity = (fn == Fn::Max || fn == Fn::Min || fn == Fn::Heads || fn == Fn::Outer) ? 2 : 1;
   if (expr.operands.size() != arity) {
     diag.error(expr.opLoc,
                "'" + expr.name + "' takes " + llvm::Twine(arity) +
@@ -917,6 +1092,8 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
   std::string what = "'" + expr.name + "'";
   if (fn == Fn::Heads)
     return evalHeads(expr);
+  if (fn == Fn::Outer)
+    return evalOuter(expr);
   if (arity == 2)
     return evalElementwise2(expr, what);
   if (fn == Fn::Sum || fn == Fn::Mean)
@@ -953,6 +1130,7 @@ Val IRGen::applyUnary(Fn fn, Val arg, Location l) {
     return arg;
   case Fn::Unknown:
   case Fn::Heads:
+  case Fn::Outer:
   case Fn::Max:
   case Fn::Min:
   case Fn::Sum:
@@ -979,20 +1157,13 @@ std::optional<Val> IRGen::evalReduction(const Expr &expr, Fn fn) {
   Location l = loc(expr.opLoc);
   if (!arg->dims.empty()) {
     // Over each head's part: the last dim.
-    SmallVector<int64_t> kept;
-    for (int64_t d = 0; d + 1 < int64_t(arg->dims.size()); ++d)
-      kept.push_back(d);
+    ArrayRef<int64_t> kept = ArrayRef(arg->dims).drop_back();
     int64_t last = arg->dims.back(), count = arg->size / last;
-    Value sums = builder.create<cell::ReduceOp>(l, vectorType(count), arg->value,
-                                                builder.getDenseI64ArrayAttr(arg->dims),
-                                                builder.getDenseI64ArrayAttr(kept));
+    Value sums = reduce(arg->value, arg->dims, leadingDims(kept.size()), expr.opLoc);
     if (fn == Fn::Mean)
       sums = builder.create<cell::MulOp>(l, sums,
                                          constant(1.0 / double(last), count, expr.opLoc));
-    Val out = Val::ofVector(sums, count);
-    if (kept.size() >= 2)
-      out.dims.assign(arg->dims.begin(), arg->dims.end() - 1);
-    return out;
+    return ofShape(sums, kept);
   }
   Value sum = builder.create<cell::SumOp>(l, vectorType(1), arg->value);
   if (fn == Fn::Mean)

@@ -3,6 +3,7 @@ under autograd."""
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -183,6 +184,29 @@ class Cell:
             raise ValueError(f"cannot bind the sizes {', '.join(names)} from the tensors given")
         return sizes
 
+    def _state_shapes(self, states, B):
+        """The shape of each state given (a dict of `[B, ...]`, or None) without
+        its B, for bind_sizes."""
+        declared = dict(self.states)
+        shapes = {}
+        for n, t in (states or {}).items():
+            dims = declared.get(n, ["n"])
+            if t.dim() != 1 + len(dims) or t.shape[0] != B:
+                want = "n" if len(dims) == 1 else ", ".join(dims)
+                raise ValueError(f"state '{n}' must be [B, {want}] with B={B}, got "
+                                 f"{list(t.shape)}")
+            shapes[n] = tuple(t.shape[1:])
+        return shapes
+
+    def _shaped_states(self, final, sizes):
+        """The final states in their declared shapes (a matrix state's
+        `[B, NH*K*V]` as `[B, NH, K, V]`)."""
+        shaped = {}
+        for n, dims in self.states:
+            t = final[n]
+            shaped[n] = t if len(dims) == 1 else t.reshape(t.shape[0], *self.shape(n, sizes))
+        return shaped
+
     def jit(self, sizes, dtype, batch=0, seq_len=100):
         """The compiled cell for `sizes` and a torch dtype (cached). With the
         `batch` it will run at, a tuned config for that batch's power-of-two
@@ -283,8 +307,9 @@ class Cell:
             if lead != (T, B):
                 raise ValueError(f"input '{n}' has T, B = {lead}, but '{names_in[0]}' has {(T, B)}")
         shapes.update({n: tuple(params[n].shape) for n in names_par})
-        shapes.update(_state_shapes(states, B))
+        shapes.update(self._state_shapes(states, B))
         sizes = self.bind_sizes(shapes)
+        states = _flat_states(states, B)
         resets = _check_resets(resets, T, B, batch_first)
         mode = _parse_mode(save_gates, recompute)
         if dtype == torch.bfloat16 and self._runs_cuda(device):
@@ -294,17 +319,20 @@ class Cell:
             states = ({n: t.float() for n, t in states.items()} if states is not None
                       else None)
         if _ops.AVAILABLE:
-            return self._call_op(sizes, inputs, [params[n] for n in names_par], states,
-                                 resets, mode, batch_first, lengths)
-        lengths = _check_lengths(lengths, T, B)
-        if self._runs_cuda(device):
-            return self._call_cuda(sizes, names_in, inputs, names_par, params, states, resets,
-                                   save_gates, recompute, batch_first, device, lengths)
-        compiled = self.jit(sizes, dtype, batch=B, seq_len=T)
-        out, final, self.saved_bytes = _run(compiled, inputs, [params[n] for n in names_par],
-                                            states, resets, mode, lengths, batch_first)
-        self._last = compiled
-        return out, final
+            out, final = self._call_op(sizes, inputs, [params[n] for n in names_par], states,
+                                       resets, mode, batch_first, lengths)
+        elif self._runs_cuda(device):
+            out, final = self._call_cuda(sizes, names_in, inputs, names_par, params, states,
+                                         resets, save_gates, recompute, batch_first, device,
+                                         _check_lengths(lengths, T, B))
+        else:
+            compiled = self.jit(sizes, dtype, batch=B, seq_len=T)
+            out, final, self.saved_bytes = _run(compiled, inputs,
+                                                [params[n] for n in names_par], states, resets,
+                                                mode, _check_lengths(lengths, T, B),
+                                                batch_first)
+            self._last = compiled
+        return out, self._shaped_states(final, sizes)
 
     def step(self, x, params, states=None):
         """One step, as a stream runs the cell (an RL actor, a model served
@@ -325,13 +353,15 @@ class Cell:
         inputs = [x0] if not isinstance(x, dict) else [x[n] for n in names_in]
         buf = lambda ts: [(t.data_ptr(), list(t.shape)) for t in ts]
         st = [] if states is None else states
-        state_list = [st[n] if n in st else x0.new_zeros(B, w) for n, w in widths_st]
+        # A matrix state [B, NH, K, V] is the kernel's [B, NH*K*V].
+        state_list = [st[n].view(B, w) if n in st else x0.new_zeros(B, w)
+                      for n, w, _ in widths_st]
         outs = [x0.new_empty(B, w) for w in widths_out]
-        news = [x0.new_empty(B, w) for _, w in widths_st]
+        news = [x0.new_empty(B, *shape) for _, _, shape in widths_st]
         compiled.step(buf(inputs), buf([params[n] for n in names_par]), buf(state_list),
-                      buf(outs), buf(news))
+                      buf(outs), [(t.data_ptr(), [B, w]) for t, (_, w, _) in zip(news, widths_st)])
         out = outs[0] if len(outs) == 1 else dict(zip(self.outputs, outs))
-        return out, {n: t for (n, _), t in zip(widths_st, news)}
+        return out, {n: t for (n, _, _), t in zip(widths_st, news)}
 
     def _step_plan(self, x, params, states):
         """What a direct step needs (the compiled cell, the names, the widths
@@ -385,11 +415,12 @@ class Cell:
                                  f"'{names_in[0]}' has B = {B}")
         shapes = {n: (t.shape[1],) for n, t in zip(names_in, inputs)}
         shapes.update({n: tuple(params[n].shape) for n in names_par})
-        shapes.update(_state_shapes(states, B))
+        shapes.update(self._state_shapes(states, B))
         sizes = self.bind_sizes(shapes)
         compiled = self.jit(sizes, dtype, batch=B, seq_len=1)
         widths_out = [shape[0] for _, shape in compiled.outputs]
-        widths_st = [(n, shape[0]) for n, shape in compiled.states]
+        widths_st = [(n, shape[0], tuple(self.shape(n, sizes)))
+                     for n, shape in compiled.states]
         return compiled, names_in, names_par, widths_out, widths_st
 
     def _step_as_sequence(self, x, params, states):
@@ -432,7 +463,7 @@ class Cell:
                 t = states.get(n)
                 # The CUDA kernels' states are float32 whatever the storage.
                 state_list.append(t if t is not None else x0.new_zeros(
-                    B, self.shape(n, sizes)[0],
+                    B, math.prod(self.shape(n, sizes)),
                     dtype=torch.float32 if cuda_kernels else x0.dtype))
         inputs, params, state_list = ([t.contiguous() for t in ts]
                                       for ts in (inputs, params, state_list))
@@ -584,15 +615,12 @@ def _one_dtype(tensors):
     return dtype
 
 
-def _state_shapes(states, B):
-    """The width of each state given (a dict of [B, n], or None), for
-    bind_sizes."""
-    shapes = {}
-    for n, t in (states or {}).items():
-        if t.dim() != 2 or t.shape[0] != B:
-            raise ValueError(f"state '{n}' must be [B, n] with B={B}, got {list(t.shape)}")
-        shapes[n] = (t.shape[1],)
-    return shapes
+def _flat_states(states, B):
+    """The states given (a dict, or None) as the kernels' `[B, n]`: a matrix
+    state `[B, NH, K, V]` is the vector of its elements in row-major order."""
+    if states is None:
+        return None
+    return {n: t if t.dim() == 2 else t.reshape(B, -1) for n, t in states.items()}
 
 
 def _compiler_build():
