@@ -1,0 +1,250 @@
+"""The six matrix-state examples (mLSTM, DeltaNet, gated DeltaNet, GLA,
+RetNet, Mamba's S6 step) against float64 references written from the papers'
+formulas with torch: outputs, final states and every gradient, in every
+recompute mode, with resets and lengths, at state sizes that are not a
+multiple of any tile (NH*K*V = 30, D*N = 15); on 1 and 3 threads; in
+float32; in the SIMT emulator; and the states' shapes and errors."""
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cellc
+from conftest import assert_sequence_matches
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+SIZES = dict(I=4, NH=2, K=3, V=5, D=5, N=3)
+
+
+def heads(t, NH):
+    return t.view(t.shape[0], NH, -1)
+
+
+def l2norm(t):
+    return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+
+
+def mlstm(x, s, p, NH, K, V, **_):
+    C, n, m = s["C"], s["n"], s["m"]
+    q = heads(x @ p["W_q"].t(), NH)
+    k = heads(x @ p["W_k"].t(), NH) / math.sqrt(K)
+    v = heads(x @ p["W_v"].t(), NH)
+    log_f = F.logsigmoid(x @ p["w_f"].t() + p["b_f"])
+    log_i = x @ p["w_i"].t() + p["b_i"]
+    m_new = torch.maximum(log_f + m, log_i)
+    f, i = torch.exp(log_f + m - m_new), torch.exp(log_i - m_new)
+    C = f[..., None, None] * C + i[..., None, None] * torch.einsum("bhk,bhv->bhkv", k, v)
+    n = f[..., None] * n + i[..., None] * k
+    num = torch.einsum("bhkv,bhk->bhv", C, q)
+    den = torch.maximum((n * q).sum(-1).abs(), torch.exp(-m_new))
+    h = torch.sigmoid(x @ p["W_o"].t()) * (num / den[..., None]).flatten(1)
+    return h, {"C": C, "n": n, "m": m_new}
+
+
+def delta_rule(x, C, p, NH, alpha=None):
+    q = l2norm(heads(x @ p["W_q"].t(), NH))
+    k = l2norm(heads(x @ p["W_k"].t(), NH))
+    v = heads(x @ p["W_v"].t(), NH)
+    beta = torch.sigmoid(x @ p["w_b"].t())
+    # S = α S (I - β k kᵀ) + β v kᵀ, with S = Cᵀ, as the papers write it.
+    S = C.transpose(-1, -2)
+    if alpha is not None:
+        S = alpha[..., None, None] * S
+    eye = torch.eye(k.shape[-1], dtype=x.dtype)
+    S = (S @ (eye - beta[..., None, None] * k[..., :, None] * k[..., None, :])
+         + beta[..., None, None] * v[..., :, None] * k[..., None, :])
+    o = (S @ q[..., None])[..., 0]
+    return o.flatten(1), S.transpose(-1, -2)
+
+
+def deltanet(x, s, p, NH, **_):
+    o, C = delta_rule(x, s["C"], p, NH)
+    return o, {"C": C}
+
+
+def gated_deltanet(x, s, p, NH, **_):
+    alpha = torch.exp(-torch.exp(p["A_log"]) * F.softplus(x @ p["w_a"].t() + p["dt_bias"]))
+    o, C = delta_rule(x, s["C"], p, NH, alpha)
+    return o, {"C": C}
+
+
+def gla(x, s, p, NH, K, **_):
+    q = heads(x @ p["W_q"].t(), NH)
+    k = heads(x @ p["W_k"].t(), NH) / math.sqrt(K)
+    v = heads(x @ p["W_v"].t(), NH)
+    alpha = torch.sigmoid(heads(x @ p["W_a"].t(), NH)) ** (1 / 16)
+    S = alpha[..., None] * s["S"] + k[..., :, None] * v[..., None, :]
+    return torch.einsum("bhk,bhkv->bhv", q, S).flatten(1), {"S": S}
+
+
+def retnet(x, s, p, NH, K, **_):
+    q = heads(x @ p["W_q"].t(), NH)
+    k = heads(x @ p["W_k"].t(), NH) / math.sqrt(K)
+    v = heads(x @ p["W_v"].t(), NH)
+    S = p["gamma"][:, None, None] * s["S"] + k[..., :, None] * v[..., None, :]
+    return torch.einsum("bhk,bhkv->bhv", q, S).flatten(1), {"S": S}
+
+
+def mamba_s6(u, s, p, D, N, **_):
+    # selective_scan_ref's loop body (mamba_ssm/ops/selective_scan_interface.py).
+    delta = F.softplus(u @ p["W_dt"].t() + p["dt_bias"])
+    A = -torch.exp(p["A_log"].view(D, N))
+    B, C = u @ p["W_B"].t(), u @ p["W_C"].t()
+    deltaA = torch.exp(torch.einsum("bd,dn->bdn", delta, A))
+    deltaB_u = torch.einsum("bd,bn,bd->bdn", delta, B, u)
+    h = deltaA * s["h"] + deltaB_u
+    y = torch.einsum("bdn,bn->bd", h, C) + u * p["skip"]
+    return y, {"h": h}
+
+
+CELLS = {"mlstm": mlstm, "deltanet": deltanet, "gated_deltanet": gated_deltanet,
+         "gla": gla, "retnet": retnet, "mamba_s6": mamba_s6}
+
+
+def source(name):
+    with open(os.path.join(EXAMPLES, name + ".cell")) as f:
+        return f.read()
+
+
+def problem(cell, name, dtype, T=6, B=5, seed=0):
+    torch.manual_seed(seed)
+    params = {}
+    for n, _ in cell.params:
+        shape = cell.shape(n, SIZES)
+        scale = 1 / math.sqrt(shape[-1]) if len(shape) == 2 else 0.5
+        params[n] = (scale * torch.randn(*shape, dtype=dtype)).requires_grad_()
+    if name == "retnet":  # decays in (0, 1), as the paper's
+        params["gamma"] = torch.rand(SIZES["NH"], dtype=dtype).mul(0.5).add(0.45).requires_grad_()
+    states = {n: (0.5 * torch.randn(B, *cell.shape(n, SIZES), dtype=dtype)).requires_grad_()
+              for n, _ in cell.states}
+    width = cell.shape(cell.inputs[0][0], SIZES)[0]
+    x = torch.randn(T, B, width, dtype=dtype, requires_grad=True)
+    resets = torch.rand(T, B) < 0.2
+    lengths = torch.tensor([6, 2, 5, 1, 6])[:B]
+    return x, params, states, resets, lengths
+
+
+def reference(name, x, params, states, resets, lengths):
+    """The float64 loop: a reset restarts a sample from its initial states; a
+    sample past its length keeps its states and outputs zeros."""
+    s, outs = dict(states), []
+    for t in range(x.shape[0]):
+        live = t < lengths
+        mask = lambda v, m: m.view(-1, *([1] * (v.dim() - 1)))
+        s = {n: torch.where(mask(v, resets[t] & live), states[n], v) for n, v in s.items()}
+        out, new = CELLS[name](x[t], s, params, **SIZES)
+        s = {n: torch.where(mask(v, live), new[n], v) for n, v in s.items()}
+        outs.append(torch.where(live[:, None], out, torch.zeros_like(out)))
+    return torch.stack(outs), s
+
+
+def flat(states):
+    return torch.cat([t.flatten(1) for t in states.values()], 1)
+
+
+@pytest.mark.parametrize("mode", ["none", "full", "chunk:2"])
+@pytest.mark.parametrize("name", list(CELLS))
+def test_matrix_cell_matches_its_float64_reference(name, mode):
+    cell = cellc.compile(source(name))
+    x, p, s, resets, lengths = problem(cell, name, torch.float64)
+    out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute=mode)
+    for n, t in s.items():
+        assert final[n].shape == t.shape, n
+    want_out, want_final = reference(name, x, p, s, resets, lengths)
+    assert_sequence_matches(out, flat(final), want_out, flat(want_final),
+                            [x, *s.values(), *p.values()], ["x", *s, *p])
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_matrix_cell_on_three_threads(name):
+    cell = cellc.compile(source(name), threads=3)
+    x, p, s, resets, lengths = problem(cell, name, torch.float64, B=5, seed=1)
+    out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute="full")
+    want_out, want_final = reference(name, x, p, s, resets, lengths)
+    assert_sequence_matches(out, flat(final), want_out, flat(want_final),
+                            [x, *s.values(), *p.values()], ["x", *s, *p])
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_matrix_cell_in_float32(name):
+    cell = cellc.compile(source(name))
+    x, p, s, resets, lengths = problem(cell, name, torch.float32, seed=2)
+    out, final = cell(x, p, s, resets=resets, lengths=lengths)
+    d = lambda ts: {n: t.detach().double() for n, t in ts.items()}
+    want_out, want_final = reference(name, x.detach().double(), d(p), d(s), resets, lengths)
+    torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(flat(final).double(), flat(want_final), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_matrix_cell_step_is_the_sequence_step_by_step(name):
+    # cell.step carries the states in their declared shapes.
+    cell = cellc.compile(source(name))
+    x, p, s, _, _ = problem(cell, name, torch.float64, seed=3)
+    want_out, want_final = cell(x, p, s)
+    with torch.no_grad():
+        states = {n: t.detach() for n, t in s.items()}
+        for t in range(x.shape[0]):
+            out, states = cell.step(x[t], p, states)
+            torch.testing.assert_close(out, want_out[t], rtol=1e-12, atol=1e-12)
+    for n, t in states.items():
+        assert t.shape == s[n].shape
+        torch.testing.assert_close(t, want_final[n], rtol=1e-12, atol=1e-12)
+
+
+def test_matrix_states_start_at_zero_when_not_given():
+    cell = cellc.compile(source("gated_deltanet"))
+    x, p, s, _, _ = problem(cell, "gated_deltanet", torch.float64)
+    zeros = {n: torch.zeros_like(t) for n, t in s.items()}
+    out, final = cell(x, p)
+    want_out, want_final = reference("gated_deltanet", x, p, zeros,
+                                     torch.zeros(x.shape[:2], dtype=torch.bool),
+                                     torch.full((x.shape[1],), x.shape[0]))
+    torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+    assert final["C"].shape == (5, 2, 3, 5)
+    torch.testing.assert_close(final["C"], want_final["C"], rtol=1e-12, atol=1e-12)
+
+
+def test_a_matrix_state_of_the_wrong_shape_is_an_error():
+    cell = cellc.compile(source("mlstm"))
+    x, p, s, _, _ = problem(cell, "mlstm", torch.float64)
+    flat_c = dict(s, C=s["C"].detach().flatten(1))
+    with pytest.raises(ValueError, match=r"state 'C' must be \[B, NH, K, V\] with B=5, got "
+                                         r"\[5, 30\]"):
+        cell(x, p, flat_c)
+    wrong_v = dict(s, C=torch.zeros(5, 2, 3, 4, dtype=torch.float64))
+    # C binds V = 4 (declared first), so W_v's 10 rows disagree: NH*V = 8.
+    with pytest.raises(ValueError, match=r"param 'W_v' is declared \[NH\*V, I\] \(with I=4, "
+                                         r"K=3, NH=2, V=4\) but the tensor for it has shape "
+                                         r"\[10, 4\]"):
+        cell(x, p, wrong_v)
+    with pytest.raises(ValueError, match=r"state 'C' must be \[B, NH, K, V\] with B=5"):
+        cell.step(x[0], p, flat_c)
+
+
+@pytest.mark.parametrize("options", [{"strategy": "batch-tiled", "batch_tile": 4},
+                                     {"strategy": "persistent", "ctas": 3}],
+                         ids=["batch-tiled", "persistent-3"])
+@pytest.mark.parametrize("name", list(CELLS))
+def test_matrix_cell_in_the_emulator(name, options):
+    # The CUDA kernels in the SIMT emulator, forward and every gradient, with
+    # resets and lengths, saving the gates and replaying them.
+    cell = cellc.compile(source(name), target="cuda-emu", cuda=dict(options, precision="ieee"))
+    x, p, s, resets, lengths = problem(cell, name, torch.float32, seed=4)
+    d = lambda ts: {n: t.detach().double().requires_grad_() for n, t in ts.items()}
+    p64, s64, x64 = d(p), d(s), x.detach().double().requires_grad_()
+    want_out, want_final = reference(name, x64, p64, s64, resets, lengths)
+    g, g_final = torch.randn_like(want_out), torch.randn_like(flat(want_final))
+    want = torch.autograd.grad((want_out * g).sum() + (flat(want_final) * g_final).sum(),
+                               [x64, *s64.values(), *p64.values()])
+    for mode in ("none", "full"):
+        out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute=mode)
+        torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-4)
+        got = torch.autograd.grad((out * g.float()).sum()
+                                  + (flat(final) * g_final.float()).sum(),
+                                  [x, *s.values(), *p.values()])
+        for n, a, b in zip(["x", *s, *p], got, want):
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=f"{mode}: d{n}")
