@@ -48,6 +48,11 @@ def test_block_gru_learns():
     assert_loss_halves("train_block_gru.py")
 
 
+def test_gated_deltanet_learns_associative_recall():
+    # A matrix state [NH, K, V], written and read by key (examples/gated_deltanet.cell).
+    assert_loss_halves("train_deltanet.py")
+
+
 def test_ddp_gradients_equal_one_process_over_the_whole_batch():
     # Two gloo processes, each on half of every batch, for five SGD steps.
     out = run_example("ddp_lstm.py")
