@@ -14,8 +14,12 @@ using namespace mlir;
 
 void cellc::buildPipeline(OpPassManager &pm, Stage stage,
                           const PipelineOptions &options) {
-  if (stage >= Stage::Split)
+  if (stage >= Stage::Split) {
+    // One op for each value the cell computes twice (an expand that two
+    // products of a matrix state share), before the backward doubles it.
+    pm.addPass(createCSEPass());
     pm.addPass(cell::createCellSplitProjections());
+  }
   if (stage >= Stage::Grad)
     pm.addPass(cell::createCellAutodiff());
   if (stage >= Stage::Plan)

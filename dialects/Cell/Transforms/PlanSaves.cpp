@@ -15,9 +15,10 @@ namespace mlir::cell {
 namespace {
 
 /// Ops that are cheaper to recompute from their operands than to store. A
-/// broadcast stores one value per unit where its operand is one per sample.
+/// broadcast stores one value per unit where its operand is one per sample;
+/// an expand, a head's matrix where its operand is a vector per head.
 bool isCheap(Operation *op) {
-  return isa<AddOp, SubOp, MulOp, NegOp, BroadcastOp>(op);
+  return isa<AddOp, SubOp, MulOp, NegOp, BroadcastOp, ExpandOp>(op);
 }
 
 /// Forward ops that the backward replays inside its cell.restore.
