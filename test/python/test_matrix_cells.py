@@ -17,6 +17,9 @@ from conftest import assert_sequence_matches
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 SIZES = dict(I=4, NH=2, K=3, V=5, D=5, N=3)
+# The last dims (V, N) a multiple of every vector width: the kernels read
+# an expand's input in whole vectors rather than unit by unit.
+WIDE = dict(I=4, NH=2, K=3, V=16, D=5, N=16)
 
 
 def heads(t, NH):
@@ -109,25 +112,25 @@ def source(name):
         return f.read()
 
 
-def problem(cell, name, dtype, T=6, B=5, seed=0):
+def problem(cell, name, dtype, T=6, B=5, seed=0, sizes=SIZES):
     torch.manual_seed(seed)
     params = {}
     for n, _ in cell.params:
-        shape = cell.shape(n, SIZES)
+        shape = cell.shape(n, sizes)
         scale = 1 / math.sqrt(shape[-1]) if len(shape) == 2 else 0.5
         params[n] = (scale * torch.randn(*shape, dtype=dtype)).requires_grad_()
     if name == "retnet":  # decays in (0, 1), as the paper's
-        params["gamma"] = torch.rand(SIZES["NH"], dtype=dtype).mul(0.5).add(0.45).requires_grad_()
-    states = {n: (0.5 * torch.randn(B, *cell.shape(n, SIZES), dtype=dtype)).requires_grad_()
+        params["gamma"] = torch.rand(sizes["NH"], dtype=dtype).mul(0.5).add(0.45).requires_grad_()
+    states = {n: (0.5 * torch.randn(B, *cell.shape(n, sizes), dtype=dtype)).requires_grad_()
               for n, _ in cell.states}
-    width = cell.shape(cell.inputs[0][0], SIZES)[0]
+    width = cell.shape(cell.inputs[0][0], sizes)[0]
     x = torch.randn(T, B, width, dtype=dtype, requires_grad=True)
     resets = torch.rand(T, B) < 0.2
     lengths = torch.tensor([6, 2, 5, 1, 6])[:B]
     return x, params, states, resets, lengths
 
 
-def reference(name, x, params, states, resets, lengths):
+def reference(name, x, params, states, resets, lengths, sizes=SIZES):
     """The float64 loop: a reset restarts a sample from its initial states; a
     sample past its length keeps its states and outputs zeros."""
     s, outs = dict(states), []
@@ -135,7 +138,7 @@ def reference(name, x, params, states, resets, lengths):
         live = t < lengths
         mask = lambda v, m: m.view(-1, *([1] * (v.dim() - 1)))
         s = {n: torch.where(mask(v, resets[t] & live), states[n], v) for n, v in s.items()}
-        out, new = CELLS[name](x[t], s, params, **SIZES)
+        out, new = CELLS[name](x[t], s, params, **sizes)
         s = {n: torch.where(mask(v, live), new[n], v) for n, v in s.items()}
         outs.append(torch.where(live[:, None], out, torch.zeros_like(out)))
     return torch.stack(outs), s
@@ -156,6 +159,25 @@ def test_matrix_cell_matches_its_float64_reference(name, mode):
     want_out, want_final = reference(name, x, p, s, resets, lengths)
     assert_sequence_matches(out, flat(final), want_out, flat(want_final),
                             [x, *s.values(), *p.values()], ["x", *s, *p])
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_matrix_cell_with_whole_vectors_along_the_last_dim(name):
+    cell = cellc.compile(source(name))
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, None)):
+        x, p, s, resets, lengths = problem(cell, name, dtype, seed=5, sizes=WIDE)
+        out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute="chunk:2")
+        if tol:
+            want_out, want_final = reference(name, x, p, s, resets, lengths, WIDE)
+            assert_sequence_matches(out, flat(final), want_out, flat(want_final),
+                                    [x, *s.values(), *p.values()], ["x", *s, *p], tol)
+            continue
+        d = lambda ts: {n: t.detach().double() for n, t in ts.items()}
+        want_out, want_final = reference(name, x.detach().double(), d(p), d(s), resets,
+                                         lengths, WIDE)
+        torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(flat(final).double(), flat(want_final), rtol=1e-4,
+                                   atol=1e-4)
 
 
 @pytest.mark.parametrize("name", list(CELLS))

@@ -282,8 +282,51 @@ public:
     f.setPrivate();
     return f;
   }
+  /// An expand is not computed whole: it is read in place where it is used
+  /// (evalProduct), so an outer product or `C q` writes no matrix of copies.
   bool computesProduct(Operation *op) override {
-    return PhasePlan::isCrossUnit(op);
+    return PhasePlan::isCrossUnit(op) && !isa<ExpandOp>(op);
+  }
+  /// A lane of an expand, from its input's buffer at the kept index of each
+  /// unit: where the lane lies within one run of the last dim, the kept
+  /// values of its units are in a row (the last dim kept: one load) or are
+  /// one value (dropped: one load, spread); otherwise unit by unit.
+  Value evalProduct(Operation *op, const Index &i) override {
+    auto expand = dyn_cast<ExpandOp>(op);
+    if (!expand)
+      return StepEmitter::evalProduct(op, i);
+    ArrayRef<int64_t> shape = expand.getShape(), kept = expand.getKept();
+    int64_t dims = shape.size();
+    Value slot, buf = bufferOf(expand.getInput(), slot);
+    auto keptIndex = [&](Value f) {
+      SmallVector<Value> at(dims);
+      for (int64_t d = dims - 1; d >= 0; --d) {
+        at[d] = builder.create<arith::RemUIOp>(loc, f, index(shape[d]));
+        f = builder.create<arith::DivUIOp>(loc, f, index(shape[d]));
+      }
+      Value from = index(0);
+      for (int64_t k : kept)
+        from = builder.create<arith::AddIOp>(
+            loc, builder.create<arith::MulIOp>(loc, from, index(shape[k])), at[k]);
+      return from;
+    };
+    VectorType one = VectorType::get({1}, element);
+    auto scalarAt = [&](Value k) {
+      Value x = builder.create<vector::LoadOp>(loc, one, buf, indices(slot, row, k));
+      return builder.create<vector::ExtractOp>(loc, x, ArrayRef<int64_t>{0}).getResult();
+    };
+    int64_t width = lane.getNumElements();
+    if (shape.back() % width == 0 && i.offset % width == 0) {
+      Value k = keptIndex(at(i));
+      if (kept.back() == dims - 1)
+        return load(buf, slot, k);
+      return builder.create<vector::BroadcastOp>(loc, lane, scalarAt(k));
+    }
+    Value v = splat(builder, loc, lane, 0.0);
+    for (int64_t e = 0; e < width; ++e)
+      v = builder.create<vector::InsertOp>(loc, scalarAt(keptIndex(shifted(at(i), e))), v,
+                                           ArrayRef<int64_t>{e});
+    return v;
   }
   /// A lane holds units of one row: the per-sample value is evaluated alone
   /// and spread over the lane.
