@@ -170,6 +170,8 @@ llvm::Error cellc::printStage(ModuleOp module, Emit emit,
     bool cuda = options.target == Target::Cuda;
     phases.materializeConcats = !cuda;
     phases.readAlignedInPhase = !cuda;
+    phases.expandsInPlace = !cuda;
+    phases.reducesInPlace = !cuda;
     cell::printPhases(module, os, phases);
     return llvm::Error::success();
   }

@@ -285,13 +285,20 @@ public:
   /// An expand is not computed whole: it is read in place where it is used
   /// (evalProduct), so an outer product or `C q` writes no matrix of copies.
   bool computesProduct(Operation *op) override {
-    return PhasePlan::isCrossUnit(op) && !isa<ExpandOp>(op);
+    if (isa<ExpandOp>(op))
+      return false;
+    // A reduce whose operand the plan left unwritten sums it in place.
+    if (isa<ReduceOp>(op) && !plan->materialized.contains(PhasePlan::wholeOperand(op)))
+      return false;
+    return PhasePlan::isCrossUnit(op);
   }
   /// A lane of an expand, from its input's buffer at the kept index of each
   /// unit: where the lane lies within one run of the last dim, the kept
   /// values of its units are in a row (the last dim kept: one load) or are
   /// one value (dropped: one load, spread); otherwise unit by unit.
   Value evalProduct(Operation *op, const Index &i) override {
+    if (auto reduce = dyn_cast<ReduceOp>(op))
+      return evalReduce(reduce, i);
     auto expand = dyn_cast<ExpandOp>(op);
     if (!expand)
       return StepEmitter::evalProduct(op, i);
@@ -339,6 +346,67 @@ public:
     lane = wide;
     Value scalar = builder.create<vector::ExtractOp>(loc, v, ArrayRef<int64_t>{0});
     return builder.create<vector::BroadcastOp>(loc, lane, scalar);
+  }
+  /// A lane of a reduce that keeps the last dim and whose operand is not
+  /// written out (PhasePlan::Options::reducesInPlace): the operand evaluated
+  /// at each element summed into the lane's units. Where the lane lies in
+  /// one run of the last dim (`Cᵀ q`, summing over K), one loop of K vector
+  /// multiply-adds; otherwise unit by unit.
+  Value evalReduce(ReduceOp reduce, const Index &i) {
+    ArrayRef<int64_t> shape = reduce.getShape(), kept = reduce.getKept();
+    int64_t dims = shape.size();
+    Value vec = reduce.getInput();
+    SmallVector<int64_t> stride(dims, 1), others;
+    for (int64_t d = dims - 2; d >= 0; --d)
+      stride[d] = stride[d + 1] * shape[d + 1];
+    int64_t count = 1;
+    for (int64_t d = 0; d < dims; ++d)
+      if (!llvm::is_contained(kept, d)) {
+        others.push_back(d);
+        count *= shape[d];
+      }
+    // The operand's index of `flat`, an index over `over` in row-major order.
+    auto spread = [&](Value flat, ArrayRef<int64_t> over) {
+      Value at = index(0);
+      for (int64_t d : llvm::reverse(over)) {
+        Value digit = builder.create<arith::RemUIOp>(loc, flat, index(shape[d]));
+        flat = builder.create<arith::DivUIOp>(loc, flat, index(shape[d]));
+        at = builder.create<arith::AddIOp>(
+            loc, at, builder.create<arith::MulIOp>(loc, digit, index(stride[d])));
+      }
+      return at;
+    };
+    // The sum, in vectors of `width`, of the operand at `base` plus each
+    // summed element.
+    auto sumFrom = [&](Value base, VectorType width) {
+      VectorType wide = lane;
+      lane = width;
+      auto loop = builder.create<scf::ForOp>(
+          loc, index(0), index(count), index(1), ValueRange{splat(builder, loc, width, 0.0)},
+          [&](OpBuilder &b, Location l, Value s, ValueRange acc) {
+            OpBuilder::InsertionGuard guard(builder);
+            builder.setInsertionPointToStart(b.getInsertionBlock());
+            scopes.emplace_back();
+            Value f = builder.create<arith::AddIOp>(loc, base, spread(s, others));
+            Value x = eval(vec, {f, 0, sizeOf(vec)});
+            scopes.pop_back();
+            builder.create<scf::YieldOp>(l, ValueRange{builder.create<arith::AddFOp>(l, acc[0], x)});
+          });
+      lane = wide;
+      return loop.getResult(0);
+    };
+    int64_t width = lane.getNumElements();
+    if (shape.back() % width == 0 && i.offset % width == 0)
+      return sumFrom(spread(at(i), kept), lane);
+    VectorType one = VectorType::get({1}, element);
+    Value result = splat(builder, loc, lane, 0.0);
+    for (int64_t e = 0; e < width; ++e) {
+      Value sum = sumFrom(spread(shifted(at(i), e), kept), one);
+      result = builder.create<vector::InsertOp>(
+          loc, builder.create<vector::ExtractOp>(loc, sum, ArrayRef<int64_t>{0}), result,
+          ArrayRef<int64_t>{e});
+    }
+    return result;
   }
   /// The sum of each of this slice's rows: `lanes` units at a time into one
   /// vector, whose elements are added at the end, then the rest one at a
@@ -572,6 +640,8 @@ struct ConvertCellToBatchedKernels
     PhasePlan::Options options;
     options.materializeConcats = true;
     options.readAlignedInPhase = true;
+    options.expandsInPlace = true;
+    options.reducesInPlace = true;
     return options;
   }
 

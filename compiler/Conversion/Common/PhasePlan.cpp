@@ -48,10 +48,21 @@ PhasePlan::PhasePlan(Block &block, ArrayRef<Value> roots,
                      std::function<bool(Value)> isWhole, Options options)
     : block(block), isLeaf(std::move(isLeaf)), isWhole(std::move(isWhole)),
       options(options) {
+  // A reduce that keeps the last dim, of an operand computed element by
+  // element (which a reduce in place evaluates at the elements it sums).
+  auto inPlace = [](ReduceOp reduce) {
+    Operation *op = reduce.getInput().getDefiningOp();
+    return op && !isCrossUnit(op) && !isView(reduce.getInput()) &&
+           !isa<RestoreOp, ConcatOp, ProjectionOp, ParamOp, ConstantOp>(op) &&
+           reduce.getKept().back() == int64_t(reduce.getShape().size()) - 1;
+  };
   block.walk([&](Operation *op) {
     if (!isCrossUnit(op))
       return;
     Value vec = wholeOperand(op);
+    auto reduce = dyn_cast<ReduceOp>(op);
+    if (options.reducesInPlace && reduce && inPlace(reduce))
+      return;
     if (!this->isWhole(vec))
       materialized.insert(vec);
   });
@@ -86,7 +97,8 @@ PhasePlan::PhasePlan(Block &block, ArrayRef<Value> roots,
         Value v = stack.pop_back_val();
         if (!seen.insert(v).second)
           continue;
-        if (v != item && (materialized.contains(v) || this->isLeaf(v)))
+        if (v != item && (materialized.contains(v) || this->isLeaf(v) ||
+                          (options.expandsInPlace && v.getDefiningOp<ExpandOp>())))
           continue;
         if (!isView(v) && v != item) {
           auto [it, fresh] = firstPhase.try_emplace(v, phase);

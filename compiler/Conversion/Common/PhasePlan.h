@@ -58,6 +58,16 @@ public:
     /// one CPU loop) allow it; it saves phases where several buffered
     /// values feed each other (GRU's replayed backward: 6 phases to 2).
     bool readAlignedInPhase = false;
+    /// Reads an expand in place wherever it is used, from its input's
+    /// buffer (which the whole step can read), rather than from a buffer of
+    /// its own: an expand read in two phases is not written out.
+    bool expandsInPlace = false;
+    /// Computes a reduce that keeps the last dim, of an elementwise operand,
+    /// by evaluating that operand at each element it sums rather than
+    /// writing it out first: `Cᵀ q` runs as one loop of vector multiply-adds
+    /// over the matrix. (A reduce over the last dim sums across a vector; it
+    /// is faster from a buffer.)
+    bool reducesInPlace = false;
   };
 
   /// `roots` are the values the step writes out. `isLeaf` says which values
