@@ -84,11 +84,27 @@ def mamba_s6_ref(x, p, s, D, N):
     return torch.stack(ys) + u * p["skip"], h
 
 
+def mamba_s6_loop(x, p, s, D, N):
+    # The same step in a loop, each step's deltaA and deltaB_u computed in
+    # it: no [T, B, D, N] tensors, whose per-step slices cost
+    # selective_scan_ref's backward a full-size gradient each.
+    A = -torch.exp(p["A_log"].view(D, N))
+    h, ys = s["h"], []
+    for u in x:
+        delta = F.softplus(u @ p["W_dt"].t() + p["dt_bias"])
+        Bt, Ct = u @ p["W_B"].t(), u @ p["W_C"].t()
+        h = torch.exp(delta[..., None] * A) * h + (delta * u)[..., None] * Bt[:, None, :]
+        ys.append((h * Ct[:, None, :]).sum(-1) + u * p["skip"])
+    return torch.stack(ys), h
+
+
 CASES = {
     "gated_deltanet": (gated_deltanet_loop, dict(I=256, NH=4, K=64, V=64)),
     "mlstm": (mlstm_loop, dict(I=256, NH=4, K=64, V=64)),
     "mamba_s6": (mamba_s6_ref, dict(D=256, N=16)),
 }
+#: A second torch baseline where the first is not a loop of steps.
+STEP_LOOPS = {"mamba_s6": mamba_s6_loop}
 
 
 def problem(cell, sizes, B, T):
@@ -128,7 +144,7 @@ def main():
         leaves = [x, *p.values(), *s.values()]
         loop_sizes = {k: v for k, v in sizes.items() if k != "I"}
 
-        def run_torch():
+        def run_torch(loop=loop):
             out, last = loop(x, p, s, **loop_sizes)
             torch.autograd.grad(out.sum() + last.sum(), leaves)
 
@@ -139,21 +155,25 @@ def main():
                 torch.autograd.grad(out.sum() + last.sum(), leaves)
             return run
 
-        runs = {"torch loop": run_torch, "cellc none": run_cellc("none"),
-                "cellc full": run_cellc("full")}
+        runs = {"torch loop": run_torch}
+        if name in STEP_LOOPS:
+            runs["torch steps"] = lambda: run_torch(STEP_LOOPS[name])
+        runs.update({"cellc none": run_cellc("none"), "cellc full": run_cellc("full"),
+                     "cellc chunk:16": run_cellc("chunk:16")})
         for f in runs.values():  # the JIT, and torch's first calls
             f()
         med = side_by_side(runs, a.repeats)
         shape = ", ".join(f"{k} = {v}" for k, v in sizes.items())
         print(f"\n{name} ({shape}):")
         for n, t in med.items():
-            print(f"  {n:12s} {t * 1e3:9.1f} ms   {med['torch loop'] / t:5.2f}x the torch loop")
+            print(f"  {n:14s} {t * 1e3:9.1f} ms   {med['torch loop'] / t:6.2f}x the torch loop")
         kept = {}
-        for mode in ("none", "full"):
+        for mode in ("none", "full", "chunk:16"):
             cell(x, p, s, recompute=mode)
             kept[mode] = cell.saved_bytes
-        print(f"  kept for the backward: none {kept['none'] / 2**20:.1f} MiB, full "
-              f"{kept['full'] / 2**20:.2f} MiB ({100 * kept['full'] / kept['none']:.1f}% of none)")
+        print("  kept for the backward: " + ", ".join(
+            f"{m} {k / 2**20:.1f} MiB ({100 * k / kept['none']:.1f}% of none)"
+            for m, k in kept.items()))
 
 
 if __name__ == "__main__":
