@@ -334,6 +334,15 @@ class GRU(_TorchStyleRNN):
         return out, h
 
 
+def _output_width(cell, sizes):
+    """The width of the first output of `cell` at `sizes`: a state's size
+    (all its dims), or else what the compiled cell says."""
+    states = dict(cell.states)
+    if cell.outputs[0] in states:
+        return math.prod(cell.shape(cell.outputs[0], sizes))
+    return cell.jit(sizes, torch.float32).outputs[0][1][0]
+
+
 class Recurrent(torch.nn.Module):
     """Any cell as a module: `Recurrent(cell, I=..., H=..., num_layers=1)`
     creates the cell's params with uniform(-1/sqrt(H), 1/sqrt(H)) and runs the
@@ -350,9 +359,9 @@ class Recurrent(torch.nn.Module):
         bound = 1.0 / math.sqrt(hidden)
         dtype = dtype or torch.get_default_dtype()
         self.layers = torch.nn.ModuleList()
-        # Layers after the first read the previous layer's output, the size of
-        # the first state: its input size symbol is bound to that.
-        out_size = self.cell.shape(self.cell.states[0][0], sizes)[0]
+        # Layers after the first read the previous layer's first output: the
+        # input's size symbol is bound to its width.
+        out_size = _output_width(self.cell, sizes) if num_layers > 1 else None
         first_input = self.cell.inputs[0][1][0] if self.cell.inputs else None
         for layer in range(num_layers):
             params = torch.nn.ParameterDict()

@@ -270,3 +270,27 @@ def test_matrix_cell_in_the_emulator(name, options):
                                   [x, *s.values(), *p.values()])
         for n, a, b in zip(["x", *s, *p], got, want):
             torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=f"{mode}: d{n}")
+
+
+def test_recurrent_stacks_matrix_cells_and_steps_them():
+    # Two mLSTM layers: the second's input is the first's output h [NH*V],
+    # not its first state; the states come back per layer in their shapes.
+    torch.manual_seed(6)
+    rnn = cellc.nn.Recurrent(source("mlstm"), I=4, NH=2, K=3, V=5, num_layers=2,
+                             dtype=torch.float64)
+    assert rnn.layers[1]["W_q"].shape == (6, 10)
+    x = torch.randn(6, 5, 4, dtype=torch.float64)
+    out, finals = rnn(x)
+    assert out.shape == (6, 5, 10)
+    assert [f["C"].shape for f in finals] == [(5, 2, 3, 5)] * 2
+    # The second layer is the cell run on the first layer's output.
+    first, _ = rnn.cell(x, dict(rnn.layers[0].items()))
+    second, final = rnn.cell(first, dict(rnn.layers[1].items()))
+    torch.testing.assert_close(out, second, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(finals[1]["C"], final["C"], rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        states = None
+        for t in range(x.shape[0]):
+            y, states = rnn.step(x[t], states)
+            torch.testing.assert_close(y, out[t], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(states[1]["n"], finals[1]["n"], rtol=1e-12, atol=1e-12)
