@@ -38,6 +38,10 @@ static cl::opt<std::string>
 static cl::opt<int64_t> batchTile("batch-tile",
                                   cl::desc("batched kernels: rows per tile (0: default)"),
                                   cl::init(0));
+static cl::opt<int64_t> vectorWidth("vector-width",
+                                    cl::desc("batched kernels: lanes of the element code "
+                                             "(0: 256 bits)"),
+                                    cl::init(0));
 static cl::opt<bool> tuned("tuned",
                            cl::desc("use the tuned config for this batch when "
                                     "the tuning cache has one (cellc-tune)"),
@@ -71,6 +75,7 @@ int main(int argc, char **argv) {
   options.batchHint = batch;
   options.useTuned = tuned;
   options.batchTile = batchTile;
+  options.vectorWidth = vectorWidth;
   if (kernels == "batched")
     options.kernels = CpuOptions::Kernels::Batched;
   else if (kernels == "per-row")
