@@ -211,6 +211,15 @@ private:
                llvm::SMLoc at);
   /// A vector of `shape`: plain for one dim, else with those dims.
   Val ofShape(Value value, ArrayRef<int64_t> shape);
+  /// "shape mismatch in `what`: the left operand is [..], the right [..];
+  /// `rule`", at the operator of the binary `expr` or call of two.
+  void shapeMismatch(const Expr &expr, llvm::StringRef what, ArrayRef<int64_t> lhs,
+                     ArrayRef<int64_t> rhs, llvm::StringRef rule) {
+    diag.error(expr.opLoc,
+               "shape mismatch in " + what + ": the left operand is " + shapeText(lhs) +
+                   ", the right " + shapeText(rhs) + "; " + rule,
+               {expr.operands[0]->range, expr.operands[1]->range});
+  }
   std::optional<Val> evalCall(const Expr &expr);
   Val applyUnary(Fn fn, Val arg, Location l);
   std::optional<Val> evalReduction(const Expr &expr, Fn fn);
@@ -761,11 +770,8 @@ std::optional<std::pair<Val, Val>> IRGen::broadcastHeads(const Expr &expr, const
       return std::make_pair(expand(lhs, rhs), rhs);
     if (startsWith(ls, rs))
       return std::make_pair(lhs, expand(rhs, lhs));
-    diag.error(expr.opLoc,
-               "shape mismatch in " + what + ": the left operand is " + shapeText(ls) +
-                   ", the right " + shapeText(rs) +
-                   "; a value broadcasts over another whose shape starts with its own",
-               {lhsExpr.range, rhsExpr.range});
+    shapeMismatch(expr, what, ls, rs,
+                  "a value broadcasts over another whose shape starts with its own");
     return std::nullopt;
   }
   diag.error(expr.opLoc,
@@ -920,12 +926,9 @@ std::optional<Val> IRGen::evalSampleProduct(const Expr &expr, const Val &lhs,
   if ((matvec || vecmat) && (!bLead.empty() && bLead != lead))
     matvec = vecmat = false;
   if (!matvec && !vecmat) {
-    diag.error(expr.opLoc,
-               "shape mismatch in '@': the left operand is " + shapeText(ls) +
-                   ", the right " + shapeText(rs) +
-                   "; a per-sample matrix [..., M, N] multiplies a vector [..., N] on "
-                   "its right or [..., M] on its left, with the same heads or none",
-               {lhsExpr.range, rhsExpr.range});
+    shapeMismatch(expr, "'@'", ls, rs,
+                  "a per-sample matrix [..., M, N] multiplies a vector [..., N] on its right "
+                  "or [..., M] on its left, with the same heads or none");
     return std::nullopt;
   }
   if (bs.back() != as[contracted]) {
@@ -971,12 +974,8 @@ std::optional<Val> IRGen::evalOuter(const Expr &expr) {
   SmallVector<int64_t, 2> as = a->shape(), bs = b->shape();
   ArrayRef<int64_t> aLead = ArrayRef(as).drop_back(), bLead = ArrayRef(bs).drop_back();
   if (!aLead.empty() && !bLead.empty() && aLead != bLead) {
-    diag.error(expr.opLoc,
-               "shape mismatch in 'outer': the left operand is " + shapeText(as) +
-                   ", the right " + shapeText(bs) +
-                   "; their heads (all dims but the last) must match, or one must have "
-                   "none",
-               {lhsExpr.range, rhsExpr.range});
+    shapeMismatch(expr, "'outer'", as, bs,
+                  "their heads (all dims but the last) must match, or one must have none");
     return std::nullopt;
   }
   ArrayRef<int64_t> lead = aLead.empty() ? bLead : aLead;
