@@ -45,6 +45,9 @@ struct Val {
   /// Vector: its heads' dims, `[NH, n / NH]` from `heads(v, NH)`, held in
   /// row-major order; empty for a plain vector.
   SmallVector<int64_t, 2> dims;
+  /// Vector, from `cols(g)`: g [..., N] scales the columns of the matrix
+  /// [..., M, N] it meets, rather than broadcasting over its last dims.
+  bool columns = false;
 
   /// A vector's shape: its dims, or `[size]`.
   SmallVector<int64_t, 2> shape() const {
@@ -102,6 +105,7 @@ enum class Fn {
   LogSigmoid,
   Heads,
   Outer,
+  Cols,
   Max,
   Min,
   Sum,
@@ -116,6 +120,7 @@ Fn lookupFn(llvm::StringRef name) {
       .Case("logsigmoid", Fn::LogSigmoid)
       .Case("heads", Fn::Heads)
       .Case("outer", Fn::Outer)
+      .Case("cols", Fn::Cols)
       .Case("max", Fn::Max)
       .Case("min", Fn::Min)
       .Case("sum", Fn::Sum)
@@ -145,7 +150,7 @@ std::string functionNames() {
   std::string names;
 #define CELLC_UNARY_FN(E, text, op, value) names += text ", ";
 #include "compiler/Frontend/Functions.def"
-  return names + "logsigmoid, heads, outer, max, min, sum, mean and chunk";
+  return names + "logsigmoid, heads, outer, cols, max, min, sum, mean and chunk";
 }
 
 class IRGen {
@@ -568,9 +573,11 @@ bool IRGen::bind(const Ident &ident, Val val, llvm::SMRange valueRange) {
                {ident.range, valueRange});
     return false;
   }
-  // A state with dims keeps them; a plain one takes the value's.
+  // A state with dims keeps them; a plain one takes the value's. A state is
+  // a value, not a column gate, whatever was assigned.
   if (!dims.empty())
     val.dims = dims;
+  val.columns = false;
   binding.current = val;
   binding.assigned = true;
   binding.assignedAt = ident.range;
@@ -740,6 +747,10 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
     return Val::ofPerSample(result);
   Val out = Val::ofVector(result, size);
   out.dims = dims;
+  // Column gates combined with each other or with scalars stay column gates.
+  out.columns = (left.columns || right.columns) &&
+                (left.columns || left.kind != Val::Kind::Vector) &&
+                (right.columns || right.kind != Val::Kind::Vector);
   return out;
 }
 
@@ -753,6 +764,24 @@ std::optional<std::pair<Val, Val>> IRGen::broadcastHeads(const Expr &expr, const
   if (lhs.kind != Val::Kind::Vector || rhs.kind != Val::Kind::Vector)
     return std::make_pair(lhs, rhs);
   SmallVector<int64_t, 2> ls = lhs.shape(), rs = rhs.shape();
+  if (lhs.columns != rhs.columns) {
+    // `cols(g)`, g [..., N], meets a matrix [..., M, N]: g along its last
+    // dim, repeated over M.
+    const Val &gate = lhs.columns ? lhs : rhs, &matrix = lhs.columns ? rhs : lhs;
+    ArrayRef<int64_t> gs = lhs.columns ? ls : rs, ms = lhs.columns ? rs : ls;
+    if (ms.size() != gs.size() + 1 || ms.take_front(gs.size() - 1) != gs.drop_back() ||
+        ms.back() != gs.back()) {
+      shapeMismatch(expr, what, ls, rs,
+                    "cols(g), g [..., N], scales the columns of a matrix [..., M, N] with the "
+                    "same heads");
+      return std::nullopt;
+    }
+    SmallVector<int64_t> kept = leadingDims(gs.size() - 1);
+    kept.push_back(ms.size() - 1);
+    Val spread = matrix;
+    spread.value = this->expand(gate.value, ms, kept, expr.opLoc);
+    return lhs.columns ? std::make_pair(spread, rhs) : std::make_pair(lhs, spread);
+  }
   if (ls == rs || (lhs.size == rhs.size && (lhs.dims.empty() || rhs.dims.empty())))
     return std::make_pair(lhs, rhs);
   const Expr &lhsExpr = *expr.operands[0], &rhsExpr = *expr.operands[1];
@@ -1093,6 +1122,19 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
     return evalHeads(expr);
   if (fn == Fn::Outer)
     return evalOuter(expr);
+  if (fn == Fn::Cols) {
+    std::optional<Val> g = evalElementwise(*expr.operands[0], what);
+    if (g && g->kind != Val::Kind::Vector) {
+      diag.error(expr.operands[0]->range.Start,
+                 llvm::Twine("'cols' marks a vector that scales a matrix's columns; found ") +
+                     g->describe(),
+                 expr.operands[0]->range);
+      return std::nullopt;
+    }
+    if (g)
+      g->columns = true;
+    return g;
+  }
   if (arity == 2)
     return evalElementwise2(expr, what);
   if (fn == Fn::Sum || fn == Fn::Mean)
@@ -1130,6 +1172,7 @@ Val IRGen::applyUnary(Fn fn, Val arg, Location l) {
   case Fn::Unknown:
   case Fn::Heads:
   case Fn::Outer:
+  case Fn::Cols:
   case Fn::Max:
   case Fn::Min:
   case Fn::Sum:

@@ -131,14 +131,16 @@ def problem(cell, name, dtype, T=6, B=5, seed=0, sizes=SIZES):
 
 
 def reference(name, x, params, states, resets, lengths, sizes=SIZES):
-    """The float64 loop: a reset restarts a sample from its initial states; a
-    sample past its length keeps its states and outputs zeros."""
+    """The float64 loop of the step `name` (one of CELLS, or a function): a
+    reset restarts a sample from its initial states; a sample past its length
+    keeps its states and outputs zeros."""
+    step = CELLS[name] if isinstance(name, str) else name
     s, outs = dict(states), []
     for t in range(x.shape[0]):
         live = t < lengths
         mask = lambda v, m: m.view(-1, *([1] * (v.dim() - 1)))
         s = {n: torch.where(mask(v, resets[t] & live), states[n], v) for n, v in s.items()}
-        out, new = CELLS[name](x[t], s, params, **sizes)
+        out, new = step(x[t], s, params, **sizes)
         s = {n: torch.where(mask(v, live), new[n], v) for n, v in s.items()}
         outs.append(torch.where(live[:, None], out, torch.zeros_like(out)))
     return torch.stack(outs), s
@@ -294,3 +296,49 @@ def test_recurrent_stacks_matrix_cells_and_steps_them():
             y, states = rnn.step(x[t], states)
             torch.testing.assert_close(y, out[t], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(states[1]["n"], finals[1]["n"], rtol=1e-12, atol=1e-12)
+
+
+GATED_BOTH_WAYS = """cell gla_2d {
+  input x: [I]
+  state S: [NH, K, V]
+  param W_q: [NH*K, I], W_k: [NH*K, I], W_v: [NH*V, I], W_a: [NH*K, I], W_b: [NH*V, I]
+  q = heads(W_q @ x, NH)
+  k = heads(W_k @ x, NH)
+  v = heads(W_v @ x, NH)
+  alpha = sigmoid(heads(W_a @ x, NH))
+  beta = sigmoid(heads(W_b @ x, NH))
+  S = alpha * S * cols(0.5 + 0.5 * beta) + outer(k, v)
+  o = q @ S
+  output o
+}"""
+
+
+def gla_2d(x, s, p, NH, **_):
+    h = lambda w: heads(x @ p[w].t(), NH)
+    alpha, beta = torch.sigmoid(h("W_a")), 0.5 + 0.5 * torch.sigmoid(h("W_b"))
+    S = (alpha[..., :, None] * s["S"] * beta[..., None, :]
+         + h("W_k")[..., :, None] * h("W_v")[..., None, :])
+    return torch.einsum("bhk,bhkv->bhv", h("W_q"), S).flatten(1), {"S": S}
+
+
+@pytest.mark.parametrize("target", [None, "cuda-emu"])
+def test_gates_on_rows_and_on_columns(target):
+    # GateLoop's 2-D gating, diag(α) S diag(β): a [NH, K] value scales the
+    # rows of each head's matrix, `cols` of a [NH, V] one its columns.
+    if target is None:
+        cell = cellc.compile(GATED_BOTH_WAYS)
+        x, p, s, resets, lengths = problem(cell, "gla_2d", torch.float64, seed=7)
+        for mode in ("none", "chunk:2"):
+            out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute=mode)
+            want_out, want_final = reference(gla_2d, x, p, s, resets, lengths)
+            assert_sequence_matches(out, flat(final), want_out, flat(want_final),
+                                    [x, *s.values(), *p.values()], ["x", *s, *p])
+        return
+    cell = cellc.compile(GATED_BOTH_WAYS, target=target,
+                         cuda={"strategy": "batch-tiled", "batch_tile": 4})
+    x, p, s, resets, lengths = problem(cell, "gla_2d", torch.float32, seed=8)
+    out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute="full")
+    d = lambda ts: {n: t.detach().double() for n, t in ts.items()}
+    want_out, want_final = reference(gla_2d, x.detach().double(), d(p), d(s), resets, lengths)
+    torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(flat(final).double(), flat(want_final), rtol=1e-4, atol=1e-4)
