@@ -203,8 +203,11 @@ def ConvertCellToBatchedKernels
     Option<"batchTile", "batch-tile", "int64_t", "64",
            "Batch rows per tile: each tile runs all the steps">,
     Option<"vectorWidth", "vector-width", "int64_t", "0",
-           "Lanes of the element loops and of the products' vectors (0: 256 "
-           "bits, 8 f32 or 4 f64)">,
+           "Lanes of the element loops and of the products' vectors (0: "
+           "vector-bits of the element type)">,
+    Option<"vectorBits", "vector-bits", "int64_t", "256",
+           "Bits of a vector where vector-width is 0: 256 (8 f32 or 4 f64) or "
+           "512 (AVX-512's)">,
     Option<"productRows", "product-rows", "int64_t", "6",
            "Rows of a product's register block">,
     Option<"productVectors", "product-vectors", "int64_t", "2",

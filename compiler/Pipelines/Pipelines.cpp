@@ -30,6 +30,7 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
       if (options.batchTile > 0)
         batched.batchTile = options.batchTile;
       batched.vectorWidth = options.vectorWidth;
+      batched.vectorBits = options.vectorBits;
       batched.productRows = options.productRows;
       batched.productVectors = options.productVectors;
       pm.addPass(cell::createConvertCellToBatchedKernels(batched));

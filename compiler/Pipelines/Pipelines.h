@@ -72,9 +72,11 @@ struct PipelineOptions {
   /// the dynamic shared memory a CTA may use for its slice of the weights.
   int64_t ctas = 0;
   int64_t sharedLimit = 49152;
-  /// For batched kernels: the lanes of a vector (0: 256 bits) and the
-  /// products' register block, rows by vectors.
+  /// For batched kernels: the lanes of a vector (0: `vectorBits` bits) and
+  /// the products' register block, rows by vectors. The JIT gives the host's
+  /// vector bits (512 with AVX-512); the command line's stages keep 256.
   int64_t vectorWidth = 0;
+  int64_t vectorBits = 256;
   int64_t productRows = 6;
   int64_t productVectors = 2;
   /// For per-row kernels: the recurrent matvec's lanes per FMA (0: whole

@@ -620,11 +620,11 @@ struct ConvertCellToBatchedKernels
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (batchTile < 1 || vectorWidth < 0 || productRows < 1 ||
-        productVectors < 1) {
+    if (batchTile < 1 || vectorWidth < 0 || productRows < 1 || productVectors < 1 ||
+        (vectorBits != 256 && vectorBits != 512)) {
       module.emitError("convert-cell-to-batched-kernels: batch-tile, "
-                       "product-rows and product-vectors must be >= 1 and "
-                       "vector-width >= 0");
+                       "product-rows and product-vectors must be >= 1, "
+                       "vector-width >= 0 and vector-bits 256 or 512");
       return signalPassFailure();
     }
     if (failed(replaceCellsByKernels(module, [&](DefOp def, func::FuncOp grad) {
@@ -648,7 +648,7 @@ struct ConvertCellToBatchedKernels
   BlockShape blockShape(Type element) const {
     BlockShape shape;
     int64_t bits = element.getIntOrFloatBitWidth();
-    shape.lanes = vectorWidth > 0 ? int64_t(vectorWidth) : 256 / bits;
+    shape.lanes = vectorWidth > 0 ? int64_t(vectorWidth) : vectorBits / bits;
     shape.rows = productRows;
     shape.vectors = productVectors;
     return shape;
