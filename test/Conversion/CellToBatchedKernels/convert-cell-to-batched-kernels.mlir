@@ -9,8 +9,16 @@
 // RUN:       --convert-cell-to-batched-kernels="vector-width=4 product-rows=2 product-vectors=3" \
 // RUN:   | FileCheck %s --check-prefix=LANES
 // RUN: cellc %examples/lstm.cell -D H=12 -D I=4 --emit=mlir \
+// RUN:   | cellc-opt --cell-split-projections --cell-autodiff --cell-plan-saves \
+// RUN:       --convert-cell-to-batched-kernels="vector-bits=512 product-rows=2 product-vectors=1" \
+// RUN:   | FileCheck %s --check-prefix=WIDE
+// RUN: cellc %examples/lstm.cell -D H=12 -D I=4 --emit=mlir \
 // RUN:   | not cellc-opt --cell-split-projections --cell-autodiff --cell-plan-saves \
 // RUN:       --convert-cell-to-batched-kernels="batch-tile=0" 2>&1 \
+// RUN:   | FileCheck %s --check-prefix=ERR
+// RUN: cellc %examples/lstm.cell -D H=12 -D I=4 --emit=mlir \
+// RUN:   | not cellc-opt --cell-split-projections --cell-autodiff --cell-plan-saves \
+// RUN:       --convert-cell-to-batched-kernels="vector-bits=384" 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=ERR
 // RUN: cellc %examples/lstm.cell -D H=12 -D I=4 --emit=kernels --save-gates=1 \
 // RUN:   | FileCheck %s --check-prefix=CPU
@@ -107,7 +115,14 @@
 // LANES:         scf.for %{{.*}} iter_args({{.*}}) -> (vector<4xf32>, vector<4xf32>, vector<4xf32>, vector<4xf32>, vector<4xf32>, vector<4xf32>)
 // LANES-COUNT-3:   vector.load %{{.*}} vector<4xf32>
 
-// ERR: convert-cell-to-batched-kernels: batch-tile, product-rows and product-vectors must be >= 1
+// With AVX-512's vectors (the JIT's choice on such a host): 16 f32 lanes, so
+// W_hh's 48 rows are 3 panels of one 16-lane vector, and the element loops
+// run 16 units at a time.
+// WIDE-LABEL: func.func @lstm_fwd
+// WIDE:         memref.reinterpret_cast {{.*}} sizes: [3, 12, 16]
+// WIDE:         vector.store %{{.*}} : memref<3x12x16xf32, {{.*}}>, vector<16xf32>
+
+// ERR: convert-cell-to-batched-kernels: batch-tile, product-rows and product-vectors must be >= 1, vector-width >= 0 and vector-bits 256 or 512
 
 // cellc's CPU kernels are the batched ones: 64 rows per tile.
 // CPU-LABEL: func.func @lstm_fwd
