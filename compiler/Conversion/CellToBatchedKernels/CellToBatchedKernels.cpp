@@ -134,7 +134,7 @@ public:
   Value productBuffer(Operation *op) override {
     if (isa<SumOp>(op))
       return buffer({1});
-    if (isa<ExpandOp, ReduceOp>(op))
+    if (isa<ReduceOp>(op))
       return buffer({sizeOf(op->getResult(0))});
     // Blocks are computed in order, each writing whole panels: block g's last
     // panel runs into block g + 1's columns, which that block then writes.
@@ -446,15 +446,13 @@ public:
                                  body(i);
                                });
   }
-  /// `cell.expand` (`out[f] = a[kept index of f]`) or `cell.reduce` (`out[kept
-  /// index of f] += a[f]`) for each of this slice's rows: a loop per dim of
-  /// the shape. Along the last dim, `lanes` at a time where the kept
-  /// values run along it too, else a splat or a sum of the run.
-  void emitExpandOrReduce(Operation *op, Value a, Value slot, Value out) {
-    bool expand = isa<ExpandOp>(op);
-    ArrayRef<int64_t> shape =
-        expand ? cast<ExpandOp>(op).getShape() : cast<ReduceOp>(op).getShape();
-    ArrayRef<int64_t> kept = expand ? cast<ExpandOp>(op).getKept() : cast<ReduceOp>(op).getKept();
+  /// A `cell.reduce` whose operand is in a buffer (`out[kept index of f] +=
+  /// a[f]`), for each of this slice's rows: a loop per dim of the shape.
+  /// Along the last dim, `lanes` at a time: added into the kept values where
+  /// they run along it too, else summed over the run. (An expand is never
+  /// computed whole: see evalProduct.)
+  void emitReduce(ReduceOp reduce, Value a, Value slot, Value out) {
+    ArrayRef<int64_t> shape = reduce.getShape(), kept = reduce.getKept();
     int64_t dims = shape.size();
     SmallVector<int64_t> fullStride(dims, 1), keptStride(dims, 0);
     for (int64_t d = dims - 2; d >= 0; --d)
@@ -476,23 +474,11 @@ public:
         return;
       int64_t n = width.getNumElements();
       Value sum;
-      if (!expand && !innerKept)
+      if (!innerKept)
         sum = splat(builder, loc, width, 0.0);
       for (int64_t j = begin; j + n <= end; j += n) {
         Value f = add(full, index(j));
         Value k = innerKept ? add(part, index(j)) : part;
-        if (expand) {
-          Value v;
-          if (innerKept) {
-            v = builder.create<vector::LoadOp>(loc, width, a, indices(slot, row, k));
-          } else {
-            Value x = builder.create<vector::LoadOp>(loc, one, a, indices(slot, row, k));
-            v = builder.create<vector::BroadcastOp>(
-                loc, width, builder.create<vector::ExtractOp>(loc, x, ArrayRef<int64_t>{0}));
-          }
-          builder.create<vector::StoreOp>(loc, v, out, indices(Value(), row, f));
-          continue;
-        }
         Value x = builder.create<vector::LoadOp>(loc, width, a, indices(slot, row, f));
         if (!innerKept) {
           sum = builder.create<arith::AddFOp>(loc, sum, x);
@@ -502,7 +488,7 @@ public:
         builder.create<vector::StoreOp>(loc, builder.create<arith::AddFOp>(loc, acc, x), out,
                                         indices(Value(), row, k));
       }
-      if (expand || innerKept)
+      if (innerKept)
         return;
       Value total = builder.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, sum);
       Value acc = builder.create<vector::LoadOp>(loc, one, out, indices(Value(), row, part));
@@ -525,11 +511,10 @@ public:
     };
     auto [first, last] = sliceOf(rows);
     forEachRowIn(first, last, [&] {
-      if (!expand)
-        loopTo(keptSize, 1, [&](Value k) {
-          builder.create<vector::StoreOp>(loc, splat(builder, loc, one, 0.0), out,
-                                          indices(Value(), row, k));
-        });
+      loopTo(keptSize, 1, [&](Value k) {
+        builder.create<vector::StoreOp>(loc, splat(builder, loc, one, 0.0), out,
+                                        indices(Value(), row, k));
+      });
       nest(0, index(0), index(0));
     });
   }
@@ -538,8 +523,8 @@ public:
     Value a = bufferOf(vec, slot);
     if (auto sum = dyn_cast<SumOp>(op))
       return emitSum(sum, a, slot, out);
-    if (isa<ExpandOp, ReduceOp>(op))
-      return emitExpandOrReduce(op, a, slot, out);
+    if (auto reduce = dyn_cast<ReduceOp>(op))
+      return emitReduce(reduce, a, slot, out);
     ProductBlocks b = productBlocks(op);
     if (b.blocks > 1) {
       // Block g's last panel runs into block g + 1's columns, which block
