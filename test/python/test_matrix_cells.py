@@ -150,57 +150,53 @@ def flat(states):
     return torch.cat([t.flatten(1) for t in states.values()], 1)
 
 
+def check_float64(cell, step, seed=0, sizes=SIZES, **call):
+    """`cell` called on float64 data with resets and lengths (`call`: the
+    recompute mode) against the float64 loop of `step` (a CELLS name or a
+    function): outputs, final states in their declared shapes, and every
+    gradient."""
+    x, p, s, resets, lengths = problem(cell, step, torch.float64, seed=seed, sizes=sizes)
+    out, final = cell(x, p, s, resets=resets, lengths=lengths, **call)
+    for n, t in s.items():
+        assert final[n].shape == t.shape, n
+    want_out, want_final = reference(step, x, p, s, resets, lengths, sizes)
+    assert_sequence_matches(out, flat(final), want_out, flat(want_final),
+                            [x, *s.values(), *p.values()], ["x", *s, *p])
+
+
+def check_float32(cell, step, seed, sizes=SIZES, **call):
+    """As check_float64 for a float32 run (the CPU kernels in float32, or the
+    emulated CUDA ones): outputs and final states to 1e-4 of float64."""
+    x, p, s, resets, lengths = problem(cell, step, torch.float32, seed=seed, sizes=sizes)
+    out, final = cell(x, p, s, resets=resets, lengths=lengths, **call)
+    d = lambda ts: {n: t.detach().double() for n, t in ts.items()}
+    want_out, want_final = reference(step, x.detach().double(), d(p), d(s), resets, lengths,
+                                     sizes)
+    torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(flat(final).double(), flat(want_final), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("mode", ["none", "full", "chunk:2"])
 @pytest.mark.parametrize("name", list(CELLS))
 def test_matrix_cell_matches_its_float64_reference(name, mode):
-    cell = cellc.compile(source(name))
-    x, p, s, resets, lengths = problem(cell, name, torch.float64)
-    out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute=mode)
-    for n, t in s.items():
-        assert final[n].shape == t.shape, n
-    want_out, want_final = reference(name, x, p, s, resets, lengths)
-    assert_sequence_matches(out, flat(final), want_out, flat(want_final),
-                            [x, *s.values(), *p.values()], ["x", *s, *p])
+    check_float64(cellc.compile(source(name)), name, recompute=mode)
 
 
 @pytest.mark.parametrize("name", list(CELLS))
 def test_matrix_cell_with_whole_vectors_along_the_last_dim(name):
     cell = cellc.compile(source(name))
-    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, None)):
-        x, p, s, resets, lengths = problem(cell, name, dtype, seed=5, sizes=WIDE)
-        out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute="chunk:2")
-        if tol:
-            want_out, want_final = reference(name, x, p, s, resets, lengths, WIDE)
-            assert_sequence_matches(out, flat(final), want_out, flat(want_final),
-                                    [x, *s.values(), *p.values()], ["x", *s, *p], tol)
-            continue
-        d = lambda ts: {n: t.detach().double() for n, t in ts.items()}
-        want_out, want_final = reference(name, x.detach().double(), d(p), d(s), resets,
-                                         lengths, WIDE)
-        torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(flat(final).double(), flat(want_final), rtol=1e-4,
-                                   atol=1e-4)
+    check_float64(cell, name, seed=5, sizes=WIDE, recompute="chunk:2")
+    check_float32(cell, name, seed=5, sizes=WIDE, recompute="chunk:2")
 
 
 @pytest.mark.parametrize("name", list(CELLS))
 def test_matrix_cell_on_three_threads(name):
-    cell = cellc.compile(source(name), threads=3)
-    x, p, s, resets, lengths = problem(cell, name, torch.float64, B=5, seed=1)
-    out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute="full")
-    want_out, want_final = reference(name, x, p, s, resets, lengths)
-    assert_sequence_matches(out, flat(final), want_out, flat(want_final),
-                            [x, *s.values(), *p.values()], ["x", *s, *p])
+    check_float64(cellc.compile(source(name), threads=3), name, seed=1, recompute="full")
 
 
 @pytest.mark.parametrize("name", list(CELLS))
 def test_matrix_cell_in_float32(name):
-    cell = cellc.compile(source(name))
-    x, p, s, resets, lengths = problem(cell, name, torch.float32, seed=2)
-    out, final = cell(x, p, s, resets=resets, lengths=lengths)
-    d = lambda ts: {n: t.detach().double() for n, t in ts.items()}
-    want_out, want_final = reference(name, x.detach().double(), d(p), d(s), resets, lengths)
-    torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(flat(final).double(), flat(want_final), rtol=1e-4, atol=1e-4)
+    check_float32(cellc.compile(source(name)), name, seed=2)
 
 
 @pytest.mark.parametrize("name", list(CELLS))
@@ -327,18 +323,9 @@ def test_gates_on_rows_and_on_columns(target):
     # rows of each head's matrix, `cols` of a [NH, V] one its columns.
     if target is None:
         cell = cellc.compile(GATED_BOTH_WAYS)
-        x, p, s, resets, lengths = problem(cell, "gla_2d", torch.float64, seed=7)
         for mode in ("none", "chunk:2"):
-            out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute=mode)
-            want_out, want_final = reference(gla_2d, x, p, s, resets, lengths)
-            assert_sequence_matches(out, flat(final), want_out, flat(want_final),
-                                    [x, *s.values(), *p.values()], ["x", *s, *p])
+            check_float64(cell, gla_2d, seed=7, recompute=mode)
         return
     cell = cellc.compile(GATED_BOTH_WAYS, target=target,
                          cuda={"strategy": "batch-tiled", "batch_tile": 4})
-    x, p, s, resets, lengths = problem(cell, "gla_2d", torch.float32, seed=8)
-    out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute="full")
-    d = lambda ts: {n: t.detach().double() for n, t in ts.items()}
-    want_out, want_final = reference(gla_2d, x.detach().double(), d(p), d(s), resets, lengths)
-    torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(flat(final).double(), flat(want_final), rtol=1e-4, atol=1e-4)
+    check_float32(cell, gla_2d, seed=8, recompute="full")
