@@ -38,8 +38,10 @@ def _status(field):
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def one(kind, impl, mode, T, B, size):
-    """Runs one measure in this process; prints a JSON line."""
+def one(kind, impl, mode, T, B, size, loop=0):
+    """Runs one measure in this process; prints a JSON line. With `loop`,
+    then that many more steps as a training loop runs them, each forward
+    while the last step's output is still held, and their peak."""
     import torch
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -65,16 +67,30 @@ def one(kind, impl, mode, T, B, size):
     x = torch.randn(T, B, I, requires_grad=True)
     gc.collect()
     # What the first step freed goes back to the system, so that the baseline
-    # is what is live.
+    # is what is live: the heap's, and the buffers cellc keeps for a next
+    # call (an older cellc, measured for comparison, has no cache).
     ctypes.CDLL("libc.so.6").malloc_trim(0)
+    if impl == "cellc" and hasattr(cellc, "empty_cache"):
+        cellc.empty_cache()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _status("VmRSS")
     out, _ = module(x)
     after_forward = _status("VmRSS") - base
-    out.backward(torch.randn_like(out))
+    grad = torch.randn_like(out)
+    out.backward(grad)
     peak = _status("VmHWM") - base
     result = {"peak": peak, "held_after_forward": after_forward}
+    if loop:
+        for _ in range(loop):
+            out, _ = module(x)
+            out.backward(grad)
+        result["loop_peak"] = _status("VmHWM") - base
+        result["output_bytes"] = out.numel() * out.element_size()
+        if impl == "cellc":
+            held = _status("VmRSS")
+            cellc.empty_cache()
+            result["emptied"] = held - _status("VmRSS")
     # (An older cellc, measured for comparison, has no plan.)
     if impl == "cellc" and hasattr(module.cell, "memory_plan"):
         result["stats"] = module.cell.memory_stats()
@@ -91,9 +107,10 @@ def main():
     p.add_argument("--cells", default="lstm,gru")
     p.add_argument("--one", nargs=3, metavar=("CELL", "IMPL", "MODE"),
                    help=argparse.SUPPRESS)
+    p.add_argument("--loop", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one:
-        one(*a.one, a.steps, a.batch, a.size)
+        one(*a.one, a.steps, a.batch, a.size, a.loop)
         return
     T, B, size = a.steps, a.batch, a.size
     print(f"T = {T}, B = {B}, I = H = {size}, float32; peak resident memory over the "

@@ -20,7 +20,7 @@ loads neither the compiler nor MLIR and LLVM, which load on first use of
 anything that compiles.
 """
 
-from ._cellc_runtime import __version__
+from ._cellc_runtime import __version__, empty_cache
 from .package import Package, load_package
 # The torch operators (torch >= 2.4), registered at import: a program that
 # torch.export saved loads in a process that has only imported cellc. Their
@@ -42,4 +42,4 @@ def __getattr__(name):
 
 
 __all__ = ["Cell", "CellError", "Package", "SizeError", "autotune", "compile", "cache_dir",
-           "load_package", "nn", "__version__"]
+           "empty_cache", "load_package", "nn", "__version__"]

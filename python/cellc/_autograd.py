@@ -107,6 +107,18 @@ def _compiling():
     return compiler is not None and compiler.is_compiling()
 
 
+def keep_until_backward(kept):
+    """A tensor for `ctx.save_for_backward` that holds `kept` (what the
+    runtime keeps for the backward; `ctx.saved_tensors[-1].cellc_kept` in
+    the backward). Autograd drops what was saved once the backward has run,
+    unless the graph is retained, and `kept` goes with it. Held on `ctx`, it
+    would live as long as the outputs: a training loop's next forward would
+    then run while the last one's buffers are still held."""
+    holder = torch.empty(0)
+    holder.cellc_kept = kept
+    return holder
+
+
 class _CellFunction(torch.autograd.Function):
     """One call of a compiled cell: forward and backward in the CPU runtime."""
 
@@ -128,19 +140,22 @@ class _CellFunction(torch.autograd.Function):
         saved = compiled.forward(buf(inputs), buf(params), buf(states), resets_ptr,
                                  T, B, batch_first, buf(outputs), buf(finals), mode,
                                  training, lengths, outputs_outlive_saved=True)
-        ctx.compiled, ctx.saved, ctx.counts = compiled, saved, counts
+        ctx.compiled, ctx.counts = compiled, counts
         stats["saved_bytes"] = saved.nbytes if saved is not None else 0
         ctx.steps_batch = (T, B)
         ctx.resets, ctx.lengths = resets, lengths
         if training:
-            ctx.save_for_backward(*tensors, *[outputs[i] for i in saved.outputs_read])
+            ctx.save_for_backward(*tensors, *[outputs[i] for i in saved.outputs_read],
+                                  keep_until_backward(saved))
         return (*outputs, *finals)
 
     @staticmethod
     def backward(ctx, *grads):
         n_in, n_par, n_st, batch_first = ctx.counts
-        # The saved outputs (read by the driver through ctx.saved) come last.
+        # The saved outputs (read by the driver through what forward kept)
+        # come after the tensors, and what forward kept last.
         tensors = ctx.saved_tensors[:n_in + n_par + n_st]
+        saved = ctx.saved_tensors[-1].cellc_kept
         inputs = tensors[:n_in]
         params = tensors[n_in:n_in + n_par]
         states = tensors[n_in + n_par:]
@@ -163,7 +178,7 @@ class _CellFunction(torch.autograd.Function):
         T, B = ctx.steps_batch
         resets_ptr = ctx.resets.data_ptr() if ctx.resets is not None else 0
         ctx.compiled.backward(buf(inputs), buf(params), buf(states), resets_ptr, T, B,
-                              batch_first, ctx.saved, buf(grad_out), buf(grad_fin),
+                              batch_first, saved, buf(grad_out), buf(grad_fin),
                               buf(d_in), buf(d_par), buf(d_st), ctx.lengths)
         return (None, None, None, None, None, None, None, *d_in, *d_par,
                 *(d_st if states else ()))

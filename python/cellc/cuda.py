@@ -728,6 +728,8 @@ def _views(views):
 def _sequence_class():
     import torch
 
+    from ._autograd import keep_until_backward
+
     class Sequence(torch.autograd.Function):
         @staticmethod
         def forward(ctx, cell, mode, resets, lengths, slots, *flat):
@@ -765,12 +767,14 @@ def _sequence_class():
                 if not saved.value:
                     backend.unregister(views[4])
             ctx.cell, ctx.resets, ctx.slots = cell, r, slots
-            ctx.saved = _Saved(saved, backend, views[4]) if saved.value else None
+            kept = _Saved(saved, backend, views[4]) if saved.value else None
             ctx.lengths = ctx_lengths
             cell.saved_bytes = _library().cellc_saved_bytes(saved) if saved.value else 0
-            read = ctx.saved.outputs_read() if ctx.saved else []
-            # Saved, so that autograd catches an in-place change of them.
-            ctx.save_for_backward(*flat, *[outputs[i] for i in read])
+            read = kept.outputs_read() if kept else []
+            # Saved, so that autograd catches an in-place change of them; what
+            # forward kept last, so that autograd frees it after the backward.
+            ctx.save_for_backward(*flat, *[outputs[i] for i in read],
+                                  *([keep_until_backward(kept)] if kept else []))
             return tuple(outputs) + tuple(finals)
 
         @staticmethod
@@ -778,8 +782,10 @@ def _sequence_class():
             cell, slots = ctx.cell, ctx.slots
             handle, backend = cell._driver()
             n_in, n_par = len(slots.inputs), len(slots.params)
-            # The kept outputs (read through ctx.saved) come last.
+            # The kept outputs (read through what forward kept) come next,
+            # and what forward kept last.
             flat = ctx.saved_tensors[:n_in + n_par + len(slots.states)]
+            kept = ctx.saved_tensors[-1].cellc_kept
             inputs, params, states = flat[:n_in], flat[n_in:n_in + n_par], flat[n_in + n_par:]
             n_out = len(slots.outputs)
             g_out = [g.to(inputs[0].dtype).contiguous() if g is not None else None
@@ -808,7 +814,7 @@ def _sequence_class():
                      [backend.register(t) for t in d_st])
             try:
                 lengths = (ctypes.c_int64 * max(1, len(ctx.lengths)))(*ctx.lengths)
-                backend.call(_library().cellc_driver_backward, handle, ctx.saved.handle,
+                backend.call(_library().cellc_driver_backward, handle, kept.handle,
                              *[_views(v) for v in views[:4]], lengths, len(ctx.lengths),
                              *[_views(v) for v in views[4:]])
             finally:

@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/cpu/Buffers.h"
 #include "runtime/cpu/CpuCell.h"
 
 #include <pybind11/pybind11.h>
@@ -255,6 +256,10 @@ PYBIND11_MODULE(_cellc_runtime, m) {
           },
           py::arg("steps"), py::arg("batch"), py::arg("mode"),
           "What a training step of steps x batch in mode holds, in bytes");
+
+  m.def("empty_cache", &releaseCachedBuffers,
+        "Unmaps the buffers that calls released and the runtime keeps for the "
+        "next call of the same sizes");
 
   m.def(
       "load",

@@ -9,11 +9,11 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cpu/CpuCell.h"
+#include "runtime/cpu/Buffers.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/ThreadPool.h"
 
 #include <cblas.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -29,38 +29,6 @@ using namespace cellc::runtime;
 using driver::View;
 
 namespace {
-
-/// The driver's buffers. Large ones are pages of their own (mmap), so that
-/// what the driver releases goes back to the system at once: the heap's free
-/// lists would keep it resident, and a later buffer of another size would
-/// not fit in it. The driver allocates once a call what it reuses over the
-/// pieces, so fresh pages fault once a call, not once a piece. What a
-/// process holds is then what the driver's ledger says.
-constexpr int64_t kMappedBytes = int64_t(64) << 10;
-constexpr int64_t kHugePage = int64_t(2) << 20;
-
-void *allocateBytes(int64_t bytes, bool zero) {
-  bytes = std::max<int64_t>(bytes, 1);
-  if (bytes < kMappedBytes)
-    return zero ? std::calloc(bytes, 1) : std::malloc(bytes);
-  // Fresh pages are zeros. Huge ones where the system gives them: a fresh
-  // buffer faults once every 2 MiB, not every 4 KiB.
-  void *buffer =
-      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (buffer == MAP_FAILED)
-    return nullptr;
-  if (bytes >= kHugePage)
-    madvise(buffer, bytes, MADV_HUGEPAGE);
-  return buffer;
-}
-
-void releaseBytes(void *buffer, int64_t bytes) {
-  bytes = std::max<int64_t>(bytes, 1);
-  if (bytes < kMappedBytes)
-    std::free(buffer);
-  else
-    munmap(buffer, bytes);
-}
 
 /// Row-major C = alpha op(A) op(B) + beta C.
 void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
@@ -248,7 +216,7 @@ public:
   driver::Status allocate(int64_t elements, driver::Element element, bool zero,
                           driver::Buffer &out) override {
     int64_t bytes = elements * driver::bytesOf(element);
-    out.data = allocateBytes(bytes, zero);
+    out.data = allocateBuffer(bytes, zero);
     if (!out.data)
       return driver::Status::error("out of memory: a buffer of " + std::to_string(bytes) +
                                    " bytes");
@@ -258,7 +226,7 @@ public:
     return driver::Status();
   }
   void release(const driver::Buffer &buffer) override {
-    releaseBytes(buffer.data, buffer.id);
+    releaseBuffer(buffer.data, buffer.id);
   }
   /// The groups of a launch, each with its part of the workspace.
   int64_t instances(int64_t batch) const override { return split(batch).groups; }
@@ -494,6 +462,7 @@ Status keptViews(const std::vector<driver::KeptBuffer> &layout,
 }
 
 } // namespace
+
 
 //===----------------------------------------------------------------------===//
 // CpuCell

@@ -5,6 +5,7 @@ is that state's history, not a copy), and says what a step holds
 over several pieces with resets and lengths, against the process's measured
 peak, and against an in-place change of a kept output."""
 
+import functools
 import json
 import os
 import subprocess
@@ -136,6 +137,78 @@ def test_the_plan_predicts_the_measured_peak(mode):
     r = json.loads(done.stdout.strip().splitlines()[-1])
     predicted = r["plan"]["peak"]
     assert abs(r["peak"] - predicted) <= 0.10 * predicted, (r["peak"], predicted)
+
+
+@functools.lru_cache(maxsize=None)
+def _measure(impl, mode, loop=0):
+    # bench/cpu/memory.py's measure of one configuration, in a fresh process.
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, MEMORY, "--steps", "200", "--batch", "64",
+                           "--size", "256", "--one", "lstm", impl, mode, "--loop", str(loop)],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["none", "full"])
+def test_a_training_loop_holds_one_steps_buffers(mode):
+    # A training loop's next forward runs while the last step's output is
+    # still held. What cellc kept for that step's backward went with the
+    # backward, and the buffers cellc keeps for the next call are reused,
+    # not added to: over three more steps the peak grows by no more than
+    # torch's own loop grows by (the output and the input's gradient held
+    # across the step). cellc.empty_cache then gives back at least what was
+    # kept, which the last backward released to the cache.
+    torch_run, run = _measure("torch", "-", 3), _measure("cellc", mode, 3)
+    grown = run["loop_peak"] - run["peak"]
+    torch_grown = torch_run["loop_peak"] - torch_run["peak"]
+    assert grown <= torch_grown + 0.05 * run["plan"]["peak"], (grown, torch_grown)
+    assert run["emptied"] >= run["stats"]["kept_bytes"], run
+
+
+@pytest.mark.parametrize("mode", ["none", "full", "chunk:8"])
+def test_what_forward_kept_goes_with_the_backward(mode):
+    # The runtime's ledger: what forward kept is held through a backward that
+    # retains the graph, and released by the last one, while the output (and
+    # the graph behind it) still lives.
+    torch.manual_seed(4)
+    lstm = cellc.nn.LSTM(16, 24, recompute=mode)
+    x = torch.randn(30, 8, 16, requires_grad=True)
+    out, _ = lstm(x)
+    kept = lstm.cell.memory_stats()["kept_bytes"]
+    assert kept > 0
+    assert lstm.cell.memory_stats()["live_bytes"] >= kept
+    g = torch.randn_like(out)
+    out.backward(g, retain_graph=True)
+    assert lstm.cell.memory_stats()["live_bytes"] >= kept
+    out.backward(g)
+    assert lstm.cell.memory_stats()["live_bytes"] == 0
+    assert out.grad_fn is not None
+
+
+@pytest.mark.parametrize("mode", ["none", "full", "chunk:3"])
+def test_a_second_call_on_the_first_calls_buffers_matches_torch(mode):
+    # The runtime keeps the buffers a call released for the next call of the
+    # same sizes. The second call runs on the first's pages, which hold the
+    # first call's values, not zeros, and must match torch all the same.
+    # Without initial states the runtime starts from zeros, whose buffers
+    # ([B, H]) are 64 KiB at these sizes: mapped, and reused.
+    cell = cellc.compile(LSTM)
+    cellc.empty_cache()
+    T, B, I, H = 12, 64, 3, 128
+    for seed in (5, 6):
+        torch.manual_seed(seed)
+        ref, params, x, _, _ = lstm_problem(T, B, I, H)
+        out, final = cell(x, params, recompute=mode)
+        want, (want_h, want_c) = ref(x)
+        torch.testing.assert_close(out, want, rtol=1e-11, atol=1e-11)
+        torch.testing.assert_close(final["c"], want_c[0], rtol=1e-11, atol=1e-11)
+        g = torch.randn_like(want)
+        leaves = [x] + list(params.values())
+        got = torch.autograd.grad((out * g).sum() + final["c"].sum(), leaves)
+        expected = torch.autograd.grad((want * g).sum() + want_c.sum(), leaves)
+        for name, a, b in zip(["x"] + list(params), got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}, seed {seed}")
 
 
 def test_a_second_backward_through_the_graph_gives_the_same_gradients():
