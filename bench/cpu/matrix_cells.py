@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import cellc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from shape import side_by_side  # noqa: E402
+from shape import sgemm_ceiling, side_by_side  # noqa: E402
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
@@ -133,9 +133,7 @@ def main():
           f"{sorted(os.sched_getaffinity(0))}, OPENBLAS_NUM_THREADS="
           f"{os.environ.get('OPENBLAS_NUM_THREADS')}; fwd+bwd, medians of {a.repeats} "
           f"interleaved rounds")
-    m = torch.randn(1024, 1024)
-    t = side_by_side({"sgemm": lambda: m @ m}, a.repeats)["sgemm"]
-    print(f"ceiling: sgemm 1024^3 {2 * 1024 ** 3 / t / 1e9:.1f} GFLOP/s")
+    print(sgemm_ceiling(a.repeats))
     for name in a.cells:
         loop, sizes = CASES[name]
         with open(os.path.join(EXAMPLES, name + ".cell")) as f:

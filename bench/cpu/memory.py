@@ -6,7 +6,8 @@ cellc.nn.LSTM/GRU in each recompute mode, each in a fresh process.
 A run builds the module and the input x ([T, B, I], requires_grad), runs a
 first step of the same shape (the JIT compiles there, and torch, OpenBLAS
 and the heap allocate what they keep), gives what that step freed back to
-the system (malloc_trim), resets the peak (5 to /proc/self/clear_refs), reads the baseline
+the system (malloc_trim, and cellc.empty_cache for the buffers cellc keeps
+for a next call), resets the peak (5 to /proc/self/clear_refs), reads the baseline
 (VmRSS), runs the forward, materializes a gradient for the outputs (as a
 loss head's backward would) and runs the backward. The peak is VmHWM minus
 the baseline. The floor is what any implementation holds at the end: the

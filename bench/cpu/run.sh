@@ -11,6 +11,20 @@ build=${1:-$top/build}
 rounds=${2:-7}
 py=/usr/bin/python3
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+# Debian's OpenBLAS 0.3.21 does not know AMD's AVX-512 cores (Zen 4 and
+# later) and runs its AVX2 kernels on them, at half the speed of its AVX-512
+# ones. Where the core has AVX-512, everyone here gets those (torch's BLAS and
+# cellc's are OpenBLAS, and both read OPENBLAS_CORETYPE), unless it is set.
+has_avx512() {
+  local f
+  for f in avx512f avx512bw avx512dq avx512vl avx512cd; do
+    grep -m1 '^flags' /proc/cpuinfo | grep -qw "$f" || return 1
+  done
+}
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && has_avx512; then
+  export OPENBLAS_CORETYPE=SkylakeX
+fi
+echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(detected)}"
 run() {
   local threads=$1 cores=$2
   OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads PYTHONPATH="$build/python" \

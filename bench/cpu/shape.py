@@ -2,6 +2,7 @@
 the shape and how to time it."""
 
 import argparse
+import ctypes
 import statistics
 import time
 
@@ -34,3 +35,21 @@ def side_by_side(runs, repeats, before_each=lambda: None):
             f()
             times[n].append(time.perf_counter() - t0)
     return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def sgemm_ceiling(repeats, threads=1):
+    """OpenBLAS's sgemm at 1024^3 in this process, as a line to print: the
+    GFLOP/s (the median of `repeats` after a warm-up) and the kernels
+    OpenBLAS chose (OPENBLAS_CORETYPE picks them; see bench/cpu/run.sh)."""
+    m = torch.randn(1024, 1024)
+    m @ m
+    t = side_by_side({"sgemm": lambda: m @ m}, repeats)["sgemm"]
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        core = lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        core = "unknown"
+    where = f" on {threads} threads" if threads > 1 else ""
+    return (f"ceiling: sgemm 1024^3 {2 * 1024 ** 3 / t / 1e9:.1f} GFLOP/s{where} "
+            f"(OpenBLAS's {core} kernels)")

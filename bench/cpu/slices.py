@@ -24,7 +24,7 @@ import torch
 import cellc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from shape import side_by_side  # noqa: E402
+from shape import sgemm_ceiling, side_by_side  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -45,9 +45,7 @@ def main():
           f"{sorted(os.sched_getaffinity(0))}, OPENBLAS_NUM_THREADS="
           f"{os.environ.get('OPENBLAS_NUM_THREADS')}; medians of {a.repeats} interleaved "
           f"rounds")
-    m = torch.randn(1024, 1024)
-    t = side_by_side({"sgemm": lambda: m @ m}, a.repeats)["sgemm"]
-    print(f"ceiling: sgemm 1024^3 {2 * 1024 ** 3 / t / 1e9:.1f} GFLOP/s on {a.threads} threads")
+    print(sgemm_ceiling(a.repeats, a.threads))
 
     print(f"\n{'cell':>5} {'B x T':>8} {'what':>9} {'torch':>8} {'1 thread':>9} {'rows':>8} "
           f"{'slices':>8} {'split':>6} {'slices/1':>9} {'slices/rows':>12} {'vs torch':>9}"

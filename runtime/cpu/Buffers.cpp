@@ -12,7 +12,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <list>
+#include <iterator>
+#include <map>
 #include <mutex>
 
 using namespace cellc;
@@ -28,38 +29,49 @@ constexpr int64_t kMappedBytes = int64_t(64) << 10;
 constexpr int64_t kHugePage = int64_t(2) << 20;
 constexpr int64_t kPage = int64_t(4) << 10;
 
-/// Mapped buffers released by one call, kept for the next: a training loop
+/// Mapped memory released by one call, kept for the next: a training loop
 /// asks for the same sizes every step, and fresh pages are slow. Each is a
 /// fault and a page of zeros, and a VM that hands freed memory back to its
 /// host faults in the host as well: a `none` call of gated DeltaNet at T =
 /// 256 ran 1.1 s on fresh pages where it runs 0.2 s on pages it had.
 ///
-/// Only an exact size is reused. A size the cache lacks first unmaps the
-/// least recently released buffers until what is mapped, with the new one,
-/// is within the most the runtime has mapped so far. That most only grows at
-/// a miss, to what is live plus the new buffer, so the cache never makes the
-/// process map more than it would without it; it holds the process at that
-/// peak between calls. `releaseCachedBuffers` (cellc.empty_cache) unmaps it
-/// all; CELLC_BUFFER_CACHE=0 turns it off.
+/// The cache holds address ranges, joined when they touch. A buffer takes
+/// the front of the smallest range that holds it, so a call that asks for
+/// other sizes than the last (a forward without the backward, another
+/// recompute mode) still runs on the pages the last one had. With no range
+/// large enough, the largest ranges are unmapped until what is mapped, with
+/// the new buffer, is within the most the runtime has mapped so far. That
+/// most grows only then, to what is live plus the new buffer, so the cache
+/// never makes the process map more than it would without it; it holds the
+/// process at that peak between calls. `releaseCachedBuffers`
+/// (cellc.empty_cache) unmaps it all; CELLC_BUFFER_CACHE=0 turns it off.
 class BufferCache {
 public:
-  /// A mapped buffer of `bytes`, reused or fresh (zeros).
+  /// A mapped buffer of `bytes` (a multiple of the page), reused or fresh
+  /// (zeros).
   void *take(int64_t bytes, bool &fresh) {
     std::lock_guard<std::mutex> lock(mutex);
     fresh = false;
-    for (auto it = blocks.begin(); it != blocks.end(); ++it) {
-      if (it->bytes != bytes)
-        continue;
-      void *block = it->data;
-      blocks.erase(it);
+    auto best = ranges.end();
+    for (auto it = ranges.begin(); it != ranges.end(); ++it)
+      if (it->second >= bytes && (best == ranges.end() || it->second < best->second))
+        best = it;
+    if (best != ranges.end()) {
+      auto [start, size] = *best;
+      ranges.erase(best);
+      if (size > bytes)
+        ranges.emplace(start + bytes, size - bytes);
       cached -= bytes;
       live += bytes;
-      return block;
+      return start;
     }
-    while (!blocks.empty() && live + cached + bytes > most) {
-      munmap(blocks.back().data, blocks.back().bytes);
-      cached -= blocks.back().bytes;
-      blocks.pop_back();
+    while (!ranges.empty() && live + cached + bytes > most) {
+      auto largest = std::max_element(
+          ranges.begin(), ranges.end(),
+          [](const auto &a, const auto &b) { return a.second < b.second; });
+      munmap(largest->first, largest->second);
+      cached -= largest->second;
+      ranges.erase(largest);
     }
     void *block =
         mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -77,8 +89,21 @@ public:
       munmap(block, bytes);
       return;
     }
-    blocks.push_front({block, bytes});
     cached += bytes;
+    char *start = static_cast<char *>(block);
+    auto next = ranges.lower_bound(start);
+    if (next != ranges.end() && start + bytes == next->first) {
+      bytes += next->second;
+      next = ranges.erase(next);
+    }
+    if (next != ranges.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == start) {
+        prev->second += bytes;
+        return;
+      }
+    }
+    ranges.emplace(start, bytes);
   }
   int64_t bytes() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -86,24 +111,20 @@ public:
   }
   void clear() {
     std::lock_guard<std::mutex> lock(mutex);
-    for (const Block &b : blocks)
-      munmap(b.data, b.bytes);
-    blocks.clear();
+    for (const auto &[start, size] : ranges)
+      munmap(start, size);
+    ranges.clear();
     cached = 0;
     most = live;
   }
 
 private:
-  struct Block {
-    void *data;
-    int64_t bytes;
-  };
   const bool enabled = [] {
     const char *env = std::getenv("CELLC_BUFFER_CACHE");
     return !env || std::strcmp(env, "0") != 0;
   }();
   std::mutex mutex;
-  std::list<Block> blocks; // the most recently released first
+  std::map<char *, int64_t> ranges; // start -> bytes
   int64_t live = 0, cached = 0, most = 0;
 };
 
@@ -112,7 +133,12 @@ BufferCache &bufferCache() {
   return *cache;
 }
 
-int64_t mappedSize(int64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+/// Whole pages, and whole huge pages from one up: a range split at a huge
+/// page's edge keeps its huge pages.
+int64_t mappedSize(int64_t bytes) {
+  int64_t unit = bytes >= kHugePage ? kHugePage : kPage;
+  return (bytes + unit - 1) / unit * unit;
+}
 
 } // namespace
 

@@ -140,9 +140,10 @@ def test_the_plan_predicts_the_measured_peak(mode):
 
 
 @functools.lru_cache(maxsize=None)
-def _measure(impl, mode, loop=0):
+def _measure(impl, mode, loop=0, cache="1"):
     # bench/cpu/memory.py's measure of one configuration, in a fresh process.
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               CELLC_BUFFER_CACHE=cache)
     done = subprocess.run([sys.executable, MEMORY, "--steps", "200", "--batch", "64",
                            "--size", "256", "--one", "lstm", impl, mode, "--loop", str(loop)],
                           capture_output=True, text=True, env=env)
@@ -154,15 +155,28 @@ def _measure(impl, mode, loop=0):
 def test_a_training_loop_holds_one_steps_buffers(mode):
     # A training loop's next forward runs while the last step's output is
     # still held. What cellc kept for that step's backward went with the
-    # backward, and the buffers cellc keeps for the next call are reused,
-    # not added to: over three more steps the peak grows by no more than
-    # torch's own loop grows by (the output and the input's gradient held
-    # across the step). cellc.empty_cache then gives back at least what was
-    # kept, which the last backward released to the cache.
-    torch_run, run = _measure("torch", "-", 3), _measure("cellc", mode, 3)
+    # backward: without the buffer cache, over three more steps the peak
+    # grows by no more than torch's own loop grows by (the output and the
+    # input's gradient held across the step).
+    torch_grown = _measure("torch", "-", 3)
+    torch_grown = torch_grown["loop_peak"] - torch_grown["peak"]
+    run = _measure("cellc", mode, 3, cache="0")
     grown = run["loop_peak"] - run["peak"]
-    torch_grown = torch_run["loop_peak"] - torch_run["peak"]
     assert grown <= torch_grown + 0.05 * run["plan"]["peak"], (grown, torch_grown)
+    assert run["emptied"] < 0.05 * run["plan"]["peak"], run
+
+
+@pytest.mark.parametrize("mode", ["none", "full"])
+def test_the_buffer_cache_holds_at_most_one_steps_peak(mode):
+    # With the cache (the default), what cellc released stays mapped for the
+    # next call, at most the most it had mapped: the loop's peak grows by no
+    # more than torch's loop does plus cellc's own peak, and
+    # cellc.empty_cache gives back at least what the last step kept.
+    torch_grown = _measure("torch", "-", 3)
+    torch_grown = torch_grown["loop_peak"] - torch_grown["peak"]
+    run = _measure("cellc", mode, 3)
+    grown = run["loop_peak"] - run["peak"]
+    assert grown <= torch_grown + 1.05 * run["plan"]["peak"], (grown, torch_grown)
     assert run["emptied"] >= run["stats"]["kept_bytes"], run
 
 

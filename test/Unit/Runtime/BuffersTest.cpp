@@ -45,26 +45,42 @@ TEST(Buffers, SmallBuffersComeFromTheHeapAndAreNotKept) {
   EXPECT_EQ(cachedBufferBytes(), 0);
 }
 
-TEST(Buffers, AMissUnmapsWhatWouldRaiseTheMostMapped) {
-  // 4 + 2 MiB live at once is the most so far. Both released, then an
-  // 8 MiB buffer: keeping either would map more than 8 MiB, so both go.
+TEST(Buffers, ABufferTakesTheFrontOfARangeAndRangesJoinAgain) {
+  // One 8 MiB range: two 2 MiB buffers are its first 4 MiB, and released,
+  // it is one range again, which an 8 MiB buffer takes whole.
   releaseCachedBuffers();
-  void *a = allocateBuffer(4 * kMiB, false), *b = allocateBuffer(2 * kMiB, false);
-  releaseBuffer(a, 4 * kMiB);
-  releaseBuffer(b, 2 * kMiB);
-  EXPECT_EQ(cachedBufferBytes(), 6 * kMiB);
-  void *c = allocateBuffer(8 * kMiB, true);
+  char *whole = static_cast<char *>(allocateBuffer(8 * kMiB, false));
+  std::memset(whole, 0x5a, 8 * kMiB);
+  releaseBuffer(whole, 8 * kMiB);
+  void *x = allocateBuffer(2 * kMiB, false), *y = allocateBuffer(2 * kMiB, true);
+  EXPECT_EQ(x, whole);
+  EXPECT_EQ(y, whole + 2 * kMiB);
+  EXPECT_TRUE(allZero(y, 2 * kMiB));
+  EXPECT_EQ(cachedBufferBytes(), 4 * kMiB);
+  releaseBuffer(y, 2 * kMiB);
+  releaseBuffer(x, 2 * kMiB);
+  EXPECT_EQ(allocateBuffer(8 * kMiB, false), whole);
   EXPECT_EQ(cachedBufferBytes(), 0);
-  EXPECT_TRUE(allZero(c, 8 * kMiB));
-  releaseBuffer(c, 8 * kMiB);
-  // 8 MiB is now the most: a 5 MiB miss keeps nothing of the 8 (8 + 5 >
-  // 8), and a 1 MiB miss after it keeps the 5 (5 + 1 <= 8).
-  void *d = allocateBuffer(5 * kMiB, false);
+  releaseBuffer(whole, 8 * kMiB);
+  releaseCachedBuffers();
+}
+
+TEST(Buffers, AMissUnmapsWhatWouldRaiseTheMostMapped) {
+  // 8 MiB mapped is the most so far. A 6 MiB buffer takes the front of the
+  // 8 MiB range; a 4 MiB one then fits in no range, and keeping the 2 MiB
+  // left would map 12 MiB: it goes, and the new buffer is fresh.
+  releaseCachedBuffers();
+  void *first = allocateBuffer(8 * kMiB, false);
+  releaseBuffer(first, 8 * kMiB);
+  void *six = allocateBuffer(5 * kMiB, false); // whole huge pages: 6 MiB
+  EXPECT_EQ(six, first);
+  EXPECT_EQ(cachedBufferBytes(), 2 * kMiB);
+  void *four = allocateBuffer(4 * kMiB, true);
   EXPECT_EQ(cachedBufferBytes(), 0);
-  releaseBuffer(d, 5 * kMiB);
-  void *e = allocateBuffer(1 * kMiB, false);
-  EXPECT_EQ(cachedBufferBytes(), 5 * kMiB);
-  releaseBuffer(e, 1 * kMiB);
+  EXPECT_TRUE(allZero(four, 4 * kMiB));
+  releaseBuffer(four, 4 * kMiB);
+  releaseBuffer(six, 5 * kMiB);
+  EXPECT_EQ(cachedBufferBytes(), 10 * kMiB);
   releaseCachedBuffers();
   EXPECT_EQ(cachedBufferBytes(), 0);
 }
