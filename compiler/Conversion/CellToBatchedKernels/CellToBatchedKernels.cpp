@@ -163,6 +163,40 @@ public:
   void storeAt(Value v, Value buf, ValueRange at) {
     builder.create<vector::StoreOp>(loc, v, buf, at);
   }
+  /// A store past the caches, for what this call does not read again soon
+  /// (the states' histories, read by the backward after the whole
+  /// sequence): a store that misses the cache reads its line first, so
+  /// writing a history cost twice its bytes. A streaming store must be of
+  /// a vector at an address that is a multiple of its size (kernels-to-llvm
+  /// says so to LLVM); at any other address, or with a lane of one, this is
+  /// a plain store.
+  void streamAt(Value v, Value buf, ValueRange at) {
+    auto type = cast<VectorType>(v.getType());
+    auto memref = cast<MemRefType>(buf.getType());
+    int64_t bytes = type.getNumElements() * memref.getElementTypeBitWidth() / 8;
+    if (type.getNumElements() == 1)
+      return storeAt(v, buf, at);
+    // The memref's layout is the identity: the element's index is the
+    // row-major position of `at`.
+    Value linear = at[0];
+    for (size_t d = 1; d < at.size(); ++d) {
+      Value dim = builder.create<memref::DimOp>(loc, buf, d);
+      linear = builder.create<arith::AddIOp>(
+          loc, builder.create<arith::MulIOp>(loc, linear, dim), at[d]);
+    }
+    Value address = builder.create<arith::AddIOp>(
+        loc, builder.create<memref::ExtractAlignedPointerAsIndexOp>(loc, buf),
+        builder.create<arith::MulIOp>(loc, linear, index(bytes / type.getNumElements())));
+    Value aligned = builder.create<arith::CmpIOp>(
+        loc, arith::CmpIPredicate::eq,
+        builder.create<arith::AndIOp>(loc, address, index(bytes - 1)), index(0));
+    auto ifOp = builder.create<scf::IfOp>(loc, aligned, /*withElseRegion=*/true);
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+    builder.create<vector::StoreOp>(loc, v, buf, at, /*nontemporal=*/true);
+    builder.setInsertionPoint(ifOp.elseBlock()->getTerminator());
+    storeAt(v, buf, at);
+  }
   Value loadParam(Value param, Value j) override {
     return builder.create<vector::LoadOp>(loc, lane, param, ValueRange{j});
   }
@@ -787,9 +821,13 @@ LogicalResult ConvertCellToBatchedKernels::buildForward(DefOp def) {
     for (auto [i, x] : llvm::enumerate(def.getInputs()))
       e.sources[x] = {Source::PerStep, k.arg(i), {}};
 
-    auto perStep = [&e](Value buffer) -> Sink {
-      return [&e, buffer](OpBuilder &, Location, Value v, Value j, int64_t offset) {
-        e.storeAt(v, buffer, ValueRange{e.t, e.batchRow, e.shifted(j, offset)});
+    auto perStep = [&e](Value buffer, bool stream = false) -> Sink {
+      return [&e, buffer, stream](OpBuilder &, Location, Value v, Value j, int64_t offset) {
+        SmallVector<Value> at{e.t, e.batchRow, e.shifted(j, offset)};
+        if (stream)
+          e.streamAt(v, buffer, at);
+        else
+          e.storeAt(v, buffer, at);
       };
     };
     SmallVector<Item> items;
@@ -802,7 +840,7 @@ LogicalResult ConvertCellToBatchedKernels::buildForward(DefOp def) {
                               e.store(v, buf, next, e.shifted(j, offset));
                             },
                             0});
-      item.sinks.push_back({perStep(k.arg(args.firstHistory + i)), 0});
+      item.sinks.push_back({perStep(k.arg(args.firstHistory + i), /*stream=*/true), 0});
       items.push_back(item);
     }
     for (auto [i, o] : llvm::enumerate(yield.getOutputs()))

@@ -3,6 +3,7 @@
 #include "compiler/Conversion/Passes.h"
 
 #include "mlir/Conversion/Passes.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/Math/Transforms/Passes.h"
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Pass/PassManager.h"
@@ -54,6 +55,18 @@ struct ConvertKernelsToLLVM
     pm.addPass(createReconcileUnrealizedCastsPass());
     if (failed(runPipeline(pm, module)))
       return signalPassFailure();
+
+    // The kernels stream only whole vectors at addresses they checked are
+    // multiples of the vector's size (the batched kernels' streamAt). Told
+    // so, LLVM emits one streaming store (vmovntps); with the element's
+    // alignment it would split the vector into 8-byte streaming stores.
+    module.walk([](LLVM::StoreOp store) {
+      if (!store.getNontemporal())
+        return;
+      auto type = dyn_cast<VectorType>(store.getValue().getType());
+      if (type && type.getElementTypeBitWidth() % 8 == 0)
+        store.setAlignment(type.getNumElements() * type.getElementTypeBitWidth() / 8);
+    });
   }
 };
 

@@ -2,8 +2,9 @@
 //
 // convert-kernels-to-llvm: everything goes to the LLVM dialect; f32 tanh
 // and exp (scalar and vector) become polynomial approximations with no
-// call, f64 tanh calls libm; each kernel gets a C interface that takes memref
-// descriptors by pointer.
+// call, f64 tanh calls libm; a streaming vector store is aligned to its
+// size; each kernel gets a C interface that takes memref descriptors by
+// pointer.
 
 // libm's tanh, for f64 only.
 // CHECK: llvm.func @tanh(f64) -> f64
@@ -24,6 +25,10 @@
 // CHECK: llvm.intr.floor(%{{.*}}) : (vector<8xf32>) -> vector<8xf32>
 // CHECK-NOT: llvm.call
 // CHECK: llvm.store %{{.*}}, %{{.*}} {alignment = 4 : i64} : vector<8xf32>, !llvm.ptr
+// A streaming store is of a whole vector at a multiple of its size (the
+// batched kernels check the address), and LLVM is told so: one vmovntps,
+// not 8-byte pieces.
+// CHECK: llvm.store %{{.*}}, %{{.*}} {alignment = 32 : i64, nontemporal} : vector<8xf32>, !llvm.ptr
 // CHECK: llvm.return
 // CHECK: llvm.func @_mlir_ciface_kernel(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64)
 // CHECK: llvm.call @kernel(
@@ -41,5 +46,6 @@ func.func @kernel(%a: memref<?xf32>, %b: memref<?xf64>, %v: memref<8xf32>, %n: i
   %w = vector.load %v[%c0] : memref<8xf32>, vector<8xf32>
   %e = math.exp %w : vector<8xf32>
   vector.store %e, %v[%c0] : memref<8xf32>, vector<8xf32>
+  vector.store %e, %v[%c0] {nontemporal = true} : memref<8xf32>, vector<8xf32>
   return
 }
