@@ -215,10 +215,13 @@ class Cell:
         default 30)."""
         if dtype not in _DTYPES:
             raise TypeError(f"cellc runs float32 and float64 tensors on the CPU, not {dtype}")
-        bucket = _bucket(batch) if batch and self.threads == 0 else 0
+        # The batch's bucket picks the kernels' default shape (per-row kernels
+        # for one row, a batch tile that fits a small batch) whatever the
+        # threads; a tuned config applies only with the default threads.
+        bucket = _bucket(batch) if batch else 0
         key = (tuple(sorted(sizes.items())), dtype, bucket)
         if key not in self._compiled:
-            if (bucket and os.environ.get("CELLC_AUTOTUNE") == "1"
+            if (bucket and self.threads == 0 and os.environ.get("CELLC_AUTOTUNE") == "1"
                     and _cellc.tuned_config(self.source, sizes, _DTYPES[dtype], batch) is None):
                 budget = float(os.environ.get("CELLC_AUTOTUNE_BUDGET", "30"))
                 autotune(self, sizes, batch=batch, seq_len=seq_len, dtype=dtype,

@@ -58,6 +58,21 @@ def test_a_short_tune_writes_an_entry_that_the_jit_uses(cache):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_an_explicit_thread_count_keeps_the_batchs_default_shape(cache):
+    # Threads given opt out of tuned configs, not of the batch's default
+    # kernels: one row runs the per-row kernels and a batch of 5 a tile of 8
+    # rows, not the 64 rows that a batch of unknown size gets (a step of one
+    # row ran at half speed on that tile).
+    cell = cellc.compile(LSTM, threads=1)
+    config = lambda batch: dict(kv.split("=") for kv in
+                                cell.jit(SIZES, torch.float32, batch=batch).config.split(","))
+    assert config(1)["kernels"] == "0"
+    assert config(5)["batch_tile"] == "8" and config(5)["kernels"] == "1"
+    assert config(0)["batch_tile"] == "64"
+    assert all(config(b)["threads"] == "1" for b in (0, 1, 5))
+    assert cell.jit(SIZES, torch.float32, batch=5).config_source == "default"
+
+
 def test_a_corrupt_entry_is_reported_and_the_default_config_runs(cache, capfd):
     cell = cellc.compile(LSTM)
     result = cellc.autotune(cell, SIZES, batch=4, seq_len=5, budget=2, progress=False)
