@@ -42,43 +42,84 @@ struct PlanSaves : public impl::CellPlanSavesBase<PlanSaves> {
   }
 
   LogicalResult plan(DefOp def, func::FuncOp grad);
+  RestoreOp yieldWhatExpandsRead(RestoreOp restore);
   RestoreOp dropRecomputable(RestoreOp restore);
 };
 
+/// Makes the restore also yield the operand of each yielded expand or
+/// broadcast that the replay computes, so that dropRecomputable keeps that
+/// operand (a vector per head, or one value per sample) and expands it
+/// again, rather than keeping the expanded value (a matrix per head, or a
+/// value per unit). Returns the restore that yields them.
+RestoreOp PlanSaves::yieldWhatExpandsRead(RestoreOp restore) {
+  auto yield = cast<RestoreYieldOp>(restore.getBody().front().getTerminator());
+  SmallVector<Value> values(yield.getValues());
+  size_t count = values.size();
+  for (size_t i = 0; i < count; ++i) {
+    Operation *op = values[i].getDefiningOp();
+    if (!op || !isa<ExpandOp, BroadcastOp>(op))
+      continue;
+    Value operand = op->getOperand(0);
+    Operation *producer = operand.getDefiningOp();
+    if (producer && restore->isAncestor(producer) && !llvm::is_contained(values, operand))
+      values.push_back(operand);
+  }
+  if (values.size() == count)
+    return restore;
+  OpBuilder builder(restore);
+  auto larger = builder.create<RestoreOp>(restore.getLoc(), ValueRange(values).getTypes());
+  larger.getBody().takeBody(restore.getBody());
+  yield->setOperands(values);
+  for (size_t i = 0; i < count; ++i)
+    restore.getResult(i).replaceAllUsesWith(larger.getResult(i));
+  restore->erase();
+  return larger;
+}
+
 /// Moves out of the restore each yielded value that one cheap op computes
-/// from values the backward has anyway: arguments, params, constants, or
-/// other yielded values. Returns the restore that yields the rest.
+/// from values the backward has anyway: arguments, params, constants, other
+/// yielded values, or values recomputed so. Returns the restore that yields
+/// the rest.
 RestoreOp PlanSaves::dropRecomputable(RestoreOp restore) {
   auto yield = cast<RestoreYieldOp>(restore.getBody().front().getTerminator());
   SmallVector<Value> values(yield.getValues());
   SmallVector<bool> kept(values.size(), true);
+  // What the backward reads for each value: the restore's result, or the
+  // value's recomputation.
+  SmallVector<Value> read(restore.getResults());
   OpBuilder builder(restore->getContext());
 
-  // Later values first: they are the ones computed from earlier ones.
+  // Later values first: they are the ones computed from earlier ones (but
+  // for the operands of expands that yieldWhatExpandsRead added last).
   for (int i = values.size() - 1; i >= 0; --i) {
     Operation *op = values[i].getDefiningOp();
     if (!op || !isCheap(op))
       continue;
     IRMapping map;
     bool available = true;
+    // Right after the restore (values cloned later are mostly read by
+    // earlier ones), or after the recomputations it reads.
+    Operation *after = restore;
     for (Value operand : op->getOperands()) {
       Operation *producer = operand.getDefiningOp();
       if (!producer || !restore->isAncestor(producer))
         continue;
       auto it = llvm::find(values, operand);
       size_t j = it - values.begin();
-      if (it == values.end() || j == static_cast<size_t>(i) || !kept[j]) {
+      if (it == values.end() || j == static_cast<size_t>(i)) {
         available = false;
         break;
       }
-      map.map(operand, restore.getResult(j));
+      map.map(operand, read[j]);
+      if (!kept[j] && after->isBeforeInBlock(read[j].getDefiningOp()))
+        after = read[j].getDefiningOp();
     }
     if (!available)
       continue;
-    // Right after the restore: values cloned later are read by earlier ones.
-    builder.setInsertionPointAfter(restore);
+    builder.setInsertionPointAfter(after);
     Operation *clone = builder.clone(*op, map);
     restore.getResult(i).replaceAllUsesWith(clone->getResult(0));
+    read[i] = clone->getResult(0);
     kept[i] = false;
   }
 
@@ -130,7 +171,7 @@ LogicalResult PlanSaves::plan(DefOp def, func::FuncOp grad) {
       toForward[r] = f;
   }
 
-  restore = dropRecomputable(restore);
+  restore = dropRecomputable(yieldWhatExpandsRead(restore));
 
   // The forward step saves what the restore still yields.
   auto yield = cast<RestoreYieldOp>(restore.getBody().front().getTerminator());

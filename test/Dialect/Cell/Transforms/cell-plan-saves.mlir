@@ -132,3 +132,28 @@ cell.def @nothing inputs() states(%h: tensor<4xf32>) outputs() {
   %y = cell.log %h : tensor<4xf32>
   cell.yield states(%y : tensor<4xf32>)
 }
+
+// -----
+
+// An expand of a value the replay computes (outer(k, s * u), as gated
+// DeltaNet's outer(k, beta * u)): the backward reads it, but the plan keeps
+// only s (for the sigmoid's derivative) and computes s * u and its expand
+// again after the restore, rather than keeping the [2, 4] expand.
+// CHECK-LABEL: cell.def @expanded
+// CHECK:         %[[S:.*]] = cell.sigmoid
+// CHECK:         cell.save %[[S]] : tensor<4xf32>{{$}}
+// CHECK-LABEL: func.func @expanded_grad
+// CHECK:         %[[R:.*]] = cell.restore -> tensor<4xf32> {
+// CHECK:           cell.restore_yield %{{.*}} : tensor<4xf32>{{$}}
+// CHECK-NEXT:    }
+// CHECK:         %[[SU:.*]] = cell.mul %[[R]], %arg2 : tensor<4xf32>
+// CHECK-NEXT:    cell.expand %[[SU]] {kept = array<i64: 1>, shape = array<i64: 2, 4>} : tensor<4xf32> -> tensor<8xf32>
+cell.def @expanded inputs(%k: tensor<2xf32>, %v: tensor<4xf32>, %u: tensor<4xf32>) states(%C: tensor<8xf32>) outputs() {
+  %s = cell.sigmoid %v : tensor<4xf32>
+  %su = cell.mul %s, %u : tensor<4xf32>
+  %ke = cell.expand %k {shape = array<i64: 2, 4>, kept = array<i64: 0>} : tensor<2xf32> -> tensor<8xf32>
+  %se = cell.expand %su {shape = array<i64: 2, 4>, kept = array<i64: 1>} : tensor<4xf32> -> tensor<8xf32>
+  %kv = cell.mul %ke, %se : tensor<8xf32>
+  %next = cell.add %C, %kv : tensor<8xf32>
+  cell.yield states(%next : tensor<8xf32>)
+}
