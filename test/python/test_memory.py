@@ -151,18 +151,21 @@ def _measure(impl, mode, loop=0, cache="1"):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("mode", ["none", "full"])
-def test_a_training_loop_holds_one_steps_buffers(mode):
+def test_a_training_loop_holds_one_steps_buffers():
     # A training loop's next forward runs while the last step's output is
     # still held. What cellc kept for that step's backward went with the
     # backward: without the buffer cache, over three more steps the peak
-    # grows by no more than torch's own loop grows by (the output and the
-    # input's gradient held across the step).
+    # grows as torch's own loop grows (the output and the input's gradient
+    # held across the step), not by a second copy of what `none` keeps (75
+    # MiB here; it grew by 123 MiB when the kept buffers lived as long as
+    # the output). The peaks move by a few MiB from run to run (torch's
+    # growth: 47 to 51 MiB; huge pages come 2 MiB at a time), so the bound
+    # is half the kept bytes.
     torch_grown = _measure("torch", "-", 3)
     torch_grown = torch_grown["loop_peak"] - torch_grown["peak"]
-    run = _measure("cellc", mode, 3, cache="0")
+    run = _measure("cellc", "none", 3, cache="0")
     grown = run["loop_peak"] - run["peak"]
-    assert grown <= torch_grown + 0.05 * run["plan"]["peak"], (grown, torch_grown)
+    assert grown <= torch_grown + 0.5 * run["stats"]["kept_bytes"], (grown, torch_grown)
     assert run["emptied"] < 0.05 * run["plan"]["peak"], run
 
 
