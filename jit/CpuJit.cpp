@@ -93,6 +93,7 @@ PipelineOptions cellc::jit::pipelineOptionsOf(const CpuOptions &options) {
   }
   pipeline.matvecWidth = options.matvecWidth;
   pipeline.matvecUnroll = options.matvecUnroll;
+  pipeline.splitProjections = !options.step;
   return pipeline;
 }
 

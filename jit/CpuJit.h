@@ -75,6 +75,9 @@ struct CpuOptions {
   /// replaces the knobs above.
   int64_t batchHint = 0;
   bool useTuned = true;
+  /// The kernels of a streaming step (`CpuCell::step`): the products of
+  /// inputs stay in the kernel, not hoisted as projections.
+  bool step = false;
   /// Rows (steps times the batch) per piece of the projections and the
   /// gradients' GEMMs; 0: the driver's default.
   int64_t pieceRows = 0;

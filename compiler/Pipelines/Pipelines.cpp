@@ -18,7 +18,8 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
     // One op for each value the cell computes twice (an expand that two
     // products of a matrix state share), before the backward doubles it.
     pm.addPass(createCSEPass());
-    pm.addPass(cell::createCellSplitProjections());
+    if (options.splitProjections)
+      pm.addPass(cell::createCellSplitProjections());
   }
   if (stage >= Stage::Grad)
     pm.addPass(cell::createCellAutodiff());
@@ -200,6 +201,11 @@ struct KernelPipelineOptions
                         llvm::cl::desc("Specialize SAVE_GATES to 0 or 1; -1 "
                                        "keeps the flag"),
                         llvm::cl::init(-1)};
+  Option<bool> splitProjections{
+      *this, "split-projections",
+      llvm::cl::desc("Hoist products of inputs out of the step (false: a "
+                     "streaming step's kernels)"),
+      llvm::cl::init(true)};
 };
 } // namespace
 
@@ -211,6 +217,7 @@ void cellc::registerPipelines() {
         PipelineOptions options;
         if (opts.saveGates >= 0)
           options.saveGates = opts.saveGates != 0;
+        options.splitProjections = opts.splitProjections;
         buildPipeline(pm, Stage::Kernels, options);
       });
 }

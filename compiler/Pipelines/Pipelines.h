@@ -61,6 +61,10 @@ inline bool isCudaStrategy(Strategy strategy) {
 struct PipelineOptions {
   /// When set, the kernels are specialized for SAVE_GATES and canonicalized.
   std::optional<bool> saveGates;
+  /// Whether products of inputs leave the step as projections (a GEMM over
+  /// the whole sequence). A streaming step's kernels keep them: one step has
+  /// no sequence to batch, and a GEMM of B rows packs its weight each call.
+  bool splitProjections = true;
   KernelStrategy strategy = KernelStrategy::Batched;
   /// For batch-tiled kernels: the target (CUDA, or the CPU for their
   /// emulation), rows per tile (0: chosen by workgroup memory) and threads

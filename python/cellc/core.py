@@ -43,11 +43,13 @@ def _size_value(terms, sizes):
     return total
 
 
-def _jit(source, file_name, sizes, dtype, threads, batch):
+def _jit(source, file_name, sizes, dtype, threads, batch, step=False):
     """The JIT: the cell's CPU package, built by the compiler (or found in the
-    kernel cache), loaded by the runtime as cellc.load_package loads one."""
+    kernel cache), loaded by the runtime as cellc.load_package loads one.
+    `step`: the package of a streaming step, whose kernels compute the
+    products of inputs themselves."""
     path, from_cache, origin, temporary, threads, unit_slices = _cellc.prepare_package(
-        source, file_name, sizes, dtype, threads, True, batch)
+        source, file_name, sizes, dtype, threads, True, batch, step)
     try:
         compiled = _cellc_runtime.load(path, threads, from_cache, origin)
         compiled.unit_slices = unit_slices
@@ -207,27 +209,28 @@ class Cell:
             shaped[n] = t if len(dims) == 1 else t.reshape(t.shape[0], *self.shape(n, sizes))
         return shaped
 
-    def jit(self, sizes, dtype, batch=0, seq_len=100):
+    def jit(self, sizes, dtype, batch=0, seq_len=100, step=False):
         """The compiled cell for `sizes` and a torch dtype (cached). With the
         `batch` it will run at, a tuned config for that batch's power-of-two
         bucket (cellc-tune, `cellc.autotune`) is used; with CELLC_AUTOTUNE=1 a
         missing one is tuned first (budget: CELLC_AUTOTUNE_BUDGET seconds,
-        default 30)."""
+        default 30). `step`: the kernels of `Cell.step`, which compute the
+        products of inputs in the step instead of a GEMM over the sequence."""
         if dtype not in _DTYPES:
             raise TypeError(f"cellc runs float32 and float64 tensors on the CPU, not {dtype}")
         # The batch's bucket picks the kernels' default shape (per-row kernels
         # for one row, a batch tile that fits a small batch) whatever the
         # threads; a tuned config applies only with the default threads.
         bucket = _bucket(batch) if batch else 0
-        key = (tuple(sorted(sizes.items())), dtype, bucket)
+        key = (tuple(sorted(sizes.items())), dtype, bucket, step)
         if key not in self._compiled:
-            if (bucket and self.threads == 0 and os.environ.get("CELLC_AUTOTUNE") == "1"
+            if (bucket and not step and self.threads == 0 and os.environ.get("CELLC_AUTOTUNE") == "1"
                     and _cellc.tuned_config(self.source, sizes, _DTYPES[dtype], batch) is None):
                 budget = float(os.environ.get("CELLC_AUTOTUNE_BUDGET", "30"))
                 autotune(self, sizes, batch=batch, seq_len=seq_len, dtype=dtype,
                          budget=budget)
             self._compiled[key] = _jit(self.source, self.file_name, sizes, _DTYPES[dtype],
-                                       self.threads, batch if bucket else 0)
+                                       self.threads, batch if bucket else 0, step)
         return self._compiled[key]
 
     def layout(self, sizes, dtype, mode, has_lengths, device=torch.device("cpu")):
@@ -251,8 +254,9 @@ class Cell:
         backward_kept."""
         if self._runs_cuda(device):
             return self._cuda_cell(sizes, dtype, device)
-        same = [c for (s, d, _), c in self._compiled.items()
-                if s == tuple(sorted(sizes.items())) and d == dtype] if not batch else []
+        same = [c for (s, d, _, step), c in self._compiled.items()
+                if s == tuple(sorted(sizes.items())) and d == dtype and not step
+                ] if not batch else []
         return _ops.CpuRunner(same[0] if same
                               else self.jit(sizes, dtype, batch=batch, seq_len=seq_len))
 
@@ -361,8 +365,11 @@ class Cell:
                       for n, w, _ in widths_st]
         outs = [x0.new_empty(B, w) for w in widths_out]
         news = [x0.new_empty(B, *shape) for _, _, shape in widths_st]
-        compiled.step(buf(inputs), buf([params[n] for n in names_par]), buf(state_list),
-                      buf(outs), [(t.data_ptr(), [B, w]) for t, (_, w, _) in zip(news, widths_st)])
+        par = [params[n] for n in names_par]
+        # The versions say whether the weights the last step packed still hold.
+        compiled.step(buf(inputs), buf(par), buf(state_list), buf(outs),
+                      [(t.data_ptr(), [B, w]) for t, (_, w, _) in zip(news, widths_st)],
+                      [p._version for p in par])
         out = outs[0] if len(outs) == 1 else dict(zip(self.outputs, outs))
         return out, {n: t for (n, _, _), t in zip(widths_st, news)}
 
@@ -420,7 +427,7 @@ class Cell:
         shapes.update({n: tuple(params[n].shape) for n in names_par})
         shapes.update(self._state_shapes(states, B))
         sizes = self.bind_sizes(shapes)
-        compiled = self.jit(sizes, dtype, batch=B, seq_len=1)
+        compiled = self.jit(sizes, dtype, batch=B, seq_len=1, step=True)
         widths_out = [shape[0] for _, shape in compiled.outputs]
         widths_st = [(n, shape[0], tuple(self.shape(n, sizes)))
                      for n, shape in compiled.states]

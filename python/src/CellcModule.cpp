@@ -233,7 +233,7 @@ PYBIND11_MODULE(_cellc, m) {
       "prepare_package",
       [](const std::string &source, const std::string &fileName,
          const std::map<std::string, int64_t> &sizes, const std::string &dtype,
-         int threads, bool useCache, int64_t batch) {
+         int threads, bool useCache, int64_t batch, bool step) {
         if (dtype != "f32" && dtype != "f64")
           throw py::type_error("the CPU backend takes float32 and float64, not " + dtype);
         jit::CpuOptions options;
@@ -243,6 +243,7 @@ PYBIND11_MODULE(_cellc, m) {
         // one for this batch bucket applies.
         options.batchHint = batch;
         options.useTuned = threads == 0;
+        options.step = step;
         SizeBindings bindings(sizes.begin(), sizes.end());
         std::optional<jit::PreparedPackage> prepared;
         {
@@ -262,8 +263,10 @@ PYBIND11_MODULE(_cellc, m) {
       },
       py::arg("source"), py::arg("file_name"), py::arg("sizes"), py::arg("dtype"),
       py::arg("threads") = 0, py::arg("use_cache") = true, py::arg("batch") = 0,
+      py::arg("step") = false,
       "Builds the CPU package of the cell at `sizes` (or finds it in the cache): "
-      "(path, from_cache, config_source, temporary, threads, unit_slices)");
+      "(path, from_cache, config_source, temporary, threads, unit_slices). With "
+      "`step`, the kernels of a streaming step (no hoisted projections)");
   m.def(
       "tuned_config",
       [](const std::string &source, const std::map<std::string, int64_t> &sizes,

@@ -92,9 +92,11 @@ struct PyCell {
     return training ? saved : nullptr;
   }
 
-  /// One step of inference: [B, n] inputs, states, outputs and new states.
+  /// One step of inference: [B, n] inputs, states, outputs and new states;
+  /// the params' versions (torch's `_version`) when the caller has them.
   void step(const Buffers &inputs, const Buffers &params, const Buffers &states,
-            const Buffers &outputs, const Buffers &newStates) {
+            const Buffers &outputs, const Buffers &newStates,
+            const std::optional<std::vector<int64_t>> &paramVersions) {
     CpuCell::Sequence seq;
     seq.inputs = arrays(inputs);
     seq.params = arrays(params);
@@ -105,7 +107,8 @@ struct PyCell {
     Status status;
     {
       py::gil_scoped_release release;
-      status = cell->step(seq, arrays(outputs), arrays(newStates));
+      status = cell->step(seq, arrays(outputs), arrays(newStates),
+                          paramVersions ? &*paramVersions : nullptr);
     }
     check(status);
   }
@@ -230,9 +233,10 @@ PYBIND11_MODULE(_cellc_runtime, m) {
            py::arg("outputs_outlive_saved") = false, py::arg("kept") = py::none())
       .def("backward", &PyCell::backward)
       .def("step", &PyCell::step, py::arg("inputs"), py::arg("params"), py::arg("states"),
-           py::arg("outputs"), py::arg("new_states"),
+           py::arg("outputs"), py::arg("new_states"), py::arg("param_versions") = py::none(),
            "One step of inference: [B, n] inputs, states stepped from, outputs and "
-           "new states")
+           "new states. With the params' versions (torch's `_version`), the weights "
+           "packed by the last step serve while the params and versions are the same")
       .def("kept_layout", &PyCell::keptLayout, py::arg("mode"), py::arg("has_lengths"))
       .def("backward_kept", &PyCell::backwardKept)
       .def(

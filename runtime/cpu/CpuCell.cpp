@@ -232,7 +232,8 @@ public:
   int64_t instances(int64_t batch) const override { return split(batch).groups; }
 
   /// Runs each group's rows on its slices' threads. The index arguments are
-  /// b_begin, b_end, then group, slice and slices.
+  /// b_begin, b_end, then group, slice, slices and packed (which the driver
+  /// sets).
   driver::Status launch(bool backward, bool saveGates,
                         const std::vector<driver::Arg> &args,
                         int64_t batch) override {
@@ -244,9 +245,10 @@ public:
       base.push_back(arg.index ? KernelArg::indexValue(*arg.index)
                                : KernelArg::buffer(arg.view.pointer(), arg.view.shape));
     }
-    if (indices.size() != (grouped ? 5u : 2u))
+    if (indices.size() != (grouped ? 6u : 2u))
       return driver::Status::error("internal error: a kernel without b_begin, b_end" +
-                                   std::string(grouped ? ", group, slice and slices" : ""));
+                                   std::string(grouped ? ", group, slice, slices and packed"
+                                                       : ""));
     const KernelObject &object = variants[saveGates ? 1 : 0];
     Entry entry = backward ? object.backward : object.forward;
     Split s = split(batch);
@@ -636,8 +638,35 @@ Status CpuCell::forward(const Sequence &batchFirstOrNot,
   return Status();
 }
 
+/// A token per param that changes when its contents do: its version, mixed
+/// with a hash of 16 elements spread over it. The version sees every write
+/// that torch counts; the elements see what it does not (a write through
+/// `.data`, as RL's soft target updates make) wherever it changes them.
+std::vector<int64_t> CpuCell::contentTokens(const std::vector<Array> &params,
+                                            const std::vector<int64_t> &versions) const {
+  constexpr int64_t kProbes = 16;
+  std::vector<int64_t> tokens;
+  int64_t bytes = elementBytes();
+  for (size_t i = 0; i < params.size(); ++i) {
+    uint64_t hash = 1469598103934665603ull ^ uint64_t(i < versions.size() ? versions[i] : -1);
+    int64_t n = 1;
+    for (int64_t d : params[i].shape)
+      n *= d;
+    const auto *data = static_cast<const unsigned char *>(params[i].data);
+    for (int64_t p = 0; data && n > 0 && p < std::min(n, kProbes); ++p) {
+      int64_t at = n <= kProbes ? p : p * (n - 1) / (kProbes - 1);
+      uint64_t word = 0;
+      std::memcpy(&word, data + at * bytes, size_t(bytes));
+      hash = (hash ^ word) * 1099511628211ull;
+    }
+    tokens.push_back(int64_t(hash));
+  }
+  return tokens;
+}
+
 Status CpuCell::step(const Sequence &seq, const std::vector<Array> &outputs,
-                     const std::vector<Array> &newStates) {
+                     const std::vector<Array> &newStates,
+                     const std::vector<int64_t> *paramVersions) {
   if (seq.batchFirst || seq.resets || !seq.lengths.empty())
     return Status::error("a step takes no resets, lengths or batch-first layout");
   if (seq.inputs.empty() || seq.inputs[0].shape.size() != 2)
@@ -669,7 +698,10 @@ Status CpuCell::step(const Sequence &seq, const std::vector<Array> &outputs,
     return err;
   if (Status err = viewsOf(newStates, info.states, e, "new state", newViews))
     return err;
-  return impl->driver->step(s, outViews, newViews);
+  if (!paramVersions)
+    return impl->driver->step(s, outViews, newViews);
+  std::vector<int64_t> tokens = contentTokens(inner.params, *paramVersions);
+  return impl->driver->step(s, outViews, newViews, &tokens);
 }
 
 Status CpuCell::backward(const Sequence &batchFirstOrNot, const Saved &saved,

@@ -128,9 +128,12 @@ public:
   /// params, the states to step from `[B, n]` (all given, as
   /// `seq.initialStates`), outputs and new states `[B, n]`. `seq.resets`,
   /// `lengths` and `batchFirst` must be unset. Buffers are kept for the
-  /// next step of the same B.
+  /// next step of the same B; with `paramVersions` (a counter per param
+  /// that changes when it is written, as torch's tensor versions do), so
+  /// are the packed weights, while the params and versions stay the same.
   Status step(const Sequence &seq, const std::vector<Array> &outputs,
-              const std::vector<Array> &newStates);
+              const std::vector<Array> &newStates,
+              const std::vector<int64_t> *paramVersions = nullptr);
 
   /// What a training forward in `mode` keeps, as a caller that holds it
   /// allocates it (driver::SequenceDriver::keptLayout; the outputs kept).
@@ -179,6 +182,9 @@ public:
 
   /// Bytes per element of the cell's dtype.
   int64_t elementBytes() const { return elementType == DType::F32 ? 4 : 8; }
+  /// What `step` gives the driver as the params' versions (CpuCell.cpp).
+  std::vector<int64_t> contentTokens(const std::vector<Array> &params,
+                                     const std::vector<int64_t> &versions) const;
 
 private:
   struct Impl;

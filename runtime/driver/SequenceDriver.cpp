@@ -195,6 +195,10 @@ struct SequenceDriver::StepBuffers {
   int64_t batch = -1;
   std::vector<Scratch> projected, workspace;
   Scratch resets, noGates;
+  /// The params (and their versions) whose weights the workspace holds
+  /// packed; empty when it holds none.
+  std::vector<void *> packedParams;
+  std::vector<int64_t> packedVersions;
 };
 
 //===----------------------------------------------------------------------===//
@@ -333,6 +337,10 @@ Status SequenceDriver::bind(const Kernel &kernel, const Sequence &seq,
       break;
     case ArgKind::Slices:
       args[a].index = 1;
+      break;
+    // Packed once per launch, unless a step says otherwise.
+    case ArgKind::Packed:
+      args[a].index = 0;
       break;
     case ArgKind::Output:
       if (backward)
@@ -762,7 +770,8 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
 }
 
 Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &outputs,
-                            const std::vector<View> &newStates) {
+                            const std::vector<View> &newStates,
+                            const std::vector<int64_t> *paramVersions) {
   if (seq.steps != 1)
     return Status::error("a step runs T = 1, not T = " + std::to_string(seq.steps));
   if (Status e = checkForward(seq, outputs, newStates))
@@ -818,9 +827,33 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
   std::vector<size_t> results;
   if (Status e = bind(cell.forward, seq, chunk, /*backward=*/false, args, results))
     return e;
+  auto pointers = [](const std::vector<Scratch> &buffers) {
+    std::vector<void *> at;
+    for (const Scratch &b : buffers)
+      at.push_back(b.view().pointer());
+    return at;
+  };
+  std::vector<void *> before = pointers(s.workspace);
   if (Status e = workspace(cell.forward, B, args, s.workspace))
     return e;
-  return launch(cell.forward, /*backward=*/false, /*saveGates=*/false, args, B);
+  // The weights packed by the last step serve this one where its
+  // workspace, params and their versions are the same.
+  std::vector<void *> params;
+  for (const View &p : seq.params)
+    params.push_back(p.pointer());
+  bool packed = paramVersions && !s.packedParams.empty() && before == pointers(s.workspace) &&
+                params == s.packedParams && *paramVersions == s.packedVersions;
+  for (size_t a = 0; a < cell.forward.args.size(); ++a)
+    if (cell.forward.args[a].kind == ArgKind::Packed)
+      args[a].index = packed ? 1 : 0;
+  s.packedParams.clear();
+  if (Status e = launch(cell.forward, /*backward=*/false, /*saveGates=*/false, args, B))
+    return e;
+  if (paramVersions && !params.empty()) {
+    s.packedParams = std::move(params);
+    s.packedVersions = *paramVersions;
+  }
+  return Status();
 }
 
 int64_t SequenceDriver::keptOutput(size_t state, Recompute mode, bool hasLengths,
@@ -1444,6 +1477,7 @@ Status SequenceDriver::fold(const Sequence &seq, int64_t first, int64_t count,
     case ArgKind::Group:
     case ArgKind::Slice:
     case ArgKind::Slices:
+    case ArgKind::Packed:
       break;
     }
   }

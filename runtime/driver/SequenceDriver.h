@@ -316,8 +316,13 @@ public:
   /// be the states stepped from. No resets, no lengths. The projections'
   /// buffers are made once per B and kept between calls (bytes that the
   /// ledger counts while they live); one step runs at a time.
+  /// `paramVersions`, when given, says which contents the params have (a
+  /// counter that changes when a param is written, as torch's tensor
+  /// versions do): where the params and their versions are those of the
+  /// last step, the weights it packed are used again.
   Status step(const Sequence &seq, const std::vector<View> &outputs,
-              const std::vector<View> &newStates);
+              const std::vector<View> &newStates,
+              const std::vector<int64_t> *paramVersions = nullptr);
 
   Status backward(const Sequence &seq, const Saved &saved,
                   const std::vector<View> &gradOutputs,

@@ -100,6 +100,46 @@ def test_batch_sizes_change_between_steps_and_params_changed_in_place_count():
                 p.mul_(0.9).add_(0.01)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_weights_a_step_packed_follow_every_write_to_the_params(threads):
+    """A step keeps the weights it packed for the next step while the params
+    are the same tensors with the same contents. Each kind of write must be
+    seen: torch's in-place ops, a write through `.data` (which torch's
+    version counter misses), new tensors, and a batch that changes the
+    workspace. B = 16 runs the batched kernels, which pack."""
+    torch.manual_seed(3)
+    cell = cellc.compile(LSTM, threads=threads)
+    ref = torch.nn.LSTMCell(5, 7).double()
+    params = {"W_ih": ref.weight_ih.detach(), "W_hh": ref.weight_hh.detach(),
+              "b_ih": ref.bias_ih.detach(), "b_hh": ref.bias_hh.detach()}
+
+    def check(B, p):
+        x, h, c = (torch.randn(B, n, dtype=torch.float64) for n in (5, 7, 7))
+        with torch.no_grad():
+            out, st = cell.step(x, p, {"h": h, "c": c})
+            rh, rc = torch.lstm_cell(x, (h, c), p["W_ih"], p["W_hh"], p["b_ih"], p["b_hh"])
+        torch.testing.assert_close(out, rh, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(st["c"], rc, rtol=1e-12, atol=1e-12)
+
+    check(16, params)
+    check(16, params)  # the packed weights again
+    with torch.no_grad():
+        params["W_hh"].mul_(-0.5)  # in place: a new version
+    check(16, params)
+    # Through .data, as soft target updates write: the version stays.
+    params["W_ih"].data.copy_(torch.randn(28, 5, dtype=torch.float64))
+    params["W_hh"].data.mul_(0.7).add_(0.01)
+    check(16, params)
+    # Other tensors with other values.
+    check(16, {n: 0.5 * torch.randn_like(t) for n, t in params.items()})
+    check(16, params)
+    # Another batch (another tile count, so another workspace), then back.
+    check(40, params)
+    with torch.no_grad():
+        params["W_ih"].add_(0.25)
+    check(16, params)
+
+
 def test_gradients_flow_through_a_step():
     torch.manual_seed(3)
     cell = cellc.compile(LSTM)

@@ -52,6 +52,9 @@ public:
   /// The workspace (every group's part) and barrier words, and this
   /// thread's group, slice and the group's slices.
   Value workspace, barrierWords, group, slice, slices;
+  /// Nonzero when the group's workspace holds the weights packed already
+  /// (a streaming step's earlier launch, with the same params).
+  Value packedAlready;
   /// The first element of the group's part of the workspace, and the
   /// elements of a part (a constant set once every buffer is laid out).
   Value partBase;
@@ -601,10 +604,16 @@ public:
   }
 
   /// Packs the weight of every product in `step` (each block of a
-  /// block-diagonal one), at the kernel's entry; a replayed product's only
-  /// when the gates were not saved. The packed weights are the group's:
-  /// each slice packs its panels, and a barrier follows.
+  /// block-diagonal one), at the kernel's entry, unless the launch says the
+  /// workspace holds them packed; a replayed product's only when the gates
+  /// were not saved. The packed weights are the group's: each slice packs
+  /// its panels, and a barrier follows.
   void packWeights(Block &step) {
+    OpBuilder::InsertionGuard guard(builder);
+    Value repack = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
+                                                 packedAlready, index(0));
+    auto ifRepack = builder.create<scf::IfOp>(loc, repack, false);
+    builder.setInsertionPoint(ifRepack.thenBlock()->getTerminator());
     step.walk([&](Operation *op) {
       if (!PhasePlan::isProduct(op))
         return;
@@ -623,6 +632,7 @@ public:
       OpBuilder inside(ifOp.thenBlock()->getTerminator());
       packSlice(inside, op, weight, packs);
     });
+    builder.setInsertionPointAfter(ifRepack);
     barrier();
   }
 
@@ -678,8 +688,9 @@ struct ConvertCellToBatchedKernels
 };
 
 /// The arguments after `b_begin` and `b_end`: the workspace, the barrier
-/// words, and the group, slice and slices of the call.
-constexpr unsigned kGroupArgs = 5;
+/// words, the group, slice and slices of the call, and whether the weights
+/// are packed already.
+constexpr unsigned kGroupArgs = 6;
 
 /// What both kernels start with: the function, its emitter, the tile loop.
 struct Kernel {
@@ -695,6 +706,7 @@ struct Kernel {
     sig.add(ctx, builder.getIndexType(), cellc::ArgKind::Group, "group");
     sig.add(ctx, builder.getIndexType(), cellc::ArgKind::Slice, "slice");
     sig.add(ctx, builder.getIndexType(), cellc::ArgKind::Slices, "slices");
+    sig.add(ctx, builder.getIndexType(), cellc::ArgKind::Packed, "packed");
     func = builder.create<func::FuncOp>(loc, (def.getSymName() + suffix).str(),
                                         builder.getFunctionType(sig.types, {}));
     func->setAttr("cell.kernel_args", builder.getArrayAttr(sig.info));
@@ -712,6 +724,7 @@ struct Kernel {
     e.group = arg(last + 2);
     e.slice = arg(last + 3);
     e.slices = arg(last + 4);
+    e.packedAlready = arg(last + 5);
     e.partSize = builder.create<arith::ConstantIndexOp>(loc, 0);
     e.partBase = builder.create<arith::MulIOp>(loc, e.group, e.partSize);
     for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
