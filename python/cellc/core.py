@@ -354,24 +354,39 @@ class Cell:
         fast = self._step_plan(x, params, states)
         if fast is None:
             return self._step_as_sequence(x, params, states)
-        compiled, names_in, names_par, widths_out, widths_st = fast
-        x0 = x[names_in[0]] if isinstance(x, dict) else x
-        B = x0.shape[0]
-        inputs = [x0] if not isinstance(x, dict) else [x[n] for n in names_in]
-        buf = lambda ts: [(t.data_ptr(), list(t.shape)) for t in ts]
-        st = [] if states is None else states
-        # A matrix state [B, NH, K, V] is the kernel's [B, NH*K*V].
-        state_list = [st[n].view(B, w) if n in st else x0.new_zeros(B, w)
-                      for n, w, _ in widths_st]
-        outs = [x0.new_empty(B, w) for w in widths_out]
-        news = [x0.new_empty(B, *shape) for _, _, shape in widths_st]
-        par = [params[n] for n in names_par]
-        # The versions say whether the weights the last step packed still hold.
-        compiled.step(buf(inputs), buf(par), buf(state_list), buf(outs),
-                      [(t.data_ptr(), [B, w]) for t, (_, w, _) in zip(news, widths_st)],
-                      [p._version for p in par])
+        names_in, widths_st = fast[1], fast[4]
+        inputs = [x[n] for n in names_in] if isinstance(x, dict) else [x]
+        st = {} if states is None else states
+        outs, news = self._step_run(fast, inputs, params, [st.get(n) for n, _, _ in widths_st])
         out = outs[0] if len(outs) == 1 else dict(zip(self.outputs, outs))
         return out, {n: t for (n, _, _), t in zip(widths_st, news)}
+
+    def _step_run(self, plan, inputs, params, states, lead=()):
+        """Runs a step that `plan` (_step_plan) checked: `states` a list in
+        the cell's order of contiguous tensors of B * n elements (or None:
+        zeros). Returns the outputs and new states as lists; the new states
+        have the leading dims `lead` (the nn modules' [1, B, n])."""
+        compiled, _, names_par, widths_out, widths_st = plan
+        x0 = inputs[0]
+        B = x0.shape[0]
+        buf = lambda ts: [(t.data_ptr(), list(t.shape)) for t in ts]
+        # A state is passed as the kernel's [B, n] (a matrix state [B, NH, K, V]
+        # as [B, NH*K*V]).
+        flat = [(t.data_ptr(), [B, w]) if t is not None else None
+                for t, (_, w, _) in zip(states, widths_st)]
+        for i, (_, w, _) in enumerate(widths_st):
+            if flat[i] is None:
+                z = x0.new_zeros(B, w)
+                flat[i] = (z.data_ptr(), [B, w])
+                states[i] = z  # alive through the call
+        outs = [x0.new_empty(B, w) for w in widths_out]
+        news = [x0.new_empty(*lead, B, *shape) for _, _, shape in widths_st]
+        par = [params[n] for n in names_par]
+        # The versions say whether the weights the last step packed still hold.
+        compiled.step(buf(inputs), buf(par), flat, buf(outs),
+                      [(t.data_ptr(), [B, w]) for t, (_, w, _) in zip(news, widths_st)],
+                      [p._version for p in par])
+        return outs, news
 
     def _step_plan(self, x, params, states):
         """What a direct step needs (the compiled cell, the names, the widths

@@ -149,15 +149,19 @@ class _TorchStyleRNN(torch.nn.Module):
 
     def _params(self, index):
         names = self._names[index]
-        w_ih, w_hh = getattr(self, names[0]), getattr(self, names[1])
+        # The registered parameters first (faster than getattr, which also
+        # finds what weight_norm and parametrizations put in their place).
+        own = self._parameters
+        get = lambda n: own[n] if n in own else getattr(self, n)
+        w_ih, w_hh = get(names[0]), get(names[1])
         if self.bias:
-            b_ih, b_hh = getattr(self, names[2]), getattr(self, names[3])
+            b_ih, b_hh = get(names[2]), get(names[3])
         else:
             b_ih = w_ih.new_zeros(w_ih.shape[0])
             b_hh = w_ih.new_zeros(w_ih.shape[0])
         params = {"W_ih": w_ih, "W_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh}
         if self.proj_size:
-            params["W_hr"] = getattr(self, names[-1])
+            params["W_hr"] = get(names[-1])
         return params
 
     def _run(self, x, hx, resets, lengths):
@@ -250,6 +254,10 @@ class _TorchStyleRNN(torch.nn.Module):
         if hx is not None:
             hx = tuple(self._check_state(h, i, x.shape[0], batched)
                        for i, h in enumerate(hx))
+        if batched and self.num_layers == 1:
+            direct = self._direct_step(x, hx)
+            if direct is not None:
+                return direct
         finals = [[] for _ in self.state_names]
         for layer in range(self.num_layers):
             states = None if hx is None else {n: h[layer]
@@ -264,6 +272,23 @@ class _TorchStyleRNN(torch.nn.Module):
         if not batched:
             return x[0], tuple(f[:, 0] for f in finals)
         return x, finals
+
+    def _direct_step(self, x, hx):
+        """One layer's step straight to its kernel, with the states read and
+        written as [1, B, n] (no views, no copies); None where the cell's
+        step would not call the kernel directly, or the states are not
+        contiguous tensors of the input's dtype and device."""
+        params = self._params(0)
+        plan = self.cell._step_plan(x, params, None)
+        if plan is None:
+            return None
+        if hx is not None and not all(h.is_contiguous() and h.dtype == x.dtype
+                                      and h.device == x.device for h in hx):
+            return None
+        outs, news = self.cell._step_run(plan, [x], params,
+                                         [None] * len(self.state_names) if hx is None
+                                         else list(hx), lead=(1,))
+        return outs[0], tuple(news)
 
     def _check_state(self, h, i, batch, batched):
         """The i-th initial state, [L * D, B, n] (unbatched: [L * D, n])."""

@@ -182,6 +182,41 @@ def test_lstm_step_is_its_forward_step_by_step(proj_size):
         assert h1.shape == (2, proj_size or 7) and c1.shape == (2, 7)
 
 
+@pytest.mark.parametrize("proj_size", [0, 3])
+def test_a_one_layer_modules_step_is_its_forward_with_any_states(proj_size):
+    """One layer's step runs the kernel straight on the [1, B, n] states:
+    contiguous ones, none, transposed ones (the general path) and states of
+    another dtype (an error, as there) must all give forward's answers."""
+    torch.manual_seed(7)
+    m = cellc.nn.LSTM(5, 7, proj_size=proj_size).double()
+    x = torch.randn(3, 16, 5, dtype=torch.float64)
+    H = proj_size or 7
+    hx = (torch.randn(1, 16, H, dtype=torch.float64), torch.randn(1, 16, 7, dtype=torch.float64))
+    with torch.no_grad():
+        out, (h, c) = m(x, hx)
+        out0, (h0, c0) = m(x, None)
+        state = hx
+        for t in range(3):
+            o, new = m.step(x[t], state)
+            assert new[0].shape == (1, 16, H) and new[1].shape == (1, 16, 7)
+            assert all(n is not s for n, s in zip(new, state))
+            torch.testing.assert_close(o, out[t], rtol=1e-12, atol=1e-12)
+            state = new
+        torch.testing.assert_close(state[0], h, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(state[1], c, rtol=1e-12, atol=1e-12)
+        # The states it started from are as they were.
+        torch.testing.assert_close(hx[0], hx[0].clone())
+        o, (h1, c1) = m.step(x[0], None)
+        torch.testing.assert_close(o, out0[0], rtol=1e-12, atol=1e-12)
+        # Not contiguous: [1, B, n] views of [1, n, B] tensors.
+        odd = tuple(s.transpose(1, 2).contiguous().transpose(1, 2) for s in hx)
+        assert not odd[0].is_contiguous()
+        o, (h2, c2) = m.step(x[0], odd)
+        torch.testing.assert_close(o, out[0], rtol=1e-12, atol=1e-12)
+        with pytest.raises(TypeError, match="one dtype"):
+            m.step(x[0], (hx[0].float(), hx[1]))
+
+
 def test_gru_and_recurrent_steps_are_their_forwards_step_by_step():
     torch.manual_seed(5)
     g = cellc.nn.GRU(5, 7, num_layers=2).double()
