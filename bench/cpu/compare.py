@@ -4,7 +4,8 @@ torch.nn.LSTM / GRU, oneDNN's LSTM / GRU training primitives, and a PyTorch
 loop for a custom cell. Every implementation runs once per round, in turn, so
 that drift in the machine's speed hits all alike; figures are medians over
 the rounds, forward plus backward of `out.sum()` (the gradients of the input
-and every weight).
+and every weight, written fresh each round: set to None before, as oneDNN
+writes its own).
 
 Before anything is timed, oneDNN's outputs and gradients are checked against
 torch's, and cellc's against torch's.
@@ -144,12 +145,22 @@ def main():
                 for g, w, what in zip(results, want, ["out", "dx", "dW_ih", "dW_hh", "db"]):
                     close(g, w, f"oneDNN {name} {what}")
             times = {k: [] for k in ["torch", "oneDNN", "none", "full", "chunk:16"]}
+            def fresh_grads():
+                # Each round writes its gradients, as oneDNN's does, instead
+                # of adding them to the last round's (torch's accumulation,
+                # a parallel add over every gradient, is not the RNN's).
+                x.grad = None
+                ref.zero_grad(set_to_none=True)
+                mine.zero_grad(set_to_none=True)
+
             for _ in range(a.repeats + 1):
+                fresh_grads()
                 times["torch"].append(timed_once(lambda: ref(x)[0].sum())[1])
                 if onednn.lib:
                     times["oneDNN"].append(onednn.run(name, ref, x, repeats=1)[1][1])
                 for mode in ["none", "full", "chunk:16"]:
                     mine.recompute = mode
+                    fresh_grads()
                     times[mode].append(timed_once(lambda: mine(x)[0].sum())[1])
             med = {k: statistics.median(v[1:]) if v else float("nan") for k, v in times.items()}
             gflops = flops(name, T, B, I, H) / med["none"] / 1e6
