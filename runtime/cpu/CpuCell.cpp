@@ -252,10 +252,15 @@ public:
     const KernelObject &object = variants[saveGates ? 1 : 0];
     Entry entry = backward ? object.backward : object.forward;
     Split s = split(batch);
-    runTasks(int(s.groups * s.slices), [&](int task) {
+    int tasks = int(s.groups * s.slices);
+    runTasks(tasks, [&](int task) {
       int64_t g = task / s.slices;
       auto [b0, b1] = s.rows(g, batch, tile);
-      std::vector<KernelArg> mine = base;
+      // One task runs on the launch's own arguments; more copy them.
+      std::optional<std::vector<KernelArg>> copy;
+      if (tasks > 1)
+        copy.emplace(base);
+      std::vector<KernelArg> &mine = copy ? *copy : base;
       mine[indices[0]].index = b0;
       mine[indices[1]].index = b1;
       if (!grouped)

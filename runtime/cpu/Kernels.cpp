@@ -8,31 +8,37 @@ using namespace cellc;
 using namespace cellc::runtime;
 
 void cellc::runtime::callPacked(Entry entry, const std::vector<KernelArg> &args) {
-  std::vector<std::vector<int64_t>> descriptors(args.size());
+  // Every argument's words in one buffer, sized first so that pointers into
+  // it stay valid: an index, or a memref's descriptor (allocated and aligned
+  // pointers, offset, sizes, strides). A step of a small batch launches
+  // kernels of microseconds, where a vector per argument showed.
+  size_t words = 0;
+  for (const KernelArg &arg : args)
+    words += arg.isIndex ? 1 : 3 + 2 * arg.shape.size();
+  std::vector<int64_t> descriptors(words);
   std::vector<void *> descriptorPointers(args.size());
   std::vector<void *> pointers(args.size());
+  int64_t *desc = descriptors.data();
   for (size_t i = 0; i < args.size(); ++i) {
     const KernelArg &arg = args[i];
-    std::vector<int64_t> &desc = descriptors[i];
     if (arg.isIndex) {
-      desc.push_back(arg.index);
-      pointers[i] = desc.data();
+      desc[0] = arg.index;
+      pointers[i] = desc++;
       continue;
     }
-    desc.push_back(reinterpret_cast<int64_t>(arg.data));
-    desc.push_back(reinterpret_cast<int64_t>(arg.data));
-    desc.push_back(0);
-    desc.insert(desc.end(), arg.shape.begin(), arg.shape.end());
-    std::vector<int64_t> strides(arg.shape.size());
+    size_t rank = arg.shape.size();
+    desc[0] = desc[1] = reinterpret_cast<int64_t>(arg.data);
+    desc[2] = 0;
     int64_t stride = 1;
-    for (size_t d = arg.shape.size(); d-- > 0;) {
-      strides[d] = stride;
+    for (size_t d = rank; d-- > 0;) {
+      desc[3 + d] = arg.shape[d];
+      desc[3 + rank + d] = stride;
       stride *= arg.shape[d];
     }
-    desc.insert(desc.end(), strides.begin(), strides.end());
     // A memref is passed as a pointer to its descriptor.
-    descriptorPointers[i] = desc.data();
+    descriptorPointers[i] = desc;
     pointers[i] = &descriptorPointers[i];
+    desc += 3 + 2 * rank;
   }
   entry(pointers.data());
 }
