@@ -233,7 +233,8 @@ bool Kernel::perGroup() const {
 }
 
 Status SequenceDriver::workspace(const Kernel &kernel, int64_t batch,
-                                 std::vector<Arg> &args, std::vector<Scratch> &keep) {
+                                 std::vector<Arg> &args, std::vector<Scratch> &keep,
+                                 bool *reused) {
   // The kernels' global buffers: a workspace per tile (CUDA's persistent
   // strategy) or per group of threads (the CPU's batched kernels), and the
   // barrier words (zero before the launch; each launch leaves them so).
@@ -262,6 +263,8 @@ Status SequenceDriver::workspace(const Kernel &kernel, int64_t batch,
   bool reuse = keep.size() == wanted.size();
   for (size_t w = 0; reuse && w < wanted.size(); ++w)
     reuse = keep[w].view().shape == std::vector<int64_t>{wanted[w].n};
+  if (reused)
+    *reused = reuse;
   if (!reuse) {
     keep.clear();
     for (const Wanted &w : wanted) {
@@ -827,21 +830,17 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
   std::vector<size_t> results;
   if (Status e = bind(cell.forward, seq, chunk, /*backward=*/false, args, results))
     return e;
-  auto pointers = [](const std::vector<Scratch> &buffers) {
-    std::vector<void *> at;
-    for (const Scratch &b : buffers)
-      at.push_back(b.view().pointer());
-    return at;
-  };
-  std::vector<void *> before = pointers(s.workspace);
-  if (Status e = workspace(cell.forward, B, args, s.workspace))
+  // A workspace made anew (another size: another number of groups) may
+  // start where the last one did, but holds nothing packed.
+  bool reused = false;
+  if (Status e = workspace(cell.forward, B, args, s.workspace, &reused))
     return e;
   // The weights packed by the last step serve this one where its
   // workspace, params and their versions are the same.
   std::vector<void *> params;
   for (const View &p : seq.params)
     params.push_back(p.pointer());
-  bool packed = paramVersions && !s.packedParams.empty() && before == pointers(s.workspace) &&
+  bool packed = paramVersions && reused && !s.packedParams.empty() &&
                 params == s.packedParams && *paramVersions == s.packedVersions;
   for (size_t a = 0; a < cell.forward.args.size(); ++a)
     if (cell.forward.args[a].kind == ArgKind::Packed)

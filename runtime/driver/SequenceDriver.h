@@ -422,8 +422,10 @@ private:
   Status forwardSpan(const Sequence &seq, int64_t t0, int64_t len,
                      const std::vector<View> &outputs, const std::vector<View> &finalStates,
                      ForwardRun &run);
+  /// The kernel's workspace and barrier words for `batch` rows, in `keep`
+  /// (used again where it holds them at the sizes needed: `*reused`).
   Status workspace(const Kernel &kernel, int64_t batch, std::vector<Arg> &args,
-                   std::vector<Scratch> &keep);
+                   std::vector<Scratch> &keep, bool *reused = nullptr);
   /// A buffer of the driver's, counted in its ledger.
   Status scratch(std::vector<int64_t> shape, Element element, bool zero,
                  Scratch &out);

@@ -133,7 +133,10 @@ def test_the_weights_a_step_packed_follow_every_write_to_the_params(threads):
     # Other tensors with other values.
     check(16, {n: 0.5 * torch.randn_like(t) for n, t in params.items()})
     check(16, params)
-    # Another batch (another tile count, so another workspace), then back.
+    # Other batches (other tile counts, so other workspaces, which may start
+    # where the last one did), then back; with the same params each time.
+    check(40, params)
+    check(16, params)
     check(40, params)
     with torch.no_grad():
         params["W_ih"].add_(0.25)
