@@ -285,10 +285,14 @@ class _TorchStyleRNN(torch.nn.Module):
         if hx is not None and not all(h.is_contiguous() and h.dtype == x.dtype
                                       and h.device == x.device for h in hx):
             return None
-        outs, news = self.cell._step_run(plan, [x], params,
-                                         [None] * len(self.state_names) if hx is None
-                                         else list(hx), lead=(1,))
-        return outs[0], tuple(news)
+        if hx is not None and torch.is_grad_enabled() and any(h.requires_grad for h in hx):
+            return None  # gradients flow through the general path
+        given = {} if hx is None else dict(zip(self.state_names, hx))
+        order = [n for n, _, _ in plan[4]]
+        outs, news = self.cell._step_run(plan, [x], params, [given.get(n) for n in order],
+                                         lead=(1,))
+        new = dict(zip(order, news))
+        return outs[0], tuple(new[n] for n in self.state_names)
 
     def _check_state(self, h, i, batch, batched):
         """The i-th initial state, [L * D, B, n] (unbatched: [L * D, n])."""

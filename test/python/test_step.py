@@ -218,6 +218,18 @@ def test_a_one_layer_modules_step_is_its_forward_with_any_states(proj_size):
         torch.testing.assert_close(o, out[0], rtol=1e-12, atol=1e-12)
         with pytest.raises(TypeError, match="one dtype"):
             m.step(x[0], (hx[0].float(), hx[1]))
+    # States that want gradients, with the weights frozen: the gradient
+    # reaches them as through forward.
+    for p in m.parameters():
+        p.requires_grad_(False)
+    h0, c0 = (s.clone().requires_grad_() for s in hx)
+    o, _ = m.step(x[0], (h0, c0))
+    o.sum().backward()
+    h1, c1 = (s.clone().requires_grad_() for s in hx)
+    out, _ = m(x[:1], (h1, c1))
+    out[0].sum().backward()
+    torch.testing.assert_close(h0.grad, h1.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(c0.grad, c1.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_gru_and_recurrent_steps_are_their_forwards_step_by_step():
