@@ -366,7 +366,7 @@ class Cell:
         the cell's order of contiguous tensors of B * n elements (or None:
         zeros). Returns the outputs and new states as lists; the new states
         have the leading dims `lead` (the nn modules' [1, B, n])."""
-        compiled, _, names_par, widths_out, widths_st = plan
+        compiled, _, names_par, widths_out, widths_st, _ = plan
         x0 = inputs[0]
         B = x0.shape[0]
         buf = lambda ts: [(t.data_ptr(), list(t.shape)) for t in ts]
@@ -446,7 +446,8 @@ class Cell:
         widths_out = [shape[0] for _, shape in compiled.outputs]
         widths_st = [(n, shape[0], tuple(self.shape(n, sizes)))
                      for n, shape in compiled.states]
-        return compiled, names_in, names_par, widths_out, widths_st
+        return (compiled, names_in, names_par, widths_out, widths_st,
+                [n for n, _, _ in widths_st])
 
     def _step_as_sequence(self, x, params, states):
         """A step as the call of a one-step sequence (autograd, CUDA)."""

@@ -251,13 +251,13 @@ class _TorchStyleRNN(torch.nn.Module):
         batched = _check_input(input, f"cellc.nn.{name}.step", "2 (batched: [B, n])",
                                "1 (unbatched)")
         x = input if batched else input.unsqueeze(0)
-        if hx is not None:
-            hx = tuple(self._check_state(h, i, x.shape[0], batched)
-                       for i, h in enumerate(hx))
         if batched and self.num_layers == 1:
             direct = self._direct_step(x, hx)
             if direct is not None:
                 return direct
+        if hx is not None:
+            hx = tuple(self._check_state(h, i, x.shape[0], batched)
+                       for i, h in enumerate(hx))
         finals = [[] for _ in self.state_names]
         for layer in range(self.num_layers):
             states = None if hx is None else {n: h[layer]
@@ -277,22 +277,31 @@ class _TorchStyleRNN(torch.nn.Module):
         """One layer's step straight to its kernel, with the states read and
         written as [1, B, n] (no views, no copies); None where the cell's
         step would not call the kernel directly, or the states are not
-        contiguous tensors of the input's dtype and device."""
+        contiguous [1, B, n] tensors of the input's dtype and device (the
+        general path then says what is wrong, or runs them)."""
         params = self._params(0)
         plan = self.cell._step_plan(x, params, None)
         if plan is None:
             return None
-        if hx is not None and not all(h.is_contiguous() and h.dtype == x.dtype
-                                      and h.device == x.device for h in hx):
-            return None
-        if hx is not None and torch.is_grad_enabled() and any(h.requires_grad for h in hx):
-            return None  # gradients flow through the general path
-        given = {} if hx is None else dict(zip(self.state_names, hx))
-        order = [n for n, _, _ in plan[4]]
-        outs, news = self.cell._step_run(plan, [x], params, [given.get(n) for n in order],
-                                         lead=(1,))
-        new = dict(zip(order, news))
-        return outs[0], tuple(new[n] for n in self.state_names)
+        if hx is not None:
+            grad = torch.is_grad_enabled()
+            B = x.shape[0]
+            for h, n in zip(hx, self._state_sizes):
+                if (not isinstance(h, torch.Tensor) or h.shape != (1, B, n)
+                        or not h.is_contiguous() or h.dtype != x.dtype
+                        or h.device != x.device or grad and h.requires_grad):
+                    return None
+        order = plan[5]  # the cell's states
+        same = order == self.state_names
+        if hx is None:
+            states = [None] * len(order)
+        else:
+            states = list(hx) if same else [dict(zip(self.state_names, hx))[n] for n in order]
+        outs, news = self.cell._step_run(plan, [x], params, states, lead=(1,))
+        if not same:
+            new = dict(zip(order, news))
+            news = [new[n] for n in self.state_names]
+        return outs[0], tuple(news)
 
     def _check_state(self, h, i, batch, batched):
         """The i-th initial state, [L * D, B, n] (unbatched: [L * D, n])."""
