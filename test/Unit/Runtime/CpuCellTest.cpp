@@ -970,4 +970,67 @@ TEST(CpuCellStep, StepsAreTheForwardStepByStep) {
             "a step takes no resets, lengths or batch-first layout");
 }
 
+/// With the params' versions, a step keeps the weights it packed for the
+/// next; a write that changes the version, or the values (the same
+/// version: a write torch does not count), packs them again. Each step is
+/// checked against a one-step forward on the params as they are then.
+TEST(CpuCellStep, PackedWeightsFollowTheParams) {
+  const int64_t I = 4, H = 9, B = 5;
+  SizeBindings sizes = {{"H", H}, {"I", I}};
+  auto cell = compileCpu(source("lstm"), "lstm.cell", sizes, DType::F64);
+  ASSERT_TRUE(static_cast<bool>(cell));
+  CpuCell &c = **cell;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> uniform(-0.5, 0.5);
+  auto random = [&](int64_t n) {
+    std::vector<double> v(n);
+    for (double &x : v)
+      x = uniform(rng);
+    return v;
+  };
+  std::vector<std::vector<double>> params;
+  std::vector<Array> paramArrays;
+  for (const Slot &p : c.params()) {
+    int64_t n = 1;
+    for (int64_t d : p.shape)
+      n *= d;
+    params.push_back(random(n));
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    paramArrays.push_back({params[i].data(), c.params()[i].shape});
+  std::vector<int64_t> versions(params.size(), 0);
+  std::vector<double> x = random(B * I), h = random(B * H), cs = random(B * H);
+  auto check = [&](const char *what) {
+    SCOPED_TRACE(what);
+    std::vector<double> want(B * H), wh(B * H), wc(B * H);
+    CpuCell::Sequence seq;
+    seq.inputs = {{x.data(), {1, B, I}}};
+    seq.params = paramArrays;
+    seq.initialStates = {{h.data(), {B, H}}, {cs.data(), {B, H}}};
+    ASSERT_FALSE(c.forward(seq, {{want.data(), {1, B, H}}},
+                           {{wh.data(), {B, H}}, {wc.data(), {B, H}}},
+                           *parseRecompute("none"), nullptr));
+    std::vector<double> o(B * H), h1(B * H), c1(B * H);
+    CpuCell::Sequence one;
+    one.inputs = {{x.data(), {B, I}}};
+    one.params = paramArrays;
+    one.initialStates = {{h.data(), {B, H}}, {cs.data(), {B, H}}};
+    Status s = c.step(one, {{o.data(), {B, H}}}, {{h1.data(), {B, H}}, {c1.data(), {B, H}}},
+                      &versions);
+    ASSERT_FALSE(s) << s.message();
+    EXPECT_EQ(o, want);
+    EXPECT_EQ(c1, wc);
+  };
+  check("the first step packs");
+  check("the same params");
+  for (std::vector<double> &p : params)
+    for (double &v : p)
+      v = -0.5 * v + 0.01;
+  check("written, the same versions");
+  for (double &v : params[1])
+    v *= 2;
+  ++versions[1];
+  check("one param written, its version moved");
+}
+
 } // namespace
