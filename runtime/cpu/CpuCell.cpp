@@ -461,7 +461,16 @@ Status keptViews(const std::vector<driver::KeptBuffer> &layout,
   for (size_t i = 0; i < kept.size(); ++i) {
     std::vector<Slot> names = {{"#" + std::to_string(i), {}}};
     std::vector<View> one;
-    if (Status e = viewsOf({kept[i]}, names, layout[i].element, "kept buffer", one))
+    // An empty buffer (the gates of a cell that saves none) may have no
+    // address, as torch's empty tensors have none.
+    Array array = kept[i];
+    static double nothing;
+    int64_t elements = 1;
+    for (int64_t d : array.shape)
+      elements *= d;
+    if (!array.data && elements == 0)
+      array.data = &nothing;
+    if (Status e = viewsOf({array}, names, layout[i].element, "kept buffer", one))
       return e;
     out.push_back(one[0]);
   }

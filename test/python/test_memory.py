@@ -239,3 +239,33 @@ def test_a_second_backward_through_the_graph_gives_the_same_gradients():
     first = x.grad.clone()
     out.sum().backward()
     torch.testing.assert_close(x.grad, 2 * first)
+
+
+@pytest.mark.parametrize("mode", ["none", "full", "chunk:4"])
+def test_the_operators_kept_buffers_may_be_empty(mode):
+    # What torch >= 2.4 runs (cellc::sequence): the caller allocates the kept
+    # buffers as torch tensors. A cell that saves no gates keeps a [T, B, 0]
+    # buffer in none, and torch gives an empty tensor no address. Run here
+    # through the operators' runner directly, on any torch, in float64.
+    from cellc import _ops
+    cell = cellc.compile("cell t {\n  input x: [H]\n  state h: [H]\n  h = logsigmoid(x) + h\n"
+                         "  output h\n}\n")
+    T, B, H = 6, 3, 5
+    torch.manual_seed(5)
+    x = 3 * torch.randn(T, B, H, dtype=torch.float64)
+    runner = _ops.CpuRunner(cell.jit({"H": H}, torch.float64, batch=B))
+    layout = runner.layout(mode, False)
+    out, final = torch.empty(T, B, H, dtype=torch.float64), torch.empty(B, H, dtype=torch.float64)
+    kept = [torch.empty(_ops._lead(mode, T) if per_chunk else T, B, n, dtype=torch.float64)
+            for per_chunk, n, _ in layout["kept"]]
+    assert any(t.numel() == 0 for t in kept) or mode != "none"
+    runner.forward_kept(mode, [x], [], [], None, [], [out], [final], kept)
+    ref_x = x.clone().requires_grad_()
+    ref = torch.cumsum(torch.nn.functional.logsigmoid(ref_x), 0)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-12, atol=1e-12)
+    g = torch.randn(T, B, H, dtype=torch.float64)
+    ref.backward(g)
+    dx = torch.empty_like(x)
+    runner.backward_kept(mode, [x], [], [], None, [], [out], kept, [g], [None], [dx], [],
+                         [])
+    torch.testing.assert_close(dx, ref_x.grad, rtol=1e-12, atol=1e-12)
