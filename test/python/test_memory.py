@@ -169,6 +169,13 @@ def test_a_training_loop_holds_one_steps_buffers():
     assert run["emptied"] < 0.05 * run["plan"]["peak"], run
 
 
+# torch >= 2.4 runs a call through the operator cellc::sequence, whose kept
+# buffers are torch tensors that autograd saves and frees: the runtime's
+# ledger and buffer cache hold none of them.
+OPERATOR_KEEPS = pytest.mark.skipif(
+    cellc._ops.AVAILABLE, reason="the kept buffers are torch tensors on torch >= 2.4")
+
+
 @pytest.mark.parametrize("mode", ["none", "full"])
 def test_the_buffer_cache_holds_at_most_one_steps_peak(mode):
     # With the cache (the default), what cellc released stays mapped for the
@@ -180,9 +187,11 @@ def test_the_buffer_cache_holds_at_most_one_steps_peak(mode):
     run = _measure("cellc", mode, 3)
     grown = run["loop_peak"] - run["peak"]
     assert grown <= torch_grown + 1.05 * run["plan"]["peak"], (grown, torch_grown)
-    assert run["emptied"] >= run["stats"]["kept_bytes"], run
+    if not cellc._ops.AVAILABLE:  # else torch holds the kept bytes, not the cache
+        assert run["emptied"] >= run["stats"]["kept_bytes"], run
 
 
+@OPERATOR_KEEPS
 @pytest.mark.parametrize("mode", ["none", "full", "chunk:8"])
 def test_what_forward_kept_goes_with_the_backward(mode):
     # The runtime's ledger: what forward kept is held through a backward that
