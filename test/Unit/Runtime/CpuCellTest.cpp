@@ -883,6 +883,31 @@ TEST(CpuCellLayout, BatchFirstIsTheTransposeOfTimeMajor) {
 
 namespace {
 
+/// The data of the step tests: uniform values in [-0.5, 0.5) from `seed`,
+/// first a param of each of the cell's shapes (and the arrays over them).
+struct StepData {
+  StepData(const CpuCell &cell, unsigned seed) : rng(seed) {
+    for (const Slot &p : cell.params()) {
+      int64_t n = 1;
+      for (int64_t d : p.shape)
+        n *= d;
+      params.push_back(random(n));
+    }
+    for (size_t i = 0; i < params.size(); ++i)
+      arrays.push_back({params[i].data(), cell.params()[i].shape});
+  }
+  std::vector<double> random(int64_t n) {
+    std::vector<double> v(n);
+    for (double &x : v)
+      x = uniform(rng);
+    return v;
+  }
+  std::mt19937 rng;
+  std::uniform_real_distribution<double> uniform{-0.5, 0.5};
+  std::vector<std::vector<double>> params;
+  std::vector<Array> arrays;
+};
+
 /// Streaming: T steps through CpuCell::step give the bits of one forward
 /// over the T steps, at B = 5 then B = 2 (new buffers) on 1 and 3 threads;
 /// a step's bad arguments are errors that say what is wrong.
@@ -892,24 +917,9 @@ TEST(CpuCellStep, StepsAreTheForwardStepByStep) {
   auto cell = compileCpu(source("lstm"), "lstm.cell", sizes, DType::F64);
   ASSERT_TRUE(static_cast<bool>(cell));
   CpuCell &c = **cell;
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<double> uniform(-0.5, 0.5);
-  auto random = [&](int64_t n) {
-    std::vector<double> v(n);
-    for (double &x : v)
-      x = uniform(rng);
-    return v;
-  };
-  std::vector<std::vector<double>> params;
-  for (const Slot &p : c.params()) {
-    int64_t n = 1;
-    for (int64_t d : p.shape)
-      n *= d;
-    params.push_back(random(n));
-  }
-  std::vector<Array> paramArrays;
-  for (size_t i = 0; i < params.size(); ++i)
-    paramArrays.push_back({params[i].data(), c.params()[i].shape});
+  StepData data(c, 7);
+  auto random = [&](int64_t n) { return data.random(n); };
+  std::vector<Array> &paramArrays = data.arrays;
   for (int threads : {1, 3})
     for (int64_t B : {5, 2}) {
       SCOPED_TRACE("threads=" + std::to_string(threads) + " B=" + std::to_string(B));
@@ -980,24 +990,10 @@ TEST(CpuCellStep, PackedWeightsFollowTheParams) {
   auto cell = compileCpu(source("lstm"), "lstm.cell", sizes, DType::F64);
   ASSERT_TRUE(static_cast<bool>(cell));
   CpuCell &c = **cell;
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<double> uniform(-0.5, 0.5);
-  auto random = [&](int64_t n) {
-    std::vector<double> v(n);
-    for (double &x : v)
-      x = uniform(rng);
-    return v;
-  };
-  std::vector<std::vector<double>> params;
-  std::vector<Array> paramArrays;
-  for (const Slot &p : c.params()) {
-    int64_t n = 1;
-    for (int64_t d : p.shape)
-      n *= d;
-    params.push_back(random(n));
-  }
-  for (size_t i = 0; i < params.size(); ++i)
-    paramArrays.push_back({params[i].data(), c.params()[i].shape});
+  StepData data(c, 11);
+  auto random = [&](int64_t n) { return data.random(n); };
+  std::vector<std::vector<double>> &params = data.params;
+  std::vector<Array> &paramArrays = data.arrays;
   std::vector<int64_t> versions(params.size(), 0);
   std::vector<double> x = random(B * I), h = random(B * H), cs = random(B * H);
   auto check = [&](const char *what) {
