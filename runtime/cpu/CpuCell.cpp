@@ -314,22 +314,31 @@ private:
   bool grouped;
 };
 
-/// The caller's arrays as the driver's views (null data: an invalid view),
-/// named after their slots. The driver checks their count and shapes; here
-/// only what a pointer can get wrong, the alignment.
+/// The caller's arrays as the driver's views (null data and no shape: an
+/// invalid view, not given), named after their slots. The driver checks
+/// their count and shapes; here only what a pointer can get wrong, the
+/// alignment.
 Status viewsOf(const std::vector<Array> &arrays, const std::vector<Slot> &slots,
                driver::Element element, const std::string &what, std::vector<View> &out) {
   int64_t eb = driver::bytesOf(element);
   out.clear();
   for (size_t i = 0; i < arrays.size(); ++i) {
     const Array &array = arrays[i];
+    void *data = array.data;
+    // An array of no elements (the gates of a cell that saves none) may
+    // have no address, as torch's empty tensors have none; it is given all
+    // the same.
+    static double nothing;
+    if (!data && !array.shape.empty() &&
+        std::find(array.shape.begin(), array.shape.end(), 0) != array.shape.end())
+      data = &nothing;
     View v;
-    if (array.data) {
-      if (reinterpret_cast<uintptr_t>(array.data) % eb != 0)
+    if (data) {
+      if (reinterpret_cast<uintptr_t>(data) % eb != 0)
         return Status::error(what + " '" + (i < slots.size() ? slots[i].name : "?") +
                              "' is not aligned to its " + std::to_string(eb) +
                              "-byte elements");
-      v.buffer.data = array.data;
+      v.buffer.data = data;
       v.buffer.element = element;
       v.shape = array.shape;
     }
@@ -461,20 +470,36 @@ Status keptViews(const std::vector<driver::KeptBuffer> &layout,
   for (size_t i = 0; i < kept.size(); ++i) {
     std::vector<Slot> names = {{"#" + std::to_string(i), {}}};
     std::vector<View> one;
-    // An empty buffer (the gates of a cell that saves none) may have no
-    // address, as torch's empty tensors have none.
-    Array array = kept[i];
-    static double nothing;
-    int64_t elements = 1;
-    for (int64_t d : array.shape)
-      elements *= d;
-    if (!array.data && elements == 0)
-      array.data = &nothing;
-    if (Status e = viewsOf({array}, names, layout[i].element, "kept buffer", one))
+    if (Status e = viewsOf({kept[i]}, names, layout[i].element, "kept buffer", one))
       return e;
     out.push_back(one[0]);
   }
   return Status();
+}
+
+/// A token per param that changes when its contents do: its version, mixed
+/// with a hash of 16 elements spread over it. The version sees every write
+/// that torch counts; the elements see what it does not (a write through
+/// `.data`, as RL's soft target updates make) wherever it changes them.
+std::vector<int64_t> contentTokens(const std::vector<Array> &params,
+                                   const std::vector<int64_t> &versions, int64_t bytes) {
+  constexpr int64_t kProbes = 16;
+  std::vector<int64_t> tokens;
+  for (size_t i = 0; i < params.size(); ++i) {
+    uint64_t hash = 1469598103934665603ull ^ uint64_t(i < versions.size() ? versions[i] : -1);
+    int64_t n = 1;
+    for (int64_t d : params[i].shape)
+      n *= d;
+    const auto *data = static_cast<const unsigned char *>(params[i].data);
+    for (int64_t p = 0; data && n > 0 && p < std::min(n, kProbes); ++p) {
+      int64_t at = n <= kProbes ? p : p * (n - 1) / (kProbes - 1);
+      uint64_t word = 0;
+      std::memcpy(&word, data + at * bytes, size_t(bytes));
+      hash = (hash ^ word) * 1099511628211ull;
+    }
+    tokens.push_back(int64_t(hash));
+  }
+  return tokens;
 }
 
 } // namespace
@@ -652,32 +677,6 @@ Status CpuCell::forward(const Sequence &batchFirstOrNot,
   return Status();
 }
 
-/// A token per param that changes when its contents do: its version, mixed
-/// with a hash of 16 elements spread over it. The version sees every write
-/// that torch counts; the elements see what it does not (a write through
-/// `.data`, as RL's soft target updates make) wherever it changes them.
-std::vector<int64_t> CpuCell::contentTokens(const std::vector<Array> &params,
-                                            const std::vector<int64_t> &versions) const {
-  constexpr int64_t kProbes = 16;
-  std::vector<int64_t> tokens;
-  int64_t bytes = elementBytes();
-  for (size_t i = 0; i < params.size(); ++i) {
-    uint64_t hash = 1469598103934665603ull ^ uint64_t(i < versions.size() ? versions[i] : -1);
-    int64_t n = 1;
-    for (int64_t d : params[i].shape)
-      n *= d;
-    const auto *data = static_cast<const unsigned char *>(params[i].data);
-    for (int64_t p = 0; data && n > 0 && p < std::min(n, kProbes); ++p) {
-      int64_t at = n <= kProbes ? p : p * (n - 1) / (kProbes - 1);
-      uint64_t word = 0;
-      std::memcpy(&word, data + at * bytes, size_t(bytes));
-      hash = (hash ^ word) * 1099511628211ull;
-    }
-    tokens.push_back(int64_t(hash));
-  }
-  return tokens;
-}
-
 Status CpuCell::step(const Sequence &seq, const std::vector<Array> &outputs,
                      const std::vector<Array> &newStates,
                      const std::vector<int64_t> *paramVersions) {
@@ -714,7 +713,7 @@ Status CpuCell::step(const Sequence &seq, const std::vector<Array> &outputs,
     return err;
   if (!paramVersions)
     return impl->driver->step(s, outViews, newViews);
-  std::vector<int64_t> tokens = contentTokens(inner.params, *paramVersions);
+  std::vector<int64_t> tokens = contentTokens(inner.params, *paramVersions, elementBytes());
   return impl->driver->step(s, outViews, newViews, &tokens);
 }
 

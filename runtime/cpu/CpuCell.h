@@ -182,9 +182,6 @@ public:
 
   /// Bytes per element of the cell's dtype.
   int64_t elementBytes() const { return elementType == DType::F32 ? 4 : 8; }
-  /// What `step` gives the driver as the params' versions (CpuCell.cpp).
-  std::vector<int64_t> contentTokens(const std::vector<Array> &params,
-                                     const std::vector<int64_t> &versions) const;
 
 private:
   struct Impl;
