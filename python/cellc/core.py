@@ -1,6 +1,7 @@
 """The functional API: compile a cell, bind its sizes from tensors, run it
 under autograd."""
 
+import collections
 import hashlib
 import json
 import math
@@ -19,6 +20,12 @@ from ._autograd import (_arguments, _autocast_cpu, _check_lengths, _check_resets
                         _compiling, _lengths_tensor, _parse_mode, _run)
 
 _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
+
+#: What a direct step needs, checked once per shape (Cell._step_plan): the
+#: step's compiled cell, the names of the inputs and params, the outputs'
+#: widths, each state's (name, width, shape), and the states' names in order.
+_StepPlan = collections.namedtuple(
+    "_StepPlan", "compiled names_in names_par widths_out widths_st state_names")
 
 
 def _size_text(terms):
@@ -354,7 +361,7 @@ class Cell:
         fast = self._step_plan(x, params, states)
         if fast is None:
             return self._step_as_sequence(x, params, states)
-        names_in, widths_st = fast[1], fast[4]
+        names_in, widths_st = fast.names_in, fast.widths_st
         inputs = [x[n] for n in names_in] if isinstance(x, dict) else [x]
         st = {} if states is None else states
         outs, news = self._step_run(fast, inputs, params, [st.get(n) for n, _, _ in widths_st])
@@ -366,7 +373,8 @@ class Cell:
         the cell's order of contiguous tensors of B * n elements (or None:
         zeros). Returns the outputs and new states as lists; the new states
         have the leading dims `lead` (the nn modules' [1, B, n])."""
-        compiled, _, names_par, widths_out, widths_st, _ = plan
+        compiled, names_par = plan.compiled, plan.names_par
+        widths_out, widths_st = plan.widths_out, plan.widths_st
         x0 = inputs[0]
         B = x0.shape[0]
         buf = lambda ts: [(t.data_ptr(), list(t.shape)) for t in ts]
@@ -389,10 +397,9 @@ class Cell:
         return outs, news
 
     def _step_plan(self, x, params, states):
-        """What a direct step needs (the compiled cell, the names, the widths
-        of the outputs and states), cached per the tensors' shapes, dtypes and
-        layouts; None where the step must run as a sequence (gradients, CUDA,
-        the emulator, autocast)."""
+        """What a direct step needs (a _StepPlan), cached per the tensors'
+        shapes, dtypes and layouts; None where the step must run as a
+        sequence (gradients, CUDA, the emulator, autocast)."""
         try:
             inputs = list(x.values()) if isinstance(x, dict) else [x]
             tensors = inputs + list(params.values()) + (
@@ -446,8 +453,8 @@ class Cell:
         widths_out = [shape[0] for _, shape in compiled.outputs]
         widths_st = [(n, shape[0], tuple(self.shape(n, sizes)))
                      for n, shape in compiled.states]
-        return (compiled, names_in, names_par, widths_out, widths_st,
-                [n for n, _, _ in widths_st])
+        return _StepPlan(compiled, names_in, names_par, widths_out, widths_st,
+                         [n for n, _, _ in widths_st])
 
     def _step_as_sequence(self, x, params, states):
         """A step as the call of a one-step sequence (autograd, CUDA)."""

@@ -291,7 +291,7 @@ class _TorchStyleRNN(torch.nn.Module):
                         or not h.is_contiguous() or h.dtype != x.dtype
                         or h.device != x.device or grad and h.requires_grad):
                     return None
-        order = plan[5]  # the cell's states
+        order = plan.state_names  # the cell's order
         same = order == self.state_names
         if hx is None:
             states = [None] * len(order)
