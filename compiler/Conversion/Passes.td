@@ -175,8 +175,10 @@ def ConvertCellToBatchedKernels
     `@c_fwd` and `@c_bwd` that take the same arguments, in the same order and
     with the same `cell.kernel_args`, as `convert-cell-to-kernels`' kernels,
     for the CPU. A kernel runs its batch rows `[b_begin, b_end)` in tiles of
-    up to `batch-tile` rows; each tile runs all the steps, and each step is
-    the phases that `PhasePlan` cuts it into:
+    up to `batch-tile` rows (of one row where the step has no recurrent
+    product: the rows of a tile share only the products' weights, and a row
+    alone keeps its buffers in cache); each tile runs all the steps, and each
+    step is the phases that `PhasePlan` cuts it into:
 
     - a product phase computes each recurrent product (`cell.matvec`, and in
       backward the transposed `cell.vecmat`) whose vector the previous phase
@@ -201,7 +203,8 @@ def ConvertCellToBatchedKernels
   }];
   let options = [
     Option<"batchTile", "batch-tile", "int64_t", "64",
-           "Batch rows per tile: each tile runs all the steps">,
+           "Batch rows per tile where the step has a recurrent product (one "
+           "row where it has none): each tile runs all the steps">,
     Option<"vectorWidth", "vector-width", "int64_t", "0",
            "Lanes of the element loops and of the products' vectors (0: "
            "vector-bits of the element type)">,

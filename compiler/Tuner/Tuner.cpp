@@ -115,8 +115,11 @@ std::string cpuPruneReason(const KernelConfig &c, const TuneProblem &problem,
     if (rows * vectors + vectors + 1 > registers)
       return llvm::formatv("a {0}x{1} block needs {2} vector registers; the host has {3}",
                            rows, vectors, rows * vectors + vectors + 1, registers);
-    // A tile over the batch runs as one that holds it: the default's.
     KernelConfig defaults = defaultConfig(TuneTarget::Cpu, problem.batch);
+    // Without a recurrent product every tile is one row (the batched pass).
+    if (shapes.empty() && c.at("batch_tile") != defaults.at("batch_tile"))
+      return "the step has no recurrent product: its tiles are one row";
+    // A tile over the batch runs as one that holds it: the default's.
     if (c.at("batch_tile") > problem.batch &&
         c.at("batch_tile") != defaults.at("batch_tile"))
       return "batch_tile is over the batch";

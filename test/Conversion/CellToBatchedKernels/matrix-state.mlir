@@ -4,10 +4,13 @@
 // last dim (the rows' sums) starts a phase and sums from a buffer; one that
 // keeps the last dim (the columns' sums of k vᵀ, whose operand nothing else
 // writes out) evaluates its operand in place, in one loop over the rows.
+// The step has no recurrent product, so the kernels run one-row tiles
+// (batch-tile is 64 by default): the rows would share nothing.
 // RUN: cellc-opt %s --cell-split-projections --cell-autodiff --cell-plan-saves \
 // RUN:   --convert-cell-to-batched-kernels="vector-width=8" | FileCheck %s
 
 // CHECK-LABEL: func.func @mstate_fwd
+// CHECK-SAME:    cell.batch_tile = 1 :
 // The sums of the columns: a loop over the 2 rows, k vᵀ evaluated at each
 // (k's element spread, times v's 8) and added into 8 lanes.
 // CHECK:         scf.for %{{.*}} = %{{.*}} to %c2{{.*}} step %{{.*}} iter_args(%[[ACC:.*]] = %{{.*}}) -> (vector<8xf32>)
@@ -19,10 +22,10 @@
 // state, the state history and the rows' sums' buffer, and nothing else.
 // The history ([T, B, 32], read again only by the backward) is streamed
 // past the caches where the vector's address is a multiple of 32 bytes.
-// CHECK:         %[[K:.*]] = vector.load %{{.*}} : memref<64x16xf32, {{.*}}>, vector<1xf32>
+// CHECK:         %[[K:.*]] = vector.load %{{.*}} : memref<1x16xf32, {{.*}}>, vector<1xf32>
 // CHECK-NEXT:    %[[KS:.*]] = vector.extract %[[K]][0] : f32 from vector<1xf32>
 // CHECK-NEXT:    %[[KV:.*]] = vector.broadcast %[[KS]] : f32 to vector<8xf32>
-// CHECK:         %[[V:.*]] = vector.load %{{.*}} : memref<64x16xf32, {{.*}}>, vector<8xf32>
+// CHECK:         %[[V:.*]] = vector.load %{{.*}} : memref<1x16xf32, {{.*}}>, vector<8xf32>
 // CHECK-NEXT:    %[[KVT:.*]] = arith.mulf %[[KV]], %[[V]] : vector<8xf32>
 // CHECK-NEXT:    %[[NEXT:.*]] = arith.addf %{{.*}}, %[[KVT]] : vector<8xf32>
 // CHECK-NEXT:    vector.store %[[NEXT]]
@@ -39,10 +42,11 @@
 // CHECK-NEXT:  }
 // The sums of the rows: zeros first, then each row's 16 in two vectors,
 // added across the lanes.
-// CHECK:         vector.store %{{.*}}, %{{.*}} : memref<64x16xf32, {{.*}}>, vector<1xf32>
+// CHECK:         vector.store %{{.*}}, %{{.*}} : memref<1x16xf32, {{.*}}>, vector<1xf32>
 // CHECK:         arith.addf %{{.*}} : vector<8xf32>
 // CHECK:         vector.reduction <add>, %{{.*}} : vector<8xf32> into f32
 // CHECK-LABEL: func.func @mstate_bwd
+// CHECK-SAME:    cell.batch_tile = 1 :
 // The backward expands the rows' gradient back over C and sums the outer
 // product's gradients: both ops again.
 // CHECK:         vector.broadcast %{{.*}} : f32 to vector<8xf32>
