@@ -345,6 +345,15 @@ OwningOpRef<ModuleOp> IRGen::build(const CellAST &cell) {
       loc(cell.ident.range.Start), cell.ident.name, strings(inputs),
       strings(states), builder.getStrArrayAttr({}),
       builder.getDictionaryAttr(sizeAttrs));
+  // The declared dims of each state of several: a package's caller passes
+  // and gets back such a state in them (kernels.json's "state_dims").
+  SmallVector<NamedAttribute> stateDims;
+  for (const std::string &name : states)
+    if (shapes[name].size() > 1)
+      stateDims.push_back(
+          builder.getNamedAttr(name, builder.getDenseI64ArrayAttr(shapes[name])));
+  if (!stateDims.empty())
+    def->setAttr("state_dims", builder.getDictionaryAttr(stateDims));
   Block *body = builder.createBlock(&def.getBody());
   // A state of several dims, [NH, K, V], is the vector of its elements in
   // row-major order, with those dims (docs/matrix-states.md).

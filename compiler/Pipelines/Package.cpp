@@ -71,6 +71,17 @@ llvm::json::Object describeCell(mlir::cell::DefOp def, llvm::StringRef target,
     params.push_back(llvm::json::Array{param.getName().str(), shapeOf(param.getType())});
   slots["params"] = std::move(params);
   meta["slots"] = std::move(slots);
+  // A matrix state's declared dims ([NH, K, V]); its slot is the flat vector.
+  if (auto dims = def->getAttrOfType<mlir::DictionaryAttr>("state_dims")) {
+    llvm::json::Object stateDims;
+    for (auto entry : dims) {
+      llvm::json::Array shape;
+      for (int64_t d : llvm::cast<mlir::DenseI64ArrayAttr>(entry.getValue()).asArrayRef())
+        shape.push_back(d);
+      stateDims[entry.getName().str()] = std::move(shape);
+    }
+    meta["state_dims"] = std::move(stateDims);
+  }
   return meta;
 }
 

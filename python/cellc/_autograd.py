@@ -14,6 +14,14 @@ def _parse_mode(save_gates, recompute):
     return recompute
 
 
+def _flat_states(states, B):
+    """The states given (a dict, or None) as the kernels' `[B, n]`: a matrix
+    state `[B, NH, K, V]` is the vector of its elements in row-major order."""
+    if states is None:
+        return None
+    return {n: t if t.dim() == 2 else t.reshape(B, -1) for n, t in states.items()}
+
+
 def _check_lengths(lengths, T, B):
     """Per-sample lengths as a list of B ints in [0, T] ([] for none): from
     an int64 CPU tensor of shape [B], as torch's PackedSequence keeps them, or

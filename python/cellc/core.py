@@ -17,7 +17,7 @@ import torch
 
 from . import _cellc, _cellc_runtime, _ops, _tools
 from ._autograd import (_arguments, _autocast_cpu, _check_lengths, _check_resets,
-                        _compiling, _lengths_tensor, _parse_mode, _run)
+                        _compiling, _flat_states, _lengths_tensor, _parse_mode, _run)
 
 _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 
@@ -646,14 +646,6 @@ def _one_dtype(tensors):
         if t.dtype != dtype:
             raise TypeError(f"all tensors must have one dtype; got {dtype} and {t.dtype}")
     return dtype
-
-
-def _flat_states(states, B):
-    """The states given (a dict, or None) as the kernels' `[B, n]`: a matrix
-    state `[B, NH, K, V]` is the vector of its elements in row-major order."""
-    if states is None:
-        return None
-    return {n: t if t.dim() == 2 else t.reshape(B, -1) for n, t in states.items()}
 
 
 def _compiler_build():

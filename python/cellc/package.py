@@ -5,7 +5,8 @@ that trains or serves cells compiled elsewhere."""
 import torch
 
 from . import _cellc_runtime
-from ._autograd import _arguments, _check_lengths, _check_resets, _parse_mode, _run
+from ._autograd import (_arguments, _check_lengths, _check_resets, _flat_states, _parse_mode,
+                        _run)
 
 _TORCH_DTYPES = {"f32": torch.float32, "f64": torch.float64}
 
@@ -20,9 +21,11 @@ class Package:
         #: The sizes it was compiled at, and its torch dtype.
         self.sizes = dict(self._compiled.sizes)
         self.dtype = _TORCH_DTYPES[self._compiled.dtype]
-        #: (name, shape) of each declared input, state, param and output.
+        #: (name, shape) of each declared input, state, param and output; a
+        #: matrix state's shape is its declared dims ([NH, K, V]).
         self.inputs = list(self._compiled.inputs)
-        self.states = list(self._compiled.states)
+        dims = self._compiled.state_dims
+        self.states = [(n, list(dims.get(n, shape))) for n, shape in self._compiled.states]
         self.params = list(self._compiled.params)
         self.outputs = list(self._compiled.outputs)
         #: Bytes the last call keeps for its backward (0 without autograd).
@@ -70,15 +73,19 @@ class Package:
                                  f"got {list(t.shape)}")
         for name, shape in self.states:
             t = (states or {}).get(name)
-            if t is not None and list(t.shape) != [B, shape[0]]:
-                raise ValueError(f"state '{name}' must be [B, n] = {[B, shape[0]]}, "
+            if t is not None and list(t.shape) != [B, *shape]:
+                want = "n" if len(shape) == 1 else "dims"
+                raise ValueError(f"state '{name}' must be [B, {want}] = {[B, *shape]}, "
                                  f"got {list(t.shape)}")
         resets = _check_resets(resets, T, B, batch_first)
         mode = _parse_mode(save_gates, recompute)
         lengths = _check_lengths(lengths, T, B)
-        out, final, self.saved_bytes = _run(self._compiled, inputs, params, states, resets,
-                                            mode, lengths, batch_first)
-        return out, final
+        out, final, self.saved_bytes = _run(self._compiled, inputs, params,
+                                            _flat_states(states, B), resets, mode, lengths,
+                                            batch_first)
+        # A matrix state comes back in its declared dims, as from cellc.Cell.
+        dims = dict(self.states)
+        return out, {n: t.reshape(t.shape[0], *dims[n]) for n, t in final.items()}
 
     def memory_stats(self):
         """The bytes the runtime held in the last call (see Cell.memory_stats)."""

@@ -207,6 +207,9 @@ PYBIND11_MODULE(_cellc_runtime, m) {
       .def_property_readonly("states", [](PyCell &c) { return PyCell::slots(c.cell->states()); })
       .def_property_readonly("params", [](PyCell &c) { return PyCell::slots(c.cell->params()); })
       .def_property_readonly("outputs", [](PyCell &c) { return PyCell::slots(c.cell->outputs()); })
+      .def_property_readonly(
+          "state_dims", [](PyCell &c) { return c.cell->package().stateDims; },
+          "The declared dims of each state of several (a matrix state's [NH, K, V])")
       .def_property_readonly("dtype", [](PyCell &c) { return c.cell->package().dtype; })
       .def_property_readonly("sizes", [](PyCell &c) { return c.cell->package().sizes; })
       .def_property_readonly("path", [](PyCell &c) { return c.cell->package().directory; })

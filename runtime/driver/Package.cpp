@@ -300,6 +300,21 @@ Status readInfo(const Json &root, PackageInfo &out) {
                            {"params", &out.params}, {"outputs", &out.outputs}})
     if (Status s = readSlots(*slots, key, *list))
       return s;
+  if (const Json *dims = root.get("state_dims")) {
+    for (const auto &[name, shape] : dims->object) {
+      size_t at = indexOf(out.states, name);
+      int64_t elements = 1;
+      std::vector<int64_t> list;
+      for (const Json &d : shape.array) {
+        list.push_back(d.kind == Json::Kind::Number ? d.integer() : 0);
+        elements *= list.back();
+      }
+      if (at == size_t(-1) || list.empty() || elements != out.states[at].shape[0])
+        return Status::error("\"state_dims\" gives '" + name + "' dims " + shapeString(list) +
+                             ", which are not a state's elements");
+      out.stateDims[name] = std::move(list);
+    }
+  }
   if (const Json *features = root.get("cpu_features"))
     for (const Json &f : features->array)
       out.cpuFeatures.push_back(f.string);

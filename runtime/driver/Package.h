@@ -49,6 +49,10 @@ struct PackageInfo {
   /// The cell's inputs, states, params and outputs with their shapes, in
   /// the kernels' order.
   std::vector<Slot> inputs, states, params, outputs;
+  /// The declared dims of each state of several (a matrix state's
+  /// `[NH, K, V]`), whose slot is the flat vector; callers pass and get back
+  /// such a state in them.
+  std::map<std::string, std::vector<int64_t>> stateDims;
   /// The kernels' interface, finished (Interface::finish).
   Interface interface;
   /// The CPU features the kernels use (CPU packages).

@@ -191,6 +191,48 @@ def test_bad_tensors_are_exceptions(lstm_package):
         pkg(x, params, lengths=[4, 1])
 
 
+def test_a_matrix_state_package_takes_its_declared_dims(tmp_path):
+    """An mLSTM package takes and gives back C as [B, NH, K, V], as a Cell
+    does (kernels.json's "state_dims"), with gradients through it; a flat C
+    and dims that are not the state's are clear errors."""
+    sizes = {"I": 5, "NH": 2, "K": 3, "V": 4}
+    path = tmp_path / "mlstm"
+    subprocess.run([os.path.join(TOOLS, "cellc"), os.path.join(EXAMPLES, "mlstm.cell"),
+                    *[a for n, v in sizes.items() for a in ("-D", f"{n}={v}")],
+                    "--emit=package", "--target=cpu", "--dtype=f64", "-o", str(path)],
+                   check=True)
+    pkg = cellc.load_package(path)
+    assert pkg.states == [("C", [2, 3, 4]), ("n", [2, 3]), ("m", [2])]
+    cell = cellc.compile(open(os.path.join(EXAMPLES, "mlstm.cell")).read())
+    torch.manual_seed(3)
+    f64 = {"dtype": torch.float64}
+    x = torch.randn(6, 3, 5, **f64)
+    params = {n: (0.4 * torch.randn(*shape, **f64)).requires_grad_() for n, shape in pkg.params}
+    states = {"C": torch.randn(3, 2, 3, 4, **f64), "n": torch.randn(3, 2, 3, **f64),
+              "m": torch.randn(3, 2, **f64)}
+    runs = []
+    for run in (pkg, cell):
+        given = {n: t.clone().requires_grad_() for n, t in states.items()}
+        out, final = run(x, params, given, recompute="full")
+        assert final["C"].shape == (3, 2, 3, 4) and final["n"].shape == (3, 2, 3)
+        loss = (out * torch.linspace(-1, 1, out.numel(), **f64).view_as(out)).sum() + \
+            (final["C"] * torch.linspace(1, 2, 72, **f64).view(3, 2, 3, 4)).sum()
+        grads = torch.autograd.grad(loss, [given["C"], given["n"], params["W_q"]])
+        assert grads[0].shape == (3, 2, 3, 4) and grads[0].abs().sum() > 0
+        runs.append((out, final["C"], *grads))
+    for got, want in zip(*runs):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"state 'C' must be \[B, dims\] = \[3, 2, 3, 4\], "
+                                         r"got \[3, 24\]"):
+        pkg(x, params, {"C": torch.zeros(3, 24, **f64)})
+    meta = json.loads((path / "kernels.json").read_text())
+    meta["state_dims"]["C"] = [2, 3, 5]
+    (path / "kernels.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"\"state_dims\" gives 'C' dims \[2, 3, 5\], which "
+                                         r"are not a state's elements"):
+        cellc.load_package(path)
+
+
 def test_a_gru_per_row_f64_package(tmp_path):
     path = write_package(tmp_path / "gru", "gru.cell", "--strategy=per-row", "--dtype=f64")
     pkg = cellc.load_package(path)
