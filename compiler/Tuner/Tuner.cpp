@@ -70,9 +70,15 @@ llvm::StringRef cellc::tuner::nameOf(Candidate::Status status) {
 
 namespace {
 
-/// The [rows, cols] of every recurrent matvec weight of the cell.
-llvm::Expected<std::vector<std::pair<int64_t, int64_t>>>
-matvecShapes(const TuneProblem &problem) {
+/// The recurrent products of a cell's step (after the projections are
+/// split off): the [rows, cols] of every matvec's weight, and whether there
+/// is any product (a transposed one, `v @ W`, too).
+struct RecurrentProducts {
+  std::vector<std::pair<int64_t, int64_t>> matvecs;
+  bool any = false;
+};
+
+llvm::Expected<RecurrentProducts> recurrentProducts(const TuneProblem &problem) {
   mlir::MLIRContext context;
   CellSource src(problem.source, problem.fileName);
   mlir::FloatType element =
@@ -86,23 +92,26 @@ matvecShapes(const TuneProblem &problem) {
   buildPipeline(pm, Stage::Split);
   if (mlir::failed(pm.run(*module)))
     return fail("cellc: splitting the projections failed");
-  std::vector<std::pair<int64_t, int64_t>> shapes;
-  module->walk([&](mlir::cell::MatvecOp matvec) {
-    auto type = llvm::cast<mlir::RankedTensorType>(matvec.getWeight().getType());
-    shapes.push_back({type.getDimSize(0), type.getDimSize(1)});
+  RecurrentProducts products;
+  module->walk([&](mlir::Operation *op) {
+    if (auto matvec = llvm::dyn_cast<mlir::cell::MatvecOp>(op)) {
+      auto type = llvm::cast<mlir::RankedTensorType>(matvec.getWeight().getType());
+      products.matvecs.push_back({type.getDimSize(0), type.getDimSize(1)});
+    }
+    products.any |= llvm::isa<mlir::cell::MatvecOp, mlir::cell::VecmatOp>(op);
   });
-  return shapes;
+  return products;
 }
 
 /// Why a CPU config cannot run the problem, or empty.
 std::string cpuPruneReason(const KernelConfig &c, const TuneProblem &problem,
-                           const std::vector<std::pair<int64_t, int64_t>> &shapes) {
+                           const RecurrentProducts &products) {
   if (c.at("kernels") == 0) {
     // The knob is the batched kernels': per-row kernels split rows only.
     if (c.count("unit_slices") && c.at("unit_slices") == 0)
       return "the per-row kernels have no unit slices";
     int64_t width = c.at("matvec_width"), unroll = c.at("matvec_unroll");
-    for (auto [rows, cols] : shapes) {
+    for (auto [rows, cols] : products.matvecs) {
       if (width > 0 && cols % width)
         return llvm::formatv("matvec_width {0} does not divide {1} columns", width, cols);
       if (rows % unroll)
@@ -117,7 +126,7 @@ std::string cpuPruneReason(const KernelConfig &c, const TuneProblem &problem,
                            rows, vectors, rows * vectors + vectors + 1, registers);
     KernelConfig defaults = defaultConfig(TuneTarget::Cpu, problem.batch);
     // Without a recurrent product every tile is one row (the batched pass).
-    if (shapes.empty() && c.at("batch_tile") != defaults.at("batch_tile"))
+    if (!products.any && c.at("batch_tile") != defaults.at("batch_tile"))
       return "the step has no recurrent product: its tiles are one row";
     // A tile over the batch runs as one that holds it: the default's.
     if (c.at("batch_tile") > problem.batch &&
@@ -553,9 +562,9 @@ llvm::Expected<TuneResult> cellc::tuner::tune(const TuneProblem &problem,
 
   // CPU. The default config runs here, in process: it is the reference, and
   // a bad cell or size fails it with the front end's message.
-  auto shapes = matvecShapes(problem);
-  if (!shapes)
-    return shapes.takeError();
+  auto products = recurrentProducts(problem);
+  if (!products)
+    return products.takeError();
   KernelConfig base = defaultConfig(TuneTarget::Cpu, problem.batch);
   CpuOptions baseOptions;
   baseOptions.cacheDir = options.cacheDir;
@@ -582,7 +591,7 @@ llvm::Expected<TuneResult> cellc::tuner::tune(const TuneProblem &problem,
       result.candidates.push_back({c});
     for (size_t i = first; i < result.candidates.size(); ++i) {
       Candidate &cand = result.candidates[i];
-      std::string why = cpuPruneReason(cand.config, problem, *shapes);
+      std::string why = cpuPruneReason(cand.config, problem, *products);
       if (!why.empty()) {
         cand.status = Candidate::Status::Pruned;
         cand.note = why;

@@ -161,3 +161,25 @@ def test_cli_exit_codes_and_json(cache, tmp_path):
     assert run_tune("-D", "H=0").returncode == 1
     nogpu = run_tune("--target", "cuda", env={"CELLC_LIBCUDA": "/nonexistent/libcuda.so"})
     assert nogpu.returncode == 3 and "no CUDA driver/GPU" in nogpu.stderr
+
+
+def test_tiles_are_not_tuned_for_a_step_without_products(cache, tmp_path):
+    """RetNet's step has no recurrent product, so its kernels run one-row
+    tiles whatever batch_tile says: the tuner prunes those candidates and
+    times the rest. An LSTM's tiles are tuned."""
+    notes = {}
+    for cell, sizes in (("retnet.cell", ["I=16", "NH=2", "K=4", "V=4"]),
+                        ("lstm.cell", ["I=8", "H=8"])):
+        out = tmp_path / f"{cell}.json"
+        run = subprocess.run([TUNE, os.path.join(EXAMPLES, cell),
+                              *[a for s in sizes for a in ("-D", s)], "--batch", "8",
+                              "--seq-len", "4", "--budget", "3s", "--json", str(out)],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        notes[cell] = {c["config"]["batch_tile"]: (c["status"], c["note"])
+                       for c in json.load(open(out))["candidates"]
+                       if c["config"]["kernels"] == 1}
+    for tile in (16, 32, 64, 128):
+        assert notes["retnet.cell"][tile] == (
+            "pruned", "the step has no recurrent product: its tiles are one row")
+        assert "no recurrent product" not in notes["lstm.cell"][tile][1]
