@@ -166,15 +166,10 @@ llvm::Error cellc::printStage(ModuleOp module, Emit emit,
     cell::printSavePlan(module, os);
     return llvm::Error::success();
   case Emit::Phases: {
-    // The CPU's lanes run along the units: its plans write concats whole and
-    // read a buffered value at its own element in the phase that writes it.
-    cell::PhasePlan::Options phases;
-    bool cuda = options.target == Target::Cuda;
-    phases.materializeConcats = !cuda;
-    phases.readAlignedInPhase = !cuda;
-    phases.expandsInPlace = !cuda;
-    phases.reducesInPlace = !cuda;
-    cell::printPhases(module, os, phases);
+    // The CPU's lanes run along the units (the batched kernels' plans).
+    cell::printPhases(module, os,
+                      options.target == Target::Cuda ? cell::PhasePlan::Options()
+                                                     : cell::PhasePlan::Options::alongUnits());
     return llvm::Error::success();
   }
   case Emit::Mlir:

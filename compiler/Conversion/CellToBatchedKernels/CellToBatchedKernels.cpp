@@ -663,17 +663,6 @@ struct ConvertCellToBatchedKernels
       return signalPassFailure();
   }
 
-  /// The plans' options: lanes run along the units, so a concat's parts are
-  /// never chosen within a vector.
-  static PhasePlan::Options planOptions() {
-    PhasePlan::Options options;
-    options.materializeConcats = true;
-    options.readAlignedInPhase = true;
-    options.expandsInPlace = true;
-    options.reducesInPlace = true;
-    return options;
-  }
-
   BlockShape blockShape(Type element) const {
     BlockShape shape;
     int64_t bits = element.getIntOrFloatBitWidth();
@@ -801,7 +790,7 @@ LogicalResult ConvertCellToBatchedKernels::buildForward(DefOp def) {
   OpBuilder &b = k.builder;
   Block &body = def.getBody().front();
   YieldOp yield = def.getYield();
-  PhasePlan plan = planForward(def, planOptions());
+  PhasePlan plan = planForward(def, PhasePlan::Options::alongUnits());
   e.plan = &plan;
   SmallVector<ProjectionOp> projections = projectionsOf(def);
   for (auto [i, p] : llvm::enumerate(projections))
@@ -940,7 +929,7 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
   unsigned numInputs = def.getInputNames().size();
   unsigned numOutputs = def.getOutputNames().size();
 
-  PhasePlan plan = planBackward(def, grad, planOptions());
+  PhasePlan plan = planBackward(def, grad, PhasePlan::Options::alongUnits());
   e.plan = &plan;
   // The backward step's projections are in its replay: match them in order.
   SmallVector<ProjectionOp> bodyProjections;

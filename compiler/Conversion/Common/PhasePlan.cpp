@@ -98,7 +98,8 @@ PhasePlan::PhasePlan(Block &block, ArrayRef<Value> roots,
         if (!seen.insert(v).second)
           continue;
         if (v != item && (materialized.contains(v) || this->isLeaf(v) ||
-                          (options.expandsInPlace && v.getDefiningOp<ExpandOp>())))
+                          (options.expandsInPlace && v.getDefiningOp<ExpandOp>()) ||
+                          isCheap(v)))
           continue;
         if (!isView(v) && v != item) {
           auto [it, fresh] = firstPhase.try_emplace(v, phase);
@@ -122,6 +123,17 @@ PhasePlan::PhasePlan(Block &block, ArrayRef<Value> roots,
       break;
     materialized.insert(twice);
   }
+}
+
+bool PhasePlan::isCheap(Value v) {
+  Operation *op = v.getDefiningOp();
+  if (!options.recomputesCheap || !op || isCrossUnit(op) || isView(v) ||
+      isa<ConcatOp, RestoreOp, BroadcastOp, ProjectionOp, ParamOp, ConstantOp>(op))
+    return false;
+  return llvm::all_of(op->getOperands(), [&](Value u) {
+    return isLeaf(u) || u.getDefiningOp<ParamOp>() || u.getDefiningOp<ConstantOp>() ||
+           (options.expandsInPlace && u.getDefiningOp<ExpandOp>());
+  });
 }
 
 unsigned PhasePlan::level(Value v) {

@@ -68,6 +68,21 @@ public:
     /// over the matrix. (A reduce over the last dim sums across a vector; it
     /// is faster from a buffer.)
     bool reducesInPlace = false;
+    /// Computes an elementwise value of leaves (states, inputs, params,
+    /// constants, expands read in place) again in each phase that reads it,
+    /// rather than writing it out in one for the others: a multiply of the
+    /// state by a gate costs one op where a buffer costs a store and a load
+    /// of the whole matrix (gated DeltaNet's decayed state, `alpha * C`).
+    bool recomputesCheap = false;
+
+    /// The options of a strategy whose lanes run along the units of a row
+    /// (the CPU's batched kernels): every one of the above.
+    static Options alongUnits() {
+      Options o;
+      o.materializeConcats = o.readAlignedInPhase = o.expandsInPlace = true;
+      o.reducesInPlace = o.recomputesCheap = true;
+      return o;
+    }
   };
 
   /// `roots` are the values the step writes out. `isLeaf` says which values
@@ -114,6 +129,9 @@ public:
   unsigned numPhases = 0;
 
 private:
+  /// Whether `v` is computed again where read (Options::recomputesCheap).
+  bool isCheap(Value v);
+
   std::function<bool(Value)> isLeaf, isWhole;
   Options options;
   DenseMap<Value, unsigned> levels;
