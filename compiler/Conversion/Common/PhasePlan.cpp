@@ -99,7 +99,7 @@ PhasePlan::PhasePlan(Block &block, ArrayRef<Value> roots,
           continue;
         if (v != item && (materialized.contains(v) || this->isLeaf(v) ||
                           (options.expandsInPlace && v.getDefiningOp<ExpandOp>()) ||
-                          isCheap(v)))
+                          isCheap(v, kCheapDepth)))
           continue;
         if (!isView(v) && v != item) {
           auto [it, fresh] = firstPhase.try_emplace(v, phase);
@@ -125,14 +125,15 @@ PhasePlan::PhasePlan(Block &block, ArrayRef<Value> roots,
   }
 }
 
-bool PhasePlan::isCheap(Value v) {
+bool PhasePlan::isCheap(Value v, unsigned depth) {
   Operation *op = v.getDefiningOp();
   if (!options.recomputesCheap || !op || isCrossUnit(op) || isView(v) ||
       isa<ConcatOp, RestoreOp, BroadcastOp, ProjectionOp, ParamOp, ConstantOp>(op))
     return false;
   return llvm::all_of(op->getOperands(), [&](Value u) {
     return isLeaf(u) || u.getDefiningOp<ParamOp>() || u.getDefiningOp<ConstantOp>() ||
-           (options.expandsInPlace && u.getDefiningOp<ExpandOp>());
+           (options.expandsInPlace && u.getDefiningOp<ExpandOp>()) ||
+           (depth > 1 && isCheap(u, depth - 1));
   });
 }
 

@@ -129,8 +129,10 @@ public:
   unsigned numPhases = 0;
 
 private:
-  /// Whether `v` is computed again where read (Options::recomputesCheap).
-  bool isCheap(Value v);
+  /// Whether `v` is computed again where read (Options::recomputesCheap):
+  /// an elementwise op of leaves, or of such values `depth - 1` deep.
+  bool isCheap(Value v, unsigned depth);
+  static constexpr unsigned kCheapDepth = 2;
 
   std::function<bool(Value)> isLeaf, isWhole;
   Options options;
