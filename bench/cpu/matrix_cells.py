@@ -125,7 +125,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--cells", nargs="+", default=list(CASES))
+    ap.add_argument("--cells", nargs="+", default=list(CASES), choices=list(CASES))
     a = ap.parse_args()
     torch.set_num_threads(1)
     B, T = a.batch, a.steps
