@@ -2,7 +2,7 @@
 RetNet, Mamba's S6 step) against float64 references written from the papers'
 formulas with torch: outputs, final states and every gradient, in every
 recompute mode, with resets and lengths, at state sizes that are not a
-multiple of any tile (NH*K*V = 30, D*N = 15); on 1 and 3 threads; in
+multiple of any tile (NH*K*V = 30, D*N = 15); on 1, 3 and 4 threads; in
 float32; in the SIMT emulator; and the states' shapes and errors."""
 
 import math
@@ -150,12 +150,12 @@ def flat(states):
     return torch.cat([t.flatten(1) for t in states.values()], 1)
 
 
-def check_float64(cell, step, seed=0, sizes=SIZES, **call):
+def check_float64(cell, step, seed=0, sizes=SIZES, B=5, **call):
     """`cell` called on float64 data with resets and lengths (`call`: the
     recompute mode) against the float64 loop of `step` (a CELLS name or a
     function): outputs, final states in their declared shapes, and every
     gradient."""
-    x, p, s, resets, lengths = problem(cell, step, torch.float64, seed=seed, sizes=sizes)
+    x, p, s, resets, lengths = problem(cell, step, torch.float64, B=B, seed=seed, sizes=sizes)
     out, final = cell(x, p, s, resets=resets, lengths=lengths, **call)
     for n, t in s.items():
         assert final[n].shape == t.shape, n
@@ -190,8 +190,16 @@ def test_matrix_cell_with_whole_vectors_along_the_last_dim(name):
 
 
 @pytest.mark.parametrize("name", list(CELLS))
-def test_matrix_cell_on_three_threads(name):
-    check_float64(cellc.compile(source(name), threads=3), name, seed=1, recompute="full")
+def test_matrix_cell_on_three_and_four_threads(name):
+    """These steps have no product, so a tile is one row: at B = 5 three
+    threads split the rows; at B = 2 four threads split each row's units in
+    pairs (unit slices, meeting at barriers)."""
+    cell = cellc.compile(source(name), threads=3)
+    check_float64(cell, name, seed=1, recompute="full")
+    assert cell._last.thread_split(5) == (3, 1)
+    cell = cellc.compile(source(name), threads=4)
+    check_float64(cell, name, seed=1, B=2, recompute="none")
+    assert cell._last.thread_split(2) == (2, 2)
 
 
 @pytest.mark.parametrize("name", list(CELLS))
