@@ -392,12 +392,13 @@ class CudaCell:
     def __call__(self, inputs, params, states=None, resets=None, recompute="none",
                  lengths=None):
         """Runs the sequence under autograd. inputs {name: [T, B, n]}, params
-        {name: tensor}, states {name: [B, n]} or None: both the start states
+        {name: tensor}, states {name: [B, n]} (a matrix state in its declared
+        dims, `[B, NH, K, V]`, or flat) or None: both the start states
         and the values that rows reset to. `recompute`: 'none' saves the
         gates, 'full' only the states and replays each step in backward,
         'chunk:K' the states every K steps and replays a chunk before its
         backward. Returns (outputs {name: [T, B, n]}, final states {name:
-        [B, n]}).
+        [B, n]}, a matrix state in its declared dims).
 
         The sequence driver (runtime/driver, in C++) runs around the kernels:
         projections, chunks, replays, carried gradients and the gradients'
@@ -420,10 +421,18 @@ class CudaCell:
                 raise TypeError(f"input {n!r} is {x.dtype}, but this package stores "
                                 f"its sequences as {self.storage} (cellc --storage)")
         interface = _Slots(self.package.meta["slots"])
+        # A matrix state is given as [B, NH, K, V] (its declared dims) or
+        # [B, NH*K*V]; the kernels take the flat vector.
+        dims = self.package.meta.get("state_dims", {})
         states = dict(states or {})
         for n, size in interface.states:
             if n not in states:
                 states[n] = first.new_zeros(B, size, dtype=torch.float32)
+                continue
+            t, declared = states[n], [B, *dims.get(n, [size])]
+            if list(t.shape) not in ([B, size], declared):
+                raise ValueError(f"state {n!r} must be {declared}, got {list(t.shape)}")
+            states[n] = t.reshape(B, size)
         missing = [n for n, _ in interface.params if n not in params]
         if missing:
             raise ValueError(f"missing param {missing[0]!r}")
@@ -435,7 +444,8 @@ class CudaCell:
         outs = results[:len(interface.outputs)]
         finals = results[len(interface.outputs):]
         return (dict(zip([n for n, _ in interface.outputs], outs)),
-                dict(zip([n for n, _ in interface.states], finals)))
+                {n: t.reshape(B, *dims[n]) if n in dims else t
+                 for (n, _), t in zip(interface.states, finals)})
 
 
     # The sequence as a torch operator (cellc::sequence) runs it --------------
