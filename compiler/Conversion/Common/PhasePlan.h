@@ -69,10 +69,11 @@ public:
     /// is faster from a buffer.)
     bool reducesInPlace = false;
     /// Computes an elementwise value of leaves (states, inputs, params,
-    /// constants, expands read in place) again in each phase that reads it,
-    /// rather than writing it out in one for the others: a multiply of the
-    /// state by a gate costs one op where a buffer costs a store and a load
-    /// of the whole matrix (gated DeltaNet's decayed state, `alpha * C`).
+    /// constants, expands read in place), or of such values up to
+    /// `kCheapDepth` ops deep, again in each phase that reads it, rather than
+    /// writing it out in one for the others: a multiply of the state by a
+    /// gate costs one op where a buffer costs a store and a load of the whole
+    /// matrix (gated DeltaNet's decayed state, `alpha * C`).
     bool recomputesCheap = false;
 
     /// The options of a strategy whose lanes run along the units of a row
