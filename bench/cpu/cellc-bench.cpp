@@ -100,10 +100,13 @@ int main(int argc, char **argv) {
   std::vector<std::string> modeList(modes.begin(), modes.end());
   if (modeList.empty())
     modeList = {"none", "full", "chunk:16"};
+  // The kernels' own tile: a step with no recurrent product runs one row
+  // whatever the config's batch_tile.
   llvm::outs() << llvm::formatv(
-      "cell {0}, {1}, T={2}, B={3}, {4} config {5}, compiled in {6:F2} s\n",
+      "cell {0}, {1}, T={2}, B={3}, {4} config {5} (kernel tile {6}), compiled in "
+      "{7:F2} s\n",
       cellFile, f64 ? "f64" : "f32", T, B, cell.configSource(), cell.config(),
-      compileSeconds);
+      cell.package().interface.forward.batchTile, compileSeconds);
   llvm::outs() << llvm::formatv("{0,-10} {1,12} {2,16} {3,14} {4,14}\n", "mode",
                                 "forward ms", "fwd+bwd ms", "kept MiB",
                                 "runtime peak");
