@@ -2,6 +2,7 @@
 
 #include "compiler/Tuner/Tuner.h"
 
+#include "compiler/Conversion/Common/PhasePlan.h"
 #include "compiler/Frontend/Diagnostics.h"
 #include "compiler/Frontend/IRGen.h"
 #include "compiler/Pipelines/Pipelines.h"
@@ -72,7 +73,8 @@ namespace {
 
 /// The recurrent products of a cell's step (after the projections are
 /// split off): the [rows, cols] of every matvec's weight, and whether there
-/// is any product (a transposed one, `v @ W`, too).
+/// is any product (a transposed one, `v @ W`, too), as the batched pass
+/// counts them.
 struct RecurrentProducts {
   std::vector<std::pair<int64_t, int64_t>> matvecs;
   bool any = false;
@@ -98,7 +100,8 @@ llvm::Expected<RecurrentProducts> recurrentProducts(const TuneProblem &problem) 
       auto type = llvm::cast<mlir::RankedTensorType>(matvec.getWeight().getType());
       products.matvecs.push_back({type.getDimSize(0), type.getDimSize(1)});
     }
-    products.any |= llvm::isa<mlir::cell::MatvecOp, mlir::cell::VecmatOp>(op);
+    // What the batched pass counts (its tileOf).
+    products.any |= mlir::cell::PhasePlan::isProduct(op);
   });
   return products;
 }
