@@ -22,6 +22,12 @@ def _flat_states(states, B):
     return {n: t if t.dim() == 2 else t.reshape(B, -1) for n, t in states.items()}
 
 
+def _shaped_states(final, dims):
+    """The final states (each `[B, n]`) in their declared dims: `dims` maps a
+    matrix state to its `[NH, K, V]`; any other state is returned as it is."""
+    return {n: t.reshape(t.shape[0], *dims[n]) if n in dims else t for n, t in final.items()}
+
+
 def _check_lengths(lengths, T, B):
     """Per-sample lengths as a list of B ints in [0, T] ([] for none): from
     an int64 CPU tensor of shape [B], as torch's PackedSequence keeps them, or

@@ -17,7 +17,8 @@ import torch
 
 from . import _cellc, _cellc_runtime, _ops, _tools
 from ._autograd import (_arguments, _autocast_cpu, _check_lengths, _check_resets,
-                        _compiling, _flat_states, _lengths_tensor, _parse_mode, _run)
+                        _compiling, _flat_states, _lengths_tensor, _parse_mode, _run,
+                        _shaped_states)
 
 _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 
@@ -207,15 +208,6 @@ class Cell:
             shapes[n] = tuple(t.shape[1:])
         return shapes
 
-    def _shaped_states(self, final, sizes):
-        """The final states in their declared shapes (a matrix state's
-        `[B, NH*K*V]` as `[B, NH, K, V]`)."""
-        shaped = {}
-        for n, dims in self.states:
-            t = final[n]
-            shaped[n] = t if len(dims) == 1 else t.reshape(t.shape[0], *self.shape(n, sizes))
-        return shaped
-
     def jit(self, sizes, dtype, batch=0, seq_len=100, step=False):
         """The compiled cell for `sizes` and a torch dtype (cached). With the
         `batch` it will run at, a tuned config for that batch's power-of-two
@@ -346,7 +338,8 @@ class Cell:
                                                 mode, _check_lengths(lengths, T, B),
                                                 batch_first)
             self._last = compiled
-        return out, self._shaped_states(final, sizes)
+        return out, _shaped_states(final, {n: self.shape(n, sizes) for n, dims in self.states
+                                           if len(dims) > 1})
 
     def step(self, x, params, states=None):
         """One step, as a stream runs the cell (an RL actor, a model served

@@ -443,9 +443,9 @@ class CudaCell:
                                   *flat)
         outs = results[:len(interface.outputs)]
         finals = results[len(interface.outputs):]
+        from ._autograd import _shaped_states
         return (dict(zip([n for n, _ in interface.outputs], outs)),
-                {n: t.reshape(B, *dims[n]) if n in dims else t
-                 for (n, _), t in zip(interface.states, finals)})
+                _shaped_states(dict(zip([n for n, _ in interface.states], finals)), dims))
 
 
     # The sequence as a torch operator (cellc::sequence) runs it --------------

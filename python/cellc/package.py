@@ -6,7 +6,7 @@ import torch
 
 from . import _cellc_runtime
 from ._autograd import (_arguments, _check_lengths, _check_resets, _flat_states, _parse_mode,
-                        _run)
+                        _run, _shaped_states)
 
 _TORCH_DTYPES = {"f32": torch.float32, "f64": torch.float64}
 
@@ -84,8 +84,7 @@ class Package:
                                             _flat_states(states, B), resets, mode, lengths,
                                             batch_first)
         # A matrix state comes back in its declared dims, as from cellc.Cell.
-        dims = dict(self.states)
-        return out, {n: t.reshape(t.shape[0], *dims[n]) for n, t in final.items()}
+        return out, _shaped_states(final, dict(self.states))
 
     def memory_stats(self):
         """The bytes the runtime held in the last call (see Cell.memory_stats)."""
