@@ -186,6 +186,8 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
       k["strategy"] = func->getAttrOfType<mlir::StringAttr>("cell.strategy").str();
       if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.ctas"))
         k["ctas"] = n.getInt();
+      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.heads"))
+        k["heads"] = n.getInt();
       if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.workspace_bytes"))
         k["workspace_bytes"] = n.getInt();
       if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.dynamic_shared_bytes"))

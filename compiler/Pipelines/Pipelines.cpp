@@ -166,10 +166,13 @@ llvm::Error cellc::printStage(ModuleOp module, Emit emit,
     cell::printSavePlan(module, os);
     return llvm::Error::success();
   case Emit::Phases: {
-    // The CPU's lanes run along the units (the batched kernels' plans).
-    cell::printPhases(module, os,
-                      options.target == Target::Cuda ? cell::PhasePlan::Options()
-                                                     : cell::PhasePlan::Options::alongUnits());
+    // The CPU's lanes run along the units (the batched kernels' plans),
+    // CUDA's across the rows of a tile.
+    bool cuda = options.target == Target::Cuda;
+    cell::printPhases(module, os, [&](cell::DefOp def) {
+      return cuda ? cell::PhasePlan::Options::acrossRows(def)
+                  : cell::PhasePlan::Options::alongUnits();
+    });
     return llvm::Error::success();
   }
   case Emit::Mlir:

@@ -275,7 +275,7 @@ class CudaCell:
         """Launches `kernel` with one tensor (or int) per argument of the
         package, in order; memrefs are passed as MLIR's expanded descriptors.
         Batch-tiled kernels get a CTA per batch tile; persistent ones
-        `ctas` CTAs per tile, launched cooperatively."""
+        `ctas` CTAs per tile, launched cooperatively unless split by heads."""
         import torch
         info = self.package.kernels[kernel]
         args = info["args"]
@@ -312,7 +312,8 @@ class CudaCell:
         params = (ctypes.c_void_p * len(ptrs))(*ptrs)
         tiles = max(1, -(-batch // info["batch_tile"]))
         if "ctas" in info:  # persistent: the CTAs of a tile along x, tiles along y
-            grid, cooperative = (info["ctas"], tiles), 1
+            # Split by heads, a tile's CTAs do not wait for each other.
+            grid, cooperative = (info["ctas"], tiles), int("heads" not in info)
         else:
             grid, cooperative = (tiles, 1), 0
         buf = ctypes.create_string_buffer(1024)

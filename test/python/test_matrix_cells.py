@@ -5,6 +5,7 @@ recompute mode, with resets and lengths, at state sizes that are not a
 multiple of any tile (NH*K*V = 30, D*N = 15); on 1, 3 and 4 threads; in
 float32; in the SIMT emulator; and the states' shapes and errors."""
 
+import json
 import math
 import os
 
@@ -275,9 +276,45 @@ def test_a_cuda_package_takes_a_matrix_state_in_its_dims():
         cuda_cell({"x": x}, p, {**s, "C": s["C"].reshape(5, 2, 15)})
 
 
+def kernels_of(cell, sizes, **options):
+    path = cell.cuda_package(sizes, **options)
+    with open(os.path.join(path, "kernels.json")) as f:
+        return json.load(f)["kernels"]
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_a_cta_keeps_whole_heads_in_shared_memory(name):
+    # Every cell but Mamba's keeps its heads apart, so a persistent CTA takes
+    # whole heads, its buffers in dynamic shared memory (no workspace), and
+    # launches without grid barriers. Mamba's B_t and C_t are read by every
+    # channel, and its backward sums their gradients over the channels.
+    cell = cellc.compile(source(name))
+    kernels = kernels_of(cell, SIZES, strategy="persistent", ctas=2)
+    for kernel in (name + "_fwd", name + "_bwd"):
+        info = kernels[kernel]
+        if name == "mamba_s6":
+            assert "heads" not in info and info["workspace_bytes"] > 0
+            continue
+        assert info["heads"] == SIZES["NH"] and info["ctas"] == 2, kernel
+        assert info["workspace_bytes"] == 0
+        assert 0 < info["dynamic_shared_bytes"] <= 49152
+    if name == "mamba_s6":
+        return
+    # At the benchmark's sizes, on an H100 (sm_90: 227 KiB of shared memory a
+    # CTA), a CTA a head in both directions: a head's 64 x 64 matrix and
+    # what the step buffers beside it fit.
+    big = dict(I=256, NH=4, K=64, V=64)
+    kernels = kernels_of(cell, big)
+    for kernel in (name + "_fwd", name + "_bwd"):
+        info = kernels[kernel]
+        assert (info["heads"], info["ctas"]) == (4, 4), kernel
+        assert 64 * 64 * 4 * 2 < info["dynamic_shared_bytes"] <= 232448
+
+
 @pytest.mark.parametrize("options", [{"strategy": "batch-tiled", "batch_tile": 4},
-                                     {"strategy": "persistent", "ctas": 3}],
-                         ids=["batch-tiled", "persistent-3"])
+                                     {"strategy": "persistent", "ctas": 3},
+                                     {"strategy": "persistent", "ctas": 2}],
+                         ids=["batch-tiled", "persistent-3", "heads-2"])
 @pytest.mark.parametrize("name", list(CELLS))
 def test_matrix_cell_in_the_emulator(name, options):
     # The CUDA kernels in the SIMT emulator, forward and every gradient, with

@@ -383,9 +383,12 @@ TiledKernelOp createTiledKernel(DefOp def, gpu::GPUModuleOp gpuModule, StringRef
                                                          : cellc::Strategy::BatchTiled)));
   if (persistent) {
     op->setAttr("cell.ctas", outer.getI64IntegerAttr(plan.slices));
-    op->setAttr("cell.workspace_bytes",
-                outer.getI64IntegerAttr(plan.tileElements() * plan.elementBytes));
+    op->setAttr("cell.workspace_bytes", outer.getI64IntegerAttr(plan.workspaceBytes(gpu)));
   }
+  // Split by heads: the CTAs of a tile do not wait for each other, and
+  // launch as any grid does.
+  if (plan.heads > 0)
+    op->setAttr("cell.heads", outer.getI64IntegerAttr(plan.heads));
   op->setAttr("cell.workgroup_bytes", outer.getI64IntegerAttr(plan.workgroupBytes()));
   // The bytes of dynamic shared memory a launch must give the kernel.
   op->setAttr("cell.dynamic_shared_bytes",
@@ -462,7 +465,9 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
 
   // The step's block, its phases, and the tile and memory they take.
   Block &body = backward ? grad.getBody().front() : def.getBody().front();
-  PhasePlan phases = backward ? planBackward(def, grad, {}) : planForward(def, {});
+  PhasePlan::Options options = PhasePlan::Options::acrossRows(def);
+  PhasePlan phases =
+      backward ? planBackward(def, grad, options) : planForward(def, options);
   FailureOr<TilePlan> planned =
       planTile(def, body, phases, args, backward, element, config);
   if (failed(planned))

@@ -9,6 +9,14 @@
 // CPU the CTAs of a tile run one after the other in a loop, which the tests
 // use to check the slicing without a GPU.
 //
+// On CUDA, a step that keeps its heads apart (a matrix state's,
+// `TilePlan::heads`) is split by whole heads instead: a CTA's slice of every
+// value is its heads' part, which no other CTA reads. Its part of the row
+// buffers, the states' among them, stays in its dynamic shared memory for
+// the whole sequence, and a phase ends with the CTA's own barrier. The CTAs
+// of a tile never wait for each other, so they need not be resident
+// together.
+//
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Conversion/CellToTiledKernels/TiledBuilder.h"
@@ -53,7 +61,9 @@ public:
     Value bid = builder.create<gpu::BlockIdOp>(tb.loc, gpu::Dimension::y);
     cta = builder.create<gpu::BlockIdOp>(tb.loc, gpu::Dimension::x);
     tb.tileIndex = bid;
-    partials = allocDynamic({tb.ntidStatic, tb.tile}, tb.element);
+    // The partial products; a step split by heads has no products.
+    if (plan.heads == 0)
+      partials = allocDynamic({tb.ntidStatic, tb.tile}, tb.element);
     return bid;
   }
 
@@ -70,9 +80,25 @@ public:
 
   int64_t dynamicSharedUsed() const override { return dynamicUsed; }
 
-  /// A view of this tile's part of the workspace.
+  Value localIndex(Value buffer, Value j) override {
+    Value first = firstElement.lookup(buffer);
+    return first ? tb.builder.create<arith::SubIOp>(tb.loc, j, first).getResult() : j;
+  }
+
+  /// A view of this tile's part of the workspace; split by heads on CUDA,
+  /// this CTA's part in its dynamic shared memory.
   Value rowBuffer(ArrayRef<int64_t> full) override {
     OpBuilder &builder = tb.builder;
+    if (tb.gpu && plan.heads > 0) {
+      // `[slots..., n, BT]`: this CTA's elements of each slot.
+      SmallVector<int64_t> local(full.begin(), full.end());
+      int64_t &n = local[local.size() - 2];
+      n = sliceOf(n);
+      Value buffer = allocDynamic(local, tb.element, /*pad=*/false);
+      firstElement[buffer] =
+          builder.create<arith::MulIOp>(tb.loc, cta, tb.index(n)).getResult();
+      return buffer;
+    }
     SmallVector<int64_t> strides(full.size(), 1);
     for (int64_t d = int64_t(full.size()) - 2; d >= 0; --d)
       strides[d] = strides[d + 1] * full[d + 1];
@@ -125,7 +151,9 @@ public:
   int64_t partialSlots() const override { return plan.slices * tb.partialsPerCta(); }
 
   void barrier() override {
-    if (tb.gpu)
+    if (tb.gpu && plan.heads > 0)
+      tb.builder.create<gpu::BarrierOp>(tb.loc);
+    else if (tb.gpu)
       gridBarrier();
   }
   /// Block-diagonal products are computed element by element, the weight
@@ -166,8 +194,10 @@ private:
 
   /// A `[shape...]` view of `type` in the dynamic shared memory, which may
   /// exceed the 48 KiB of static shared memory (up to `shared-limit`; the
-  /// runtime raises the kernel's limit).
-  Value allocDynamic(ArrayRef<int64_t> shape, Type type);
+  /// runtime raises the kernel's limit). With `pad`, the next view starts
+  /// 16 bytes aligned; row buffers split by heads are whole tiles of rows,
+  /// so each starts aligned for its lanes, and their plan counts no pad.
+  Value allocDynamic(ArrayRef<int64_t> shape, Type type, bool pad = true);
   /// A CTA's copy of a weight slice: dynamic shared memory on CUDA, the
   /// heap on the CPU.
   Value allocCache(ArrayRef<int64_t> shape, Type type);
@@ -188,10 +218,12 @@ private:
   bool ownsWorkspace = false;
   int64_t workspaceUsed = 0, dynamicUsed = 0;
   DenseMap<Operation *, Value> weightCache;
+  /// Split by heads: the first element of each row buffer's part.
+  DenseMap<Value, Value> firstElement;
   SmallVector<Value> cacheOrder;
 };
 
-Value Persistent::allocDynamic(ArrayRef<int64_t> shape, Type type) {
+Value Persistent::allocDynamic(ArrayRef<int64_t> shape, Type type, bool pad) {
   Location loc = tb.loc;
   auto memSpace = gpu::AddressSpaceAttr::get(tb.builder.getContext(),
                                              gpu::AddressSpace::Workgroup);
@@ -208,7 +240,7 @@ Value Persistent::allocDynamic(ArrayRef<int64_t> shape, Type type) {
       loc, MemRefType::get(shape, type, MemRefLayoutAttrInterface(), memSpace),
       dynamicShared, at.create<arith::ConstantIndexOp>(loc, dynamicUsed),
       ValueRange());
-  dynamicUsed += (n + 15) / 16 * 16;
+  dynamicUsed += pad ? (n + 15) / 16 * 16 : n;
   return view;
 }
 

@@ -63,7 +63,104 @@ fitSlices(ArrayRef<Operation *> matvecs, int64_t tile, int64_t bytes,
   return std::nullopt;
 }
 
+/// The leading dim that all the states of `def` share, when one of them is
+/// declared with several dims (IRGen's `state_dims`); 0 otherwise.
+int64_t stateHeads(DefOp def) {
+  auto dims = def->getAttrOfType<DictionaryAttr>("state_dims");
+  if (!dims || dims.empty())
+    return 0;
+  int64_t heads = 0;
+  for (auto [name, state] : llvm::zip(def.getStateNames().getAsValueRange<StringAttr>(),
+                                      def.getStates())) {
+    int64_t lead = sizeOf(state);
+    if (auto declared = dims.getAs<DenseI64ArrayAttr>(name))
+      lead = declared[0];
+    if (heads > 0 && lead != heads)
+      return 0;
+    heads = lead;
+  }
+  return heads;
+}
+
+/// The fewest heads a CTA takes so that its part of the largest state gives
+/// each of `threads` threads an element, among the divisors of `heads`.
+int64_t headsPerCta(DefOp def, int64_t heads, int64_t threads) {
+  int64_t largest = 0;
+  for (Value s : def.getStates())
+    largest = std::max(largest, sizeOf(s) / heads);
+  for (int64_t g = 1; g < heads; ++g)
+    if (heads % g == 0 && largest * g >= threads)
+      return g;
+  return heads;
+}
+
 } // namespace
+
+int64_t stepHeads(DefOp def, Block &body, const PhasePlan &phases, bool backward) {
+  int64_t heads = stateHeads(def);
+  if (heads == 0)
+    return 0;
+  // Values any CTA can compute at any element: the params, constants,
+  // projections, inputs and output gradients (read from global memory), and
+  // what only they reach, unless a buffer holds it (a CTA's buffers hold its
+  // heads only).
+  DenseSet<Value> anywhere;
+  unsigned numInputs = def.getInputs().size(), numStates = def.getStates().size();
+  unsigned numOutputs = def.getOutputNames().size();
+  for (auto [i, arg] : llvm::enumerate(body.getArguments())) {
+    bool state = backward ? (i >= numInputs && i < numInputs + numStates) ||
+                                i >= numInputs + numStates + numOutputs
+                          : i >= numInputs;
+    if (phases.materialized.contains(arg) && sizeOf(arg) % heads != 0)
+      return 0;
+    if (!state && !phases.materialized.contains(arg))
+      anywhere.insert(arg);
+  }
+  // What the step writes out (and a backward step sums over the steps) is
+  // split by head too.
+  Operation *terminator = body.getTerminator();
+  for (Value v : terminator->getOperands())
+    if (sizeOf(v) % heads != 0)
+      return 0;
+  for (SaveOp save : body.getOps<SaveOp>())
+    for (Value v : save.getValues())
+      if (sizeOf(v) % heads != 0)
+        return 0;
+  auto keepsHeads = [&](ArrayRef<int64_t> shape, ArrayRef<int64_t> kept) {
+    return !shape.empty() && shape[0] == heads && llvm::is_contained(kept, 0);
+  };
+  WalkResult walked = body.walk<WalkOrder::PreOrder>([&](Operation *op) {
+    if (isa<MatvecOp, VecmatOp, SumOp, ChunkOp, ConcatOp>(op) || PhasePlan::isProduct(op))
+      return WalkResult::interrupt();
+    if (auto expand = dyn_cast<ExpandOp>(op);
+        expand && !keepsHeads(expand.getShape(), expand.getKept()))
+      return WalkResult::interrupt();
+    if (auto reduce = dyn_cast<ReduceOp>(op);
+        reduce && !keepsHeads(reduce.getShape(), reduce.getKept()))
+      return WalkResult::interrupt();
+    bool leaf = isa<ParamOp, ConstantOp, ProjectionOp>(op);
+    bool fromAnywhere = leaf || !isa<RestoreOp>(op);
+    for (Value operand : op->getOperands())
+      fromAnywhere &= anywhere.contains(operand);
+    for (Value result : op->getResults()) {
+      if (fromAnywhere && !phases.materialized.contains(result)) {
+        anywhere.insert(result);
+        continue;
+      }
+      // Computed head by head: its elements split evenly by head, and each
+      // operand read at the same element (an expand or a reduce keeps the
+      // heads, checked above) or at any.
+      if (sizeOf(result) % heads != 0)
+        return WalkResult::interrupt();
+      if (!isa<ExpandOp, ReduceOp>(op))
+        for (Value operand : op->getOperands())
+          if (sizeOf(operand) != sizeOf(result) && !anywhere.contains(operand))
+            return WalkResult::interrupt();
+    }
+    return WalkResult::advance();
+  });
+  return walked.wasInterrupted() ? 0 : heads;
+}
 
 FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
                              const BackwardArgs &args, bool backward,
@@ -122,6 +219,25 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
               "strategy is named)";
   if (!persistent)
     return plan;
+
+  // Whole heads a CTA: its buffers in shared memory, if a tile of at least
+  // one row fits there (the tile halved as above).
+  if (int64_t heads = stepHeads(def, body, phases, backward);
+      heads > 0 && gpu && (options.ctas == 0 || heads % options.ctas == 0)) {
+    int64_t slices = options.ctas > 0 ? options.ctas
+                                      : heads / headsPerCta(def, heads, options.threads);
+    int64_t perCta = plan.rowElements / slices;
+    int64_t rows = tile;
+    while (rows > 1 && perCta * rows * bytes > limit)
+      rows /= 2;
+    if (perCta * rows * bytes <= limit) {
+      plan.tile = rows;
+      plan.heads = heads;
+      plan.slices = slices;
+      plan.dynamicSharedBytes = perCta * rows * bytes;
+      return plan;
+    }
+  }
 
   auto fit = fitSlices(matvecs, tile, bytes, options);
   if (!fit)

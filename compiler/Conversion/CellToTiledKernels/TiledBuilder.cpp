@@ -27,7 +27,7 @@ Value TiledBuilder::load(Value buffer, Value slot, Value j) {
   SmallVector<Value> indices;
   if (slot)
     indices.push_back(slot);
-  indices.push_back(j);
+  indices.push_back(strategy->localIndex(buffer, j));
   indices.push_back(index(0));
   return builder.create<vector::LoadOp>(loc, lane, buffer, indices);
 }
@@ -36,7 +36,7 @@ void TiledBuilder::store(Value v, Value buffer, Value slot, Value j) {
   SmallVector<Value> indices;
   if (slot)
     indices.push_back(slot);
-  indices.push_back(j);
+  indices.push_back(strategy->localIndex(buffer, j));
   indices.push_back(index(0));
   builder.create<vector::StoreOp>(loc, v, buffer, indices);
 }

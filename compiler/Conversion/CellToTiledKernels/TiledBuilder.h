@@ -56,14 +56,33 @@ struct TilePlan {
   /// dynamic shared memory each takes.
   int64_t slices = 0;
   int64_t dynamicSharedBytes = 0;
+  /// The leading dim of the states (a matrix state's heads) when the step
+  /// keeps its heads apart (`stepHeads`) and its CTAs take whole heads: each
+  /// of the `slices` CTAs then owns `heads / slices` heads of every value,
+  /// keeps its part of the row buffers in dynamic shared memory, and a phase
+  /// ends with the CTA's own barrier. 0 otherwise.
+  int64_t heads = 0;
 
   /// Elements of the step's row buffers for a whole tile.
   int64_t tileElements() const { return rowElements * tile; }
+  /// Bytes of the global workspace a tile takes: none when a CTA keeps its
+  /// heads' buffers in shared memory.
+  int64_t workspaceBytes(bool gpu) const {
+    return gpu && heads > 0 ? 0 : tileElements() * elementBytes;
+  }
   /// The workgroup memory a CTA takes: what `cell.workgroup_bytes` says.
   int64_t workgroupBytes() const {
     return slices > 0 ? dynamicSharedBytes : tileElements() * elementBytes;
   }
 };
+
+/// The heads of the step `body` of `def` (its forward, or with `backward`
+/// its backward step): the leading dim that all of `def`'s states share,
+/// when one is declared with several dims and each element of every value
+/// that the states reach is computed from the same head's elements of the
+/// others (elementwise ops, and expands and reduces that keep the heads). Then
+/// a head's part of a step needs no other head's. 0 when not.
+int64_t stepHeads(DefOp def, Block &body, const PhasePlan &phases, bool backward);
 
 /// Plans the kernel of `def` (its forward, or with `backward` the step
 /// `body` of its backward whose results are `args.kinds`): the elements per
@@ -194,6 +213,9 @@ public:
 
   /// A `[shape..., BT]` buffer of the step's values.
   virtual Value rowBuffer(ArrayRef<int64_t> full) = 0;
+  /// Where element `j` of the row buffer `buffer` is: `j`, unless the
+  /// buffer holds only this CTA's heads.
+  virtual Value localIndex(Value buffer, Value j) { return j; }
   /// A loop over this thread's elements of `[0, n)`.
   virtual void forEachElement(int64_t n, function_ref<void(Value j)> body) = 0;
   /// The sum of `term(j)` over this thread's elements of `[0, n)`, handed

@@ -326,8 +326,17 @@ PhasePlan planBackward(DefOp def, func::FuncOp grad, PhasePlan::Options options)
       options);
 }
 
-void printPhases(ModuleOp module, raw_ostream &os, PhasePlan::Options options) {
+PhasePlan::Options PhasePlan::Options::acrossRows(DefOp def) {
+  Options o;
+  if (def->getAttrOfType<DictionaryAttr>("state_dims"))
+    o.expandsInPlace = o.recomputesCheap = true;
+  return o;
+}
+
+void printPhases(ModuleOp module, raw_ostream &os,
+                 function_ref<PhasePlan::Options(DefOp)> optionsOf) {
   for (DefOp def : module.getOps<DefOp>()) {
+    PhasePlan::Options options = optionsOf(def);
     auto names = [](ArrayAttr a) {
       return llvm::to_vector(llvm::map_range(
           a, [](Attribute n) { return cast<StringAttr>(n).getValue(); }));

@@ -84,6 +84,12 @@ public:
       o.reducesInPlace = o.recomputesCheap = true;
       return o;
     }
+    /// The options of a strategy whose lanes run across the rows of a tile
+    /// (the tiled kernels) for `def`: for a cell with matrix states, an
+    /// expand read in place and cheap values computed again, so that a
+    /// head's matrices fit in a CTA's shared memory (gated DeltaNet's
+    /// backward at K = V = 64); none for the others.
+    static Options acrossRows(DefOp def);
   };
 
   /// `roots` are the values the step writes out. `isLeaf` says which values
@@ -153,7 +159,8 @@ PhasePlan planBackward(DefOp def, func::FuncOp grad, PhasePlan::Options options)
 
 /// Prints the phases of both steps of every cell in `module` (after
 /// cell-plan-saves), as `cellc --emit=phases` shows them.
-void printPhases(ModuleOp module, raw_ostream &os, PhasePlan::Options options);
+void printPhases(ModuleOp module, raw_ostream &os,
+                 function_ref<PhasePlan::Options(DefOp)> options);
 
 } // namespace mlir::cell
 
