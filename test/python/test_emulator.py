@@ -20,6 +20,7 @@ precision, every example cell in three configs, and a cell nobody here wrote
 in every strategy and precision.
 """
 
+import json
 import os
 import warnings
 
@@ -200,6 +201,32 @@ def test_every_example_cell_matches_float64(name, case):
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_a_cell_nobody_wrote_matches_float64(strategy, precision):
     compare(MGU, STRATEGIES[strategy], precision, ["none", "full", "chunk:2"], seed=3)
+
+
+#: A diagonal RNN with an RMS norm: no weight to cache, and a reduction.
+DIAG_RMS = """
+cell diag_rms {
+  input x: [I]
+  state h: [H]
+  param W: [H, I], u: [H], g: [H]
+  y = g * h / sqrt(mean(h * h) + 0.000001)
+  h = tanh(W @ x + u * y)
+}
+"""
+
+
+def test_a_step_without_weights_runs_in_one_ctas_shared_memory():
+    # The persistent strategy on a step with no recurrent weight: one CTA
+    # owns its rows, its buffers and the reduction's partials in dynamic
+    # shared memory, with no workspace and no barrier across CTAs.
+    cell = cellc.compile(DIAG_RMS)
+    path = cell.cuda_package({"I": SIZES["I"], "H": SIZES["H"]}, strategy="persistent")
+    with open(os.path.join(path, "kernels.json")) as f:
+        kernels = json.load(f)["kernels"]
+    for kernel in ("diag_rms_fwd", "diag_rms_bwd"):
+        assert (kernels[kernel]["heads"], kernels[kernel]["ctas"]) == (1, 1)
+        assert kernels[kernel]["workspace_bytes"] == 0
+    compare(DIAG_RMS, {"strategy": "persistent"}, "ieee", ["none", "full", "chunk:2"], seed=5)
 
 
 # The checks, each shown to catch a planted bug ---------------------------------

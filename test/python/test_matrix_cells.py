@@ -288,12 +288,17 @@ def test_a_cta_keeps_whole_heads_in_shared_memory(name):
     # whole heads, its buffers in dynamic shared memory (no workspace), and
     # launches without grid barriers. Mamba's B_t and C_t are read by every
     # channel, and its backward sums their gradients over the channels.
+    # With no CTA count given, Mamba's step has no weights to cache, so one
+    # CTA owns its rows whole, in shared memory.
     cell = cellc.compile(source(name))
     kernels = kernels_of(cell, SIZES, strategy="persistent", ctas=2)
+    owned = kernels_of(cell, SIZES, strategy="persistent")
     for kernel in (name + "_fwd", name + "_bwd"):
         info = kernels[kernel]
         if name == "mamba_s6":
             assert "heads" not in info and info["workspace_bytes"] > 0
+            assert (owned[kernel]["heads"], owned[kernel]["ctas"]) == (1, 1)
+            assert owned[kernel]["workspace_bytes"] == 0
             continue
         assert info["heads"] == SIZES["NH"] and info["ctas"] == 2, kernel
         assert info["workspace_bytes"] == 0
@@ -313,8 +318,9 @@ def test_a_cta_keeps_whole_heads_in_shared_memory(name):
 
 @pytest.mark.parametrize("options", [{"strategy": "batch-tiled", "batch_tile": 4},
                                      {"strategy": "persistent", "ctas": 3},
-                                     {"strategy": "persistent", "ctas": 2}],
-                         ids=["batch-tiled", "persistent-3", "heads-2"])
+                                     {"strategy": "persistent", "ctas": 2},
+                                     {"strategy": "persistent"}],
+                         ids=["batch-tiled", "persistent-3", "heads-2", "persistent"])
 @pytest.mark.parametrize("name", list(CELLS))
 def test_matrix_cell_in_the_emulator(name, options):
     # The CUDA kernels in the SIMT emulator, forward and every gradient, with

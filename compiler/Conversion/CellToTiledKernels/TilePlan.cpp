@@ -220,17 +220,23 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
   if (!persistent)
     return plan;
 
-  // Whole heads a CTA: its buffers in shared memory, if a tile of at least
-  // one row fits there (the tile halved as above).
-  if (int64_t heads = stepHeads(def, body, phases, backward);
-      heads > 0 && gpu && (options.ctas == 0 || heads % options.ctas == 0)) {
+  // Whole heads a CTA, its buffers in shared memory, if a tile of at least
+  // one row fits there (the tile halved as above). A step whose heads mix
+  // but that has no weights to cache is one head: a CTA owns its rows whole.
+  int64_t heads = gpu ? stepHeads(def, body, phases, backward) : 0;
+  if (gpu && heads == 0 && matvecs.empty())
+    heads = 1;
+  if (heads > 0 && (options.ctas == 0 || heads % options.ctas == 0)) {
     int64_t slices = options.ctas > 0 ? options.ctas
                                       : heads / headsPerCta(def, heads, options.threads);
-    int64_t perCta = plan.rowElements / slices;
+    // A reduction's two sets of partials, one a warp (only when one CTA
+    // owns the rows: stepHeads takes no reductions).
+    int64_t perCta = plan.rowElements / slices + (sums ? 2 * partialsPerCta : 0);
     int64_t rows = tile;
     while (rows > 1 && perCta * rows * bytes > limit)
       rows /= 2;
     if (perCta * rows * bytes <= limit) {
+      plan.rowElements = perCta * slices;
       plan.tile = rows;
       plan.heads = heads;
       plan.slices = slices;

@@ -60,7 +60,8 @@ struct TilePlan {
   /// keeps its heads apart (`stepHeads`) and its CTAs take whole heads: each
   /// of the `slices` CTAs then owns `heads / slices` heads of every value,
   /// keeps its part of the row buffers in dynamic shared memory, and a phase
-  /// ends with the CTA's own barrier. 0 otherwise.
+  /// ends with the CTA's own barrier. 1 for a step with no weights to cache
+  /// whose heads mix: one CTA owns the tile's rows whole. 0 otherwise.
   int64_t heads = 0;
 
   /// Elements of the step's row buffers for a whole tile.
