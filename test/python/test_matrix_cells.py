@@ -325,11 +325,28 @@ def test_a_cta_keeps_whole_heads_in_shared_memory(name):
 def test_matrix_cell_in_the_emulator(name, options):
     # The CUDA kernels in the SIMT emulator, forward and every gradient, with
     # resets and lengths, saving the gates and replaying them.
+    check_emulated(name, options)
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "mlstm"])
+def test_heads_of_16_by_16_split_over_ctas_by_themselves(name):
+    # With no CTA count given, a head's 256 elements give each of 256
+    # threads one: a CTA a head, chosen by the plan (headsPerCta).
+    sizes = dict(SIZES, K=16, V=16)
+    cell = check_emulated(name, {"strategy": "persistent"}, sizes=sizes, B=3)
+    kernels = kernels_of(cellc.compile(source(name)), sizes, strategy="persistent")
+    for kernel in (name + "_fwd", name + "_bwd"):
+        assert (kernels[kernel]["heads"], kernels[kernel]["ctas"]) == (2, 2), kernel
+
+
+def check_emulated(name, options, sizes=SIZES, B=5):
+    """The cell `name` in the emulator with CUDA `options`, in f32, against
+    its float64 loop: outputs and every gradient in `none` and `full`."""
     cell = cellc.compile(source(name), target="cuda-emu", cuda=dict(options, precision="ieee"))
-    x, p, s, resets, lengths = problem(cell, name, torch.float32, seed=4)
+    x, p, s, resets, lengths = problem(cell, name, torch.float32, B=B, seed=4, sizes=sizes)
     d = lambda ts: {n: t.detach().double().requires_grad_() for n, t in ts.items()}
     p64, s64, x64 = d(p), d(s), x.detach().double().requires_grad_()
-    want_out, want_final = reference(name, x64, p64, s64, resets, lengths)
+    want_out, want_final = reference(name, x64, p64, s64, resets, lengths, sizes=sizes)
     g, g_final = torch.randn_like(want_out), torch.randn_like(flat(want_final))
     want = torch.autograd.grad((want_out * g).sum() + (flat(want_final) * g_final).sum(),
                                [x64, *s64.values(), *p64.values()])
@@ -341,6 +358,7 @@ def test_matrix_cell_in_the_emulator(name, options):
                                   [x, *s.values(), *p.values()])
         for n, a, b in zip(["x", *s, *p], got, want):
             torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=f"{mode}: d{n}")
+    return cell
 
 
 def test_recurrent_stacks_matrix_cells_and_steps_them():

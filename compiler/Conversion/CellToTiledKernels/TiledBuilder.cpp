@@ -220,11 +220,19 @@ Value TiledBuilder::evalExpandOrReduce(Operation *op, const Index &i) {
       others.push_back(d);
       count *= shape[d];
     }
+  // An operand that the plan left unwritten (Options::reducesInPlace) is
+  // evaluated at each element summed.
+  bool inPlace = !buffer;
   return sumRange(index(0), index(count), index(1), [&](Value r) {
     Value from = base;
     for (int64_t d : llvm::reverse(others))
       from = addScaled(from, peel(r, d), stride[d]);
-    return loadShared(buffer, slot, from);
+    if (!inPlace)
+      return loadShared(buffer, slot, from);
+    scopes.emplace_back();
+    Value x = eval(input, {from, 0, sizeOf(input)});
+    scopes.pop_back();
+    return x;
   });
 }
 

@@ -48,13 +48,15 @@ PhasePlan::PhasePlan(Block &block, ArrayRef<Value> roots,
                      std::function<bool(Value)> isWhole, Options options)
     : block(block), isLeaf(std::move(isLeaf)), isWhole(std::move(isWhole)),
       options(options) {
-  // A reduce that keeps the last dim, of an operand computed element by
-  // element (which a reduce in place evaluates at the elements it sums).
-  auto inPlace = [](ReduceOp reduce) {
+  // A reduce that keeps the last dim (or any, with reducesAnyDimInPlace),
+  // of an operand computed element by element (which a reduce in place
+  // evaluates at the elements it sums).
+  auto inPlace = [&](ReduceOp reduce) {
     Operation *op = reduce.getInput().getDefiningOp();
     return op && !isCrossUnit(op) && !isView(reduce.getInput()) &&
            !isa<RestoreOp, ConcatOp, ProjectionOp, ParamOp, ConstantOp>(op) &&
-           reduce.getKept().back() == int64_t(reduce.getShape().size()) - 1;
+           (options.reducesAnyDimInPlace ||
+            reduce.getKept().back() == int64_t(reduce.getShape().size()) - 1);
   };
   block.walk([&](Operation *op) {
     if (!isCrossUnit(op))
@@ -329,7 +331,7 @@ PhasePlan planBackward(DefOp def, func::FuncOp grad, PhasePlan::Options options)
 PhasePlan::Options PhasePlan::Options::acrossRows(DefOp def) {
   Options o;
   if (def->getAttrOfType<DictionaryAttr>("state_dims"))
-    o.expandsInPlace = o.recomputesCheap = true;
+    o.expandsInPlace = o.reducesInPlace = o.reducesAnyDimInPlace = o.recomputesCheap = true;
   return o;
 }
 

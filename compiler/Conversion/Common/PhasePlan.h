@@ -68,6 +68,9 @@ public:
     /// over the matrix. (A reduce over the last dim sums across a vector; it
     /// is faster from a buffer.)
     bool reducesInPlace = false;
+    /// With `reducesInPlace`, a reduce over the last dim too: where a lane
+    /// holds one element of several rows, no dim is read along a vector.
+    bool reducesAnyDimInPlace = false;
     /// Computes an elementwise value of leaves (states, inputs, params,
     /// constants, expands read in place), or of such values up to
     /// `kCheapDepth` ops deep, again in each phase that reads it, rather than
@@ -85,10 +88,11 @@ public:
       return o;
     }
     /// The options of a strategy whose lanes run across the rows of a tile
-    /// (the tiled kernels) for `def`: for a cell with matrix states, an
-    /// expand read in place and cheap values computed again, so that a
-    /// head's matrices fit in a CTA's shared memory (gated DeltaNet's
-    /// backward at K = V = 64); none for the others.
+    /// (the tiled kernels) for `def`: for a cell with matrix states, the
+    /// expands and reduces read in place and cheap values computed again,
+    /// so that a head's matrices fit in a CTA's shared memory (the
+    /// backward of gated DeltaNet at K = V = 64, and of mLSTM on sm_80);
+    /// none for the others.
     static Options acrossRows(DefOp def);
   };
 
