@@ -341,7 +341,7 @@ def test_heads_of_16_by_16_split_over_ctas_by_themselves(name):
 
 def check_emulated(name, options, sizes=SIZES, B=5):
     """The cell `name` in the emulator with CUDA `options`, in f32, against
-    its float64 loop: outputs and every gradient in `none` and `full`."""
+    its float64 loop: outputs and every gradient in every recompute mode."""
     cell = cellc.compile(source(name), target="cuda-emu", cuda=dict(options, precision="ieee"))
     x, p, s, resets, lengths = problem(cell, name, torch.float32, B=B, seed=4, sizes=sizes)
     d = lambda ts: {n: t.detach().double().requires_grad_() for n, t in ts.items()}
@@ -350,7 +350,7 @@ def check_emulated(name, options, sizes=SIZES, B=5):
     g, g_final = torch.randn_like(want_out), torch.randn_like(flat(want_final))
     want = torch.autograd.grad((want_out * g).sum() + (flat(want_final) * g_final).sum(),
                                [x64, *s64.values(), *p64.values()])
-    for mode in ("none", "full"):
+    for mode in ("none", "full", "chunk:2"):
         out, final = cell(x, p, s, resets=resets, lengths=lengths, recompute=mode)
         torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-4)
         got = torch.autograd.grad((out * g.float()).sum()
