@@ -24,9 +24,11 @@ _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 
 #: What a direct step needs, checked once per shape (Cell._step_plan): the
 #: step's compiled cell, the names of the inputs and params, the outputs'
-#: widths, each state's (name, width, shape), and the states' names in order.
+#: widths, each state's (name, width, shape), the states' names in order,
+#: and a one-item list holding the step bound to these shapes (a BoundStep,
+#: made by the first step that gives every state; None until then).
 _StepPlan = collections.namedtuple(
-    "_StepPlan", "compiled names_in names_par widths_out widths_st state_names")
+    "_StepPlan", "compiled names_in names_par widths_out widths_st state_names bound")
 
 
 def _size_text(terms):
@@ -370,6 +372,18 @@ class Cell:
         widths_out, widths_st = plan.widths_out, plan.widths_st
         x0 = inputs[0]
         B = x0.shape[0]
+        par = [params[n] for n in names_par]
+        outs = [x0.new_empty(B, w) for w in widths_out]
+        news = [x0.new_empty(*lead, B, *shape) for _, _, shape in widths_st]
+        versions = [p._version for p in par]
+        given = not any(t is None for t in states)
+        bound = plan.bound[0]
+        if bound is not None and given:
+            # The step bound to these shapes: only the tensors' data.
+            if bound.run([t.data_ptr() for t in (*inputs, *par, *states, *outs, *news)],
+                         versions):
+                return outs, news
+            plan.bound[0] = None  # another B stepped since, or other threads
         buf = lambda ts: [(t.data_ptr(), list(t.shape)) for t in ts]
         # A state is passed as the kernel's [B, n] (a matrix state [B, NH, K, V]
         # as [B, NH*K*V]).
@@ -380,13 +394,13 @@ class Cell:
                 z = x0.new_zeros(B, w)
                 flat[i] = (z.data_ptr(), [B, w])
                 states[i] = z  # alive through the call
-        outs = [x0.new_empty(B, w) for w in widths_out]
-        news = [x0.new_empty(*lead, B, *shape) for _, _, shape in widths_st]
-        par = [params[n] for n in names_par]
         # The versions say whether the weights the last step packed still hold.
-        compiled.step(buf(inputs), buf(par), flat, buf(outs),
-                      [(t.data_ptr(), [B, w]) for t, (_, w, _) in zip(news, widths_st)],
-                      [p._version for p in par])
+        args = (buf(inputs), buf(par), flat, buf(outs),
+                [(t.data_ptr(), [B, w]) for t, (_, w, _) in zip(news, widths_st)], versions)
+        if given:  # bind the step for the next ones
+            plan.bound[0] = compiled.bind_step(*args)
+        else:
+            compiled.step(*args)
         return outs, news
 
     def _step_plan(self, x, params, states):
@@ -447,7 +461,7 @@ class Cell:
         widths_st = [(n, shape[0], tuple(self.shape(n, sizes)))
                      for n, shape in compiled.states]
         return _StepPlan(compiled, names_in, names_par, widths_out, widths_st,
-                         [n for n, _, _ in widths_st])
+                         [n for n, _, _ in widths_st], [None])
 
     def _step_as_sequence(self, x, params, states):
         """A step as the call of a one-step sequence (autograd, CUDA)."""

@@ -113,6 +113,30 @@ struct PyCell {
     check(status);
   }
 
+  /// `step`, then the step bound to these tensors' shapes (None where it
+  /// cannot be).
+  py::object bindStep(const Buffers &inputs, const Buffers &params, const Buffers &states,
+                      const Buffers &outputs, const Buffers &newStates,
+                      const std::vector<int64_t> &paramVersions) {
+    CpuCell::Sequence seq;
+    seq.inputs = arrays(inputs);
+    seq.params = arrays(params);
+    seq.initialStates = arrays(states);
+    seq.steps = 1;
+    seq.batch = seq.inputs.empty() || seq.inputs[0].shape.empty() ? -1
+                                                                  : seq.inputs[0].shape[0];
+    std::unique_ptr<CpuCell::BoundStep> bound;
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = cell->bindStep(seq, arrays(outputs), arrays(newStates), paramVersions, bound);
+    }
+    check(status);
+    if (!bound)
+      return py::none();
+    return py::cast(std::shared_ptr<CpuCell::BoundStep>(std::move(bound)));
+  }
+
   static Recompute parseMode(const std::string &mode) {
     Recompute parsed;
     check(Recompute::parse(mode, parsed));
@@ -202,6 +226,25 @@ PYBIND11_MODULE(_cellc_runtime, m) {
           [](const PySaved &s) { return driver::savedOutputsRead(*s.saved); },
           "The outputs (indices) that the backward reads as states' histories");
 
+  py::class_<CpuCell::BoundStep, std::shared_ptr<CpuCell::BoundStep>>(m, "BoundStep")
+      .def(
+          "run",
+          [](CpuCell::BoundStep &b, const std::vector<uintptr_t> &data,
+             const std::vector<int64_t> &versions) {
+            Status status;
+            bool ran;
+            {
+              py::gil_scoped_release release;
+              ran = b.run(data, versions, status);
+            }
+            check(status);
+            return ran;
+          },
+          py::arg("data"), py::arg("versions"),
+          "Steps the tensors whose data pointers `data` gives (inputs, params, "
+          "states, outputs, new states), shaped as those it was bound with; False, "
+          "running nothing, where it must be bound again");
+
   py::class_<PyCell>(m, "CompiledCell")
       .def_property_readonly("inputs", [](PyCell &c) { return PyCell::slots(c.cell->inputs()); })
       .def_property_readonly("states", [](PyCell &c) { return PyCell::slots(c.cell->states()); })
@@ -240,6 +283,11 @@ PYBIND11_MODULE(_cellc_runtime, m) {
            "One step of inference: [B, n] inputs, states stepped from, outputs and "
            "new states. With the params' versions (torch's `_version`), the weights "
            "packed by the last step serve while the params and versions are the same")
+      .def("bind_step", &PyCell::bindStep, py::arg("inputs"), py::arg("params"),
+           py::arg("states"), py::arg("outputs"), py::arg("new_states"),
+           py::arg("param_versions"), py::keep_alive<0, 1>(),
+           "`step`, then the step bound to these tensors' shapes (a BoundStep that "
+           "keeps this cell alive), or None")
       .def("kept_layout", &PyCell::keptLayout, py::arg("mode"), py::arg("has_lengths"))
       .def("backward_kept", &PyCell::backwardKept)
       .def(

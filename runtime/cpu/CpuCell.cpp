@@ -155,6 +155,10 @@ struct Split {
   int64_t groups = 1, slices = 1;
   bool byTiles = false;
 
+  bool operator==(const Split &o) const {
+    return groups == o.groups && slices == o.slices && byTiles == o.byTiles;
+  }
+
   static Split of(int64_t batch, int threads, int64_t tile, bool unitSlices) {
     Split s;
     int64_t tiles = (batch + tile - 1) / std::max<int64_t>(tile, 1);
@@ -252,26 +256,46 @@ public:
     const KernelObject &object = variants[saveGates ? 1 : 0];
     Entry entry = backward ? object.backward : object.forward;
     Split s = split(batch);
+    if (recording)
+      *recording = {entry, base, indices, s, batch};
     int tasks = int(s.groups * s.slices);
     runTasks(tasks, [&](int task) {
-      int64_t g = task / s.slices;
-      auto [b0, b1] = s.rows(g, batch, tile);
       // One task runs on the launch's own arguments; more copy them.
       std::optional<std::vector<KernelArg>> copy;
       if (tasks > 1)
         copy.emplace(base);
       std::vector<KernelArg> &mine = copy ? *copy : base;
-      mine[indices[0]].index = b0;
-      mine[indices[1]].index = b1;
-      if (!grouped)
-        return callPacked(entry, mine);
-      mine[indices[2]].index = g;
-      mine[indices[3]].index = task % s.slices;
-      mine[indices[4]].index = s.slices;
+      setTask(mine, indices, s, task, batch);
       callPacked(entry, mine);
     });
     return driver::Status();
   }
+
+  /// Sets the index arguments (at `indices`) of task `task` of a launch over
+  /// `batch` rows split by `s`: b_begin and b_end, then (grouped) the
+  /// group, slice and slices.
+  void setTask(std::vector<KernelArg> &args, const std::vector<size_t> &indices,
+               const Split &s, int task, int64_t batch) const {
+    int64_t g = task / s.slices;
+    auto [b0, b1] = s.rows(g, batch, tile);
+    args[indices[0]].index = b0;
+    args[indices[1]].index = b1;
+    if (!grouped)
+      return;
+    args[indices[2]].index = g;
+    args[indices[3]].index = task % s.slices;
+    args[indices[4]].index = s.slices;
+  }
+
+  /// The last launch, while `recording` points here (CpuCell::bindStep).
+  struct Launch {
+    Entry entry = nullptr;
+    std::vector<KernelArg> args;
+    std::vector<size_t> indices;
+    Split split;
+    int64_t batch = 0;
+  };
+  Launch *recording = nullptr;
 
   driver::Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                       const View &a, int64_t lda, const View &b, int64_t ldb,
@@ -715,6 +739,124 @@ Status CpuCell::step(const Sequence &seq, const std::vector<Array> &outputs,
     return impl->driver->step(s, outViews, newViews);
   std::vector<int64_t> tokens = contentTokens(inner.params, *paramVersions, elementBytes());
   return impl->driver->step(s, outViews, newViews, &tokens);
+}
+
+/// A bound step: its launch's arguments laid out per task, and where the
+/// caller's tensors go in them.
+struct CpuCell::BoundStep::Impl {
+  CpuCell *cell = nullptr;
+  Entry entry = nullptr;
+  int64_t batch = 0, epoch = 0;
+  Split split;
+  /// The arguments of each task.
+  std::vector<std::unique_ptr<PackedArgs>> tasks;
+  /// Each buffer argument that is a caller's tensor, with its place in the
+  /// data `run` takes.
+  std::vector<std::pair<size_t, size_t>> patches;
+  /// The kernel's `packed` argument, if it has one.
+  std::optional<size_t> packedArg;
+  /// Where the params and the states stepped from and to are in the data,
+  /// and the params as arrays (their content is sampled with the versions).
+  size_t firstParam = 0, firstState = 0, firstNewState = 0, numStates = 0;
+  std::vector<Array> params;
+};
+
+CpuCell::BoundStep::~BoundStep() = default;
+
+Status CpuCell::bindStep(const Sequence &seq, const std::vector<Array> &outputs,
+                         const std::vector<Array> &newStates,
+                         const std::vector<int64_t> &paramVersions,
+                         std::unique_ptr<BoundStep> &bound) {
+  bound.reset();
+  CpuBackend::Launch launch;
+  impl->backend->recording = &launch;
+  Status e = step(seq, outputs, newStates, &paramVersions);
+  impl->backend->recording = nullptr;
+  if (e || !launch.entry)
+    return e;
+  // The caller's tensors in step's order; tensors that share data would
+  // make a patch ambiguous, so they are not bound.
+  std::vector<const void *> data;
+  for (const auto *arrays : {&seq.inputs, &seq.params, &seq.initialStates, &outputs, &newStates})
+    for (const Array &a : *arrays)
+      data.push_back(a.data);
+  std::vector<const void *> sorted = data;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() ||
+      std::find(sorted.begin(), sorted.end(), nullptr) != sorted.end())
+    return Status();
+  auto b = std::make_unique<BoundStep::Impl>();
+  b->cell = this;
+  b->entry = launch.entry;
+  b->batch = launch.batch;
+  b->epoch = impl->driver->stepEpoch();
+  b->split = launch.split;
+  b->firstParam = seq.inputs.size();
+  b->firstState = b->firstParam + seq.params.size();
+  b->numStates = seq.initialStates.size();
+  b->firstNewState = b->firstState + b->numStates + outputs.size();
+  b->params = seq.params;
+  const std::vector<driver::KernelArg> &kinds = info.interface.forward.args;
+  for (size_t a = 0; a < launch.args.size(); ++a) {
+    if (a < kinds.size() && kinds[a].kind == ArgKind::Packed)
+      b->packedArg = a;
+    if (launch.args[a].isIndex)
+      continue;
+    auto at = std::find(data.begin(), data.end(), launch.args[a].data);
+    if (at != data.end())
+      b->patches.push_back({a, size_t(at - data.begin())});
+  }
+  int tasks = int(launch.split.groups * launch.split.slices);
+  for (int task = 0; task < tasks; ++task) {
+    impl->backend->setTask(launch.args, launch.indices, launch.split, task, launch.batch);
+    b->tasks.push_back(std::make_unique<PackedArgs>(launch.args));
+  }
+  bound.reset(new BoundStep());
+  bound->impl = std::move(b);
+  return Status();
+}
+
+bool CpuCell::BoundStep::run(const std::vector<uintptr_t> &data,
+                             const std::vector<int64_t> &versions, Status &status) {
+  Impl &b = *impl;
+  CpuCell::Impl &cell = *b.cell->impl;
+  status = Status();
+  if (data.size() != b.firstNewState + b.numStates) {
+    status = Status::error("internal error: a bound step takes " +
+                           std::to_string(b.firstNewState + b.numStates) +
+                           " tensors, not " + std::to_string(data.size()));
+    return true;
+  }
+  for (size_t i = 0; i < b.numStates; ++i)
+    if (data[b.firstState + i] == data[b.firstNewState + i]) {
+      status = Status::error("a step's new state '" + b.cell->info.states[i].name +
+                             "' must not be the state it steps from");
+      return true;
+    }
+  std::unique_lock<std::mutex> lock = cell.driver->lockStep();
+  if (cell.driver->stepEpoch() != b.epoch || !(cell.backend->split(b.batch) == b.split))
+    return false;
+  // The weights the last step packed serve where the params, their
+  // versions and sampled contents are the same (as in `step`).
+  std::vector<void *> params;
+  for (size_t p = 0; p < b.params.size(); ++p) {
+    b.params[p].data = reinterpret_cast<void *>(data[b.firstParam + p]);
+    params.push_back(b.params[p].data);
+  }
+  std::vector<int64_t> tokens = contentTokens(b.params, versions, b.cell->elementBytes());
+  bool packed = cell.driver->stepPacked(params, tokens);
+  for (auto &task : b.tasks) {
+    for (auto [arg, at] : b.patches)
+      task->setData(arg, reinterpret_cast<const void *>(data[at]));
+    if (b.packedArg)
+      task->setIndex(*b.packedArg, packed ? 1 : 0);
+  }
+  if (b.tasks.size() == 1)
+    b.tasks[0]->call(b.entry);
+  else
+    runTasks(int(b.tasks.size()), [&](int task) { b.tasks[size_t(task)]->call(b.entry); });
+  cell.driver->setStepPacked(std::move(params), std::move(tokens));
+  return true;
 }
 
 Status CpuCell::backward(const Sequence &batchFirstOrNot, const Saved &saved,

@@ -135,6 +135,34 @@ public:
               const std::vector<Array> &newStates,
               const std::vector<int64_t> *paramVersions = nullptr);
 
+  /// A step's kernel bound to its arguments (bindStep), for a stream that
+  /// steps tensors of the same shapes again and again: a call writes their
+  /// data into the arguments laid out once and runs the kernel, with none
+  /// of `step`'s checks, copies or allocations. It must not outlive the
+  /// cell.
+  class BoundStep {
+  public:
+    ~BoundStep();
+    /// Steps the tensors whose data `data` gives, in `step`'s order
+    /// (inputs, params, states stepped from, outputs, new states), shaped
+    /// as those it was bound with; `versions` as `step`'s paramVersions.
+    /// False, running nothing, where the binding no longer holds (another
+    /// B stepped since, or the threads changed): bind again.
+    bool run(const std::vector<uintptr_t> &data, const std::vector<int64_t> &versions,
+             Status &status);
+
+  private:
+    friend class CpuCell;
+    struct Impl;
+    std::unique_ptr<Impl> impl;
+  };
+  /// `step`, then that step bound for the next calls (null where it cannot
+  /// be: arguments that share data).
+  Status bindStep(const Sequence &seq, const std::vector<Array> &outputs,
+                  const std::vector<Array> &newStates,
+                  const std::vector<int64_t> &paramVersions,
+                  std::unique_ptr<BoundStep> &bound);
+
   /// What a training forward in `mode` keeps, as a caller that holds it
   /// allocates it (driver::SequenceDriver::keptLayout; the outputs kept).
   std::vector<driver::KeptBuffer> keptLayout(Recompute mode, bool hasLengths) const;

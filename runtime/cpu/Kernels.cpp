@@ -7,23 +7,24 @@
 using namespace cellc;
 using namespace cellc::runtime;
 
-void cellc::runtime::callPacked(Entry entry, const std::vector<KernelArg> &args) {
-  // Every argument's words in one buffer, sized first so that pointers into
-  // it stay valid: an index, or a memref's descriptor (allocated and aligned
-  // pointers, offset, sizes, strides). A step of a small batch launches
-  // kernels of microseconds, where a vector per argument showed.
-  size_t words = 0;
+PackedArgs::PackedArgs(const std::vector<KernelArg> &args)
+    : first(args.size()), descriptors(args.size()), pointers(args.size()) {
+  // Sized first, so that pointers into the words stay valid. A step of a
+  // small batch launches kernels of microseconds, where a vector per
+  // argument showed.
+  size_t count = 0;
   for (const KernelArg &arg : args)
-    words += arg.isIndex ? 1 : 3 + 2 * arg.shape.size();
-  std::vector<int64_t> descriptors(words);
-  std::vector<void *> descriptorPointers(args.size());
-  std::vector<void *> pointers(args.size());
-  int64_t *desc = descriptors.data();
+    count += arg.isIndex ? 1 : 3 + 2 * arg.shape.size();
+  words.resize(count);
+  size_t at = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const KernelArg &arg = args[i];
+    first[i] = at;
+    int64_t *desc = words.data() + at;
     if (arg.isIndex) {
       desc[0] = arg.index;
-      pointers[i] = desc++;
+      pointers[i] = desc;
+      ++at;
       continue;
     }
     size_t rank = arg.shape.size();
@@ -36,11 +37,14 @@ void cellc::runtime::callPacked(Entry entry, const std::vector<KernelArg> &args)
       stride *= arg.shape[d];
     }
     // A memref is passed as a pointer to its descriptor.
-    descriptorPointers[i] = desc;
-    pointers[i] = &descriptorPointers[i];
-    desc += 3 + 2 * rank;
+    descriptors[i] = desc;
+    pointers[i] = &descriptors[i];
+    at += 3 + 2 * rank;
   }
-  entry(pointers.data());
+}
+
+void cellc::runtime::callPacked(Entry entry, const std::vector<KernelArg> &args) {
+  PackedArgs(args).call(entry);
 }
 
 bool cellc::runtime::hostHas(const std::string &name) {

@@ -42,9 +42,31 @@ struct KernelArg {
   }
 };
 
+/// A kernel's arguments as its entry takes them: every argument's words in
+/// one buffer (an index, or a memref's descriptor: allocated and aligned
+/// pointers, offset, sizes, strides) and a pointer to each. Laid out once,
+/// a buffer's data or an index can be written again between calls.
+class PackedArgs {
+public:
+  explicit PackedArgs(const std::vector<KernelArg> &args);
+  PackedArgs(const PackedArgs &) = delete;
+  PackedArgs &operator=(const PackedArgs &) = delete;
+
+  void setData(size_t arg, const void *data) {
+    words[first[arg]] = words[first[arg] + 1] = reinterpret_cast<int64_t>(data);
+  }
+  void setIndex(size_t arg, int64_t value) { words[first[arg]] = value; }
+  void call(Entry entry) { entry(pointers.data()); }
+
+private:
+  std::vector<int64_t> words;
+  std::vector<size_t> first;
+  std::vector<void *> descriptors, pointers;
+};
+
 /// Calls `entry` with `args` in its argument order: each buffer as a memref
-/// descriptor (allocated and aligned pointers, offset, sizes, strides). The
-/// caller has checked the shapes against the kernel's interface.
+/// descriptor. The caller has checked the shapes against the kernel's
+/// interface.
 void callPacked(Entry entry, const std::vector<KernelArg> &args);
 
 /// Whether this CPU has the feature `name` (as LLVM and GCC name them:

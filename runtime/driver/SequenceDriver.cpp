@@ -193,6 +193,8 @@ struct SequenceDriver::Workspace {
 struct SequenceDriver::StepBuffers {
   std::mutex turn;
   int64_t batch = -1;
+  /// Bumped whenever the buffers below are made anew (stepEpoch).
+  int64_t epoch = 0;
   std::vector<Scratch> projected, workspace;
   Scratch resets, noGates;
   /// The params (and their versions) whose weights the workspace holds
@@ -799,6 +801,7 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
   StepBuffers &s = *stepBuffers;
   std::lock_guard<std::mutex> lock(s.turn);
   if (s.batch != B) {
+    ++s.epoch;
     s.batch = -1;
     s.projected.clear();
     s.projected.resize(cell.projections.size());
@@ -835,6 +838,8 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
   bool reused = false;
   if (Status e = workspace(cell.forward, B, args, s.workspace, &reused))
     return e;
+  if (!reused)
+    ++s.epoch;
   // The weights packed by the last step serve this one where its
   // workspace, params and their versions are the same.
   std::vector<void *> params;
@@ -853,6 +858,25 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
     s.packedVersions = *paramVersions;
   }
   return Status();
+}
+
+std::unique_lock<std::mutex> SequenceDriver::lockStep() {
+  if (!stepBuffers)
+    stepBuffers = std::make_unique<StepBuffers>();
+  return std::unique_lock<std::mutex>(stepBuffers->turn);
+}
+
+int64_t SequenceDriver::stepEpoch() const { return stepBuffers ? stepBuffers->epoch : -1; }
+
+bool SequenceDriver::stepPacked(const std::vector<void *> &params,
+                                const std::vector<int64_t> &versions) const {
+  return stepBuffers && !stepBuffers->packedParams.empty() &&
+         params == stepBuffers->packedParams && versions == stepBuffers->packedVersions;
+}
+
+void SequenceDriver::setStepPacked(std::vector<void *> params, std::vector<int64_t> versions) {
+  stepBuffers->packedParams = std::move(params);
+  stepBuffers->packedVersions = std::move(versions);
 }
 
 int64_t SequenceDriver::keptOutput(size_t state, Recompute mode, bool hasLengths,

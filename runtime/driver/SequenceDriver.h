@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -323,6 +324,18 @@ public:
   Status step(const Sequence &seq, const std::vector<View> &outputs,
               const std::vector<View> &newStates,
               const std::vector<int64_t> *paramVersions = nullptr);
+
+  /// For a caller that launches a step's kernel again itself, on the
+  /// buffers `step` keeps (a bound step, runtime/cpu/CpuCell.h): the lock
+  /// a step holds; a count that changes whenever those buffers are made
+  /// anew (another B, another number of groups); and the params, with their
+  /// versions, whose weights the workspace holds packed (`stepPacked`
+  /// compares them, `setStepPacked` records those a launch packed).
+  std::unique_lock<std::mutex> lockStep();
+  int64_t stepEpoch() const;
+  bool stepPacked(const std::vector<void *> &params,
+                  const std::vector<int64_t> &versions) const;
+  void setStepPacked(std::vector<void *> params, std::vector<int64_t> versions);
 
   Status backward(const Sequence &seq, const Saved &saved,
                   const std::vector<View> &gradOutputs,

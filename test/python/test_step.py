@@ -143,6 +143,52 @@ def test_the_weights_a_step_packed_follow_every_write_to_the_params(threads):
     check(16, params)
 
 
+def test_a_step_runs_bound_and_binds_again_for_other_threads_and_batches():
+    """From the second step of the same shapes, a step runs bound: the
+    kernel's arguments laid out once, only the tensors' data written. Other
+    threads, or another batch stepped in between, make it bind again; every
+    step stays torch's LSTM cell."""
+    torch.manual_seed(4)
+    cell = cellc.compile(LSTM, threads=1)
+    ref = torch.nn.LSTMCell(5, 7).double()
+    p = {"W_ih": ref.weight_ih.detach(), "W_hh": ref.weight_hh.detach(),
+         "b_ih": ref.bias_ih.detach(), "b_hh": ref.bias_hh.detach()}
+
+    def check(B):
+        x, h, c = (torch.randn(B, n, dtype=torch.float64) for n in (5, 7, 7))
+        with torch.no_grad():
+            out, st = cell.step(x, p, {"h": h, "c": c})
+            rh, rc = torch.lstm_cell(x, (h, c), p["W_ih"], p["W_hh"], p["b_ih"], p["b_hh"])
+        torch.testing.assert_close(out, rh, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(st["c"], rc, rtol=1e-12, atol=1e-12)
+        return cell._step_plan(x, p, {"h": h, "c": c})
+
+    plan = check(16)
+    bound = plan.bound[0]
+    assert bound is not None
+    assert check(16).bound[0] is bound  # ran bound
+    plan.compiled.threads = 2
+    assert check(16).bound[0] is not bound  # bound again, for two threads
+    bound = plan.bound[0]
+    check(16)
+    # Another batch on the same kernels remakes the step's buffers.
+    x, h, c, o, h2, c2 = (torch.randn(3, n, dtype=torch.float64) for n in (5, 7, 7, 7, 7, 7))
+    buf = lambda *ts: [(t.data_ptr(), list(t.shape)) for t in ts]
+    plan.compiled.step(buf(x), buf(*[p[n] for n in plan.names_par]), buf(h, c), buf(o),
+                       buf(h2, c2))
+    assert check(16).bound[0] is not bound
+    check(16)
+    # A bound step checks what it can: the new states apart from the old.
+    x, h, c = (torch.randn(16, n, dtype=torch.float64) for n in (5, 7, 7))
+    outs = [torch.empty(16, 7, dtype=torch.float64) for _ in range(3)]
+    data = [t.data_ptr() for t in (x, *[p[n] for n in plan.names_par], h, c)]
+    with pytest.raises(ValueError, match="new state 'h' must not be the state it steps from"):
+        plan.bound[0].run(data + [outs[0].data_ptr(), h.data_ptr(), outs[2].data_ptr()],
+                          [0, 0, 0, 0])
+    with pytest.raises(ValueError, match="takes 10 tensors, not 9"):
+        plan.bound[0].run(data + [outs[0].data_ptr(), outs[1].data_ptr()], [0, 0, 0, 0])
+
+
 def test_gradients_flow_through_a_step():
     torch.manual_seed(3)
     cell = cellc.compile(LSTM)
