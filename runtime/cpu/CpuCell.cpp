@@ -256,8 +256,9 @@ public:
     const KernelObject &object = variants[saveGates ? 1 : 0];
     Entry entry = backward ? object.backward : object.forward;
     Split s = split(batch);
-    if (recording)
-      *recording = {entry, base, indices, s, batch};
+    if (Launch *record = recording.load();
+        record && std::this_thread::get_id() == recordingThread)
+      *record = {entry, base, indices, s, batch};
     int tasks = int(s.groups * s.slices);
     runTasks(tasks, [&](int task) {
       // One task runs on the launch's own arguments; more copy them.
@@ -287,7 +288,8 @@ public:
     args[indices[4]].index = s.slices;
   }
 
-  /// The last launch, while `recording` points here (CpuCell::bindStep).
+  /// The last launch from `recordingThread`, while `recording` points here
+  /// (CpuCell::bindStep).
   struct Launch {
     Entry entry = nullptr;
     std::vector<KernelArg> args;
@@ -295,7 +297,8 @@ public:
     Split split;
     int64_t batch = 0;
   };
-  Launch *recording = nullptr;
+  std::atomic<Launch *> recording{nullptr};
+  std::thread::id recordingThread;
 
   driver::Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                       const View &a, int64_t lda, const View &b, int64_t ldb,
@@ -769,10 +772,13 @@ Status CpuCell::bindStep(const Sequence &seq, const std::vector<Array> &outputs,
                          std::unique_ptr<BoundStep> &bound) {
   bound.reset();
   CpuBackend::Launch launch;
+  impl->backend->recordingThread = std::this_thread::get_id();
   impl->backend->recording = &launch;
   Status e = step(seq, outputs, newStates, &paramVersions);
   impl->backend->recording = nullptr;
-  if (e || !launch.entry)
+  // A step whose projections run as GEMMs around the kernel is not bound:
+  // a bound step runs the kernel alone.
+  if (e || !launch.entry || !info.interface.projections.empty())
     return e;
   // The caller's tensors in step's order; tensors that share data would
   // make a patch ambiguous, so they are not bound.

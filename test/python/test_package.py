@@ -141,6 +141,27 @@ def test_package_matches_the_jit(lstm_package):
     assert pkg.memory_plan(100, 64, "full")["kept"] > 0
 
 
+def test_a_step_with_projections_is_not_bound(lstm_package):
+    """A package's kernels leave the input's product to a GEMM around them.
+    A bound step runs the kernel alone, so such a step runs, and gives
+    torch's LSTM cell, but is not bound."""
+    torch.manual_seed(2)
+    pkg = cellc.load_package(lstm_package)
+    ref = torch.nn.LSTMCell(I, H)
+    params = {"W_ih": ref.weight_ih.detach(), "W_hh": ref.weight_hh.detach(),
+              "b_ih": ref.bias_ih.detach(), "b_hh": ref.bias_hh.detach()}
+    x, h, c = torch.randn(3, I), torch.randn(3, H), torch.randn(3, H)
+    out, h2, c2 = torch.empty(3, H), torch.empty(3, H), torch.empty(3, H)
+    buf = lambda *ts: [(t.data_ptr(), list(t.shape)) for t in ts]
+    bound = pkg._compiled.bind_step(buf(x), buf(*params.values()), buf(h, c), buf(out),
+                                    buf(h2, c2), [0, 0, 0, 0])
+    assert bound is None
+    with torch.no_grad():
+        want_h, want_c = ref(x, (h, c))
+    torch.testing.assert_close(out, want_h, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c2, want_c, rtol=1e-5, atol=1e-6)
+
+
 def test_bad_packages_are_clear_errors(tmp_path, lstm_package):
     with pytest.raises(ValueError, match="no package in .*cannot read .*kernels.json"):
         cellc.load_package(tmp_path / "missing")
