@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -346,11 +347,28 @@ private:
 /// their count and shapes; here only what a pointer can get wrong, the
 /// alignment.
 Status viewsOf(const std::vector<Array> &arrays, const std::vector<Slot> &slots,
-               driver::Element element, const std::string &what, std::vector<View> &out) {
+               driver::Element element, const std::string &what, std::vector<View> &out,
+               const std::map<std::string, std::vector<int64_t>> *dims = nullptr) {
   int64_t eb = driver::bytesOf(element);
   out.clear();
   for (size_t i = 0; i < arrays.size(); ++i) {
-    const Array &array = arrays[i];
+    Array array = arrays[i];
+    // A state of several dims (a matrix state's [NH, K, V]) may come in
+    // them, [B, NH, K, V]: the kernels' [B, NH*K*V] is the same memory.
+    const std::vector<int64_t> *declared = nullptr;
+    if (dims && i < slots.size())
+      if (auto it = dims->find(slots[i].name); it != dims->end())
+        declared = &it->second;
+    if (declared && array.shape.size() == declared->size() + 1) {
+      if (!std::equal(declared->begin(), declared->end(), array.shape.begin() + 1))
+        return Status::error(what + " '" + slots[i].name + "' has shape " +
+                             driver::shapeString(array.shape) + ", expected [" +
+                             std::to_string(array.shape[0]) + ", " +
+                             std::to_string(slots[i].shape[0]) + "] or [" +
+                             std::to_string(array.shape[0]) + ", " +
+                             driver::shapeString(*declared).substr(1));
+      array.shape = {array.shape[0], slots[i].shape[0]};
+    }
     void *data = array.data;
     // An array of no elements (the gates of a cell that saves none) may
     // have no address, as torch's empty tensors have none; it is given all
@@ -400,7 +418,8 @@ Status driverSequence(const CpuCell &cell, const CpuCell::Sequence &seq, int64_t
     return err;
   if (Status err = viewsOf(seq.params, cell.params(), e, "param", s.params))
     return err;
-  return viewsOf(seq.initialStates, cell.states(), e, "initial state", s.initialStates);
+  return viewsOf(seq.initialStates, cell.states(), e, "initial state", s.initialStates,
+                 &cell.package().stateDims);
 }
 
 /// Copies `src` laid out [A, C, n] into `dst` laid out [C, A, n].
@@ -688,7 +707,7 @@ Status CpuCell::forward(const Sequence &batchFirstOrNot,
   if (Status err = driverSequence(*this, seq, T, B, e, s))
     return err;
   std::vector<View> outs, finals, keptIn;
-  if (Status err = viewsOf(finalStates, info.states, e, "final state", finals))
+  if (Status err = viewsOf(finalStates, info.states, e, "final state", finals, &info.stateDims))
     return err;
   if (Status err = viewsOf(outputs, info.outputs, e, "output", outs))
     return err;
@@ -736,7 +755,7 @@ Status CpuCell::step(const Sequence &seq, const std::vector<Array> &outputs,
   std::vector<View> outViews, newViews;
   if (Status err = viewsOf(outs, info.outputs, e, "output", outViews))
     return err;
-  if (Status err = viewsOf(newStates, info.states, e, "new state", newViews))
+  if (Status err = viewsOf(newStates, info.states, e, "new state", newViews, &info.stateDims))
     return err;
   if (!paramVersions)
     return impl->driver->step(s, outViews, newViews);
@@ -899,7 +918,8 @@ Status CpuCell::backward(const Sequence &batchFirstOrNot, const Saved &saved,
         Named{&gradInputs, &info.inputs, "gradient of input", &dIn},
         Named{&gradParams, &info.params, "gradient of param", &dPar},
         Named{&gradInitialStates, &info.states, "gradient of initial state", &dInit}})
-    if (Status err = viewsOf(*arrays, *slots, e, what, *views))
+    if (Status err = viewsOf(*arrays, *slots, e, what, *views,
+                             slots == &info.states ? &info.stateDims : nullptr))
       return err;
   if (Status err = impl->driver->backward(s, saved, dOut, dFinal, dIn, dPar, dInit))
     return err;

@@ -911,6 +911,98 @@ struct StepData {
   std::vector<Array> arrays;
 };
 
+/// A state of several dims may come in them: mLSTM's C as [B, NH, K, V] is
+/// the same memory as [B, NH*K*V], in the forward, the backward and a step;
+/// other dims are an error that says both shapes it takes.
+TEST(CpuCellShapes, MatrixStatesInTheirDeclaredDims) {
+  const int64_t T = 3, B = 2, I = 4, NH = 2, K = 3, V = 5;
+  SizeBindings sizes = {{"I", I}, {"NH", NH}, {"K", K}, {"V", V}};
+  auto cell = compileCpu(source("mlstm"), "mlstm.cell", sizes, DType::F64);
+  ASSERT_TRUE(static_cast<bool>(cell));
+  CpuCell &c = **cell;
+  ASSERT_EQ(c.package().stateDims.at("C"), (std::vector<int64_t>{NH, K, V}));
+  StepData data(c, 11);
+  const std::vector<Slot> &states = c.states();
+  std::vector<double> x = data.random(T * B * I);
+  std::vector<std::vector<double>> starts, dFinals;
+  for (const Slot &st : states) {
+    starts.push_back(data.random(B * st.shape[0]));
+    dFinals.push_back(data.random(B * st.shape[0]));
+  }
+  // C in its dims or flat; n and m flat.
+  auto shapeOf = [&](size_t i, bool dims) {
+    return i == 0 && dims ? std::vector<int64_t>{B, NH, K, V}
+                          : std::vector<int64_t>{B, states[i].shape[0]};
+  };
+  struct Run {
+    std::vector<double> out;
+    std::vector<std::vector<double>> finals, dStarts, stepped;
+  };
+  auto run = [&](bool dims) {
+    Run r;
+    r.out.resize(T * B * NH * V);
+    CpuCell::Sequence seq;
+    seq.inputs = {{x.data(), {T, B, I}}};
+    seq.params = data.arrays;
+    std::vector<Array> finals, dFinal, dStart, news;
+    for (size_t i = 0; i < states.size(); ++i) {
+      int64_t n = B * states[i].shape[0];
+      r.finals.emplace_back(n);
+      r.dStarts.emplace_back(n);
+      r.stepped.emplace_back(n);
+      seq.initialStates.push_back({starts[i].data(), shapeOf(i, dims)});
+      dFinal.push_back({dFinals[i].data(), shapeOf(i, dims)});
+    }
+    for (size_t i = 0; i < states.size(); ++i) {
+      finals.push_back({r.finals[i].data(), shapeOf(i, dims)});
+      dStart.push_back({r.dStarts[i].data(), shapeOf(i, dims)});
+      news.push_back({r.stepped[i].data(), shapeOf(i, dims)});
+    }
+    SavedPtr saved;
+    Status f = c.forward(seq, {{r.out.data(), {T, B, NH * V}}}, finals,
+                         *parseRecompute("full"), &saved);
+    EXPECT_FALSE(f) << f.message();
+    std::vector<double> dOut(T * B * NH * V, 0.25), dIn(T * B * I);
+    std::vector<std::vector<double>> dPar;
+    std::vector<Array> dParArrays;
+    for (const Slot &p : c.params()) {
+      int64_t n = 1;
+      for (int64_t d : p.shape)
+        n *= d;
+      dPar.emplace_back(n);
+    }
+    for (size_t i = 0; i < dPar.size(); ++i)
+      dParArrays.push_back({dPar[i].data(), c.params()[i].shape});
+    Status b = c.backward(seq, *saved, {{dOut.data(), {T, B, NH * V}}}, dFinal,
+                          {{dIn.data(), {T, B, I}}}, dParArrays, dStart);
+    EXPECT_FALSE(b) << b.message();
+    CpuCell::Sequence one = seq;
+    one.inputs = {{x.data(), {B, I}}};
+    std::vector<double> o(B * NH * V);
+    Status st = c.step(one, {{o.data(), {B, NH * V}}}, news);
+    EXPECT_FALSE(st) << st.message();
+    return r;
+  };
+  Run flat = run(false), dims = run(true);
+  EXPECT_EQ(flat.out, dims.out);
+  EXPECT_EQ(flat.finals, dims.finals);
+  EXPECT_EQ(flat.dStarts, dims.dStarts);
+  EXPECT_EQ(flat.stepped, dims.stepped);
+  EXPECT_NE(flat.dStarts[0], std::vector<double>(B * NH * K * V, 0.0));
+
+  CpuCell::Sequence seq;
+  std::vector<double> out(T * B * NH * V);
+  seq.inputs = {{x.data(), {T, B, I}}};
+  seq.params = data.arrays;
+  for (size_t i = 0; i < states.size(); ++i)
+    seq.initialStates.push_back({starts[i].data(), shapeOf(i, false)});
+  seq.initialStates[0].shape = {B, NH, V, K};
+  EXPECT_EQ(c.forward(seq, {{out.data(), {T, B, NH * V}}}, {}, *parseRecompute("none"),
+                      nullptr)
+                .message(),
+            "initial state 'C' has shape [2, 2, 5, 3], expected [2, 30] or [2, 2, 3, 5]");
+}
+
 /// Streaming: T steps through CpuCell::step give the bits of one forward
 /// over the T steps, at B = 5 then B = 2 (new buffers) on 1 and 3 threads;
 /// a step's bad arguments are errors that say what is wrong.
