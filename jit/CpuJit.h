@@ -40,7 +40,8 @@ struct CpuOptions {
   std::string cacheDir;
   /// The kernels that run the recurrence (unless `batchTiled`).
   enum class Kernels {
-    /// Batched, but per-row for a batch of one row (`batchHint` 1).
+    /// Batched, but per-row for a batch of one row (`batchHint` 1) on one
+    /// thread.
     Auto,
     /// Each step as phases over a tile of rows, its products
     /// register-blocked matrix products over the tile.

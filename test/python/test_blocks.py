@@ -53,12 +53,14 @@ CELLS = {
 }
 
 
-@pytest.mark.parametrize("B", [70, 1])
+# One sample runs the per-row kernels on one thread, and the batched ones,
+# its units split over the threads, on two.
+@pytest.mark.parametrize("B,threads", [(70, 0), (1, 1), (1, 2)], ids=["70", "1", "1-threads2"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", list(CELLS))
-def test_block_cells_match_torch_in_every_gradient(name, mode, B):
+def test_block_cells_match_torch_in_every_gradient(name, mode, B, threads):
     step, state_names, sizes, input_size = CELLS[name]
-    cell = cellc.compile(os.path.join(EXAMPLES, name + ".cell"))
+    cell = cellc.compile(os.path.join(EXAMPLES, name + ".cell"), threads=threads)
     T = 5
     g = torch.Generator().manual_seed(4)
     size = lambda d: eval(d, {}, dict(sizes))

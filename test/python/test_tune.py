@@ -71,6 +71,11 @@ def test_an_explicit_thread_count_keeps_the_batchs_default_shape(cache):
     assert config(0)["batch_tile"] == "64"
     assert all(config(b)["threads"] == "1" for b in (0, 1, 5))
     assert cell.jit(SIZES, torch.float32, batch=5).config_source == "default"
+    # On two threads one row runs the batched kernels, whose threads split
+    # its units.
+    two = cellc.compile(LSTM, threads=2).jit(SIZES, torch.float32, batch=1)
+    assert dict(kv.split("=") for kv in two.config.split(","))["kernels"] == "1"
+    assert two.thread_split(1) == (1, 2)
 
 
 def test_a_corrupt_entry_is_reported_and_the_default_config_runs(cache, capfd):
