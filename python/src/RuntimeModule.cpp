@@ -92,11 +92,9 @@ struct PyCell {
     return training ? saved : nullptr;
   }
 
-  /// One step of inference: [B, n] inputs, states, outputs and new states;
-  /// the params' versions (torch's `_version`) when the caller has them.
-  void step(const Buffers &inputs, const Buffers &params, const Buffers &states,
-            const Buffers &outputs, const Buffers &newStates,
-            const std::optional<std::vector<int64_t>> &paramVersions) {
+  /// The one-step sequence of a step's [B, n] inputs, params and states.
+  static CpuCell::Sequence stepSequence(const Buffers &inputs, const Buffers &params,
+                                        const Buffers &states) {
     CpuCell::Sequence seq;
     seq.inputs = arrays(inputs);
     seq.params = arrays(params);
@@ -104,6 +102,15 @@ struct PyCell {
     seq.steps = 1;
     seq.batch = seq.inputs.empty() || seq.inputs[0].shape.empty() ? -1
                                                                   : seq.inputs[0].shape[0];
+    return seq;
+  }
+
+  /// One step of inference: [B, n] inputs, states, outputs and new states;
+  /// the params' versions (torch's `_version`) when the caller has them.
+  void step(const Buffers &inputs, const Buffers &params, const Buffers &states,
+            const Buffers &outputs, const Buffers &newStates,
+            const std::optional<std::vector<int64_t>> &paramVersions) {
+    CpuCell::Sequence seq = stepSequence(inputs, params, states);
     Status status;
     {
       py::gil_scoped_release release;
@@ -118,13 +125,7 @@ struct PyCell {
   py::object bindStep(const Buffers &inputs, const Buffers &params, const Buffers &states,
                       const Buffers &outputs, const Buffers &newStates,
                       const std::vector<int64_t> &paramVersions) {
-    CpuCell::Sequence seq;
-    seq.inputs = arrays(inputs);
-    seq.params = arrays(params);
-    seq.initialStates = arrays(states);
-    seq.steps = 1;
-    seq.batch = seq.inputs.empty() || seq.inputs[0].shape.empty() ? -1
-                                                                  : seq.inputs[0].shape[0];
+    CpuCell::Sequence seq = stepSequence(inputs, params, states);
     std::unique_ptr<CpuCell::BoundStep> bound;
     Status status;
     {

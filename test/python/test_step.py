@@ -100,6 +100,18 @@ def test_batch_sizes_change_between_steps_and_params_changed_in_place_count():
                 p.mul_(0.9).add_(0.01)
 
 
+def lstm_step_is_torchs(cell, B, p):
+    """One float64 step of `cell` (an LSTM, I = 5, H = 7) at batch B with
+    params `p`, against torch.lstm_cell to 1e-12; returns its x, h and c."""
+    x, h, c = (torch.randn(B, n, dtype=torch.float64) for n in (5, 7, 7))
+    with torch.no_grad():
+        out, st = cell.step(x, p, {"h": h, "c": c})
+        rh, rc = torch.lstm_cell(x, (h, c), p["W_ih"], p["W_hh"], p["b_ih"], p["b_hh"])
+    torch.testing.assert_close(out, rh, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(st["c"], rc, rtol=1e-12, atol=1e-12)
+    return x, h, c
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_weights_a_step_packed_follow_every_write_to_the_params(threads):
     """A step keeps the weights it packed for the next step while the params
@@ -114,12 +126,7 @@ def test_the_weights_a_step_packed_follow_every_write_to_the_params(threads):
               "b_ih": ref.bias_ih.detach(), "b_hh": ref.bias_hh.detach()}
 
     def check(B, p):
-        x, h, c = (torch.randn(B, n, dtype=torch.float64) for n in (5, 7, 7))
-        with torch.no_grad():
-            out, st = cell.step(x, p, {"h": h, "c": c})
-            rh, rc = torch.lstm_cell(x, (h, c), p["W_ih"], p["W_hh"], p["b_ih"], p["b_hh"])
-        torch.testing.assert_close(out, rh, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(st["c"], rc, rtol=1e-12, atol=1e-12)
+        lstm_step_is_torchs(cell, B, p)
 
     check(16, params)
     check(16, params)  # the packed weights again
@@ -155,12 +162,7 @@ def test_a_step_runs_bound_and_binds_again_for_other_threads_and_batches():
          "b_ih": ref.bias_ih.detach(), "b_hh": ref.bias_hh.detach()}
 
     def check(B):
-        x, h, c = (torch.randn(B, n, dtype=torch.float64) for n in (5, 7, 7))
-        with torch.no_grad():
-            out, st = cell.step(x, p, {"h": h, "c": c})
-            rh, rc = torch.lstm_cell(x, (h, c), p["W_ih"], p["W_hh"], p["b_ih"], p["b_hh"])
-        torch.testing.assert_close(out, rh, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(st["c"], rc, rtol=1e-12, atol=1e-12)
+        x, h, c = lstm_step_is_torchs(cell, B, p)
         return cell._step_plan(x, p, {"h": h, "c": c})
 
     plan = check(16)

@@ -6,7 +6,9 @@
 // accumulators) and the param-gradient accumulators, per batch row. The tile
 // is the largest that fits the shared-memory limit; the persistent strategy
 // takes the fewest CTAs whose weight slices fit. The kernel's figures come
-// from here, and the pass checks what it allocated against them.
+// from here, and the pass checks what it allocated against them. A step
+// that keeps its heads apart (stepHeads) runs whole heads a CTA instead,
+// its buffers in the CTA's shared memory.
 //
 //===----------------------------------------------------------------------===//
 
@@ -138,8 +140,9 @@ int64_t stepHeads(DefOp def, Block &body, const PhasePlan &phases, bool backward
     if (auto reduce = dyn_cast<ReduceOp>(op);
         reduce && !keepsHeads(reduce.getShape(), reduce.getKept()))
       return WalkResult::interrupt();
-    bool leaf = isa<ParamOp, ConstantOp, ProjectionOp>(op);
-    bool fromAnywhere = leaf || !isa<RestoreOp>(op);
+    // A restored value counts as computed head by head: replayed, it comes
+    // from the step's own values.
+    bool fromAnywhere = !isa<RestoreOp>(op);
     for (Value operand : op->getOperands())
       fromAnywhere &= anywhere.contains(operand);
     for (Value result : op->getResults()) {
