@@ -85,6 +85,29 @@ int64_t cellc::sharedOptIn(llvm::StringRef arch) {
 cellc::PipelineOptions cellc::chooseCudaStrategy(ModuleOp cell, PipelineOptions options,
                                           llvm::StringRef arch) {
   int64_t persistentLimit = options.sharedLimit > 0 ? options.sharedLimit : sharedOptIn(arch);
+  // A step that keeps its heads apart takes a CTA per head where its heads
+  // make more than one CTA a tile (both kernels split by heads): more CTAs
+  // than a batch tile's one, none waiting for another.
+  {
+    OwningOpRef<ModuleOp> trial = cell.clone();
+    PipelineOptions persistent = options;
+    persistent.strategy = Strategy::Persistent;
+    persistent.sharedLimit = persistentLimit;
+    persistent.saveGates = true;
+    PassManager pm(cell.getContext());
+    buildPipeline(pm, Stage::Kernels, persistent);
+    ScopedDiagnosticHandler quiet(cell.getContext(), [](Diagnostic &) { return success(); });
+    int split = 0, kernels = 0;
+    if (succeeded(pm.run(*trial)))
+      trial->walk([&](gpu::GPUFuncOp func) {
+        ++kernels;
+        auto ctas = func->getAttrOfType<IntegerAttr>("cell.ctas");
+        if (func->hasAttr("cell.heads") && ctas && ctas.getInt() > 1)
+          ++split;
+      });
+    if (kernels > 0 && split == kernels)
+      return persistent;
+  }
   options.strategy = Strategy::BatchTiled;
   options.sharedLimit = 49152;
   // A trial of the batch-tiled kernels, quietly: whether its plan fits.

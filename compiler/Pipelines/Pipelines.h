@@ -109,9 +109,11 @@ void buildPipeline(mlir::OpPassManager &pm, Stage stage,
 int64_t sharedOptIn(llvm::StringRef arch);
 
 /// The CUDA options for a caller that names no strategy (the cellc tool and
-/// Python choose the same way): batch-tiled where a CTA's buffers fit its 48
-/// KiB of static shared memory, else persistent, whose CTAs may use
-/// `options.sharedLimit` bytes (0: the architecture's opt-in, sharedOptIn).
+/// Python choose the same way): persistent where the step keeps its heads
+/// apart and they make more than one CTA a tile; else batch-tiled where a
+/// CTA's buffers fit its 48 KiB of static shared memory, else persistent.
+/// Persistent CTAs may use `options.sharedLimit` bytes (0: the
+/// architecture's opt-in, sharedOptIn).
 PipelineOptions chooseCudaStrategy(mlir::ModuleOp cell, PipelineOptions options,
                                    llvm::StringRef arch);
 

@@ -334,9 +334,14 @@ def test_heads_of_16_by_16_split_over_ctas_by_themselves(name):
     # threads one: a CTA a head, chosen by the plan (headsPerCta).
     sizes = dict(SIZES, K=16, V=16)
     cell = check_emulated(name, {"strategy": "persistent"}, sizes=sizes, B=3)
-    kernels = kernels_of(cellc.compile(source(name)), sizes, strategy="persistent")
-    for kernel in (name + "_fwd", name + "_bwd"):
-        assert (kernels[kernel]["heads"], kernels[kernel]["ctas"]) == (2, 2), kernel
+    # Named, or chosen: its heads make two CTAs a tile, so cellc picks them
+    # over the batch-tiled CTA that would fit as well.
+    for options in ({"strategy": "persistent"}, {}):
+        kernels = kernels_of(cellc.compile(source(name)), sizes, **options)
+        for kernel in (name + "_fwd", name + "_bwd"):
+            assert (kernels[kernel]["heads"], kernels[kernel]["ctas"]) == (2, 2), kernel
+    assert kernels_of(cellc.compile(source(name)), SIZES)[name + "_fwd"]["strategy"] == \
+        "batch-tiled"  # a head too small to fill a CTA
 
 
 def check_emulated(name, options, sizes=SIZES, B=5):
