@@ -87,8 +87,11 @@ cellc::PipelineOptions cellc::chooseCudaStrategy(ModuleOp cell, PipelineOptions 
   int64_t persistentLimit = options.sharedLimit > 0 ? options.sharedLimit : sharedOptIn(arch);
   // A step that keeps its heads apart takes a CTA per head where its heads
   // make more than one CTA a tile (both kernels split by heads): more CTAs
-  // than a batch tile's one, none waiting for another.
-  {
+  // than a batch tile's one, none waiting for another. Only a cell with
+  // states of several dims has heads, so only such a cell is tried.
+  bool matrixStates = false;
+  cell.walk([&](cell::DefOp def) { matrixStates |= def->hasAttr("state_dims"); });
+  if (matrixStates) {
     OwningOpRef<ModuleOp> trial = cell.clone();
     PipelineOptions persistent = options;
     persistent.strategy = Strategy::Persistent;
