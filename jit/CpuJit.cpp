@@ -93,6 +93,7 @@ PipelineOptions cellc::jit::pipelineOptionsOf(const CpuOptions &options) {
     // the products' panels run 512 bits at a time (LSTM 64 x 100 trains in
     // 170 against 194 ms, gated DeltaNet in 147 against 157).
     pipeline.vectorBits = hostVectorRegisters() >= 32 ? 512 : 256;
+    pipeline.profilePhases = options.profilePhases;
   } else {
     pipeline.strategy = KernelStrategy::PerRow;
   }
@@ -135,6 +136,8 @@ std::string cellc::jit::kernelConfigText(const CpuOptions &options) {
   // How the threads share the work is the runtime's, not the package's.
   config.erase("threads");
   config.erase("unit_slices");
+  if (options.profilePhases)
+    config["profile_phases"] = 1;
   return str(config);
 }
 

@@ -82,6 +82,9 @@ struct CpuOptions {
   /// Rows (steps times the batch) per piece of the projections and the
   /// gradients' GEMMs; 0: the driver's default.
   int64_t pieceRows = 0;
+  /// Batched kernels count the cycles each thread works and waits between
+  /// barriers (CpuCell::phaseProfile). A package of its own in the cache.
+  bool profilePhases = false;
 };
 
 /// Whether `options` run the batched kernels.

@@ -3,6 +3,9 @@
 // Runs a cell through the CPU runtime on random data and prints, for each
 // recompute mode, the median time of the forward alone, of forward plus
 // backward, the bytes kept between them, and the most the runtime held.
+// With --profile-phases, the batched kernels count the cycles each thread
+// works and waits between barriers, and it prints them per step for one
+// forward plus backward in each mode.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,7 +18,12 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <thread>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 
 using namespace cellc;
 using namespace cellc::tuner;
@@ -47,6 +55,61 @@ static cl::opt<bool> tuned("tuned",
                                     "the tuning cache has one (cellc-tune)"),
                            cl::init(false));
 
+static cl::opt<bool> profilePhases(
+    "profile-phases",
+    cl::desc("batched kernels: print the time each thread works and waits "
+             "between barriers, per step of one forward plus backward"),
+    cl::init(false));
+
+/// Cycles of the counter the kernels read (`llvm.readcyclecounter`: the
+/// TSC on x86) per microsecond, measured against the steady clock; 0 where
+/// it is not known.
+static double cyclesPerMicrosecond() {
+#if defined(__x86_64__) || defined(__i386__)
+  auto t0 = std::chrono::steady_clock::now();
+  uint64_t c0 = __rdtsc();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  uint64_t c1 = __rdtsc();
+  auto t1 = std::chrono::steady_clock::now();
+  return double(c1 - c0) / std::chrono::duration<double, std::micro>(t1 - t0).count();
+#else
+  return 0;
+#endif
+}
+
+/// A table of what each thread of `profile` worked and waited before each
+/// barrier, per step of `steps`, in us (or cycles where the clock's rate is
+/// not known).
+static void printProfile(llvm::raw_ostream &os, const char *kernel,
+                         const driver::PhaseProfile &profile, int64_t steps,
+                         double perMicrosecond) {
+  if (profile.threads.empty())
+    return;
+  const char *unit = perMicrosecond > 0 ? "us" : "cycles";
+  double scale = 1.0 / steps / (perMicrosecond > 0 ? perMicrosecond : 1);
+  os << llvm::formatv("  {0} kernel, {1} launches: {2} per step, work / wait\n", kernel,
+                      profile.launches, unit);
+  os << llvm::formatv("  {0,-24}", "barrier after");
+  for (const driver::PhaseProfile::Thread &t : profile.threads)
+    os << llvm::formatv(" {0,17}", llvm::formatv("thread {0}.{1}", t.group, t.slice).str());
+  os << "\n";
+  std::vector<std::array<double, 2>> total(profile.threads.size(), {0, 0});
+  for (size_t s = 0; s < profile.sites.size(); ++s) {
+    os << llvm::formatv("  {0,-24}", profile.sites[s]);
+    for (size_t i = 0; i < profile.threads.size(); ++i) {
+      const auto &c = profile.threads[i].cycles[s];
+      total[i][0] += c[0] * scale;
+      total[i][1] += c[1] * scale;
+      os << llvm::formatv(" {0,8:F2} /{1,7:F2}", c[0] * scale, c[1] * scale);
+    }
+    os << "\n";
+  }
+  os << llvm::formatv("  {0,-24}", "total");
+  for (const auto &t : total)
+    os << llvm::formatv(" {0,8:F2} /{1,7:F2}", t[0], t[1]);
+  os << "\n";
+}
+
 static double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -76,6 +139,7 @@ int main(int argc, char **argv) {
   options.useTuned = tuned;
   options.batchTile = batchTile;
   options.vectorWidth = vectorWidth;
+  options.profilePhases = profilePhases;
   if (kernels == "batched")
     options.kernels = CpuOptions::Kernels::Batched;
   else if (kernels == "per-row")
@@ -95,6 +159,7 @@ int main(int argc, char **argv) {
   double compileSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   int64_t T = steps, B = batch;
+  double perMicrosecond = profilePhases ? cyclesPerMicrosecond() : 0;
   Workload work(cell, T, B);
 
   std::vector<std::string> modeList(modes.begin(), modes.end());
@@ -143,6 +208,16 @@ int main(int argc, char **argv) {
                                   median(fwd), median(both), kept / (1024.0 * 1024.0),
                                   std::max(held.forwardPeak, held.backwardPeak) /
                                       (1024.0 * 1024.0));
+    if (profilePhases) {
+      cell.resetPhaseProfile();
+      if (auto e = work.run(cell, *mode, true); !e) {
+        llvm::errs() << llvm::toString(e.takeError()) << "\n";
+        return 1;
+      }
+      for (bool backward : {false, true})
+        printProfile(llvm::outs(), backward ? "backward" : "forward",
+                     cell.phaseProfile(backward), T, perMicrosecond);
+    }
   }
   return 0;
 }

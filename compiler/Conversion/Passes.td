@@ -198,6 +198,13 @@ def ConvertCellToBatchedKernels
     them or replays the step, its products included (their weights are
     packed only when the gates were not saved).
 
+    With `profile-phases`, each barrier (one ends the packing, the states'
+    copy, and each phase's products and elements) reads the cycle counter
+    on arriving and on leaving, and adds to its site's counters the cycles
+    the slice worked since its last barrier and the cycles it waited. The
+    counters follow the group's barrier words (`cell.barrier_words` counts
+    both); `cell.profile_sites` names the sites in order.
+
     Expects `cell-split-projections`, `cell-autodiff` and `cell-plan-saves` to
     have run.
   }];
@@ -215,12 +222,16 @@ def ConvertCellToBatchedKernels
            "Rows of a product's register block">,
     Option<"productVectors", "product-vectors", "int64_t", "2",
            "Output vectors per row of a product's register block">,
+    Option<"profilePhases", "profile-phases", "bool", "false",
+           "Each barrier adds the cycles its slice worked since the last one "
+           "and waited in it to counters after the group's barrier words "
+           "(`cell.profile_sites` names them)">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
     "::mlir::math::MathDialect", "::mlir::memref::MemRefDialect",
     "::mlir::scf::SCFDialect", "::mlir::vector::VectorDialect",
-    "::mlir::cell::CellDialect"
+    "::mlir::cell::CellDialect", "::mlir::LLVM::LLVMDialect"
   ];
 }
 

@@ -275,9 +275,17 @@ llvm::Expected<CpuPackage> cellc::buildCpuPackage(mlir::ModuleOp cell,
       // The arguments are the same in both variants; the scratch is not.
       if (saveGates) {
         kernels[k]["args"] = argsOf(func, func.getArgumentTypes());
-        for (const char *attr : {"batch_tile", "workspace_bytes", "barrier_words"})
+        for (const char *attr :
+             {"batch_tile", "workspace_bytes", "barrier_words", "profile_slices",
+              "profile_shift"})
           if (auto n = func->getAttrOfType<mlir::IntegerAttr>(std::string("cell.") + attr))
             kernels[k][attr] = n.getInt();
+        if (auto sites = func->getAttrOfType<mlir::ArrayAttr>("cell.profile_sites")) {
+          llvm::json::Array names;
+          for (auto site : sites.getAsValueRange<mlir::StringAttr>())
+            names.push_back(site.str());
+          kernels[k]["profile_sites"] = std::move(names);
+        }
       }
       llvm::json::Object *scratch = kernels[k].getObject("scratch_bytes");
       if (!scratch) {

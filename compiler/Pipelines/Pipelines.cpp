@@ -34,6 +34,7 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
       batched.vectorBits = options.vectorBits;
       batched.productRows = options.productRows;
       batched.productVectors = options.productVectors;
+      batched.profilePhases = options.profilePhases;
       pm.addPass(cell::createConvertCellToBatchedKernels(batched));
     } else if (options.strategy != KernelStrategy::PerRow) {
       cell::ConvertCellToTiledKernelsOptions tiled;

@@ -83,6 +83,9 @@ struct PipelineOptions {
   int64_t vectorBits = 256;
   int64_t productRows = 6;
   int64_t productVectors = 2;
+  /// For batched kernels: counters of the cycles each thread works and
+  /// waits between barriers (convert-cell-to-batched-kernels' profile-phases).
+  bool profilePhases = false;
   /// For per-row kernels: the recurrent matvec's lanes per FMA (0: whole
   /// rows) and rows per iteration.
   int64_t matvecWidth = 0;

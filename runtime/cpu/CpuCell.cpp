@@ -612,6 +612,12 @@ Status CpuCell::load(const std::string &dir, const Options &options,
 
 driver::MemoryStats CpuCell::memoryStats() const { return impl->driver->stats(); }
 
+const driver::PhaseProfile &CpuCell::phaseProfile(bool backward) const {
+  return impl->driver->phaseProfile(backward);
+}
+
+void CpuCell::resetPhaseProfile() { impl->driver->resetPhaseProfile(); }
+
 Status CpuCell::memoryPlan(int64_t steps, int64_t batch, Recompute mode,
                            driver::MemoryPlan &plan) const {
   if (steps < 1 || batch < 1)

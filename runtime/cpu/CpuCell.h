@@ -191,6 +191,12 @@ public:
   /// now.
   driver::MemoryStats memoryStats() const;
 
+  /// What the barriers of a profiling build (CpuOptions::profilePhases)
+  /// counted in the forward (or backward) kernel since the last reset; empty
+  /// otherwise.
+  const driver::PhaseProfile &phaseProfile(bool backward) const;
+  void resetPhaseProfile();
+
   /// What a training step of `steps` x `batch` in `mode` holds
   /// (driver::SequenceDriver::plan).
   Status memoryPlan(int64_t steps, int64_t batch, Recompute mode,

@@ -267,6 +267,14 @@ Status readKernel(const Json &kernels, const std::string &name, Kernel &kernel) 
     kernel.workspaceBytes = workspace->integer();
   if (const Json *words = k->get("barrier_words"))
     kernel.barrierWords = words->integer();
+  if (const Json *sites = k->get("profile_sites")) {
+    for (const Json &site : sites->array)
+      kernel.profileSites.push_back(site.string);
+    if (const Json *slices = k->get("profile_slices"))
+      kernel.profileSlices = slices->integer();
+    if (const Json *shift = k->get("profile_shift"))
+      kernel.profileShift = shift->integer();
+  }
   if (const Json *scratch = k->get("scratch_bytes")) {
     if (const Json *replay = scratch->get("replay"))
       kernel.scratchBytes[0] = replay->integer();

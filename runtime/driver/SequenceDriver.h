@@ -19,6 +19,7 @@
 #include "dialects/Cell/IR/KernelInterface.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -146,6 +147,12 @@ struct Kernel {
   int64_t batchTile = 1;
   int64_t workspaceBytes = 0;
   int64_t barrierWords = 2;
+  /// A profiling build's barrier sites (`pack`, `states`, `phase N
+  /// products` ...): after the barrier words of each group, two 32-bit
+  /// counters per site and slice, `[site][slice][work, wait]`, for the first
+  /// `profileSlices` slices, in cycles over `2^profileShift`.
+  std::vector<std::string> profileSites;
+  int64_t profileSlices = 0, profileShift = 0;
   /// Whether the workspace has a part per group of threads (the backend's
   /// instances), not per tile.
   bool perGroup() const;
@@ -236,6 +243,21 @@ struct MemoryStats {
   int64_t forwardPeak = 0, backwardPeak = 0;
   /// What it holds now: the kept bytes of every live Saved.
   int64_t live = 0;
+};
+
+/// What the barriers of a profiling build counted (Kernel::profileSites):
+/// for each thread that ran the kernel, the cycles of the host's counter it
+/// worked before each site's barrier and the cycles it waited in it, summed
+/// over the launches since the profile was reset.
+struct PhaseProfile {
+  std::vector<std::string> sites;
+  struct Thread {
+    int64_t group = 0, slice = 0;
+    /// [site][0: work, 1: wait]
+    std::vector<std::array<uint64_t, 2>> cycles;
+  };
+  std::vector<Thread> threads;
+  int64_t launches = 0;
 };
 
 /// What a training step of T x B in a mode holds, from a run of the driver
@@ -347,6 +369,11 @@ public:
   /// The bytes held by the last calls.
   MemoryStats stats() const;
 
+  /// What the forward (or backward) kernel's barriers counted, when it is a
+  /// profiling build; not for calls from several threads at once.
+  const PhaseProfile &phaseProfile(bool backward) const { return profiles[backward]; }
+  void resetPhaseProfile();
+
   /// About this many rows (steps times the batch) per piece by default:
   /// enough for the projections' and gradients' GEMMs to run near the BLAS's
   /// peak, and a small buffer next to the sequence (bench/cpu/memory.py).
@@ -411,6 +438,8 @@ private:
   /// Launches `kernel`, counting its own buffers in the ledger while it runs.
   Status launch(const Kernel &kernel, bool backward, bool saveGates,
                 const std::vector<Arg> &args, int64_t rows);
+  /// Adds a profiling kernel's counters to its profile and zeroes them.
+  void drainProfile(const Kernel &kernel, bool backward, const std::vector<Arg> &args);
   /// Binds the arguments of `kernel` to `chunk`; the positions of the
   /// backward kernel's results, left unbound, go to `results`.
   Status bind(const Kernel &kernel, const Sequence &seq, const Chunk &chunk,
@@ -497,6 +526,7 @@ private:
   std::shared_ptr<Ledger> ledger;
   MemoryStats last;
   int64_t pieceRows = kPieceRows;
+  PhaseProfile profiles[2];
 };
 
 } // namespace cellc::driver

@@ -22,6 +22,9 @@
 #include "compiler/Conversion/Common/KernelABI.h"
 #include "compiler/Conversion/Common/StepEmitter.h"
 
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "llvm/Support/FormatVariadic.h"
+
 namespace mlir::cell {
 #define GEN_PASS_DEF_CONVERTCELLTOBATCHEDKERNELS
 #include "compiler/Conversion/Passes.h.inc"
@@ -63,6 +66,22 @@ public:
 
   /// Barrier words per group: a cache line, so that groups do not share one.
   static constexpr int64_t kBarrierWords = 16;
+  /// A group's words: the barrier's, then with `profile` two counters per
+  /// barrier site and slice (a constant set once every site is emitted).
+  arith::ConstantIndexOp groupWords;
+
+  /// Profiles: each barrier adds the cycles its slice worked since the last
+  /// one and the cycles it waited, over 16 (`kClockShift`), to its site's
+  /// words `[site][slice][work, wait]` after the group's barrier words, for
+  /// the first `kProfileSlices` slices. The driver reads them after a
+  /// launch and zeroes them.
+  bool profile = false;
+  static constexpr int64_t kProfileSlices = 64;
+  static constexpr int64_t kClockShift = 4;
+  /// The name of each site: `pack`, `states`, `phase N products` ...
+  SmallVector<std::string> profileSites;
+  /// This slice's last barrier's end (a 0-d i64 buffer).
+  Value lastClock;
 
   /// A `[shape...]` buffer of the group, laid out once, at the kernel's
   /// entry: a view of the workspace at the next 64 bytes.
@@ -255,12 +274,71 @@ public:
   /// the count goes back to 0, so the words need zeroing once. A waiter
   /// spins, then yields its core (slices may share cores).
   void barrier() override {
+    Value arrived = profile ? readClock() : Value();
+    synchronize();
+    if (profile)
+      recordSite(arrived);
+  }
+  /// The host's cycle counter.
+  Value readClock() {
+    return builder
+        .create<LLVM::CallIntrinsicOp>(loc, builder.getI64Type(), "llvm.readcyclecounter",
+                                       ValueRange())
+        .getResult(0);
+  }
+  /// Starts this slice's clock: the first barrier's work counts from here.
+  void startClock() {
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointToStart(entry);
+    lastClock = builder.create<memref::AllocaOp>(
+        loc, MemRefType::get({}, builder.getI64Type()));
+    builder.create<memref::StoreOp>(loc, readClock(), lastClock, ValueRange());
+  }
+  /// Adds this slice's work since its last barrier, up to `arrived`, and
+  /// its wait since, to the next site's words.
+  void recordSite(Value arrived) {
+    int64_t site = profileSites.size();
+    profileSites.push_back(phase ? llvm::formatv("phase {0} {1}", phase, ending).str()
+                                 : ending.str());
+    Value left = readClock();
+    Value last = builder.create<memref::LoadOp>(loc, lastClock, ValueRange());
+    builder.create<memref::StoreOp>(loc, left, lastClock, ValueRange());
+    Value profiled = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, slice,
+                                                   index(kProfileSlices));
+    auto ifOp = builder.create<scf::IfOp>(loc, profiled, false);
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+    Value first = builder.create<arith::AddIOp>(
+        loc, builder.create<arith::MulIOp>(loc, group, groupWords),
+        index(kBarrierWords + site * kProfileSlices * 2));
+    Value word = builder.create<arith::AddIOp>(
+        loc, first, builder.create<arith::MulIOp>(loc, slice, index(2)));
+    Value shift = builder.create<arith::ConstantIntOp>(loc, kClockShift, 64);
+    for (auto [k, from, to] : {std::tuple(0, last, arrived), std::tuple(1, arrived, left)}) {
+      Value cycles = builder.create<arith::ShRUIOp>(
+          loc, builder.create<arith::SubIOp>(loc, to, from), shift);
+      Value at = builder.create<arith::AddIOp>(loc, word, index(k));
+      Value sum = builder.create<arith::AddIOp>(
+          loc, builder.create<memref::LoadOp>(loc, barrierWords, at),
+          builder.create<arith::TruncIOp>(loc, builder.getI32Type(), cycles));
+      builder.create<memref::StoreOp>(loc, sum, barrierWords, at);
+    }
+  }
+  /// The group's words, now that every barrier is emitted.
+  int64_t finishBarrierWords() {
+    int64_t words = kBarrierWords + int64_t(profileSites.size()) * kProfileSlices * 2;
+    groupWords->setAttr("value", builder.getIndexAttr(words));
+    return words;
+  }
+
+  /// Waits for the group's other slices.
+  void synchronize() {
     Value several =
         builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ugt, slices, index(1));
     auto ifOp = builder.create<scf::IfOp>(loc, several, false);
     OpBuilder::InsertionGuard guard(builder);
     builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
-    Value count = builder.create<arith::MulIOp>(loc, group, index(kBarrierWords));
+    Value count = builder.create<arith::MulIOp>(loc, group, groupWords);
     Value generation = builder.create<arith::AddIOp>(loc, count, index(kBarrierWords / 2));
     auto rmw = [&](OpBuilder &b, arith::AtomicRMWKind kind, int64_t value, Value word) {
       Value v = b.create<arith::ConstantIntOp>(loc, value, 32);
@@ -633,6 +711,7 @@ public:
       packSlice(inside, op, weight, packs);
     });
     builder.setInsertionPointAfter(ifRepack);
+    ending = "pack";
     barrier();
   }
 
@@ -699,7 +778,7 @@ constexpr unsigned kGroupArgs = 6;
 /// What both kernels start with: the function, its emitter, the tile loop.
 struct Kernel {
   Kernel(DefOp def, StringRef suffix, KernelSignature sig, int64_t tile,
-         const BlockShape &shape, const ForwardArgs &args)
+         const BlockShape &shape, const ForwardArgs &args, bool profile)
       : loc(def.getLoc()), builder(def) {
     element = cast<RankedTensorType>(def.getStates()[0].getType()).getElementType();
     MLIRContext *ctx = builder.getContext();
@@ -715,8 +794,6 @@ struct Kernel {
                                         builder.getFunctionType(sig.types, {}));
     func->setAttr("cell.kernel_args", builder.getArrayAttr(sig.info));
     func->setAttr("cell.batch_tile", builder.getI64IntegerAttr(tile));
-    func->setAttr("cell.barrier_words",
-                  builder.getI64IntegerAttr(BatchedBuilder::kBarrierWords));
     entry = func.addEntryBlock();
     builder.setInsertionPointToEnd(entry);
     emitter = std::make_unique<BatchedBuilder>(builder, loc, element, entry, tile,
@@ -729,6 +806,10 @@ struct Kernel {
     e.slice = arg(last + 3);
     e.slices = arg(last + 4);
     e.packedAlready = arg(last + 5);
+    e.groupWords = builder.create<arith::ConstantIndexOp>(loc, 0);
+    e.profile = profile;
+    if (profile)
+      e.startClock();
     e.partSize = builder.create<arith::ConstantIndexOp>(loc, 0);
     e.partBase = builder.create<arith::MulIOp>(loc, e.group, e.partSize);
     for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
@@ -761,6 +842,17 @@ struct Kernel {
     builder.create<func::ReturnOp>(loc);
     int64_t bytes = e.finishWorkspace() * element.getIntOrFloatBitWidth() / 8;
     func->setAttr("cell.workspace_bytes", builder.getI64IntegerAttr(bytes));
+    func->setAttr("cell.barrier_words", builder.getI64IntegerAttr(e.finishBarrierWords()));
+    if (e.profile) {
+      SmallVector<Attribute> sites;
+      for (const std::string &site : e.profileSites)
+        sites.push_back(builder.getStringAttr(site));
+      func->setAttr("cell.profile_sites", builder.getArrayAttr(sites));
+      func->setAttr("cell.profile_slices",
+                    builder.getI64IntegerAttr(BatchedBuilder::kProfileSlices));
+      func->setAttr("cell.profile_shift",
+                    builder.getI64IntegerAttr(BatchedBuilder::kClockShift));
+    }
   }
 
   /// Whether row `batchRow` restarts at step `t`.
@@ -785,7 +877,7 @@ LogicalResult ConvertCellToBatchedKernels::buildForward(DefOp def) {
   ForwardArgs args;
   KernelSignature sig = forwardSignature(def, args);
   Type element = cast<RankedTensorType>(def.getStates()[0].getType()).getElementType();
-  Kernel k(def, "_fwd", sig, tileOf(def), blockShape(element), args);
+  Kernel k(def, "_fwd", sig, tileOf(def), blockShape(element), args, profilePhases);
   BatchedBuilder &e = *k.emitter;
   OpBuilder &b = k.builder;
   Block &body = def.getBody().front();
@@ -831,6 +923,7 @@ LogicalResult ConvertCellToBatchedKernels::buildForward(DefOp def) {
                   [&](Value j) { return SmallVector<Value>{slot, e.row, j}; });
     });
     // The products read whole rows of the states that each slice copied.
+    e.ending = "states";
     e.barrier();
     e.sources.clear();
     for (auto [i, s] : llvm::enumerate(def.getStates()))
@@ -920,7 +1013,7 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
   if (failed(sig))
     return failure();
   Type element = cast<RankedTensorType>(def.getStates()[0].getType()).getElementType();
-  Kernel k(def, "_bwd", *sig, tileOf(def), blockShape(element), args);
+  Kernel k(def, "_bwd", *sig, tileOf(def), blockShape(element), args, profilePhases);
   BatchedBuilder &e = *k.emitter;
   OpBuilder &b = k.builder;
   Location loc = k.loc;
@@ -973,6 +1066,7 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
       ReverseSteps steps = buildReverseSteps(b, loc, k.steps, c0, c1, c2);
       e.t = steps.t;
       loadStatesBefore(k, def, args, prevBufs, steps.isFirst, c1);
+      e.ending = "states";
       e.barrier();
       e.bindBackwardStep(
           body, [&](unsigned i) { return k.arg(i); }, numInputs, numOutputs,

@@ -263,8 +263,10 @@ LogicalResult StepEmitter::emitPhases(ArrayRef<Item> roots) {
       op = nullptr;
       anyProduct = true;
     }
-    if (anyProduct)
+    if (anyProduct) {
+      ending = "products";
       barrier();
+    }
     // One loop per size: the items of a loop share what they compute.
     std::map<int64_t, SmallVector<unsigned>> bySize;
     for (auto [k, entry] : llvm::enumerate(flat))
@@ -292,6 +294,7 @@ LogicalResult StepEmitter::emitPhases(ArrayRef<Item> roots) {
         scopes.pop_back();
       });
     }
+    ending = "elements";
     barrier();
   }
   phase = 0;

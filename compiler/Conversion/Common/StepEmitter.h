@@ -74,6 +74,9 @@ public:
   DenseMap<Value, Value> sharedOf;
   PhasePlan *plan = nullptr;
   unsigned phase = 0;
+  /// What the next `barrier` ends, for a strategy that names its barriers
+  /// (profiles): "products" or "elements" of `phase`, or a kernel's own.
+  StringRef ending;
   /// The products computed before the element loops of a phase, read from
   /// here.
   DenseMap<Operation *, Value> products;

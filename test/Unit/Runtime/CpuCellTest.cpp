@@ -630,6 +630,60 @@ TEST(CpuCellModes, UnitSlicesWithManyVectorsAndGroups) {
     }
 }
 
+/// A profiling build counts, for each slice of the group, the cycles it
+/// worked before each barrier and waited in it; it computes what the plain
+/// build computes, bit for bit. B = 3 in one tile on 3 threads: 3 slices.
+TEST(CpuCellProfile, EverySliceCountsItsPhasesAndResultsDoNotChange) {
+  const int64_t T = 5, B = 3;
+  SizeBindings sizes = {{"H", 37}, {"I", 6}};
+  Problems s = makeProblems(source("lstm"), sizes, T, B);
+  CpuOptions options;
+  options.vectorWidth = 8;
+  options.threads = 3;
+  auto plain = compileCpu(source("lstm"), "lstm.cell", sizes, DType::F32, options);
+  options.profilePhases = true;
+  auto profiled = compileCpu(source("lstm"), "lstm.cell", sizes, DType::F32, options);
+  ASSERT_TRUE(static_cast<bool>(plain) && static_cast<bool>(profiled));
+  ASSERT_EQ((*profiled)->threadSplit(B), std::make_pair(int64_t(1), int64_t(3)));
+  for (const char *m : {"none", "full", "chunk:2"}) {
+    SCOPED_TRACE(m);
+    Recompute mode = *parseRecompute(m);
+    (*profiled)->resetPhaseProfile();
+    Result want = runCell<float>(**plain, *s.samples[0], s.samples, s.resets, T, mode);
+    Result got = runCell<float>(**profiled, *s.samples[0], s.samples, s.resets, T, mode);
+    compareWithReference(**profiled, *s.ref, s.samples, s.resets, T, got, 3e-4);
+    EXPECT_EQ(want.outputs, got.outputs);
+    EXPECT_EQ(want.finals, got.finals);
+    EXPECT_EQ(want.dInputs, got.dInputs);
+    EXPECT_EQ(want.dParams, got.dParams);
+    EXPECT_EQ(want.dInitial, got.dInitial);
+    EXPECT_TRUE((*plain)->phaseProfile(false).threads.empty());
+    for (bool backward : {false, true}) {
+      SCOPED_TRACE(backward ? "backward" : "forward");
+      const driver::PhaseProfile &p = (*profiled)->phaseProfile(backward);
+      std::vector<std::string> sites = {"pack", "states", "phase 1 products",
+                                        "phase 1 elements"};
+      if (backward)
+        sites.insert(sites.end(), {"phase 2 products", "phase 2 elements"});
+      EXPECT_EQ(p.sites, sites);
+      EXPECT_GE(p.launches, 1);
+      ASSERT_EQ(p.threads.size(), 3u);
+      for (int64_t k = 0; k < 3; ++k) {
+        const driver::PhaseProfile::Thread &t = p.threads[k];
+        EXPECT_EQ(t.group, 0);
+        EXPECT_EQ(t.slice, k);
+        ASSERT_EQ(t.cycles.size(), sites.size());
+        // Every slice computes its part of the element loops that write
+        // the states (the forward's phase 1, the backward's phase 2).
+        EXPECT_GT(t.cycles[backward ? 5 : 3][0], 0u);
+      }
+    }
+  }
+  (*profiled)->resetPhaseProfile();
+  EXPECT_TRUE((*profiled)->phaseProfile(true).threads.empty());
+  EXPECT_EQ((*profiled)->phaseProfile(true).launches, 0);
+}
+
 TEST(CpuCellShapes, OneStepOneRowAndOddSizes) {
   struct Case {
     int64_t T, B, H;
