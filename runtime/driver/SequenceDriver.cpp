@@ -183,6 +183,8 @@ struct SequenceDriver::Workspace {
   /// its result (chunk:K's projection gradients), or -1; the input whose
   /// gradient (the caller's) the kernel writes into, or -1.
   std::vector<int64_t> projectionOf, inputOf;
+  /// chunk:K's replay, and the backward kernel.
+  KernelBuffers forwardKernel, backwardKernel;
 };
 
 /// What `step` keeps between calls, for the B it last ran: the
@@ -380,7 +382,7 @@ Status SequenceDriver::bind(const Kernel &kernel, const Sequence &seq,
 }
 
 Status SequenceDriver::runForwardChunk(const Sequence &seq, const Chunk &chunk,
-                                       bool saveGates) {
+                                       bool saveGates, KernelBuffers &buffers) {
   const Kernel &kernel = cell.forward;
   // Samples sorted longest first drop out of the rows that run as they end
   // (rowsRunning): the chunk runs in pieces split where those rows change.
@@ -402,10 +404,7 @@ Status SequenceDriver::runForwardChunk(const Sequence &seq, const Chunk &chunk,
     std::vector<size_t> results;
     if (Status e = bind(kernel, seq, piece, /*backward=*/false, args, results))
       return e;
-    std::vector<Scratch> keep;
-    if (Status e = workspace(kernel, piece.rows, args, keep))
-      return e;
-    if (Status e = launch(kernel, /*backward=*/false, saveGates, args, piece.rows))
+    if (Status e = launchOn(kernel, /*backward=*/false, saveGates, args, piece.rows, buffers))
       return e;
   }
   return Status();
@@ -636,6 +635,7 @@ struct SequenceDriver::ForwardRun {
   /// The gates kept (none), or an empty buffer.
   Scratch noGates;
   View gates;
+  KernelBuffers kernel;
 };
 
 Status SequenceDriver::forwardBuffers(const Sequence &seq, const std::vector<View> &outputs,
@@ -718,7 +718,7 @@ Status SequenceDriver::forwardSpan(const Sequence &seq, int64_t t0, int64_t len,
   }
   int64_t G = cell.gatesWidth;
   chunk.gates = run.saveGates ? run.gates.at(t0 * B * G, {len, B, G}) : run.gates;
-  if (Status e = runForwardChunk(seq, chunk, run.saveGates))
+  if (Status e = runForwardChunk(seq, chunk, run.saveGates, run.kernel))
     return e;
   if (Status e = gatherFinalStates(seq.lengths, t0, len, chunk.history, finalStates))
     return e;
@@ -1257,7 +1257,7 @@ Status SequenceDriver::backwardChunk(const Sequence &seq, const Saved &saved,
                                   : w.outputs[i].view().at(0, {len, B, n}));
     }
     chunk.gates = w.gates.view().at(0, {len, B, cell.gatesWidth});
-    if (Status e = runForwardChunk(seq, chunk, /*saveGates=*/true))
+    if (Status e = runForwardChunk(seq, chunk, /*saveGates=*/true, w.forwardKernel))
       return e;
     // The backward reads the gates that the replay saved, not its
     // projections.
@@ -1342,6 +1342,26 @@ Status SequenceDriver::launch(const Kernel &kernel, bool backward, bool saveGate
   if (!e && !kernel.profileSites.empty())
     drainProfile(kernel, backward, args);
   return e;
+}
+
+Status SequenceDriver::launchOn(const Kernel &kernel, bool backward, bool saveGates,
+                                std::vector<Arg> &args, int64_t rows,
+                                KernelBuffers &buffers) {
+  bool reused = false;
+  if (Status e = workspace(kernel, rows, args, buffers.scratch, &reused))
+    return e;
+  // The groups' parts hold the weights packed by the last launch in the
+  // same groups (as many as these rows make), and that launch packed what
+  // this variant reads: a replay packs the replayed products' weights too.
+  bool packed = reused && buffers.packedFor == int(saveGates);
+  for (size_t a = 0; a < kernel.args.size(); ++a)
+    if (kernel.args[a].kind == ArgKind::Packed)
+      args[a].index = packed ? 1 : 0;
+  buffers.packedFor = -1;
+  if (Status e = launch(kernel, backward, saveGates, args, rows))
+    return e;
+  buffers.packedFor = int(saveGates);
+  return Status();
 }
 
 void SequenceDriver::drainProfile(const Kernel &kernel, bool backward,
@@ -1435,11 +1455,8 @@ Status SequenceDriver::backwardPiece(const Sequence &seq, const Chunk &piece,
         arg.kind == ArgKind::WeightVectors)
       written.push_back({arg.kind, arg.name, v});
   }
-  std::vector<Scratch> keep;
-  if (Status e = workspace(kernel, piece.rows, args, keep))
-    return e;
-  if (Status e = launch(kernel, /*backward=*/true, /*saveGates=*/!w.replay, args,
-                        piece.rows))
+  if (Status e = launchOn(kernel, /*backward=*/true, /*saveGates=*/!w.replay, args,
+                          piece.rows, w.backwardKernel))
     return e;
   return fold(seq, piece.t0, count, written, w, g);
 }

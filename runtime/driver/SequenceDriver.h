@@ -438,6 +438,19 @@ private:
   /// Launches `kernel`, counting its own buffers in the ledger while it runs.
   Status launch(const Kernel &kernel, bool backward, bool saveGates,
                 const std::vector<Arg> &args, int64_t rows);
+  /// A kernel's workspace and barrier words, kept over the launches of one
+  /// call: the weights that the last launch packed serve the next one of
+  /// the same variant at the same rows.
+  struct KernelBuffers {
+    std::vector<Scratch> scratch;
+    /// The saveGates of the launch whose packed weights `scratch` holds, or
+    /// -1.
+    int packedFor = -1;
+  };
+  /// Launches `kernel` on `buffers`' workspace, telling it whether the
+  /// weights are packed there already.
+  Status launchOn(const Kernel &kernel, bool backward, bool saveGates,
+                  std::vector<Arg> &args, int64_t rows, KernelBuffers &buffers);
   /// Adds a profiling kernel's counters to its profile and zeroes them.
   void drainProfile(const Kernel &kernel, bool backward, const std::vector<Arg> &args);
   /// Binds the arguments of `kernel` to `chunk`; the positions of the
@@ -445,7 +458,8 @@ private:
   Status bind(const Kernel &kernel, const Sequence &seq, const Chunk &chunk,
               bool backward, std::vector<Arg> &args, std::vector<size_t> &results);
   /// Runs the forward kernel over `chunk`.
-  Status runForwardChunk(const Sequence &seq, const Chunk &chunk, bool saveGates);
+  Status runForwardChunk(const Sequence &seq, const Chunk &chunk, bool saveGates,
+                         KernelBuffers &buffers);
   /// The forward's buffers (defined with the forward).
   struct ForwardRun;
   /// What `step` keeps between calls (defined with it).
