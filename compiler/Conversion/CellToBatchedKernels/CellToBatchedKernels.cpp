@@ -1081,8 +1081,13 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
           },
           Value(), [&](unsigned r) -> Sink {
             Value result = k.arg(args.firstResult + r);
+            // Past the caches: the GEMMs that fold a piece's results read
+            // them once, and a store that misses reads its line first. LSTM
+            // 64 x 100 on two threads, where the backward's element phase
+            // is bound by memory, trained 2% to 3% faster (59.9 against
+            // 61.2 ms, 5 rounds); on one thread it did not move.
             return [&e, result](OpBuilder &, Location, Value v, Value j, int64_t offset) {
-              e.storeAt(v, result, ValueRange{e.t, e.batchRow, e.shifted(j, offset)});
+              e.streamAt(v, result, ValueRange{e.t, e.batchRow, e.shifted(j, offset)});
             };
           });
       status = e.emitPhases(items);
