@@ -10,6 +10,7 @@
 
 #include "runtime/cpu/Buffers.h"
 #include "runtime/cpu/CpuCell.h"
+#include "runtime/cpu/ThreadPool.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -313,6 +314,11 @@ PYBIND11_MODULE(_cellc_runtime, m) {
           py::arg("steps"), py::arg("batch"), py::arg("mode"),
           "What a training step of steps x batch in mode holds, in bytes");
 
+  m.def("tasks_on_openmp", &tasksOnOpenMP,
+        "Whether the runtime's threads are OpenMP's (shared with torch's where "
+        "both use the same OpenMP runtime) rather than a pool of its own");
+  m.def("set_tasks_on_openmp", &setTasksOnOpenMP, py::arg("on"),
+        "Runs the runtime's threads on OpenMP's (True) or on its own pool");
   m.def("empty_cache", &releaseCachedBuffers,
         "Unmaps the buffers that calls released and the runtime keeps for the "
         "next call of the same sizes");

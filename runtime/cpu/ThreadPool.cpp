@@ -2,6 +2,7 @@
 
 #include "runtime/cpu/ThreadPool.h"
 
+#include <omp.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -9,6 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -135,7 +138,40 @@ private:
   Job current;
 };
 
+/// The process that turned tasksOnOpenMP on, or 0: a child after fork runs
+/// on its own pool (libgomp's threads are the parent's).
+std::atomic<pid_t> &openmpProcess() {
+  static std::atomic<pid_t> pid{[] {
+    const char *env = std::getenv("CELLC_OPENMP");
+    return env && std::strcmp(env, "1") == 0 ? getpid() : 0;
+  }()};
+  return pid;
+}
+
+/// Runs the tasks on a team of OpenMP threads; false, having run none,
+/// where the team is not `count` threads (OMP_THREAD_LIMIT) or the caller
+/// is in a parallel region already.
+bool runOnOpenMP(int count, const std::function<void(int)> &task) {
+  if (omp_in_parallel())
+    return false;
+  std::atomic<bool> whole{true};
+#pragma omp parallel num_threads(count)
+  {
+    // Every task waits at its kernel's barriers for the others: all run, or
+    // none.
+    if (omp_get_num_threads() == count)
+      task(omp_get_thread_num());
+    else
+      whole.store(false, std::memory_order_relaxed);
+  }
+  return whole.load(std::memory_order_relaxed);
+}
+
 } // namespace
+
+bool cellc::runtime::tasksOnOpenMP() { return openmpProcess().load() == getpid(); }
+
+void cellc::runtime::setTasksOnOpenMP(bool on) { openmpProcess().store(on ? getpid() : 0); }
 
 void cellc::runtime::runTasks(int count, const std::function<void(int)> &task) {
   if (count <= 1) {
@@ -143,6 +179,8 @@ void cellc::runtime::runTasks(int count, const std::function<void(int)> &task) {
       task(0);
     return;
   }
+  if (tasksOnOpenMP() && runOnOpenMP(count, task))
+    return;
   if (Pool::shared().tryRun(count, task))
     return;
   std::vector<std::thread> threads;

@@ -5,6 +5,8 @@
 // jobs: spinning for 50 microseconds (yielding their core after the first
 // few pauses), then asleep. A launch costs a wake,
 // not a thread start (a sequence in chunk:K mode launches twice a chunk).
+// Or, where the process's other libraries use the same OpenMP runtime, on
+// OpenMP's threads (tasksOnOpenMP).
 //
 //===----------------------------------------------------------------------===//
 
@@ -21,10 +23,21 @@ namespace cellc::runtime {
 int cores();
 
 /// Runs `task(i)` for each i in [0, count), each on a thread of its own (the
-/// caller runs task 0), and returns when all have returned. On the shared
-/// pool; when the pool is busy (another caller, or a task that runs tasks),
-/// on threads started for the call.
+/// caller runs task 0), and returns when all have returned. On OpenMP's
+/// threads where tasksOnOpenMP(), else on the shared pool; when the pool is
+/// busy (another caller, or a task that runs tasks), on threads started for
+/// the call.
 void runTasks(int count, const std::function<void(int)> &task);
+
+/// Whether runTasks runs on OpenMP's threads (a team of `count` threads
+/// whose master is the caller) rather than the runtime's own pool. A library
+/// in the same process that uses the same OpenMP runtime (torch built with
+/// libgomp) then shares its threads: they spin for a while after each of its
+/// parallel ops, and a pool of the runtime's own would share the cores with
+/// them. Off unless $CELLC_OPENMP is 1 or setTasksOnOpenMP(true) was called
+/// in this process (not in a child after fork).
+bool tasksOnOpenMP();
+void setTasksOnOpenMP(bool on);
 
 /// Runs `body(begin, end)` over [0, n) split into at most `threads` ranges
 /// of at least `grain` each (one range, on the caller: no thread at all).

@@ -162,6 +162,67 @@ def test_a_step_with_projections_is_not_bound(lstm_package):
     torch.testing.assert_close(c2, want_c, rtol=1e-5, atol=1e-6)
 
 
+OPENMP = r"""
+import json
+import torch
+import cellc
+from cellc import _cellc_runtime
+print(json.dumps(_cellc_runtime.tasks_on_openmp()))
+"""
+
+
+def test_the_runtime_shares_torchs_openmp_threads_and_computes_the_same(lstm64_package,
+                                                                         monkeypatch):
+    """Where torch runs its ops on the OpenMP runtime the runtime links (one
+    OpenMP in the process), the runtime's threads are OpenMP's, unless
+    $CELLC_OPENMP says otherwise; three threads on OpenMP's team or on the
+    runtime's pool give the same numbers, bit for bit."""
+    rt = cellc._cellc_runtime
+    runtimes = {os.path.realpath(line.split()[-1]) for line in open("/proc/self/maps")
+                if os.path.basename(line.split()[-1]).startswith(("libgomp", "libiomp",
+                                                                   "libomp"))}
+    assert runtimes, "the runtime links an OpenMP"
+    if "CELLC_OPENMP" not in os.environ:
+        assert rt.tasks_on_openmp() == (torch._C.has_openmp and len(runtimes) == 1)
+    for value, want in (("0", False), ("1", True)):
+        monkeypatch.setenv("CELLC_OPENMP", value)
+        assert run_fresh(OPENMP) is want, value
+    monkeypatch.delenv("CELLC_OPENMP", raising=False)
+    if torch._C.has_openmp and len(runtimes) == 1:
+        assert run_fresh(OPENMP) is True
+
+    torch.manual_seed(3)
+    pkg = cellc.load_package(lstm64_package, threads=3)
+    T, B = 9, 5
+    params = {n: (0.3 * torch.randn(*shape, dtype=torch.float64)).requires_grad_(True)
+              for n, shape in pkg.params}
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(T, B, H, dtype=torch.float64)
+    before = rt.tasks_on_openmp()
+    results = []
+    try:
+        for on in (False, True):
+            rt.set_tasks_on_openmp(on)
+            for mode in ("none", "chunk:2"):
+                out, final = pkg(x, params, recompute=mode)
+                grads = torch.autograd.grad((out * w).sum() + final["c"].sum(),
+                                            [x, *params.values()])
+                results.append((on, mode, out.detach(), *grads))
+    finally:
+        rt.set_tasks_on_openmp(before)
+    pool, team = results[:2], results[2:]
+    for a, b in zip(pool, team):
+        for u, v in zip(a[2:], b[2:]):
+            assert torch.equal(u, v), (a[1], "OpenMP's threads changed a result")
+    ref = torch.nn.LSTM(I, H).double()
+    with torch.no_grad():
+        for n, m in (("W_ih", "weight_ih_l0"), ("W_hh", "weight_hh_l0"),
+                     ("b_ih", "bias_ih_l0"), ("b_hh", "bias_hh_l0")):
+            getattr(ref, m).copy_(params[n])
+    want, _ = ref(x)
+    torch.testing.assert_close(team[0][2], want, rtol=0, atol=1e-12)
+
+
 def test_bad_packages_are_clear_errors(tmp_path, lstm_package):
     with pytest.raises(ValueError, match="no package in .*cannot read .*kernels.json"):
         cellc.load_package(tmp_path / "missing")

@@ -4,6 +4,7 @@
 
 #include "gtest/gtest.h"
 
+#include <omp.h>
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,30 +96,90 @@ TEST(ThreadPool, RangesCoverEveryIndexOnce) {
   }
 }
 
+/// Runs `count` tasks that each wait for all of them to have started, as a
+/// kernel's slices wait at its barriers: true when every task ran once and
+/// they ran at once (none waited 10 s for the others).
+bool runAtOnce(int count, std::vector<int> *threadNums = nullptr) {
+  std::atomic<int> arrived{0};
+  std::atomic<bool> stuck{false};
+  std::vector<int> runs(count, 0);
+  if (threadNums)
+    threadNums->assign(count, -1);
+  runTasks(count, [&](int i) {
+    ++runs[i];
+    if (threadNums)
+      (*threadNums)[i] = omp_in_parallel() ? omp_get_thread_num() : -1;
+    ++arrived;
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (arrived.load() < count)
+      if (std::chrono::steady_clock::now() > until) {
+        stuck = true;
+        return;
+      }
+  });
+  return !stuck && runs == std::vector<int>(count, 1);
+}
+
+/// On OpenMP, task i runs on thread i of a team whose master is the caller.
+TEST(ThreadPool, OnOpenMPTaskIRunsOnThreadIOfATeam) {
+  setTasksOnOpenMP(true);
+  EXPECT_TRUE(tasksOnOpenMP());
+  for (int count : {2, 3, 5}) {
+    std::vector<int> nums;
+    EXPECT_TRUE(runAtOnce(count, &nums)) << "count " << count;
+    std::vector<int> want(count);
+    for (int i = 0; i < count; ++i)
+      want[i] = i;
+    EXPECT_EQ(nums, want) << "count " << count;
+  }
+  setTasksOnOpenMP(false);
+  EXPECT_FALSE(tasksOnOpenMP());
+  std::vector<int> nums;
+  EXPECT_TRUE(runAtOnce(3, &nums));
+  EXPECT_EQ(nums, std::vector<int>(3, -1)) << "the pool's threads are not OpenMP's";
+}
+
+/// Called inside a parallel region (no nested team), the tasks run on the
+/// pool, all at once.
+TEST(ThreadPool, OnOpenMPInsideAParallelRegionTheTasksRunOnThePool) {
+  setTasksOnOpenMP(true);
+  std::atomic<bool> ok{false};
+#pragma omp parallel num_threads(2)
+  {
+    if (omp_get_thread_num() == 0)
+      ok = runAtOnce(3);
+  }
+  setTasksOnOpenMP(false);
+  EXPECT_TRUE(ok.load());
+}
+
 /// A child forked after the pool ran (cellc-tune forks, so does
-/// multiprocessing) runs tasks on a pool of its own.
+/// multiprocessing) runs tasks on a pool of its own, whether the parent ran
+/// them on its pool or on OpenMP's threads.
 TEST(ThreadPool, AChildAfterForkRunsTasks) {
-  runTasks(2, [](int) {});
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    std::atomic<int> ran{0};
-    runTasks(2, [&](int) { ++ran; });
-    _exit(ran.load() == 2 ? 0 : 1);
+  for (bool openmp : {false, true}) {
+    SCOPED_TRACE(openmp ? "OpenMP" : "pool");
+    setTasksOnOpenMP(openmp);
+    ASSERT_TRUE(runAtOnce(2));
+    pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0)
+      _exit(!tasksOnOpenMP() && runAtOnce(2) ? 0 : 1);
+    setTasksOnOpenMP(false);
+    int status = 0;
+    for (int waited = 0; waited < 1000; ++waited) {
+      if (waitpid(child, &status, WNOHANG) == child)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (waitpid(child, &status, WNOHANG) == 0) {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+      FAIL() << "the child hung";
+    }
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
   }
-  int status = 0;
-  for (int waited = 0; waited < 1000; ++waited) {
-    if (waitpid(child, &status, WNOHANG) == child)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (waitpid(child, &status, WNOHANG) == 0) {
-    kill(child, SIGKILL);
-    waitpid(child, &status, 0);
-    FAIL() << "the child hung";
-  }
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 } // namespace
