@@ -61,6 +61,15 @@ struct Result {
   int64_t savedBytes = 0;
 };
 
+/// Two runs' results are the same, bit for bit.
+void expectSameResults(const Result &a, const Result &b) {
+  EXPECT_EQ(a.outputs, b.outputs);
+  EXPECT_EQ(a.finals, b.finals);
+  EXPECT_EQ(a.dInputs, b.dInputs);
+  EXPECT_EQ(a.dInitial, b.dInitial);
+  EXPECT_EQ(a.dParams, b.dParams);
+}
+
 template <typename E>
 Result runCell(CpuCell &cell, SequenceProblem &first,
                std::vector<std::unique_ptr<SequenceProblem>> &samples,
@@ -579,12 +588,8 @@ TEST(CpuCellModes, ThreadsDoNotChangeTheResult) {
     results.push_back(runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T,
                                      *parseRecompute("full")));
   }
-  for (size_t i = 1; i < results.size(); ++i) {
-    EXPECT_EQ(results[0].outputs, results[i].outputs);
-    EXPECT_EQ(results[0].dInputs, results[i].dInputs);
-    EXPECT_EQ(results[0].dInitial, results[i].dInitial);
-    EXPECT_EQ(results[0].dParams, results[i].dParams);
-  }
+  for (size_t i = 1; i < results.size(); ++i)
+    expectSameResults(results[0], results[i]);
 }
 
 /// Unit slices where each slice has several vectors and the tiles are
@@ -621,11 +626,7 @@ TEST(CpuCellModes, UnitSlicesWithManyVectorsAndGroups) {
         EXPECT_EQ(split.second, c.slices);
         Result many = runCell<float>(**cell, *s.samples[0], s.samples, s.resets, T, mode);
         compareWithReference(**cell, *s.ref, s.samples, s.resets, T, many, 3e-4);
-        EXPECT_EQ(one.outputs, many.outputs);
-        EXPECT_EQ(one.finals, many.finals);
-        EXPECT_EQ(one.dInputs, many.dInputs);
-        EXPECT_EQ(one.dInitial, many.dInitial);
-        EXPECT_EQ(one.dParams, many.dParams);
+        expectSameResults(one, many);
       }
     }
 }
@@ -652,11 +653,7 @@ TEST(CpuCellProfile, EverySliceCountsItsPhasesAndResultsDoNotChange) {
     Result want = runCell<float>(**plain, *s.samples[0], s.samples, s.resets, T, mode);
     Result got = runCell<float>(**profiled, *s.samples[0], s.samples, s.resets, T, mode);
     compareWithReference(**profiled, *s.ref, s.samples, s.resets, T, got, 3e-4);
-    EXPECT_EQ(want.outputs, got.outputs);
-    EXPECT_EQ(want.finals, got.finals);
-    EXPECT_EQ(want.dInputs, got.dInputs);
-    EXPECT_EQ(want.dParams, got.dParams);
-    EXPECT_EQ(want.dInitial, got.dInitial);
+    expectSameResults(want, got);
     EXPECT_TRUE((*plain)->phaseProfile(false).threads.empty());
     for (bool backward : {false, true}) {
       SCOPED_TRACE(backward ? "backward" : "forward");
