@@ -30,11 +30,13 @@ from . import _ops  # noqa: F401
 
 def _share_openmp():
     """Runs the runtime's threads on OpenMP's when torch's ops run on the same
-    OpenMP runtime (Debian's torch and libgomp): after each parallel op,
-    torch's threads spin for a while on the cores that a pool of the
-    runtime's own would need. LSTM 64 x 100 trained on two threads in 58 to
-    64 ms this way, against 69 to 85. Not where torch brings an OpenMP of its
-    own (pip's wheels), nor where $CELLC_OPENMP says (1 on, 0 off)."""
+    OpenMP runtime: after each parallel op, torch's threads spin for a while
+    on the cores that a pool of the runtime's own would need. Debian's torch
+    links the system's libgomp.so.1, and pip's bundles a libgomp.so.1 that the
+    runtime then shares (whichever loads first serves both). LSTM 64 x 100
+    trained on two threads in 58 to 67 ms this way, against 69 to 85. Not
+    where the process maps two OpenMP runtimes, nor where $CELLC_OPENMP says
+    (1 on, 0 off)."""
     import os
     import torch
     from ._cellc_runtime import set_tasks_on_openmp

@@ -37,7 +37,7 @@
 // CHECK:         arith.cmpi ult, %[[SLICE]], %c64
 // Site 0's words start after the 16 barrier words.
 // CHECK:         %[[BASE:.+]] = arith.muli %[[GROUP]], %[[GROUP_WORDS]]
-// CHECK-NEXT:    %[[FIRST:.+]] = arith.addi %[[BASE]], %c16
+// CHECK-NEXT:    %[[FIRST:.+]] = arith.addi %[[BASE]], %c16 : index
 // CHECK:         %[[OWN:.+]] = arith.muli %[[SLICE]], %c2
 // CHECK-NEXT:    %[[WORD:.+]] = arith.addi %[[FIRST]], %[[OWN]]
 // The work since the last barrier, then the wait, in cycles over 16.
