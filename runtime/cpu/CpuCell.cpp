@@ -237,8 +237,8 @@ public:
   int64_t instances(int64_t batch) const override { return split(batch).groups; }
 
   /// Runs each group's rows on its slices' threads. The index arguments are
-  /// b_begin, b_end, then group, slice, slices and packed (which the driver
-  /// sets).
+  /// b_begin, b_end, then group, slice, slices, packed and stream (the last
+  /// two the driver sets).
   driver::Status launch(bool backward, bool saveGates,
                         const std::vector<driver::Arg> &args,
                         int64_t batch) override {
@@ -250,10 +250,10 @@ public:
       base.push_back(arg.index ? KernelArg::indexValue(*arg.index)
                                : KernelArg::buffer(arg.view.pointer(), arg.view.shape));
     }
-    if (indices.size() != (grouped ? 6u : 2u))
-      return driver::Status::error("internal error: a kernel without b_begin, b_end" +
-                                   std::string(grouped ? ", group, slice, slices and packed"
-                                                       : ""));
+    if (indices.size() != (grouped ? 7u : 2u))
+      return driver::Status::error(
+          "internal error: a kernel without b_begin, b_end" +
+          std::string(grouped ? ", group, slice, slices, packed and stream" : ""));
     const KernelObject &object = variants[saveGates ? 1 : 0];
     Entry entry = backward ? object.backward : object.forward;
     Split s = split(batch);

@@ -349,6 +349,9 @@ Status SequenceDriver::bind(const Kernel &kernel, const Sequence &seq,
     case ArgKind::Packed:
       args[a].index = 0;
       break;
+    case ArgKind::Stream:
+      args[a].index = chunk.stream ? 1 : 0;
+      break;
     case ArgKind::Output:
       if (backward)
         return misplaced(arg, backward);
@@ -630,6 +633,9 @@ struct SequenceDriver::ForwardRun {
   /// chunk (boundaries); the state a span starts from (start).
   std::vector<View> history, boundaries;
   std::vector<Scratch> spanBuffers, start;
+  /// Whether the histories go past the caches: only where each is a whole
+  /// sequence's, read after it. A span's buffer is read at the span's end.
+  bool stream = true;
   /// A span's projections.
   std::vector<Scratch> projected;
   /// The gates kept (none), or an empty buffer.
@@ -666,6 +672,7 @@ Status SequenceDriver::forwardBuffers(const Sequence &seq, const std::vector<Vie
       if (Status e = scratch({run.span, B, n}, cell.storage, false, run.spanBuffers[i]))
         return e;
       run.history[i] = run.spanBuffers[i].view();
+      run.stream = false;
     }
     if (run.chunked)
       run.boundaries[i] = keep->states[i];
@@ -718,6 +725,7 @@ Status SequenceDriver::forwardSpan(const Sequence &seq, int64_t t0, int64_t len,
   }
   int64_t G = cell.gatesWidth;
   chunk.gates = run.saveGates ? run.gates.at(t0 * B * G, {len, B, G}) : run.gates;
+  chunk.stream = run.stream;
   if (Status e = runForwardChunk(seq, chunk, run.saveGates, run.kernel))
     return e;
   if (Status e = gatherFinalStates(seq.lengths, t0, len, chunk.history, finalStates))
@@ -817,6 +825,7 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
   }
   Chunk chunk;
   chunk.len = 1;
+  chunk.stream = false; // the next step reads the new states
   chunk.resets = s.resets.view();
   chunk.initial = seq.initialStates;
   chunk.start = seq.initialStates;
@@ -1257,8 +1266,11 @@ Status SequenceDriver::backwardChunk(const Sequence &seq, const Saved &saved,
                                   : w.outputs[i].view().at(0, {len, B, n}));
     }
     chunk.gates = w.gates.view().at(0, {len, B, cell.gatesWidth});
+    // The backward reads the replay's history and gates next: in cache.
+    chunk.stream = false;
     if (Status e = runForwardChunk(seq, chunk, /*saveGates=*/true, w.forwardKernel))
       return e;
+    chunk.stream = true;
     // The backward reads the gates that the replay saved, not its
     // projections.
     for (size_t p = 0; p < cell.projections.size(); ++p)
@@ -1570,6 +1582,7 @@ Status SequenceDriver::fold(const Sequence &seq, int64_t first, int64_t count,
     case ArgKind::Slice:
     case ArgKind::Slices:
     case ArgKind::Packed:
+    case ArgKind::Stream:
       break;
     }
   }

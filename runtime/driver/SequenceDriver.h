@@ -407,6 +407,7 @@ private:
     std::vector<View> finalStateGrads;    // backward: [B, n] a state
     std::vector<View> outputGrads;        // backward: [len, B, n] an output
     int64_t rows = -1;                    // the rows that run (-1: all B)
+    bool stream = true;                   // ArgKind::Stream: results read later
   };
   /// Where the backward's gradients go, and the buffers it works in
   /// (defined with the backward).

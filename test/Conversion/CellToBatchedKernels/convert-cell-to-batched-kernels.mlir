@@ -35,7 +35,7 @@
 // product buffer 16 rows of the 3 panels.
 // CHECK-LABEL: func.func @lstm_fwd
 // CHECK-SAME:    %[[WHH:[^:]+]]: memref<48x12xf32>
-// CHECK-SAME:    %[[WS:[^:]+]]: memref<?xf32>, %[[WORDS:[^:]+]]: memref<?xi32>, %[[GROUP:[^:]+]]: index, %[[SLICE:[^:]+]]: index, %[[SLICES:[^:]+]]: index, %[[PACKED_ALREADY:[^:]+]]: index)
+// CHECK-SAME:    %[[WS:[^:]+]]: memref<?xf32>, %[[WORDS:[^:]+]]: memref<?xi32>, %[[GROUP:[^:]+]]: index, %[[SLICE:[^:]+]]: index, %[[SLICES:[^:]+]]: index, %[[PACKED_ALREADY:[^:]+]]: index, %[[STREAM:[^:]+]]: index)
 // CHECK-SAME:    cell.barrier_words = 16
 // CHECK-SAME:    cell.batch_tile = 16
 // CHECK-SAME:    cell.workspace_bytes = 9472

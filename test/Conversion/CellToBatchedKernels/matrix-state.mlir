@@ -10,7 +10,9 @@
 // RUN:   --convert-cell-to-batched-kernels="vector-width=8" | FileCheck %s
 
 // CHECK-LABEL: func.func @mstate_fwd
+// CHECK-SAME:    %[[STREAM:[^:]+]]: index)
 // CHECK-SAME:    cell.batch_tile = 1 :
+// CHECK:         %[[STREAMING:.*]] = arith.cmpi ne, %[[STREAM]], %c0
 // The sums of the columns: a loop over the 2 rows, k vᵀ evaluated at each
 // (k's element spread, times v's 8) and added into 8 lanes.
 // CHECK:         scf.for %{{.*}} = %{{.*}} to %c2{{.*}} step %{{.*}} iter_args(%[[ACC:.*]] = %{{.*}}) -> (vector<8xf32>)
@@ -21,7 +23,8 @@
 // lanes; v [16] at its column, 8 contiguous; C + k vᵀ stored to the next
 // state, the state history and the rows' sums' buffer, and nothing else.
 // The history ([T, B, 32], read again only by the backward) is streamed
-// past the caches where the vector's address is a multiple of 32 bytes.
+// past the caches where the vector's address is a multiple of 32 bytes and
+// the launch says it is read later (`stream`: not a chunk's replay).
 // CHECK:         %[[K:.*]] = vector.load %{{.*}} : memref<1x16xf32, {{.*}}>, vector<1xf32>
 // CHECK-NEXT:    %[[KS:.*]] = vector.extract %[[K]][0] : f32 from vector<1xf32>
 // CHECK-NEXT:    %[[KV:.*]] = vector.broadcast %[[KS]] : f32 to vector<8xf32>
@@ -33,7 +36,8 @@
 // CHECK-NEXT:    %[[AT:.*]] = arith.addi %[[BASE]], %{{.*}} : index
 // CHECK:         %[[LOW:.*]] = arith.andi %[[AT]], %c31 : index
 // CHECK-NEXT:    %[[ALIGNED:.*]] = arith.cmpi eq, %[[LOW]], %{{.*}} : index
-// CHECK-NEXT:    scf.if %[[ALIGNED]] {
+// CHECK-NEXT:    %[[PAST:.*]] = arith.andi %[[STREAMING]], %[[ALIGNED]] : i1
+// CHECK-NEXT:    scf.if %[[PAST]] {
 // CHECK-NEXT:      vector.store %[[NEXT]], %[[HIST]][{{.*}}] {nontemporal = true} : memref<?x?x32xf32>, vector<8xf32>
 // CHECK-NEXT:    } else {
 // CHECK-NEXT:      vector.store %[[NEXT]], %[[HIST]][{{.*}}] : memref<?x?x32xf32>, vector<8xf32>

@@ -15,7 +15,7 @@
 // The forward's four sites: the packing, the states' copy, the products and
 // the element loops of its one phase. 16 + 4 x 64 x 2 = 528 words a group.
 // CHECK-LABEL: func.func @lstm_fwd
-// CHECK-SAME:    %[[WORDS:[^:]+]]: memref<?xi32>, %[[GROUP:[^:]+]]: index, %[[SLICE:[^:]+]]: index, %{{[^:]+}}: index, %{{[^:]+}}: index)
+// CHECK-SAME:    %[[WORDS:[^:]+]]: memref<?xi32>, %[[GROUP:[^:]+]]: index, %[[SLICE:[^:]+]]: index, %{{[^:]+}}: index, %{{[^:]+}}: index, %{{[^:]+}}: index)
 // CHECK-SAME:    cell.barrier_words = 528
 // CHECK-SAME:    cell.profile_shift = 4
 // CHECK-SAME:    cell.profile_sites = ["pack", "states", "phase 1 products", "phase 1 elements"]

@@ -12,7 +12,7 @@
 // CHECK-LABEL: func.func @lstm_fwd
 // CHECK-SAME:    %{{[^:]+}}: memref<?x?x4xf32>, %{{[^:]+}}: memref<?x?xi8>
 // CHECK-SAME:    %[[WIH:[^:]+]]: memref<48x4xf32>, %[[WHH:[^:]+]]: memref<48x12xf32>
-// CHECK-SAME:    %[[PACKED_ALREADY:[^:]+]]: index)
+// CHECK-SAME:    %[[PACKED_ALREADY:[^:]+]]: index, %{{[^:]+}}: index)
 // CHECK-DAG:     %[[PWHH:.*]] = memref.reinterpret_cast {{.*}} sizes: [3, 12, 16]
 // CHECK-DAG:     %[[PWIH:.*]] = memref.reinterpret_cast {{.*}} sizes: [3, 4, 16]
 // CHECK:         %[[REPACK:.*]] = arith.cmpi eq, %[[PACKED_ALREADY]], %c0

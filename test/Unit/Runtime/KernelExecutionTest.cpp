@@ -209,7 +209,8 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
       }
       // One group of one slice: its workspace and (zero) barrier words.
       if (kind == cellc::ArgKind::Group || kind == cellc::ArgKind::Slice ||
-          kind == cellc::ArgKind::Slices || kind == cellc::ArgKind::Packed) {
+          kind == cellc::ArgKind::Slices || kind == cellc::ArgKind::Packed ||
+          kind == cellc::ArgKind::Stream) {
         args.push_back(KernelArg::indexValue(kind == cellc::ArgKind::Slices ? 1 : 0));
         continue;
       }
