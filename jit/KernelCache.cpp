@@ -79,7 +79,7 @@ bool isSoundPackage(llvm::StringRef dir, uint64_t *bytes = nullptr) {
 } // namespace
 
 llvm::StringRef cellc::jit::compilerVersion() {
-  return "cellc-0.1-kernels-5";
+  return "cellc-0.1-kernels-6";
 }
 
 KernelCache::KernelCache(std::string directory)
