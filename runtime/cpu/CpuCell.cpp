@@ -591,6 +591,17 @@ Status CpuCell::load(const std::string &dir, const Options &options,
     if (!hostHas(feature))
       return Status::error(dir + " was compiled for a CPU with " + feature +
                            ", which this one lacks; compile the cell on this machine");
+  // The batched kernels' index arguments changed with cellc: a package
+  // built before one of them would be called with the wrong arguments.
+  if (info.interface.forward.perGroup())
+    for (const driver::Kernel *kernel : {&info.interface.forward, &info.interface.backward})
+      for (ArgKind kind : {ArgKind::Group, ArgKind::Slice, ArgKind::Slices, ArgKind::Packed,
+                           ArgKind::Stream})
+        if (std::none_of(kernel->args.begin(), kernel->args.end(),
+                         [&](const driver::KernelArg &a) { return a.kind == kind; }))
+          return Status::error(dir + " was built by an older cellc: its kernels take no '" +
+                               std::string(name(kind)) +
+                               "' argument; build it again with this one");
   cell->elementType = info.dtype == "f64" ? DType::F64 : DType::F32;
   for (int variant : {0, 1})
     if (Status s = cell->impl->variants[variant].open(dir + "/" + info.objects[variant],

@@ -248,6 +248,15 @@ def test_bad_packages_are_clear_errors(tmp_path, lstm_package):
     with pytest.raises(ValueError, match="compiled for a CPU with not-a-feature, which this "
                                          "one lacks"):
         cellc.load_package(broken)
+    # A package from before the kernels' `stream` argument: refused, not
+    # called with the wrong arguments.
+    older = json.loads(text)
+    for kernel in older["kernels"].values():
+        kernel["args"] = [a for a in kernel["args"] if a["kind"] != "stream"]
+    (broken / "kernels.json").write_text(json.dumps(older))
+    with pytest.raises(ValueError, match="built by an older cellc: its kernels take no "
+                                         "'stream' argument; build it again"):
+        cellc.load_package(broken)
     cuda = json.loads(text)
     cuda["target"] = "cuda"
     cuda["ptx"] = cuda.pop("objects")
