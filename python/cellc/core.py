@@ -356,27 +356,26 @@ class Cell:
         fast = self._step_plan(x, params, states)
         if fast is None:
             return self._step_as_sequence(x, params, states)
-        names_in, widths_st = fast.names_in, fast.widths_st
-        inputs = [x[n] for n in names_in] if isinstance(x, dict) else [x]
-        st = {} if states is None else states
-        outs, news = self._step_run(fast, inputs, params, [st.get(n) for n, _, _ in widths_st])
+        inputs = [x[n] for n in fast.names_in] if isinstance(x, dict) else [x]
+        st = ([None] * len(fast.state_names) if states is None
+              else [states.get(n) for n in fast.state_names])
+        outs, news = self._step_run(fast, inputs, params, st)
         out = outs[0] if len(outs) == 1 else dict(zip(self.outputs, outs))
-        return out, {n: t for (n, _, _), t in zip(widths_st, news)}
+        return out, dict(zip(fast.state_names, news))
 
     def _step_run(self, plan, inputs, params, states, lead=()):
         """Runs a step that `plan` (_step_plan) checked: `states` a list in
         the cell's order of contiguous tensors of B * n elements (or None:
         zeros). Returns the outputs and new states as lists; the new states
         have the leading dims `lead` (the nn modules' [1, B, n])."""
-        compiled, names_par = plan.compiled, plan.names_par
-        widths_out, widths_st = plan.widths_out, plan.widths_st
+        compiled, widths_st = plan.compiled, plan.widths_st
         x0 = inputs[0]
         B = x0.shape[0]
-        par = [params[n] for n in names_par]
-        outs = [x0.new_empty(B, w) for w in widths_out]
+        par = [params[n] for n in plan.names_par]
+        outs = [x0.new_empty(B, w) for w in plan.widths_out]
         news = [x0.new_empty(*lead, B, *shape) for _, _, shape in widths_st]
         versions = [p._version for p in par]
-        given = not any(t is None for t in states)
+        given = all([t is not None for t in states])
         bound = plan.bound[0]
         if bound is not None and given:
             # The step bound to these shapes: only the tensors' data.
@@ -408,13 +407,15 @@ class Cell:
         shapes, dtypes and layouts; None where the step must run as a
         sequence (gradients, CUDA, the emulator, autocast)."""
         try:
-            inputs = list(x.values()) if isinstance(x, dict) else [x]
-            tensors = inputs + list(params.values()) + (
-                [] if states is None else list(states.values()))
-            key = (tuple(x) if isinstance(x, dict) else None, tuple(params),
-                   None if states is None else tuple(states),
-                   tuple((t.shape, t.dtype, t.device, t.is_contiguous()) for t in tensors))
-            grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+            if isinstance(x, dict):
+                tensors, names = [*x.values(), *params.values()], (tuple(x), tuple(params))
+            else:
+                tensors, names = [x, *params.values()], (None, tuple(params))
+            if states is not None:
+                tensors += states.values()
+                names += (tuple(states),)
+            key = (names, *[(t.shape, t.dtype, t.device, t.is_contiguous()) for t in tensors])
+            grad = torch.is_grad_enabled() and any([t.requires_grad for t in tensors])
         except (AttributeError, TypeError):
             return None  # not tensors, not dicts: the sequence call says what is wrong
         if grad or self.emulated or _autocast_cpu():
