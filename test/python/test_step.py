@@ -63,6 +63,40 @@ def test_steps_are_the_sequence_step_by_step(name, sizes, threads):
     assert all(st[n] is not states[n] for n in states)
 
 
+@pytest.mark.parametrize("T", [3, 4])
+def test_one_rows_steps_on_one_thread_turn_their_order_and_keep_their_results(T):
+    # B = 1 on one thread runs the per-row kernels, whose matvecs read the
+    # weights from the last row at every other step and call (a snake).
+    # Each output is one row's dot product either way: the steps are the
+    # sequence's in float64, and a step taken again, in the other order, is
+    # the same bit for bit.
+    torch.manual_seed(0)
+    cell = cellc.compile(os.path.join(ROOT, "examples", "lstm.cell"), threads=1)
+    sizes = {"I": 5, "H": 7}
+    params = random_params(cell, sizes)
+    x = torch.randn(T, 1, 5, dtype=torch.float64)
+    states = {n: torch.randn(1, 7, dtype=torch.float64) for n, _ in cell.states}
+    with torch.no_grad():
+        out, final = cell(x, params, states)
+        st = states
+        for t in range(T):
+            o, nxt = cell.step(x[t], params, st)
+            again, nxt_again = cell.step(x[t], params, st)
+            assert torch.equal(o, again)
+            assert all(torch.equal(nxt[n], nxt_again[n]) for n in nxt)
+            torch.testing.assert_close(o, out[t], rtol=1e-12, atol=1e-12)
+            st = nxt
+    for n in final:
+        torch.testing.assert_close(st[n], final[n], rtol=1e-12, atol=1e-12)
+    ref = torch.nn.LSTM(5, 7).double()
+    with torch.no_grad():
+        for n, m in (("W_ih", "weight_ih_l0"), ("W_hh", "weight_hh_l0"),
+                     ("b_ih", "bias_ih_l0"), ("b_hh", "bias_hh_l0")):
+            getattr(ref, m).copy_(params[n])
+        want, _ = ref(x, (states["h"][None], states["c"][None]))
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
 def test_a_step_is_torchs_lstm_cell_and_missing_states_are_zeros():
     torch.manual_seed(1)
     cell = cellc.compile(LSTM)

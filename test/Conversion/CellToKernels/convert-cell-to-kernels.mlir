@@ -13,6 +13,11 @@
 // CHECK-SAME:    cell.kernel_args = [#cell.arg<input "x">, #cell.arg<projection "W_ih", input = "x", biases = ["b_ih", "b_hh"]>, #cell.arg<resets "resets">, #cell.arg<initial_state "h">, #cell.arg<start_state "h">, #cell.arg<param "W_ih">, #cell.arg<param "W_hh">, #cell.arg<param "b_ih">, #cell.arg<param "b_hh">, #cell.arg<output "h">, #cell.arg<state_history "h">, #cell.arg<gates "gates">, #cell.arg<batch_begin "b_begin">, #cell.arg<batch_end "b_end">]
 // CHECK:         %[[FLAG:.*]] = cell.save_gates : i1
 // CHECK:         %[[T:.*]] = memref.dim %[[RESETS]], %{{.*}}
+// The kernel's calls, counted in a global: the parity of the count and of
+// the step turns the recurrent matvec's order around (a snake).
+// CHECK:         %[[COUNTER:.*]] = memref.get_global @elman_fwd_calls : memref<1xi64>
+// CHECK:         %[[CALLS:.*]] = memref.atomic_rmw addi %{{.*}}, %[[COUNTER]][%{{.*}}] : (i64, memref<1xi64>) -> i64
+// CHECK:         %[[PARITY:.*]] = arith.index_cast %[[CALLS]] : i64 to index
 // CHECK:         scf.for %[[B:.*]] = %[[BB]] to %[[BE]]
 // The state starts from the start state; a reset restores the initial one.
 // CHECK:           %[[INIT:.*]] = vector.load %[[H0]][%[[B]], %{{.*}}] : memref<?x4xf32>, vector<4xf32>
@@ -23,9 +28,20 @@
 // CHECK:             %[[ISR:.*]] = arith.cmpi ne, %[[R]]
 // CHECK:             %[[PREV:.*]] = arith.select %[[ISR]], %[[INIT]], %[[H]]
 // The recurrent matvec on the previous state (through scratch), a row at a
-// time, the projection read per step.
+// time, the projection read per step: from the last row at an odd step of
+// the calls, from the first at an even one.
+// CHECK:             %[[AT:.*]] = arith.addi %[[PARITY]], %[[S]] : index
+// CHECK:             %[[ODD:.*]] = arith.andi %[[AT]], %c1 : index
+// CHECK:             %[[DOWN:.*]] = arith.cmpi ne, %[[ODD]], %{{.*}} : index
+// CHECK:             scf.if %[[DOWN]] {
+// CHECK:               scf.for %[[I:[^ ]+]] = %{{.*}} to %c4
+// CHECK:                 %[[ROW:.*]] = arith.subi %c3, %[[I]] : index
+// CHECK:                 vector.load %[[WHH]][%[[ROW]], %{{.*}}]
+// CHECK:                 memref.store %{{.*}}, %[[DOT:.*]][%[[ROW]]] : memref<4xf32>
+// CHECK:             } else {
 // CHECK:             vector.store %[[PREV]], %[[VEC:.*]][
-// CHECK:             scf.for
+// CHECK:             scf.for %[[I:[^ ]+]] =
+// CHECK-NOT:           arith.subi
 // CHECK:               scf.for %[[K:[^ ]+]] =
 // CHECK:                 vector.load %[[VEC]][%[[K]]]
 // CHECK:                 vector.load %[[WHH]]
