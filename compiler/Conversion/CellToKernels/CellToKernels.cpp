@@ -581,21 +581,21 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
   // the last one would have gone on (a streaming step is a call of one
   // step). LSTM H = 256, B = 1: 2 MiB of weights a step and a 1 MiB L2. A
   // C loop over them took 18.1 us in one order and 15.6 us turning around.
-  Value parity;
+  Value calls;
   if (!def.getBody().getOps<MatvecOp>().empty()) {
-    OpBuilder global(def);
+    OpBuilder atModule(def);
     auto counter = MemRefType::get({1}, builder.getI64Type());
     std::string name = (def.getSymName() + "_fwd_calls").str();
-    global.create<memref::GlobalOp>(
-        loc, name, global.getStringAttr("private"), counter,
+    atModule.create<memref::GlobalOp>(
+        loc, name, atModule.getStringAttr("private"), counter,
         DenseElementsAttr::get(RankedTensorType::get({1}, builder.getI64Type()),
                                builder.getI64IntegerAttr(0).getValue()),
         /*constant=*/false, /*alignment=*/nullptr);
-    Value calls = builder.create<memref::GetGlobalOp>(loc, counter, name);
+    Value count = builder.create<memref::GetGlobalOp>(loc, counter, name);
     Value before = builder.create<memref::AtomicRMWOp>(
         loc, arith::AtomicRMWKind::addi, builder.create<arith::ConstantIntOp>(loc, 1, 64),
-        calls, ValueRange{c0});
-    parity = builder.create<arith::IndexCastOp>(loc, builder.getIndexType(), before);
+        count, ValueRange{c0});
+    calls = builder.create<arith::IndexCastOp>(loc, builder.getIndexType(), before);
   }
 
   builder.create<scf::ForOp>(
@@ -623,9 +623,9 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
                 step.map[arg] = tb.create<vector::LoadOp>(
                     l2, vectorOf(arg.getType()), entry.getArgument(i),
                     ValueRange{t, b, c0});
-              if (parity) {
+              if (calls) {
                 Value odd = tb.create<arith::AndIOp>(
-                    l2, tb.create<arith::AddIOp>(l2, parity, t), c1);
+                    l2, tb.create<arith::AddIOp>(l2, calls, t), c1);
                 step.lowerLeadingMatvecs(
                     tb, def.getBody().front(),
                     tb.create<arith::CmpIOp>(l2, arith::CmpIPredicate::ne, odd, c0));
