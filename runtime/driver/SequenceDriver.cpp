@@ -1267,10 +1267,10 @@ Status SequenceDriver::backwardChunk(const Sequence &seq, const Saved &saved,
     }
     chunk.gates = w.gates.view().at(0, {len, B, cell.gatesWidth});
     // The backward reads the replay's history and gates next: in cache.
-    chunk.stream = false;
-    if (Status e = runForwardChunk(seq, chunk, /*saveGates=*/true, w.forwardKernel))
+    Chunk replay = chunk;
+    replay.stream = false;
+    if (Status e = runForwardChunk(seq, replay, /*saveGates=*/true, w.forwardKernel))
       return e;
-    chunk.stream = true;
     // The backward reads the gates that the replay saved, not its
     // projections.
     for (size_t p = 0; p < cell.projections.size(); ++p)

@@ -44,6 +44,8 @@ public:
   /// finds at the start of each the rows it read last still in the L2. The
   /// results do not depend on the order: each is one row's dot product.
   void lowerLeadingMatvecs(OpBuilder &builder, Block &block, Value descending);
+  /// Those matvecs of `block`, in its order.
+  SmallVector<MatvecOp> leadingMatvecs(Block &block);
   Value lookup(Value v) { return map.lookup(v); }
 
 private:
@@ -87,7 +89,7 @@ LogicalResult StepLowering::lowerBlock(OpBuilder &builder, Block &block) {
   return success();
 }
 
-void StepLowering::lowerLeadingMatvecs(OpBuilder &builder, Block &block, Value descending) {
+SmallVector<MatvecOp> StepLowering::leadingMatvecs(Block &block) {
   SmallVector<MatvecOp> group;
   for (MatvecOp matvec : block.getOps<MatvecOp>()) {
     auto param = matvec.getWeight().getDefiningOp<ParamOp>();
@@ -96,6 +98,11 @@ void StepLowering::lowerLeadingMatvecs(OpBuilder &builder, Block &block, Value d
         vector.getOwner() == &block && params.lookup(param.getName()))
       group.push_back(matvec);
   }
+  return group;
+}
+
+void StepLowering::lowerLeadingMatvecs(OpBuilder &builder, Block &block, Value descending) {
+  SmallVector<MatvecOp> group = leadingMatvecs(block);
   if (group.empty())
     return;
   Location loc = group.front().getLoc();
@@ -582,7 +589,7 @@ LogicalResult ConvertCellToKernels::buildForward(DefOp def) {
   // step). LSTM H = 256, B = 1: 2 MiB of weights a step and a 1 MiB L2. A
   // C loop over them took 18.1 us in one order and 15.6 us turning around.
   Value calls;
-  if (!def.getBody().getOps<MatvecOp>().empty()) {
+  if (!step.leadingMatvecs(def.getBody().front()).empty()) {
     OpBuilder atModule(def);
     auto counter = MemRefType::get({1}, builder.getI64Type());
     std::string name = (def.getSymName() + "_fwd_calls").str();

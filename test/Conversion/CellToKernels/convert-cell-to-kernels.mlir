@@ -2,6 +2,13 @@
 // RUN: cellc-opt %s --convert-cell-to-kernels --cell-specialize --canonicalize | FileCheck %s --check-prefix=CANON
 // RUN: cellc-opt %s --convert-cell-to-kernels="matvec-width=2 matvec-unroll=2" --cell-specialize --canonicalize | FileCheck %s --check-prefix=TUNED
 // RUN: not cellc-opt %s --convert-cell-to-kernels="matvec-width=3" 2>&1 | FileCheck %s --check-prefix=BADWIDTH
+// RUN: cellc %examples/block_gru.cell -D G=2 -D D=4 --emit=kernels --strategy=per-row | FileCheck %s --check-prefix=NOSNAKE
+// A cell whose products are all block-diagonal has no matvec to turn
+// around: no call counter, no atomic per call.
+// NOSNAKE-NOT:   memref.global
+// NOSNAKE-LABEL: func.func @block_gru_fwd
+// NOSNAKE-NOT:   memref.atomic_rmw
+// NOSNAKE:       return
 // The Elman cell (after split-projections, autodiff and plan-saves) becomes
 // a forward and a backward sequence kernel. Cell ops are gone; only the
 // SAVE_GATES flag remains, for cell-specialize.
