@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -42,6 +43,53 @@ constexpr auto kSpin = std::chrono::microseconds(50);
 
 /// Pauses a waiting thread spins through before it yields its core.
 constexpr int kPauses = 64;
+
+/// The CPUs a job's threads were found on, a bit each (CPU_SETSIZE of them).
+class CpuBits {
+public:
+  /// Marks `cpu`; false if it was marked already.
+  bool claim(int cpu) {
+    if (cpu < 0 || cpu >= kCpus)
+      return true;
+    uint64_t bit = uint64_t(1) << (cpu % 64);
+    return !(words[cpu / 64].fetch_or(bit, std::memory_order_relaxed) & bit);
+  }
+  /// Clears the marked CPUs from `set`.
+  void removeFrom(cpu_set_t &set) const {
+    for (int cpu = 0; cpu < kCpus; ++cpu)
+      if (words[cpu / 64].load(std::memory_order_relaxed) >> (cpu % 64) & 1)
+        CPU_CLR(cpu, &set);
+  }
+
+private:
+  static constexpr int kCpus = CPU_SETSIZE;
+  std::array<std::atomic<uint64_t>, kCpus / 64> words{};
+};
+
+/// Moves the calling thread off the CPU it runs on if another thread of its
+/// job was found there first: to a CPU none of them was found on, where
+/// there is one. Threads that wait for each other at barriers must not
+/// share a core while another core runs something that only spins (OpenBLAS
+/// spins, yielding, for about 2^28 cycles after each of its threaded calls;
+/// libgomp for a while after each parallel region). The scheduler wakes a
+/// thread beside its waker when no core is idle, and a busy system's load
+/// balancing can leave it there for tens of milliseconds: every step's
+/// barrier then waits for the core to change hands. The thread is not
+/// pinned: its affinity is narrowed for the move and given back.
+void leaveSharedCpu(CpuBits &taken) {
+  if (taken.claim(sched_getcpu()))
+    return;
+  cpu_set_t allowed, elsewhere;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+    return;
+  elsewhere = allowed;
+  taken.removeFrom(elsewhere);
+  if (CPU_COUNT(&elsewhere) == 0 ||
+      sched_setaffinity(0, sizeof(elsewhere), &elsewhere) != 0)
+    return;
+  sched_setaffinity(0, sizeof(allowed), &allowed);
+  taken.claim(sched_getcpu());
+}
 
 /// Threads 1 .. n - 1 of a job (the caller is thread 0), kept between jobs.
 class Pool {
@@ -179,14 +227,23 @@ void cellc::runtime::runTasks(int count, const std::function<void(int)> &task) {
       task(0);
     return;
   }
-  if (tasksOnOpenMP() && runOnOpenMP(count, task))
+  CpuBits taken;
+  taken.claim(sched_getcpu());
+  std::function<void(int)> spread = [&](int i) {
+    if (i > 0)
+      leaveSharedCpu(taken);
+    else
+      sched_yield(); // to a thread just woken beside the caller, if any
+    task(i);
+  };
+  if (tasksOnOpenMP() && runOnOpenMP(count, spread))
     return;
-  if (Pool::shared().tryRun(count, task))
+  if (Pool::shared().tryRun(count, spread))
     return;
   std::vector<std::thread> threads;
   for (int i = 1; i < count; ++i)
-    threads.emplace_back([&task, i] { task(i); });
-  task(0);
+    threads.emplace_back([&spread, i] { spread(i); });
+  spread(0);
   for (std::thread &t : threads)
     t.join();
 }

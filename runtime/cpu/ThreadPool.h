@@ -26,7 +26,10 @@ int cores();
 /// caller runs task 0), and returns when all have returned. On OpenMP's
 /// threads where tasksOnOpenMP(), else on the shared pool; when the pool is
 /// busy (another caller, or a task that runs tasks), on threads started for
-/// the call.
+/// the call. A thread that starts its task on a CPU where another of the
+/// call's threads was found moves to one where none was, if its affinity
+/// allows one: the tasks wait for each other at barriers, and two of them
+/// on one core would take turns at every barrier.
 void runTasks(int count, const std::function<void(int)> &task);
 
 /// Whether runTasks runs on OpenMP's threads (a team of `count` threads

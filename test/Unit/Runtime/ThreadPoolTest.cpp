@@ -153,6 +153,53 @@ TEST(ThreadPool, OnOpenMPInsideAParallelRegionTheTasksRunOnThePool) {
   EXPECT_TRUE(ok.load());
 }
 
+/// A job's thread that finds itself on the caller's CPU moves to another
+/// one allowed, and keeps the mask it had. Here the caller is pinned to one
+/// CPU and the worker is left spinning on it by the job before, as a thread
+/// woken beside its waker is when the other cores run something that spins
+/// (OpenBLAS's threads after a GEMM). Sharing the core, every barrier of a
+/// kernel would wait for it to change hands.
+TEST(ThreadPool, AJobsThreadsLeaveTheCallersCpu) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  if (CPU_COUNT(&all) < 2)
+    GTEST_SKIP() << "one CPU allowed";
+  int first = 0;
+  while (!CPU_ISSET(first, &all))
+    ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  for (bool openmp : {false, true}) {
+    SCOPED_TRACE(openmp ? "OpenMP" : "pool");
+    setTasksOnOpenMP(openmp);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+    for (int round = 0; round < 20; ++round) {
+      // The worker goes to the caller's CPU and, let go, spins there.
+      runTasks(2, [&](int i) {
+        if (i == 1) {
+          sched_setaffinity(0, sizeof(one), &one);
+          sched_setaffinity(0, sizeof(all), &all);
+        }
+      });
+      int cpus[2] = {-1, -1};
+      bool whole = false;
+      runTasks(2, [&](int i) {
+        cpus[i] = sched_getcpu();
+        if (i == 1) {
+          cpu_set_t mine;
+          whole = sched_getaffinity(0, sizeof(mine), &mine) == 0 && CPU_EQUAL(&mine, &all);
+        }
+      });
+      EXPECT_EQ(cpus[0], first) << "round " << round;
+      EXPECT_NE(cpus[1], first) << "round " << round;
+      EXPECT_TRUE(whole) << "round " << round << ": the worker's mask was not given back";
+    }
+    ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+  }
+  setTasksOnOpenMP(false);
+}
+
 /// A child forked after the pool ran (cellc-tune forks, so does
 /// multiprocessing) runs tasks on a pool of its own, whether the parent ran
 /// them on its pool or on OpenMP's threads.
