@@ -129,6 +129,24 @@ class Cell:
         # Direct steps' checked plans, by the tensors' shapes and dtypes.
         self._step_plans = {}
 
+    # What a Cell compiled and bound is its own: a copy (copy.deepcopy,
+    # torch.save of a module) starts without it and compiles again, from the
+    # kernel cache, with its own name in the ops and its own memory_stats.
+    _RUNTIME_STATE = {"_compiled": dict, "_layouts": dict, "_cuda": dict,
+                      "_step_plans": dict, "_last": lambda: None,
+                      "_key": lambda: None,
+                      "saved_bytes": int}
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        for name, empty in self._RUNTIME_STATE.items():
+            state[name] = empty()
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._key = _ops.cell_key(self) if _ops.AVAILABLE else None
+
     def __repr__(self):
         return (f"cellc.Cell(inputs={self.inputs}, states={self.states}, "
                 f"params={[n for n, _ in self.params]}, outputs={self.outputs})")

@@ -157,10 +157,21 @@ def test_what_torch_accepts_and_cellc_does_not_is_refused():
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
-def test_modules_round_trip(how, tmp_path):
+@pytest.mark.parametrize("used", ["new", "trained", "stepped"])
+def test_modules_round_trip(how, used, tmp_path):
+    # A module is copied at any time: a target network is a deepcopy of one
+    # that has trained (and compiled, and bound its steps).
     import copy
     torch.manual_seed(8)
     mine = cellc.nn.LSTM(3, 5, num_layers=2, proj_size=2)
+    if used == "trained":
+        mine(torch.randn(4, 2, 3))[0].sum().backward()
+        mine.zero_grad()
+    elif used == "stepped":
+        with torch.no_grad():
+            hx = None
+            for _ in range(3):
+                _, hx = mine.step(torch.randn(2, 3), hx)
     if how == "deepcopy":
         other = copy.deepcopy(mine)
     else:
