@@ -25,10 +25,94 @@ _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 #: What a direct step needs, checked once per shape (Cell._step_plan): the
 #: step's compiled cell, the names of the inputs and params, the outputs'
 #: widths, each state's (name, width, shape), the states' names in order,
-#: and a one-item list holding the step bound to these shapes (a BoundStep,
-#: made by the first step that gives every state; None until then).
+#: a one-item list holding the step bound to these shapes (a BoundStep,
+#: made by the first step that gives every state; None until then), and one
+#: holding the short path of Cell.step once bound (_stream_step).
 _StepPlan = collections.namedtuple(
-    "_StepPlan", "compiled names_in names_par widths_out widths_st state_names bound")
+    "_StepPlan", "compiled names_in names_par widths_out widths_st state_names bound stream")
+
+
+def _stream_runner(plan, tensors, new_shapes):
+    """The short path of a stream's steps once `plan`'s step is bound: a
+    function of a list of tensors (the inputs, the params and the states in
+    `plan`'s order) that runs the step where each has the type, shape,
+    dtype and layout of the one in `tensors`, no gradient is wanted and
+    autocast is off, and returns the outputs and the new states (shaped as
+    `new_shapes`) as lists; None, running nothing, where any of that
+    differs (the caller then takes the checked path, which says what is
+    wrong)."""
+    tensor_types = (torch.Tensor, torch.nn.Parameter)
+    shapes = [t.shape for t in tensors]
+    dtype = tensors[0].dtype
+    B = shapes[0][0]
+    first_param, first_state = len(plan.names_in), len(plan.names_in) + len(plan.names_par)
+    # New states in the shape the states came in are made with empty_like,
+    # torch's cheapest allocation.
+    like = [tuple(t.shape) == tuple(s) for t, s in zip(tensors[first_state:], new_shapes)]
+    out_shapes = [(B, w) for w in plan.widths_out]
+    bound = plan.bound
+    grad_enabled = torch.is_grad_enabled
+
+    def run(tensors):
+        if len(tensors) != len(shapes):
+            return None
+        for t, shape in zip(tensors, shapes):
+            if (type(t) not in tensor_types or t.shape != shape or t.dtype is not dtype
+                    or not t.is_cpu or not t.is_contiguous()):
+                return None
+        if grad_enabled() and any([t.requires_grad for t in tensors]):
+            return None
+        if _autocast_cpu() or bound[0] is None:
+            return None
+        x0 = tensors[0]
+        outs = [x0.new_empty(s) for s in out_shapes]
+        news = [torch.empty_like(t) if same else x0.new_empty(s)
+                for t, same, s in zip(tensors[first_state:], like, new_shapes)]
+        if not bound[0].run([t.data_ptr() for t in (*tensors, *outs, *news)],
+                            [p._version for p in tensors[first_param:first_state]]):
+            bound[0] = None  # another B stepped since, or other threads
+            return None
+        return outs, news
+
+    run.plan = plan
+    return run
+
+
+def _stream_step(plan, x, params, states, output_names):
+    """Cell.step's short path (_stream_runner) for steps whose x, params
+    and states come as in this call: the same names, tensors alike."""
+    named = isinstance(x, dict)
+    names_in, names_par, names_st = plan.names_in, plan.names_par, plan.state_names
+
+    def gather(x, params, states):
+        tensors = [x[n] for n in names_in] if named else [x]
+        return tensors + [params[n] for n in names_par] + [states[n] for n in names_st]
+
+    try:
+        B = (x[names_in[0]] if named else x).shape[0]
+        run = _stream_runner(plan, gather(x, params, states),
+                             [(B, *shape) for _, _, shape in plan.widths_st])
+        counts = (len(x) if named else 1, len(params), len(states))
+    except (KeyError, TypeError, AttributeError, IndexError):
+        return None
+
+    def step(x, params, states):
+        if (type(params) is not dict or type(states) is not dict
+                or (type(x) is dict) != named
+                or (len(x) if named else 1, len(params), len(states)) != counts):
+            return None
+        try:
+            done = run(gather(x, params, states))
+        except KeyError:
+            return None
+        if done is None:
+            return None
+        outs, news = done
+        out = outs[0] if len(outs) == 1 else dict(zip(output_names, outs))
+        return out, dict(zip(names_st, news))
+
+    step.plan = plan
+    return step
 
 
 def _size_text(terms):
@@ -128,13 +212,15 @@ class Cell:
         self._last = None
         # Direct steps' checked plans, by the tensors' shapes and dtypes.
         self._step_plans = {}
+        # The last bound step's short path (_stream_step), or None.
+        self._stream = None
 
     # What a Cell compiled and bound is its own: a copy (copy.deepcopy,
     # torch.save of a module) starts without it and compiles again, from the
     # kernel cache, with its own name in the ops and its own memory_stats.
     _RUNTIME_STATE = {"_compiled": dict, "_layouts": dict, "_cuda": dict,
                       "_step_plans": dict, "_last": lambda: None,
-                      "_key": lambda: None,
+                      "_stream": lambda: None, "_key": lambda: None,
                       "saved_bytes": int}
 
     def __getstate__(self):
@@ -371,15 +457,26 @@ class Cell:
         checked and allocated kept per shape; where gradients are wanted, or
         on CUDA, it is the call of a one-step sequence, and gradients flow
         as through any call."""
-        fast = self._step_plan(x, params, states)
-        if fast is None:
+        stream = self._stream
+        if stream is not None:
+            done = stream(x, params, states)
+            if done is not None:
+                return done
+        plan = self._step_plan(x, params, states)
+        if plan is None:
             return self._step_as_sequence(x, params, states)
-        inputs = [x[n] for n in fast.names_in] if isinstance(x, dict) else [x]
-        st = ([None] * len(fast.state_names) if states is None
-              else [states.get(n) for n in fast.state_names])
-        outs, news = self._step_run(fast, inputs, params, st)
+        inputs = [x[n] for n in plan.names_in] if isinstance(x, dict) else [x]
+        st = ([None] * len(plan.state_names) if states is None
+              else [states.get(n) for n in plan.state_names])
+        outs, news = self._step_run(plan, inputs, params, st)
+        if plan.bound[0] is not None:
+            # Made once a plan: steps that alternate between plans (the
+            # layers of cellc.nn.Recurrent) do not make theirs each time.
+            if plan.stream[0] is None:
+                plan.stream[0] = _stream_step(plan, x, params, states, self.outputs)
+            self._stream = plan.stream[0]
         out = outs[0] if len(outs) == 1 else dict(zip(self.outputs, outs))
-        return out, dict(zip(fast.state_names, news))
+        return out, dict(zip(plan.state_names, news))
 
     def _step_run(self, plan, inputs, params, states, lead=()):
         """Runs a step that `plan` (_step_plan) checked: `states` a list in
@@ -480,7 +577,7 @@ class Cell:
         widths_st = [(n, shape[0], tuple(self.shape(n, sizes)))
                      for n, shape in compiled.states]
         return _StepPlan(compiled, names_in, names_par, widths_out, widths_st,
-                         [n for n, _, _ in widths_st], [None])
+                         [n for n, _, _ in widths_st], [None], [None])
 
     def _step_as_sequence(self, x, params, states):
         """A step as the call of a one-step sequence (autograd, CUDA)."""

@@ -9,6 +9,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from ._autograd import _compiling
+from .core import _stream_runner
 from .core import compile as _compile
 
 
@@ -244,6 +245,11 @@ class _TorchStyleRNN(torch.nn.Module):
         """One step of every layer: `input` [B, n] (unbatched: [n]), `hx` a
         tuple of [L, B, n] (unbatched: [L, n]) or None. Returns the last
         layer's output and the new states, shaped as `hx`."""
+        stream = self._stream
+        if stream is not None and hx is not None:
+            done = stream(input, hx)
+            if done is not None:
+                return done
         name = type(self).__name__
         if self.bidirectional:
             raise ValueError(f"cellc.nn.{name}.step: a bidirectional module has no step "
@@ -298,10 +304,47 @@ class _TorchStyleRNN(torch.nn.Module):
         else:
             states = list(hx) if same else [dict(zip(self.state_names, hx))[n] for n in order]
         outs, news = self.cell._step_run(plan, [x], params, states, lead=(1,))
+        if (hx is not None and plan.bound[0] is not None
+                and (self._stream is None or self._stream.plan is not plan)):
+            self._stream = self._stream_of(plan, x, states)
         if not same:
             new = dict(zip(order, news))
             news = [new[n] for n in self.state_names]
         return outs[0], tuple(news)
+
+    # The last bound step's short path (_stream_of), or None; a class
+    # attribute, so that a module pickled without it steps too.
+    _stream = None
+
+    def _stream_of(self, plan, x, states):
+        """The short path (cellc.core._stream_runner) of the next steps of a
+        one-layer module whose step `plan` has bound, from states in the
+        cell's order given as these are: the module's own parameters (not
+        ones that weight_norm or a parametrization makes), read each step."""
+        own = self._parameters
+        torch_names = dict(zip(["W_ih", "W_hh", "b_ih", "b_hh"], self._names[0]))
+        if self.proj_size:
+            torch_names["W_hr"] = self._names[0][-1]
+        names = [torch_names.get(n) for n in plan.names_par]
+        if (not self.bias or plan.state_names != self.state_names
+                or any(n not in own for n in names)):
+            return None
+        run = _stream_runner(plan, [x, *[own[n] for n in names], *states],
+                             [(1, x.shape[0], *shape) for _, _, shape in plan.widths_st])
+
+        def step(input, hx):
+            done = run([input, *[own.get(n) for n in names], *hx])
+            if done is None:
+                return None
+            outs, news = done
+            return outs[0], tuple(news)
+
+        step.plan = plan
+        return step
+
+    def __getstate__(self):
+        # The stream's short path is this module's, bound to its kernels.
+        return dict(super().__getstate__(), _stream=None)
 
     def _check_state(self, h, i, batch, batched):
         """The i-th initial state, [L * D, B, n] (unbatched: [L * D, n])."""

@@ -314,6 +314,70 @@ def test_a_one_layer_modules_step_is_its_forward_with_any_states(proj_size):
     torch.testing.assert_close(c0.grad, c1.grad, rtol=1e-12, atol=1e-12)
 
 
+def test_a_modules_stream_follows_its_parameters():
+    """A one-layer module's steps take a short path once bound, reading its
+    parameters at each step: values loaded in place, a parameter replaced,
+    another dtype and weight_norm's computed weight are all seen."""
+    torch.manual_seed(8)
+    m = cellc.nn.LSTM(5, 7).double()
+    ref = torch.nn.LSTM(5, 7).double()
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(16, 5, dtype=torch.float64)
+    hx = (torch.randn(1, 16, 7, dtype=torch.float64), torch.randn(1, 16, 7, dtype=torch.float64))
+
+    def step_is_torchs(module, x, hx):
+        o, new = m.step(x, hx)
+        ro, want = module(x[None], hx)
+        torch.testing.assert_close(o, ro[0], rtol=1e-12, atol=1e-12)
+        for got, w in zip(new, want):
+            torch.testing.assert_close(got, w, rtol=1e-12, atol=1e-12)
+        return new
+
+    with torch.no_grad():
+        for _ in range(3):
+            hx = step_is_torchs(ref, x, hx)
+        stream = m._stream
+        assert stream is not None
+        direct = m._direct_step
+        m._direct_step = lambda *a: pytest.fail("a bound stream's step took the checked path")
+        hx = step_is_torchs(ref, x, hx)
+        del m._direct_step
+        # Values loaded in place (as load_state_dict and optimizers write).
+        other = torch.nn.LSTM(5, 7).double()
+        m.load_state_dict(other.state_dict())
+        hx = step_is_torchs(other, x, hx)
+        # A parameter replaced by another tensor.
+        m.weight_hh_l0 = torch.nn.Parameter(torch.randn(28, 7, dtype=torch.float64))
+        other.weight_hh_l0.copy_(m.weight_hh_l0)
+        hx = step_is_torchs(other, x, hx)
+        assert direct is not None
+    # Another dtype: the checked path, then a stream of its own.
+    m, other = m.float(), other.float()
+    x, hx = x.float(), tuple(h.float() for h in hx)
+
+    def step_is_close(module, x, hx):
+        o, new = m.step(x, hx)
+        ro, want = module(x[None], hx)
+        torch.testing.assert_close(o, ro[0])
+        torch.testing.assert_close(new[1], want[1])
+        return new
+
+    with torch.no_grad():
+        for _ in range(3):
+            hx = step_is_close(other, x, hx)
+        assert m._stream is not stream
+    # weight_norm computes weight_ih_l0 from two parameters of its own.
+    m = torch.nn.utils.weight_norm(m, "weight_ih_l0")
+    other = torch.nn.utils.weight_norm(other, "weight_ih_l0")
+    other.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        m.weight_ih_l0_g.mul_(0.5)
+        other.weight_ih_l0_g.mul_(0.5)
+        m(x[None], hx)  # weight_norm's hook computes the weight on a forward
+        for _ in range(3):
+            hx = step_is_close(other, x, hx)
+
+
 def test_gru_and_recurrent_steps_are_their_forwards_step_by_step():
     torch.manual_seed(5)
     g = cellc.nn.GRU(5, 7, num_layers=2).double()
@@ -354,6 +418,83 @@ def test_module_steps_train():
     total.backward()
     for p, w in zip(m.parameters(), want):
         torch.testing.assert_close(p.grad, w, rtol=1e-10, atol=1e-12)
+
+
+def test_a_streams_short_path_leaves_whatever_differs_to_the_checked_one():
+    """From its second step, a stream takes a short path that checks each
+    tensor against the last call's. Whatever differs (a shape, a dtype, a
+    layout, a name, a tensor that wants gradients) takes the checked path:
+    the same errors, and results that are still torch's."""
+    torch.manual_seed(5)
+    cell = cellc.compile(LSTM)
+    p = {"W_ih": torch.randn(16, 3), "W_hh": torch.randn(16, 4), "b_ih": torch.randn(16),
+         "b_hh": torch.randn(16)}
+    x = torch.randn(2, 3)
+    st = {"h": torch.randn(2, 4), "c": torch.randn(2, 4)}
+
+    def step_is_torchs(x, p, st):
+        out, new = cell.step(x, p, st)
+        h, c = (st.get(n, torch.zeros(x.shape[0], 4, dtype=x.dtype)) for n in ("h", "c"))
+        rh, rc = torch.lstm_cell(x, (h, c), p["W_ih"], p["W_hh"], p["b_ih"], p["b_hh"])
+        torch.testing.assert_close(out, rh)
+        torch.testing.assert_close(new["h"], rh)
+        torch.testing.assert_close(new["c"], rc)
+        return out, new
+
+    with torch.no_grad():
+        for _ in range(3):
+            _, st = step_is_torchs(x, p, st)
+        stream = cell._stream
+        assert stream is not None
+        # The stream's steps do not go through the checked path.
+        checked = cell._step_plan
+        calls = []
+        cell._step_plan = lambda *a: calls.append(a) or checked(*a)
+        for _ in range(2):
+            _, st = step_is_torchs(x, p, st)
+        assert not calls and cell._stream is stream
+        del cell._step_plan
+        errors = [
+            ((torch.randn(3, 3), p, st), ValueError,
+             r"state 'h' must be \[B, n\] with B=3, got \[2, 4\]"),
+            ((x, dict(p, W_hh=torch.randn(16, 5)), st), ValueError,
+             r"param 'W_hh' is declared \[4\*H, H\]"),
+            ((x, {n: t for n, t in p.items() if n != "b_hh"}, st), ValueError,
+             "no tensor for param 'b_hh'"),
+            ((x, dict(p, bias=torch.randn(16)), st), ValueError,
+             "'bias' is not a param of this cell"),
+            ((x.double(), p, st), TypeError, "all tensors must have one dtype"),
+            ((x, p, dict(st, z=torch.randn(2, 4))), ValueError,
+             "'z' is not a state of this cell"),
+            (([1, 2], p, st), TypeError, "expected tensors, got list"),
+            ((x, list(p.values()), st), TypeError, "params must be a dict"),
+            ((x, p, {"h": st["h"], "c": torch.randn(2, 5)}), ValueError,
+             r"state 'c' is declared \[H\]"),
+        ]
+        for args, error, message in errors:
+            with pytest.raises(error, match=message):
+                cell.step(*args)
+            _, st = step_is_torchs(x, p, st)  # and the stream goes on
+        # Other layouts and names run, through the checked path.
+        step_is_torchs(torch.randn(3, 2).t(), p, st)
+        step_is_torchs(x, p, {"h": st["h"]})
+        step_is_torchs(x, p, {"h": st["h"], "c": st["c"].t().contiguous().t()})
+        xd, pd, sd = x.double(), {n: t.double() for n, t in p.items()}, \
+            {n: t.double() for n, t in st.items()}
+        for _ in range(3):
+            _, sd = step_is_torchs(xd, pd, sd)
+        assert cell._stream is not stream  # the float64 stream's
+        _, st = step_is_torchs(x, p, st)
+    # Where gradients are wanted, they flow, though the shapes are a bound
+    # stream's.
+    _, st = step_is_torchs(x, p, st)
+    w = p["W_hh"].clone().requires_grad_()
+    out, new = cell.step(x, dict(p, W_hh=w), st)
+    (out.sum() + new["c"].sum()).backward()
+    w_ref = p["W_hh"].clone().requires_grad_()
+    rh, rc = torch.lstm_cell(x, (st["h"], st["c"]), p["W_ih"], w_ref, p["b_ih"], p["b_hh"])
+    (rh.sum() + rc.sum()).backward()
+    torch.testing.assert_close(w.grad, w_ref.grad)
 
 
 def test_bad_tensors_are_errors_that_say_what_is_wrong():
