@@ -1,6 +1,7 @@
 """The functional API: compile a cell, bind its sizes from tensors, run it
 under autograd."""
 
+import builtins
 import collections
 import hashlib
 import json
@@ -27,92 +28,99 @@ _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 #: widths, each state's (name, width, shape), the states' names in order,
 #: a one-item list holding the step bound to these shapes (a BoundStep,
 #: made by the first step that gives every state; None until then), and one
-#: holding the short path of Cell.step once bound (_stream_step).
+#: holding Cell.step's short path once bound (_stream_step).
 _StepPlan = collections.namedtuple(
     "_StepPlan", "compiled names_in names_par widths_out widths_st state_names bound stream")
 
 
-def _stream_runner(plan, tensors, new_shapes):
+def _stream_function(plan, signature, guard, fetch, result, tensors, new_shapes, env):
     """The short path of a stream's steps once `plan`'s step is bound: a
-    function of a list of tensors (the inputs, the params and the states in
-    `plan`'s order) that runs the step where each has the type, shape,
-    dtype and layout of the one in `tensors`, no gradient is wanted and
-    autocast is off, and returns the outputs and the new states (shaped as
-    `new_shapes`) as lists; None, running nothing, where any of that
-    differs (the caller then takes the checked path, which says what is
-    wrong)."""
-    tensor_types = (torch.Tensor, torch.nn.Parameter)
-    shapes = [t.shape for t in tensors]
-    dtype = tensors[0].dtype
-    B = shapes[0][0]
-    first_param, first_state = len(plan.names_in), len(plan.names_in) + len(plan.names_par)
-    # New states in the shape the states came in are made with empty_like,
-    # torch's cheapest allocation.
-    like = [tuple(t.shape) == tuple(s) for t, s in zip(tensors[first_state:], new_shapes)]
-    out_shapes = [(B, w) for w in plan.widths_out]
-    bound = plan.bound
-    grad_enabled = torch.is_grad_enabled
+    function of `signature` that runs the step where `guard` holds and the
+    tensors that `fetch` gives (the inputs, params and states in `plan`'s
+    order) each have the type, shape, dtype and layout of those in
+    `tensors`, no gradient is wanted and autocast is off, and returns
+    `result` (over the outputs o0.. and the new states n0.., shaped as
+    `new_shapes`); None, running nothing, where any of that differs (the
+    caller then takes the checked path, which says what is wrong).
 
-    def run(tensors):
-        if len(tensors) != len(shapes):
-            return None
-        for t, shape in zip(tensors, shapes):
-            if (type(t) not in tensor_types or t.shape != shape or t.dtype is not dtype
-                    or not t.is_cpu or not t.is_contiguous()):
-                return None
-        if grad_enabled() and any([t.requires_grad for t in tensors]):
-            return None
-        if _autocast_cpu() or bound[0] is None:
-            return None
-        x0 = tensors[0]
-        outs = [x0.new_empty(s) for s in out_shapes]
-        news = [torch.empty_like(t) if same else x0.new_empty(s)
-                for t, same, s in zip(tensors[first_state:], like, new_shapes)]
-        if not bound[0].run([t.data_ptr() for t in (*tensors, *outs, *news)],
-                            [p._version for p in tensors[first_param:first_state]]):
-            bound[0] = None  # another B stepped since, or other threads
-            return None
-        return outs, news
-
-    run.plan = plan
-    return run
+    Its code is written out for these tensors, as namedtuple writes its
+    class: straight-line checks cost half of the same in a loop, and at B = 1
+    a microsecond of Python is 3% of a step."""
+    first_state = len(plan.names_in) + len(plan.names_par)
+    env = dict(env, T=(torch.Tensor, torch.nn.Parameter), D=tensors[0].dtype,
+               grad_enabled=torch.is_grad_enabled, autocast=_autocast_cpu,
+               bound=plan.bound, empty_like=torch.empty_like)
+    ts = [f"t{i}" for i in range(len(tensors))]
+    checks = []
+    for i, t in enumerate(ts):
+        env[f"S{i}"] = tensors[i].shape
+        checks.append(f"type({t}) not in T or {t}.shape != S{i} or {t}.dtype is not D "
+                      f"or not {t}.is_cpu or not {t}.is_contiguous()")
+    B = tensors[0].shape[0]
+    allocs = [f"o{i} = t0.new_empty(({B}, {w}))" for i, w in enumerate(plan.widths_out)]
+    for i, shape in enumerate(new_shapes):
+        old = tensors[first_state + i]
+        # empty_like is torch's cheapest allocation.
+        allocs.append(f"n{i} = empty_like({ts[first_state + i]})" if tuple(old.shape) == shape
+                      else f"n{i} = t0.new_empty({tuple(shape)})")
+    results = [f"o{i}" for i in range(len(plan.widths_out))] + [
+        f"n{i}" for i in range(len(new_shapes))]
+    params = ts[len(plan.names_in):first_state]
+    nl = "\n        "
+    source = f"""
+def step({signature}):
+    if not ({guard}):
+        return None
+    {", ".join(ts)}, = {", ".join(fetch)},
+    if ({(" or" + nl).join(checks)}):
+        return None
+    if grad_enabled() and ({" or ".join(t + ".requires_grad" for t in ts)}):
+        return None
+    if autocast() or bound[0] is None:
+        return None
+    {"; ".join(allocs)}
+    if not bound[0].run([{", ".join(t + ".data_ptr()" for t in ts + results)}],
+                        [{", ".join(p + "._version" for p in params)}]):
+        bound[0] = None  # another B stepped since, or other threads
+        return None
+    return {result}
+"""
+    exec(builtins.compile(source, f"<cellc stream of {plan.compiled.path}>", "exec"), env)
+    step = env["step"]
+    step.plan = plan
+    return step
 
 
 def _stream_step(plan, x, params, states, output_names):
-    """Cell.step's short path (_stream_runner) for steps whose x, params
-    and states come as in this call: the same names, tensors alike."""
+    """Cell.step's short path (_stream_function) for steps whose x, params
+    and states come as in this call: the same names, tensors alike; None
+    where they do not come as dicts of tensors."""
     named = isinstance(x, dict)
-    names_in, names_par, names_st = plan.names_in, plan.names_par, plan.state_names
-
-    def gather(x, params, states):
-        tensors = [x[n] for n in names_in] if named else [x]
-        return tensors + [params[n] for n in names_par] + [states[n] for n in names_st]
-
-    try:
-        B = (x[names_in[0]] if named else x).shape[0]
-        run = _stream_runner(plan, gather(x, params, states),
-                             [(B, *shape) for _, _, shape in plan.widths_st])
-        counts = (len(x) if named else 1, len(params), len(states))
-    except (KeyError, TypeError, AttributeError, IndexError):
+    if (type(params) is not dict or type(states) is not dict
+            or named and type(x) is not dict):
         return None
-
-    def step(x, params, states):
-        if (type(params) is not dict or type(states) is not dict
-                or (type(x) is dict) != named
-                or (len(x) if named else 1, len(params), len(states)) != counts):
-            return None
-        try:
-            done = run(gather(x, params, states))
-        except KeyError:
-            return None
-        if done is None:
-            return None
-        outs, news = done
-        out = outs[0] if len(outs) == 1 else dict(zip(output_names, outs))
-        return out, dict(zip(names_st, news))
-
-    step.plan = plan
-    return step
+    names_in, names_par, names_st = plan.names_in, plan.names_par, plan.state_names
+    guard = [f"type(params) is dict and len(params) == {len(params)}",
+             f"type(states) is dict and len(states) == {len(states)}"]
+    if named:
+        guard.append(f"type(x) is dict and len(x) == {len(x)}")
+        fetch = [f"x.get({n!r})" for n in names_in]
+    else:
+        guard.append("type(x) is not dict")
+        fetch = ["x"]
+    fetch += [f"params.get({n!r})" for n in names_par]
+    fetch += [f"states.get({n!r})" for n in names_st]
+    tensors = [x[n] for n in names_in] if named else [x]
+    tensors += [params.get(n) for n in names_par] + [states.get(n) for n in names_st]
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    B = tensors[0].shape[0]
+    outs = (["o0"] if len(output_names) == 1 else
+            ["{" + ", ".join(f"{n!r}: o{i}" for i, n in enumerate(output_names)) + "}"])
+    news = "{" + ", ".join(f"{n!r}: n{i}" for i, n in enumerate(names_st)) + "}"
+    return _stream_function(plan, "x, params, states", " and ".join(guard), fetch,
+                            f"{outs[0]}, {news}", tensors,
+                            [(B, *shape) for _, _, shape in plan.widths_st], {})
 
 
 def _size_text(terms):

@@ -9,7 +9,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from ._autograd import _compiling
-from .core import _stream_runner
+from .core import _stream_function
 from .core import compile as _compile
 
 
@@ -317,8 +317,8 @@ class _TorchStyleRNN(torch.nn.Module):
     _stream = None
 
     def _stream_of(self, plan, x, states):
-        """The short path (cellc.core._stream_runner) of the next steps of a
-        one-layer module whose step `plan` has bound, from states in the
+        """The short path (cellc.core._stream_function) of the next steps of
+        a one-layer module whose step `plan` has bound, from states in the
         cell's order given as these are: the module's own parameters (not
         ones that weight_norm or a parametrization makes), read each step."""
         own = self._parameters
@@ -329,18 +329,13 @@ class _TorchStyleRNN(torch.nn.Module):
         if (not self.bias or plan.state_names != self.state_names
                 or any(n not in own for n in names)):
             return None
-        run = _stream_runner(plan, [x, *[own[n] for n in names], *states],
-                             [(1, x.shape[0], *shape) for _, _, shape in plan.widths_st])
-
-        def step(input, hx):
-            done = run([input, *[own.get(n) for n in names], *hx])
-            if done is None:
-                return None
-            outs, news = done
-            return outs[0], tuple(news)
-
-        step.plan = plan
-        return step
+        k = len(states)
+        fetch = ["input"] + [f"own.get({n!r})" for n in names] + [f"hx[{i}]" for i in range(k)]
+        news = ", ".join(f"n{i}" for i in range(k))
+        return _stream_function(
+            plan, "input, hx", f"type(hx) in (tuple, list) and len(hx) == {k}", fetch,
+            f"o0, ({news},)", [x, *[own[n] for n in names], *states],
+            [(1, x.shape[0], *shape) for _, _, shape in plan.widths_st], {"own": own})
 
     def __getstate__(self):
         # The stream's short path is this module's, bound to its kernels.
