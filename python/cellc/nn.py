@@ -148,6 +148,41 @@ class _TorchStyleRNN(torch.nn.Module):
         for p in self.parameters():
             torch.nn.init.uniform_(p, -bound, bound)
 
+    # What torch.nn.LSTM and GRU have besides forward, for code written for them.
+
+    @property
+    def mode(self):
+        """"LSTM" or "GRU", as torch's RNNBase.mode."""
+        return type(self).__name__
+
+    @property
+    def all_weights(self):
+        """The parameters of each layer and direction, in torch's order
+        (weight_ih, weight_hh, bias_ih, bias_hh, weight_hr)."""
+        return [[getattr(self, n) for n in names] for names in self._names]
+
+    def flatten_parameters(self):
+        """Nothing to do: torch packs cuDNN's weights into one buffer here,
+        and cellc's kernels read the parameters where they are."""
+
+    def extra_repr(self):
+        s = f"{self.input_size}, {self.hidden_size}"
+        if self.proj_size:
+            s += f", proj_size={self.proj_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if self.bias is not True:
+            s += f", bias={self.bias}"
+        if self.batch_first:
+            s += f", batch_first={self.batch_first}"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        if self.bidirectional:
+            s += f", bidirectional={self.bidirectional}"
+        if self.recompute != "none":
+            s += f", recompute={self.recompute!r}"
+        return s
+
     def _params(self, index):
         names = self._names[index]
         # The registered parameters first (faster than getattr, which also

@@ -121,6 +121,31 @@ def test_unbatched_input_matches_torch(cls, with_state):
     _compare(ref, mine, torch.randn(T, I), hx)
 
 
+@pytest.mark.parametrize("cls,kwargs", [
+    ("LSTM", {}), ("LSTM", {"num_layers": 2, "bidirectional": True, "proj_size": 2}),
+    ("GRU", {"num_layers": 3, "bias": False, "batch_first": True, "dropout": 0.25})])
+def test_what_code_written_for_torchs_modules_uses_is_there(cls, kwargs):
+    # Code that swaps torch.nn.LSTM for cellc's calls flatten_parameters()
+    # (DataParallel users do, before each forward), walks all_weights to
+    # initialise, and prints the model.
+    ref = getattr(torch.nn, cls)(3, 5, **kwargs)
+    mine = getattr(cellc.nn, cls)(3, 5, **kwargs)
+    mine.load_state_dict(ref.state_dict())
+    assert repr(mine) == repr(ref)
+    assert repr(getattr(cellc.nn, cls)(3, 5, recompute="full")) == \
+        f"{cls}(3, 5, recompute='full')"
+    assert mine.mode == ref.mode
+    assert [[p.shape for p in w] for w in mine.all_weights] == \
+        [[p.shape for p in w] for w in ref.all_weights]
+    for w, rw in zip(mine.all_weights, ref.all_weights):
+        for p, rp in zip(w, rw):
+            assert isinstance(p, torch.nn.Parameter) and torch.equal(p, rp)
+    mine.flatten_parameters()
+    mine.eval(), ref.eval()  # no dropout: the same outputs
+    x = torch.randn(4, 2, 3)
+    torch.testing.assert_close(mine(x)[0], ref(x)[0])
+
+
 def test_dropout_between_layers_runs_in_training_only():
     torch.manual_seed(7)
     mine = cellc.nn.LSTM(3, 5, num_layers=2, dropout=0.5)
