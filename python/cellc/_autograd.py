@@ -171,7 +171,11 @@ class _CellFunction(torch.autograd.Function):
         return (*outputs, *finals)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
+        # The kernels' gradients are not differentiated again (a gradient
+        # penalty, MAML): differentiating them says so, where it would
+        # otherwise find tensors without a grad_fn and say that instead.
         n_in, n_par, n_st, batch_first = ctx.counts
         # The saved outputs (read by the driver through what forward kept)
         # come after the tensors, and what forward kept last.

@@ -789,6 +789,7 @@ def _sequence_class():
             return tuple(outputs) + tuple(finals)
 
         @staticmethod
+        @torch.autograd.function.once_differentiable
         def backward(ctx, *grads):
             cell, slots = ctx.cell, ctx.slots
             handle, backend = cell._driver()

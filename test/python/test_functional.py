@@ -136,6 +136,26 @@ def test_custom_cells_pass_gradcheck_in_double_precision(name, mode):
     gradcheck_cell(cellc.compile(source), sizes, T, B, mode, resets)
 
 
+def test_a_gradient_is_not_differentiated_again_and_says_so():
+    # A gradient penalty or MAML differentiates a gradient. The kernels'
+    # gradients have no graph of their own: differentiating them is an error
+    # that says so, not "does not require grad". With create_graph and no
+    # second differentiation, the gradients are the usual ones.
+    cell = cellc.compile(LSTM)
+    x = torch.randn(5, 2, 3, requires_grad=True)
+    params = _lstm_params(3, 4)
+    out, _ = cell(x, params)
+    g, = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+    want, = torch.autograd.grad(cell(x, params)[0].pow(2).sum(), x)
+    torch.testing.assert_close(g, want)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.sum().backward()
+    m = cellc.nn.GRU(3, 4)
+    g, = torch.autograd.grad(m(x)[0].pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.pow(2).sum().backward()
+
+
 def test_no_grad_keeps_nothing_and_needs_no_grad():
     cell = cellc.compile(LSTM)
     x, params = torch.randn(3, 2, 4), _lstm_params(4, 5)
