@@ -91,14 +91,21 @@ def step({signature}):
     return step
 
 
+def _no_stream(plan):
+    """The short path of steps that cannot take one: always the checked path."""
+    step = lambda *args: None
+    step.plan = plan
+    return step
+
+
 def _stream_step(plan, x, params, states, output_names):
     """Cell.step's short path (_stream_function) for steps whose x, params
-    and states come as in this call: the same names, tensors alike; None
-    where they do not come as dicts of tensors."""
+    and states come as in this call: the same names, tensors alike; none
+    (_no_stream) where they do not come as dicts of tensors."""
     named = isinstance(x, dict)
     if (type(params) is not dict or type(states) is not dict
             or named and type(x) is not dict):
-        return None
+        return _no_stream(plan)
     names_in, names_par, names_st = plan.names_in, plan.names_par, plan.state_names
     guard = [f"type(params) is dict and len(params) == {len(params)}",
              f"type(states) is dict and len(states) == {len(states)}"]
@@ -113,7 +120,7 @@ def _stream_step(plan, x, params, states, output_names):
     tensors = [x[n] for n in names_in] if named else [x]
     tensors += [params.get(n) for n in names_par] + [states.get(n) for n in names_st]
     if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return None
+        return _no_stream(plan)
     B = tensors[0].shape[0]
     outs = (["o0"] if len(output_names) == 1 else
             ["{" + ", ".join(f"{n!r}: o{i}" for i, n in enumerate(output_names)) + "}"])

@@ -9,7 +9,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from ._autograd import _compiling
-from .core import _stream_function
+from .core import _no_stream, _stream_function
 from .core import compile as _compile
 
 
@@ -363,7 +363,7 @@ class _TorchStyleRNN(torch.nn.Module):
         names = [torch_names.get(n) for n in plan.names_par]
         if (not self.bias or plan.state_names != self.state_names
                 or any(n not in own for n in names)):
-            return None
+            return _no_stream(plan)
         k = len(states)
         fetch = ["input"] + [f"own.get({n!r})" for n in names] + [f"hx[{i}]" for i in range(k)]
         news = ", ".join(f"n{i}" for i in range(k))
@@ -374,7 +374,7 @@ class _TorchStyleRNN(torch.nn.Module):
 
     def __getstate__(self):
         # The stream's short path is this module's, bound to its kernels.
-        return dict(super().__getstate__(), _stream=None)
+        return dict(self.__dict__, _stream=None)
 
     def _check_state(self, h, i, batch, batched):
         """The i-th initial state, [L * D, B, n] (unbatched: [L * D, n])."""
