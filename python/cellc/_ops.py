@@ -241,7 +241,9 @@ if AVAILABLE:
                 list(grads[:n_out]), list(grads[n_out:n_out + n_states]), wanted)
         result = [g if w else None for g, w in zip(result, wanted)]
         if twice:
-            given = [g for g in result if g is not None]
+            # As once_differentiable does: the node attaches to outputs that
+            # require grad.
+            given = [g.detach().requires_grad_() for g in result if g is not None]
             delayed = iter(torch._C._functions.DelayedError(
                 b"trying to differentiate twice a function that was marked with "
                 b"@once_differentiable", len(given))(*given))
