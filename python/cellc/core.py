@@ -227,15 +227,16 @@ class Cell:
         self._last = None
         # Direct steps' checked plans, by the tensors' shapes and dtypes.
         self._step_plans = {}
-        # The last bound step's short path (_stream_step), or None.
-        self._stream = None
+        # The short paths (_stream_step) of the last bound steps, the latest
+        # first.
+        self._streams = []
 
     # What a Cell compiled and bound is its own: a copy (copy.deepcopy,
     # torch.save of a module) starts without it and compiles again, from the
     # kernel cache, with its own name in the ops and its own memory_stats.
     _RUNTIME_STATE = {"_compiled": dict, "_layouts": dict, "_cuda": dict,
                       "_step_plans": dict, "_last": lambda: None,
-                      "_stream": lambda: None, "_key": lambda: None,
+                      "_streams": list, "_key": lambda: None,
                       "saved_bytes": int}
 
     def __getstate__(self):
@@ -472,8 +473,7 @@ class Cell:
         checked and allocated kept per shape; where gradients are wanted, or
         on CUDA, it is the call of a one-step sequence, and gradients flow
         as through any call."""
-        stream = self._stream
-        if stream is not None:
+        for stream in self._streams:
             done = stream(x, params, states)
             if done is not None:
                 return done
@@ -485,11 +485,14 @@ class Cell:
               else [states.get(n) for n in plan.state_names])
         outs, news = self._step_run(plan, inputs, params, st)
         if plan.bound[0] is not None:
-            # Made once a plan: steps that alternate between plans (the
-            # layers of cellc.nn.Recurrent) do not make theirs each time.
+            # Made once a plan, and the last few kept: steps that alternate
+            # between plans (the layers of a module, each its own sizes) each
+            # find theirs. A stream that does not fit returns at its first
+            # check that differs.
             if plan.stream[0] is None:
                 plan.stream[0] = _stream_step(plan, x, params, states, self.outputs)
-            self._stream = plan.stream[0]
+            self._streams = [plan.stream[0], *[s for s in self._streams
+                                               if s is not plan.stream[0]][:3]]
         out = outs[0] if len(outs) == 1 else dict(zip(self.outputs, outs))
         return out, dict(zip(plan.state_names, news))
 

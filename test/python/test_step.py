@@ -444,15 +444,14 @@ def test_a_streams_short_path_leaves_whatever_differs_to_the_checked_one():
     with torch.no_grad():
         for _ in range(3):
             _, st = step_is_torchs(x, p, st)
-        stream = cell._stream
-        assert stream is not None
+        stream = cell._streams[0]
         # The stream's steps do not go through the checked path.
         checked = cell._step_plan
         calls = []
         cell._step_plan = lambda *a: calls.append(a) or checked(*a)
         for _ in range(2):
             _, st = step_is_torchs(x, p, st)
-        assert not calls and cell._stream is stream
+        assert not calls and cell._streams[0] is stream
         del cell._step_plan
         errors = [
             ((torch.randn(3, 3), p, st), ValueError,
@@ -483,7 +482,7 @@ def test_a_streams_short_path_leaves_whatever_differs_to_the_checked_one():
             {n: t.double() for n, t in st.items()}
         for _ in range(3):
             _, sd = step_is_torchs(xd, pd, sd)
-        assert cell._stream is not stream  # the float64 stream's
+        assert cell._streams[:2] == [cell._streams[0], stream]  # the float64 stream's, first
         _, st = step_is_torchs(x, p, st)
     # Where gradients are wanted, they flow, though the shapes are a bound
     # stream's.
@@ -495,6 +494,31 @@ def test_a_streams_short_path_leaves_whatever_differs_to_the_checked_one():
     rh, rc = torch.lstm_cell(x, (st["h"], st["c"]), p["W_ih"], w_ref, p["b_ih"], p["b_hh"])
     (rh.sum() + rc.sum()).backward()
     torch.testing.assert_close(w.grad, w_ref.grad)
+
+
+def test_steps_that_alternate_between_sizes_each_keep_their_short_path():
+    # Two layers of other sizes stepping in turn (as a module's layers do)
+    # each take their own short path, with no checked step once bound.
+    torch.manual_seed(9)
+    cell = cellc.compile(LSTM)
+    layers = [({"W_ih": torch.randn(16, I), "W_hh": torch.randn(16, 4),
+                "b_ih": torch.randn(16), "b_hh": torch.randn(16)}, I) for I in (3, 4)]
+    st = [{"h": torch.randn(2, 4), "c": torch.randn(2, 4)} for _ in layers]
+    checked = cell._step_plan
+    calls = []
+    with torch.no_grad():
+        for step in range(5):
+            if step == 2:
+                cell._step_plan = lambda *a: calls.append(a) or checked(*a)
+            for k, (p, I) in enumerate(layers):
+                x = torch.randn(2, I)
+                h, c = st[k]["h"], st[k]["c"]
+                out, st[k] = cell.step(x, p, st[k])
+                rh, rc = torch.lstm_cell(x, (h, c), p["W_ih"], p["W_hh"], p["b_ih"], p["b_hh"])
+                torch.testing.assert_close(out, rh)
+                torch.testing.assert_close(st[k]["c"], rc)
+    assert not calls and len(cell._streams) == 2
+    del cell._step_plan
 
 
 def test_bad_tensors_are_errors_that_say_what_is_wrong():
