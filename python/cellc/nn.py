@@ -183,21 +183,25 @@ class _TorchStyleRNN(torch.nn.Module):
             s += f", recompute={self.recompute!r}"
         return s
 
+    def _torch_names(self, index):
+        """The cell's params that are this module's parameters for layer and
+        direction `index`, and their names here (no biases without bias)."""
+        cell = ["W_ih", "W_hh"] + (["b_ih", "b_hh"] if self.bias else []) + (
+            ["W_hr"] if self.proj_size else [])
+        return dict(zip(cell, self._names[index]))
+
     def _params(self, index):
-        names = self._names[index]
         # The registered parameters first (faster than getattr, which also
         # finds what weight_norm and parametrizations put in their place).
         own = self._parameters
         get = lambda n: own[n] if n in own else getattr(self, n)
-        w_ih, w_hh = get(names[0]), get(names[1])
-        if self.bias:
-            b_ih, b_hh = get(names[2]), get(names[3])
-        else:
-            b_ih = w_ih.new_zeros(w_ih.shape[0])
-            b_hh = w_ih.new_zeros(w_ih.shape[0])
-        params = {"W_ih": w_ih, "W_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh}
+        given = {n: get(t) for n, t in self._torch_names(index).items()}
+        w_ih = given["W_ih"]
+        params = {"W_ih": w_ih, "W_hh": given["W_hh"]}
+        for n in ("b_ih", "b_hh"):  # zeros without bias
+            params[n] = given[n] if self.bias else w_ih.new_zeros(w_ih.shape[0])
         if self.proj_size:
-            params["W_hr"] = get(names[-1])
+            params["W_hr"] = given["W_hr"]
         return params
 
     def _run(self, x, hx, resets, lengths):
@@ -357,9 +361,7 @@ class _TorchStyleRNN(torch.nn.Module):
         cell's order given as these are: the module's own parameters (not
         ones that weight_norm or a parametrization makes), read each step."""
         own = self._parameters
-        torch_names = dict(zip(["W_ih", "W_hh", "b_ih", "b_hh"], self._names[0]))
-        if self.proj_size:
-            torch_names["W_hr"] = self._names[0][-1]
+        torch_names = self._torch_names(0)
         names = [torch_names.get(n) for n in plan.names_par]
         if (not self.bias or plan.state_names != self.state_names
                 or any(n not in own for n in names)):
