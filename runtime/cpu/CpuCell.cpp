@@ -878,26 +878,30 @@ bool CpuCell::BoundStep::run(const std::vector<uintptr_t> &data,
   std::unique_lock<std::mutex> lock = cell.driver->lockStep();
   if (cell.driver->stepEpoch() != b.epoch || !(cell.backend->split(b.batch) == b.split))
     return false;
-  // The weights the last step packed serve where the params, their
-  // versions and sampled contents are the same (as in `step`).
-  std::vector<void *> params;
-  for (size_t p = 0; p < b.params.size(); ++p) {
-    b.params[p].data = reinterpret_cast<void *>(data[b.firstParam + p]);
-    params.push_back(b.params[p].data);
-  }
-  std::vector<int64_t> tokens = contentTokens(b.params, versions, b.cell->elementBytes());
-  bool packed = cell.driver->stepPacked(params, tokens);
-  for (auto &task : b.tasks) {
+  for (auto &task : b.tasks)
     for (auto [arg, at] : b.patches)
       task->setData(arg, reinterpret_cast<const void *>(data[at]));
-    if (b.packedArg)
+  // The weights the last step packed serve where the params, their
+  // versions and sampled contents are the same (as in `step`). Kernels
+  // that read the params as they are (the per-row ones) pack nothing.
+  std::vector<void *> params;
+  std::vector<int64_t> tokens;
+  if (b.packedArg) {
+    for (size_t p = 0; p < b.params.size(); ++p) {
+      b.params[p].data = reinterpret_cast<void *>(data[b.firstParam + p]);
+      params.push_back(b.params[p].data);
+    }
+    tokens = contentTokens(b.params, versions, b.cell->elementBytes());
+    bool packed = cell.driver->stepPacked(params, tokens);
+    for (auto &task : b.tasks)
       task->setIndex(*b.packedArg, packed ? 1 : 0);
   }
   if (b.tasks.size() == 1)
     b.tasks[0]->call(b.entry);
   else
     runTasks(int(b.tasks.size()), [&](int task) { b.tasks[size_t(task)]->call(b.entry); });
-  cell.driver->setStepPacked(std::move(params), std::move(tokens));
+  if (b.packedArg)
+    cell.driver->setStepPacked(std::move(params), std::move(tokens));
   return true;
 }
 

@@ -152,7 +152,8 @@ def test_the_weights_a_step_packed_follow_every_write_to_the_params(threads):
     are the same tensors with the same contents. Each kind of write must be
     seen: torch's in-place ops, a write through `.data` (which torch's
     version counter misses), new tensors, and a batch that changes the
-    workspace. B = 16 runs the batched kernels, which pack."""
+    workspace. B = 16 runs the batched kernels, which pack; B = 1 the per-row
+    ones, which read the params as they are, in between."""
     torch.manual_seed(3)
     cell = cellc.compile(LSTM, threads=threads)
     ref = torch.nn.LSTMCell(5, 7).double()
@@ -170,6 +171,10 @@ def test_the_weights_a_step_packed_follow_every_write_to_the_params(threads):
     # Through .data, as soft target updates write: the version stays.
     params["W_ih"].data.copy_(torch.randn(28, 5, dtype=torch.float64))
     params["W_hh"].data.mul_(0.7).add_(0.01)
+    check(16, params)
+    check(1, params)
+    params["W_hh"].data.mul_(-1.5)
+    check(1, params)
     check(16, params)
     # Other tensors with other values.
     check(16, {n: 0.5 * torch.randn_like(t) for n, t in params.items()})
