@@ -11,6 +11,7 @@
 
 #include "jit/CpuJit.h"
 #include "compiler/Tuner/Workload.h"
+#include "compiler/tools/ToolOptions.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -29,34 +30,45 @@ using namespace cellc;
 using namespace cellc::tuner;
 namespace cl = llvm::cl;
 
-static cl::opt<std::string> cellFile(cl::Positional, cl::desc("<cell file>"),
+static cl::opt<std::string> cellFile(cl::cat(cellc::toolOptions()),
+                                     cl::Positional, cl::desc("<cell file>"),
                                      cl::Required);
-static cl::list<std::string> sizeArgs("D", cl::Prefix, cl::desc("NAME=VALUE"));
-static cl::opt<int64_t> batch("batch-size", cl::desc("B"), cl::init(64));
-static cl::opt<int64_t> steps("seq-len", cl::desc("T"), cl::init(100));
-static cl::opt<int> threads("cpu-threads", cl::desc("threads (0: all cores)"),
-                            cl::init(0));
-static cl::opt<int> repeats("repeats", cl::desc("timed runs per figure"),
-                            cl::init(5));
-static cl::list<std::string> modes("mode", cl::desc("recompute modes"),
+static cl::list<std::string> sizeArgs(cl::cat(cellc::toolOptions()), "D",
+                                      cl::Prefix,
+                                      cl::desc("Bind a size, as in -D H=256"),
+                                      cl::value_desc("NAME=VALUE"));
+static cl::opt<int64_t> batch(cl::cat(cellc::toolOptions()), "batch-size",
+                              cl::desc("B"), cl::init(64));
+static cl::opt<int64_t> steps(cl::cat(cellc::toolOptions()), "seq-len",
+                              cl::desc("T"), cl::init(100));
+static cl::opt<int> threads(cl::cat(cellc::toolOptions()), "cpu-threads",
+                            cl::desc("threads (0: all cores)"), cl::init(0));
+static cl::opt<int> repeats(cl::cat(cellc::toolOptions()), "repeats",
+                            cl::desc("timed runs per figure"), cl::init(5));
+static cl::list<std::string> modes(cl::cat(cellc::toolOptions()), "mode",
+                                   cl::desc("recompute modes"),
                                    cl::CommaSeparated);
-static cl::opt<bool> f64("f64", cl::desc("double precision"), cl::init(false));
-static cl::opt<std::string>
-    kernels("kernels", cl::desc("auto, batched or per-row"), cl::init("auto"));
-static cl::opt<int64_t> batchTile("batch-tile",
-                                  cl::desc("batched kernels: rows per tile (0: default)"),
-                                  cl::init(0));
-static cl::opt<int64_t> vectorWidth("vector-width",
-                                    cl::desc("batched kernels: lanes of the element code "
-                                             "(0: 256 bits)"),
-                                    cl::init(0));
-static cl::opt<bool> tuned("tuned",
+static cl::opt<bool> f64(cl::cat(cellc::toolOptions()), "f64",
+                         cl::desc("double precision"), cl::init(false));
+static cl::opt<std::string> kernels(cl::cat(cellc::toolOptions()), "kernels",
+                                    cl::desc("auto, batched or per-row"),
+                                    cl::init("auto"));
+static cl::opt<int64_t>
+    batchTile(cl::cat(cellc::toolOptions()), "batch-tile",
+              cl::desc("batched kernels: rows per tile (0: default)"),
+              cl::init(0));
+static cl::opt<int64_t>
+    vectorWidth(cl::cat(cellc::toolOptions()), "vector-width",
+                cl::desc("batched kernels: lanes of the element code "
+                         "(0: the host's widest)"),
+                cl::init(0));
+static cl::opt<bool> tuned(cl::cat(cellc::toolOptions()), "tuned",
                            cl::desc("use the tuned config for this batch when "
                                     "the tuning cache has one (cellc-tune)"),
                            cl::init(false));
 
 static cl::opt<bool> profilePhases(
-    "profile-phases",
+    cl::cat(cellc::toolOptions()), "profile-phases",
     cl::desc("batched kernels: print the time each thread works and waits "
              "between barriers, per step of one forward plus backward"),
     cl::init(false));
@@ -116,6 +128,8 @@ static double median(std::vector<double> v) {
 }
 
 int main(int argc, char **argv) {
+  cellc::setToolVersionPrinter("cellc-bench");
+  cellc::hideLibraryOptions();
   cl::ParseCommandLineOptions(argc, argv, "cellc-bench: time a cell on the CPU\n");
   auto file = llvm::MemoryBuffer::getFile(cellFile);
   if (!file) {

@@ -11,7 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Tuner/Tuner.h"
-#include "compiler/tools/ToolVersion.h"
+#include "compiler/tools/ToolOptions.h"
 #include "jit/KernelCache.h"
 
 #include "llvm/Support/CommandLine.h"
@@ -25,47 +25,56 @@ using namespace cellc;
 using namespace cellc::tuner;
 namespace cl = llvm::cl;
 
-static cl::opt<std::string> cellFile(cl::Positional,
+static cl::opt<std::string> cellFile(cl::cat(cellc::toolOptions()),
+                                     cl::Positional,
                                      cl::desc("<cell file, or - for stdin>"));
 static cl::opt<std::string> sourceName(
-    "source-name",
+    cl::cat(cellc::toolOptions()), "source-name",
     cl::desc("The name that messages give the cell (default: the file's)"),
     cl::value_desc("name"));
-static cl::opt<std::string> chip("arch",
+static cl::opt<std::string> chip(cl::cat(cellc::toolOptions()), "arch",
                                  cl::desc("CUDA: the chip the PTX is for and "
                                           "ptxas checks against"),
                                  cl::init("sm_90"));
-static cl::list<std::string> sizeArgs("D", cl::Prefix,
+static cl::list<std::string> sizeArgs(cl::cat(cellc::toolOptions()), "D",
+                                      cl::Prefix,
                                       cl::desc("Bind a size, as in -D H=256"),
                                       cl::value_desc("NAME=VALUE"));
-static cl::opt<int64_t> batch("batch", cl::desc("Batch size B (tunes are "
-                                                "shared by the B of one power-of-two bucket)"),
-                              cl::init(64));
-static cl::opt<int64_t> seqLen("seq-len", cl::desc("Sequence length T"),
-                               cl::init(100));
-static cl::opt<std::string> target("target", cl::desc("cpu or cuda"),
-                                   cl::init("cpu"));
-static cl::opt<std::string> dtype("dtype", cl::desc("f32 or f64"), cl::init("f32"));
-static cl::opt<int> saveGates("save-gates",
-                              cl::desc("Time the training step with SAVE_GATES=1 "
-                                       "(recompute none) or 0 (full)"),
-                              cl::init(1));
-static cl::opt<std::string> budget("budget",
-                                   cl::desc("Time for the whole tune: 60s, 2m, 90"),
-                                   cl::init("60s"));
-static cl::opt<std::string> jsonFile("json", cl::desc("Write the results as JSON"),
+static cl::opt<int64_t>
+    batch(cl::cat(cellc::toolOptions()), "batch",
+          cl::desc("Batch size B (tunes are "
+                   "shared by the B of one power-of-two bucket)"),
+          cl::init(64));
+static cl::opt<int64_t> seqLen(cl::cat(cellc::toolOptions()), "seq-len",
+                               cl::desc("Sequence length T"), cl::init(100));
+static cl::opt<std::string> target(cl::cat(cellc::toolOptions()), "target",
+                                   cl::desc("cpu or cuda"), cl::init("cpu"));
+static cl::opt<std::string> dtype(cl::cat(cellc::toolOptions()), "dtype",
+                                  cl::desc("f32 or f64"), cl::init("f32"));
+static cl::opt<int>
+    saveGates(cl::cat(cellc::toolOptions()), "save-gates",
+              cl::desc("Time the training step with SAVE_GATES=1 "
+                       "(recompute none) or 0 (full)"),
+              cl::init(1));
+static cl::opt<std::string>
+    budget(cl::cat(cellc::toolOptions()), "budget",
+           cl::desc("Time for the whole tune: 60s, 2m, 90"), cl::init("60s"));
+static cl::opt<std::string> jsonFile(cl::cat(cellc::toolOptions()), "json",
+                                     cl::desc("Write the results as JSON"),
                                      cl::value_desc("file"));
 static cl::opt<bool> compileOnly(
-    "compile-only",
+    cl::cat(cellc::toolOptions()), "compile-only",
     cl::desc("Compile and prune the candidates without timing them (CUDA "
              "without a GPU)"),
     cl::init(false));
-static cl::opt<bool> noStore("no-store",
-                             cl::desc("Do not write the winner to the tuning cache"),
-                             cl::init(false));
-static cl::opt<bool> listKnobs("list-knobs",
-                               cl::desc("Print the target's knobs and their values"),
-                               cl::init(false));
+static cl::opt<bool>
+    noStore(cl::cat(cellc::toolOptions()), "no-store",
+            cl::desc("Do not write the winner to the tuning cache"),
+            cl::init(false));
+static cl::opt<bool>
+    listKnobs(cl::cat(cellc::toolOptions()), "list-knobs",
+              cl::desc("Print the target's knobs and their values"),
+              cl::init(false));
 
 static int usage(const llvm::Twine &message) {
   llvm::errs() << "cellc-tune: error: " << message << "\n";
@@ -88,6 +97,7 @@ static std::optional<double> parseSeconds(llvm::StringRef text) {
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   cellc::setToolVersionPrinter("cellc-tune");
+  cellc::hideLibraryOptions();
   cl::ParseCommandLineOptions(argc, argv,
                               "cellc-tune: autotune the kernel config of a cell\n");
   auto parsedTarget = parseTuneTarget(target);

@@ -3,11 +3,11 @@
 #include "compiler/Frontend/IRGen.h"
 #include "compiler/Frontend/Parser.h"
 #include "compiler/Pipelines/Pipelines.h"
-#include "compiler/tools/ToolVersion.h"
+#include "compiler/tools/ToolOptions.h"
+#include "dialects/Cell/IR/CellOps.h"
 #include "dialects/Cell/Transforms/Passes.h"
 #include "jit/CpuJit.h"
 #include "jit/KernelCache.h"
-#include "dialects/Cell/IR/CellOps.h"
 
 #include "mlir/IR/AsmState.h"
 #include "mlir/Pass/PassManager.h"
@@ -31,135 +31,148 @@
 using namespace cellc;
 namespace cl = llvm::cl;
 
-
-static cl::opt<std::string> inputFilename(cl::Positional,
+static cl::opt<std::string> inputFilename(cl::cat(cellc::toolOptions()),
+                                          cl::Positional,
                                           cl::desc("<cell file>"),
                                           cl::init("-"),
                                           cl::value_desc("filename"));
 
-static cl::opt<std::string> outputFilename("o", cl::desc("Output file"),
+static cl::opt<std::string> outputFilename(cl::cat(cellc::toolOptions()), "o",
+                                           cl::desc("Output file"),
                                            cl::value_desc("filename"),
                                            cl::init("-"));
 
 static cl::list<std::string>
-    sizeBindings("D", cl::Prefix,
+    sizeBindings(cl::cat(cellc::toolOptions()), "D", cl::Prefix,
                  cl::desc("Bind a symbolic size, as in -D H=256"),
                  cl::value_desc("NAME=VALUE"));
 
 // The stages come from KernelInterface.def (registered in main).
-static cl::opt<Emit> emitAction("emit", cl::desc("The stage to print"),
+static cl::opt<Emit> emitAction(cl::cat(cellc::toolOptions()), "emit",
+                                cl::desc("The stage to print"),
                                 cl::init(Emit::Mlir));
 
-static cl::opt<std::string>
-    targetName("target",
-               cl::desc("cpu (per-row kernels, the default) or cuda "
-                        "(batch-tiled kernels); --emit=nvvm and ptx imply cuda"),
-               cl::init(""));
+static cl::opt<std::string> targetName(
+    cl::cat(cellc::toolOptions()), "target",
+    cl::desc("cpu (the default) or cuda; --emit=nvvm, ptx and simt imply "
+             "cuda"),
+    cl::init(""));
 
-static cl::opt<std::string> arch("arch",
+static cl::opt<std::string> arch(cl::cat(cellc::toolOptions()), "arch",
                                  cl::desc("CUDA architecture for --emit=ptx"),
                                  cl::init("sm_90"));
 
 static cl::opt<int64_t> batchTile(
-    "batch-tile",
-    cl::desc("Batch rows per CTA of the CUDA kernels; 0 (the default) "
-             "chooses the largest that fits in 48 KiB of shared memory"),
+    cl::cat(cellc::toolOptions()), "batch-tile",
+    cl::desc("Batch rows per tile: a CTA's for CUDA (0, the default: the "
+             "largest that fits in 48 KiB of shared memory), a group of "
+             "threads' for the CPU (0: 64)"),
     cl::init(0));
 
 static cl::opt<int64_t> maxRegisters(
-    "max-registers",
+    cl::cat(cellc::toolOptions()), "max-registers",
     cl::desc("Registers per thread that ptxas may use in the CUDA kernels (0: "
              "no cap); a knob of cellc-tune"),
     cl::init(0));
 
-static cl::opt<int64_t> threadsPerCta("cta-threads",
+static cl::opt<int64_t> threadsPerCta(cl::cat(cellc::toolOptions()),
+                                      "cta-threads",
                                       cl::desc("Threads per CTA (CUDA)"),
                                       cl::init(256));
 
 static cl::opt<std::string> strategy(
-    "strategy",
-    cl::desc("The kernels' strategy. CPU: batched (the default: each step as "
-             "phases over a tile of rows, products as register-blocked matrix "
-             "products) or per-row (one row at a time). CUDA: batch-tiled (a CTA "
-             "per batch tile runs all steps) or persistent (CTAs split each "
-             "step, keep the recurrent weights on chip and meet at grid "
-             "barriers); by default batch-tiled where a CTA's buffers fit in 48 "
-             "KiB, else persistent, as Python chooses"),
+    cl::cat(cellc::toolOptions()), "strategy",
+    cl::desc(
+        "The kernels' strategy. CPU: batched (the default: each step as "
+        "phases over a tile of rows, products as register-blocked matrix "
+        "products) or per-row (one row at a time). CUDA: batch-tiled (a CTA "
+        "per batch tile runs all steps) or persistent (CTAs split each "
+        "step, keep the recurrent weights on chip and meet at grid "
+        "barriers); by default batch-tiled where a CTA's buffers fit in 48 "
+        "KiB, else persistent, as Python chooses"),
     cl::init(""));
 
 static cl::opt<int64_t> productRows(
-    "product-rows",
-    cl::desc("CPU, batched: rows of a product's register block (default 6)"),
+    cl::cat(cellc::toolOptions()), "product-rows",
+    cl::desc("CPU, batched: rows of a product's register block (default 6; "
+             "in a package, the host's: 8 with 512-bit vectors)"),
     cl::init(6));
 
 static cl::opt<int64_t> productVectors(
-    "product-vectors",
+    cl::cat(cellc::toolOptions()), "product-vectors",
     cl::desc("CPU, batched: output vectors per row of a product's register "
-             "block (default 2)"),
+             "block (default 2; in a package, the host's: 3 with 512-bit "
+             "vectors)"),
     cl::init(2));
 
 static cl::opt<int64_t> vectorWidth(
-    "vector-width",
-    cl::desc("CPU, batched: lanes per vector (0, the default: 256 bits)"),
+    cl::cat(cellc::toolOptions()), "vector-width",
+    cl::desc("CPU, batched: lanes per vector (0, the default: 256 bits; in "
+             "a package, the host's widest)"),
     cl::init(0));
 
-static cl::opt<int64_t> ctas(
-    "ctas", cl::desc("Persistent: CTAs per batch tile (0: the fewest whose "
-                     "weight slices fit in shared memory)"),
-    cl::init(0));
+static cl::opt<int64_t>
+    ctas(cl::cat(cellc::toolOptions()), "ctas",
+         cl::desc("Persistent: CTAs per batch tile (0: the fewest whose "
+                  "weight slices fit in shared memory)"),
+         cl::init(0));
 
 static cl::opt<int64_t> sharedLimit(
-    "shared-limit",
-    cl::desc("Persistent: bytes of dynamic shared memory per CTA for its slice "
-             "of the weights (default 49152 with --strategy=persistent; with no "
-             "strategy named, the --arch's opt-in: an H100 allows 232448, an A100 "
-             "166912)"),
+    cl::cat(cellc::toolOptions()), "shared-limit",
+    cl::desc(
+        "Persistent: bytes of dynamic shared memory per CTA for its slice "
+        "of the weights (default 49152 with --strategy=persistent; with no "
+        "strategy named, the --arch's opt-in: an H100 allows 232448, an A100 "
+        "166912)"),
     cl::init(49152));
 
 static cl::opt<std::string> storage(
-    "storage",
-    cl::desc("CUDA: the element type in memory of x, h, the gates and the other "
-             "per-step sequences: f32 (default) or bf16 (computed in f32)"),
+    cl::cat(cellc::toolOptions()), "storage",
+    cl::desc(
+        "CUDA: the element type in memory of x, h, the gates and the other "
+        "per-step sequences: f32 (default) or bf16 (computed in f32)"),
     cl::init(""));
 
 static cl::opt<std::string> precision(
-    "precision",
+    cl::cat(cellc::toolOptions()), "precision",
     cl::desc("The CUDA recurrent matvecs' multiplies: ieee (fp32 FMAs, the "
              "default), tf32 or bf16 (tensor cores, fp32 accumulation)"),
     cl::init(""));
 
 static cl::opt<int> saveGatesFlag(
-    "save-gates",
+    cl::cat(cellc::toolOptions()), "save-gates",
     cl::desc("With --emit=kernels or llvm: specialize SAVE_GATES to 0 or 1 (by "
              "default the kernels keep the flag, and llvm takes 1)"),
     cl::init(-1));
 
 static cl::opt<bool> splitInputFile(
-    "split-input-file",
+    cl::cat(cellc::toolOptions()), "split-input-file",
     cl::desc("Compile each part of the input between '# -----' lines on its "
              "own, keeping line numbers, as mlir-opt does for tests"),
     cl::init(false));
 
 static cl::opt<int64_t> planSteps(
-    "seq-len",
-    cl::desc("With --emit=plan: the steps T of the training step whose memory the "
-             "plan predicts (100)"),
+    cl::cat(cellc::toolOptions()), "seq-len",
+    cl::desc(
+        "With --emit=plan: the steps T of the training step whose memory the "
+        "plan predicts (100)"),
     cl::init(100));
 
 static cl::opt<int64_t> planBatch(
-    "batch",
+    cl::cat(cellc::toolOptions()), "batch",
     cl::desc("With --emit=plan: the batch rows B of that training step (64)"),
     cl::init(64));
 
-static cl::opt<std::string> dtype("dtype",
+static cl::opt<std::string> dtype(cl::cat(cellc::toolOptions()), "dtype",
                                   cl::desc("Element type: f32, f64, f16, bf16"),
                                   cl::init("f32"));
 
 static cl::opt<bool> simtObjects(
-    "simt",
-    cl::desc("With --emit=package --target=cuda: also the kernels compiled for the "
-             "SIMT emulator, save.simt.so and replay.simt.so (Python's "
-             "target=\"cuda-emu\" runs them)"),
+    cl::cat(cellc::toolOptions()), "simt",
+    cl::desc(
+        "With --emit=package --target=cuda: also the kernels compiled for the "
+        "SIMT emulator, save.simt.so and replay.simt.so (Python's "
+        "target=\"cuda-emu\" runs them)"),
     cl::init(false));
 
 /// The command line's words, parsed once through KernelInterface.h.
@@ -381,6 +394,7 @@ int main(int argc, char **argv) {
   mlir::registerAsmPrinterCLOptions();
   mlir::registerMLIRContextCLOptions();
   cellc::setToolVersionPrinter("cellc");
+  cellc::hideLibraryOptions();
   for (const Word &w : Words<Emit>())
     emitAction.getParser().addLiteralOption(w.name, *parse<Emit>(w.name), w.help);
   cl::ParseCommandLineOptions(argc, argv, "cellc: a compiler for recurrent cells\n");
