@@ -429,6 +429,9 @@ class Cell:
                 layout = "[B, T, n]" if batch_first else "[T, B, n]"
                 raise ValueError(f"input '{name}' must be {layout}, got shape {list(t.shape)}")
         T, B = (inputs[0].shape[1], inputs[0].shape[0]) if batch_first else inputs[0].shape[:2]
+        if T == 0:
+            raise ValueError(f"the sequence needs T >= 1 steps; input '{names_in[0]}' has "
+                             f"shape {list(inputs[0].shape)}")
         shapes = {n: (t.shape[2],) for n, t in zip(names_in, inputs)}
         for n, t in zip(names_in, inputs):
             lead = (t.shape[1], t.shape[0]) if batch_first else tuple(t.shape[:2])
@@ -437,9 +440,15 @@ class Cell:
         shapes.update({n: tuple(params[n].shape) for n in names_par})
         shapes.update(self._state_shapes(states, B))
         sizes = self.bind_sizes(shapes)
+        mode = _parse_mode(save_gates, recompute)
+        if B == 0:
+            _check_resets(resets, T, B, batch_first)
+            _check_lengths(lengths, T, B)
+            return self._call_empty_batch(names_in, inputs, params, states, resets,
+                                          batch_first, save_gates=save_gates,
+                                          recompute=recompute)
         states = _flat_states(states, B)
         resets = _check_resets(resets, T, B, batch_first)
-        mode = _parse_mode(save_gates, recompute)
         if dtype == torch.bfloat16 and self._runs_cuda(device):
             # bf16 is the CUDA kernels' storage of the sequences; their params
             # and states are float32 (autograd casts the gradients back).
@@ -462,6 +471,26 @@ class Cell:
             self._last = compiled
         return out, _shaped_states(final, {n: self.shape(n, sizes) for n, dims in self.states
                                            if len(dims) > 1})
+
+    def _call_empty_batch(self, names_in, inputs, params, states, resets, batch_first,
+                          **options):
+        """A call over B = 0 rows, as torch's RNNs take one: empty outputs and
+        final states, and gradients of zeros for the params. One row of zeros
+        runs in the batch's place and is cut away, so that the call and its
+        backward take the usual path (CPU, CUDA, the torch operator)."""
+        dim = 0 if batch_first else 1
+
+        def pad(t, at=dim):
+            return torch.cat([t, t.new_zeros(*t.shape[:at], 1, *t.shape[at + 1:])], at)
+
+        x = {n: pad(t) for n, t in zip(names_in, inputs)}
+        out, final = self(x if len(names_in) > 1 else x[names_in[0]], params,
+                          None if states is None else {n: pad(t, 0) for n, t in states.items()},
+                          resets=None if resets is None else pad(resets),
+                          batch_first=batch_first, **options)
+        cut = lambda t, at=dim: t.narrow(at, 0, 0)
+        out = {n: cut(o) for n, o in out.items()} if isinstance(out, dict) else cut(out)
+        return out, {n: cut(t, 0) for n, t in final.items()}
 
     def step(self, x, params, states=None):
         """One step, as a stream runs the cell (an RL actor, a model served
@@ -586,6 +615,8 @@ class Cell:
             if t.shape[0] != B:
                 raise ValueError(f"input '{name}' has B = {t.shape[0]}, but "
                                  f"'{names_in[0]}' has B = {B}")
+        if B == 0:
+            return None  # the sequence call takes an empty batch
         shapes = {n: (t.shape[1],) for n, t in zip(names_in, inputs)}
         shapes.update({n: tuple(params[n].shape) for n in names_par})
         shapes.update(self._state_shapes(states, B))

@@ -240,6 +240,22 @@ def test_matrix_states_start_at_zero_when_not_given():
     torch.testing.assert_close(final["C"], want_final["C"], rtol=1e-12, atol=1e-12)
 
 
+def test_an_empty_batch_keeps_a_matrix_states_dims():
+    """B = 0: mLSTM's final C is [0, NH, K, V], and every param's gradient
+    is zeros of its shape (on the CPU kernels and the emulated CUDA ones)."""
+    for target, dtype in ((None, torch.float64), ("cuda-emu", torch.float32)):
+        cell = cellc.compile(source("mlstm"), target=target)
+        x, p, s, resets, lengths = problem(cell, "mlstm", dtype, B=0)
+        out, final = cell(x, p, s, resets=resets, lengths=lengths[:0])
+        assert out.shape == (6, 0, 10)
+        assert {n: tuple(t.shape) for n, t in final.items()} == {
+            "C": (0, 2, 3, 5), "n": (0, 2, 3), "m": (0, 2)}
+        grads = torch.autograd.grad(out.sum() + sum(t.sum() for t in final.values()),
+                                    list(p.values()))
+        for g, t in zip(grads, p.values()):
+            assert g.shape == t.shape and not g.any()
+
+
 def test_a_matrix_state_of_the_wrong_shape_is_an_error():
     cell = cellc.compile(source("mlstm"))
     x, p, s, _, _ = problem(cell, "mlstm", torch.float64)

@@ -159,6 +159,71 @@ def test_dropout_between_layers_runs_in_training_only():
     assert not torch.equal(a, b), "dropout between the layers draws a new mask each call"
 
 
+@pytest.mark.parametrize("cls,kwargs", [
+    ("LSTM", {}), ("LSTM", {"batch_first": True}),
+    ("LSTM", {"num_layers": 2, "bidirectional": True, "proj_size": 2}),
+    ("GRU", {"num_layers": 2})])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_an_empty_batch_matches_torch(cls, kwargs, with_state):
+    """B = 0 (a rank's share of a filtered batch, an RL step with no live
+    environment): torch returns empty outputs and states and zero gradients
+    for the weights, and so must the drop-in. It raised before."""
+    torch.manual_seed(9)
+    T, I, H = 4, 3, 5
+    ref = getattr(torch.nn, cls)(I, H, **kwargs)
+    mine = getattr(cellc.nn, cls)(I, H, **kwargs)
+    x = torch.randn(0, T, I) if kwargs.get("batch_first") else torch.randn(T, 0, I)
+    D = 2 if kwargs.get("bidirectional") else 1
+    L = kwargs.get("num_layers", 1) * D
+    hx = None
+    if with_state:
+        hx = (torch.randn(L, 0, kwargs.get("proj_size") or H),) + (
+            (torch.randn(L, 0, H),) if cls == "LSTM" else ())
+    _compare(ref, mine, x, hx)
+    params = [p for p in mine.parameters()]
+    loss = mine(x.requires_grad_())[0].sum()
+    grads = torch.autograd.grad(loss, [x] + params)
+    assert grads[0].shape == x.shape
+    for g, p in zip(grads[1:], params):
+        assert g.shape == p.shape and not g.any()
+
+
+def test_a_cell_takes_an_empty_batch_with_resets_lengths_and_steps():
+    """A Cell over B = 0 rows: empty outputs and final states, with resets
+    and lengths, both layouts, in every recompute mode, and as a step (under
+    no_grad and with gradients). T = 0 stays an error, as in torch."""
+    torch.manual_seed(10)
+    cell = cellc.compile(cellc.nn.LSTM_CELL)
+    T, I, H = 3, 4, 6
+    p = {"W_ih": torch.randn(4 * H, I, requires_grad=True),
+         "W_hh": torch.randn(4 * H, H, requires_grad=True),
+         "b_ih": torch.randn(4 * H, requires_grad=True),
+         "b_hh": torch.randn(4 * H, requires_grad=True)}
+    states = {"h": torch.randn(0, H, requires_grad=True), "c": torch.randn(0, H)}
+    for recompute in ("none", "full", "chunk:2"):
+        for batch_first in (False, True):
+            x = torch.randn(0, T, I) if batch_first else torch.randn(T, 0, I)
+            resets = torch.zeros(x.shape[:2], dtype=torch.bool)
+            out, final = cell(x, p, states, resets=resets, lengths=torch.zeros(0, dtype=torch.long),
+                              recompute=recompute, batch_first=batch_first)
+            assert out.shape == (*x.shape[:2], H)
+            assert final["h"].shape == final["c"].shape == (0, H)
+            grads = torch.autograd.grad(out.sum() + final["c"].sum(),
+                                        [states["h"], *p.values()])
+            assert grads[0].shape == (0, H)
+            assert all(g.shape == t.shape and not g.any() for g, t in zip(grads[1:], p.values()))
+    with torch.no_grad():
+        out, new = cell.step(torch.randn(0, I), p, {"h": torch.randn(0, H)})
+    assert out.shape == new["h"].shape == new["c"].shape == (0, H)
+    out, new = cell.step(torch.randn(0, I), p, states)
+    assert out.shape == (0, H) and out.requires_grad
+    with pytest.raises(ValueError, match=r"the sequence needs T >= 1 steps; input 'x' has "
+                                         r"shape \[0, 2, 4\]"):
+        cell(torch.randn(0, 2, I), p)
+    with pytest.raises(ValueError, match=r"T >= 1 steps; input 'x' has shape \[2, 0, 4\]"):
+        cell(torch.randn(2, 0, I), p, batch_first=True)
+
+
 def test_what_torch_accepts_and_cellc_does_not_is_refused():
     lstm = cellc.nn.LSTM(3, 4)
     x = torch.randn(5, 2, 3)
