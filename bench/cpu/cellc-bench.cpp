@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "jit/CpuJit.h"
+#include "compiler/Frontend/IRGen.h"
 #include "compiler/Tuner/Workload.h"
 #include "compiler/tools/ToolOptions.h"
 
@@ -145,6 +146,7 @@ int main(int argc, char **argv) {
     }
     sizes[b->first] = b->second;
   }
+  llvm::errs() << cellWarnings((*file)->getBuffer(), cellFile, sizes);
   DType dtype = f64 ? DType::F64 : DType::F32;
   auto start = std::chrono::steady_clock::now();
   CpuOptions options;

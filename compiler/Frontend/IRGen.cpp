@@ -18,6 +18,7 @@
 #include "mlir/IR/Verifier.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/StringSwitch.h"
 
 #include <cmath>
@@ -241,6 +242,9 @@ private:
   MLIRContext &context;
   OpBuilder builder;
   const SizeBindings &sizes;
+  /// The sizes that the cell reads: in a declaration, an expression or a
+  /// count. A binding that none reads is warned of (a misspelt -D).
+  llvm::StringSet<> usedSizes;
   FloatType elementType;
   CellDiagnostics &diag;
   unsigned bufferId = 0;
@@ -272,6 +276,9 @@ bool IRGen::declare(const Decl &decl, std::vector<int64_t> &shape) {
     return false;
   }
   for (const SizeExpr &size : decl.shape) {
+    for (const SizeExpr::Term &term : size.terms)
+      for (const Ident &symbol : term.symbols)
+        usedSizes.insert(symbol.name);
     std::optional<int64_t> value = evaluateSize(size, sizes, diag);
     if (!value)
       return false;
@@ -438,6 +445,12 @@ OwningOpRef<ModuleOp> IRGen::build(const CellAST &cell) {
   warnUnused(inputs);
   warnUnused(params);
   warnUnused(locals);
+  for (const auto &[name, value] : sizes)
+    if (!usedSizes.contains(name))
+      diag.warning(cell.ident.range.Start,
+                   "the size " + name + " = " + std::to_string(value) +
+                       " is bound but cell '" + cell.ident.name + "' uses no size " + name,
+                   cell.ident.range);
 
   // A verifier failure here is a front-end bug, but it is still reported at
   // the user's text rather than crashing.
@@ -654,8 +667,10 @@ std::optional<Val> IRGen::evalName(const Expr &expr) {
   // A size that a declaration uses is a constant, as in `k / sqrt(K)`.
   if (!scope.count(expr.name)) {
     auto it = sizes.find(expr.name);
-    if (it != sizes.end())
+    if (it != sizes.end()) {
+      usedSizes.insert(expr.name);
       return Val::ofScalar(double(it->second));
+    }
   }
   if (Binding *binding = use(expr))
     return binding->current;
@@ -837,8 +852,10 @@ std::optional<Val> IRGen::evalHeads(const Expr &expr) {
     count = int64_t(countExpr.number);
   else if (countExpr.kind == Expr::Kind::Name && !scope.count(countExpr.name)) {
     auto it = sizes.find(countExpr.name);
-    if (it != sizes.end())
+    if (it != sizes.end()) {
+      usedSizes.insert(countExpr.name);
       count = it->second;
+    }
   }
   if (!count || *count < 1) {
     std::string what = countExpr.kind == Expr::Kind::Name
@@ -1230,6 +1247,17 @@ OwningOpRef<ModuleOp> cellc::buildCellIR(MLIRContext &context,
                                          CellDiagnostics &diag) {
   loadFrontendDialects(context);
   return IRGen(context, sizes, elementType, diag).build(cell);
+}
+
+std::string cellc::cellWarnings(llvm::StringRef source, llvm::StringRef fileName,
+                               const SizeBindings &sizes) {
+  MLIRContext context;
+  CellSource src(source, fileName);
+  OwningOpRef<ModuleOp> module =
+      compileCellSource(context, sizes, Float32Type::get(&context), src.diag);
+  if (!module || src.diag.getNumWarnings() == 0)
+    return "";
+  return src.diagnostics();
 }
 
 OwningOpRef<ModuleOp> cellc::compileCellSource(MLIRContext &context,

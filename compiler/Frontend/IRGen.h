@@ -29,6 +29,14 @@ mlir::OwningOpRef<mlir::ModuleOp> compileCellSource(mlir::MLIRContext &context,
                                                     mlir::FloatType elementType,
                                                     CellDiagnostics &diag);
 
+/// The front end's warnings about the cell in `source` at `sizes` (a
+/// declaration nothing reads, a size bound that the cell does not use), as
+/// `file:line:col: warning: ...` text: what a tool prints before the work
+/// it does with the cell. Empty where there are none, or where the cell does
+/// not compile (the tool's own compile reports that).
+std::string cellWarnings(llvm::StringRef source, llvm::StringRef fileName,
+                         const SizeBindings &sizes);
+
 /// Registers the dialects the front end builds.
 void loadFrontendDialects(mlir::MLIRContext &context);
 

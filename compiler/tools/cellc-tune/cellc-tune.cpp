@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "compiler/Frontend/IRGen.h"
 #include "compiler/Tuner/Tuner.h"
 #include "compiler/tools/ToolOptions.h"
 #include "jit/KernelCache.h"
@@ -128,6 +129,7 @@ int main(int argc, char **argv) {
       return usage(llvm::toString(b.takeError()));
     problem.sizes[b->first] = b->second;
   }
+  llvm::errs() << cellWarnings(problem.source, problem.fileName, problem.sizes);
   if (dtype == "f32")
     problem.dtype = DType::F32;
   else if (dtype == "f64")
