@@ -2,7 +2,8 @@
 """CPU benchmark in one process: cellc (through its Python package) against
 torch.nn.LSTM / GRU, oneDNN's LSTM / GRU training primitives, and a PyTorch
 loop for a custom cell. Every implementation runs once per round, in turn, so
-that drift in the machine's speed hits all alike; figures are medians over
+that drift in the machine's speed hits all alike, each after the OpenMP
+threads of the one before have parked (shape.settle); figures are medians over
 the rounds, forward plus backward of `out.sum()` (the gradients of the input
 and every weight, written fresh each round: set to None before, as oneDNN
 writes its own).
@@ -29,11 +30,11 @@ import torch
 import cellc
 
 sys.path.insert(0, os.path.dirname(__file__))
+from shape import settle, sgemm_gflops  # noqa: E402
 from torch_rnn import PeepholeLoop  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEEPHOLE = os.path.join(HERE, "..", "..", "examples", "peephole_lstm.cell")
-PEAK = 83.0  # GFLOP/s of one AVX2 core at 2.6 GHz: 2 FMA x 8 lanes x 2
 
 
 class OneDNN:
@@ -74,6 +75,7 @@ class OneDNN:
 
 
 def timed_once(fn):
+    settle()
     t0 = time.perf_counter()
     loss = fn()
     t1 = time.perf_counter()
@@ -113,8 +115,12 @@ def main():
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}; "
           f"medians of {a.repeats} interleaved rounds, ms (forward + backward)")
+    # The ceiling: OpenBLAS's sgemm on as many threads, measured in this run.
+    ceiling, core = sgemm_gflops(a.repeats)
+    print(f"ceiling: sgemm 1024^3 {ceiling:.1f} GFLOP/s on {a.threads} thread(s) "
+          f"(OpenBLAS's {core} kernels); 'of sgemm' is cellc's GFLOP/s (none) over it")
     print(f"{'cell':<6} {'B x T':>9} {'torch':>8} {'oneDNN':>8} {'none':>8} {'full':>8} "
-          f"{'chunk:16':>9} {'vs torch':>9} {'vs oneDNN':>9} {'GFLOP/s':>8} {'peak':>6} "
+          f"{'chunk:16':>9} {'vs torch':>9} {'vs oneDNN':>9} {'GFLOP/s':>8} {'of sgemm':>9} "
           f"{'full/none':>9}")
     for name in a.cells:
         for shape in a.shapes:
@@ -157,6 +163,7 @@ def main():
                 fresh_grads()
                 times["torch"].append(timed_once(lambda: ref(x)[0].sum())[1])
                 if onednn.lib:
+                    settle()
                     times["oneDNN"].append(onednn.run(name, ref, x, repeats=1)[1][1])
                 for mode in ["none", "full", "chunk:16"]:
                     mine.recompute = mode
@@ -167,7 +174,7 @@ def main():
             print(f"{name:<6} {B:>4} x {T:<4}{med['torch']:8.1f} {med['oneDNN']:8.1f} "
                   f"{med['none']:8.1f} {med['full']:8.1f} {med['chunk:16']:9.1f} "
                   f"{med['torch'] / med['none']:8.2f}x {med['oneDNN'] / med['none']:8.2f}x "
-                  f"{gflops:8.1f} {100 * gflops / PEAK:5.0f}% "
+                  f"{gflops:8.1f} {100 * gflops / ceiling:8.0f}% "
                   f"{med['full'] / med['none']:8.2f}x", flush=True)
     if a.peephole:
         Hp = a.peephole

@@ -23,6 +23,19 @@ def parse_shape(description, steps):
     return a
 
 
+def settle(seconds=0.02):
+    """Busy-waits `seconds` on this thread, so that the OpenMP threads of the
+    run before have parked before the next run starts: torch's and oneDNN's
+    (libgomp's) spin for 2 to 10 ms after each parallel region, and on two
+    cores they took a core from the next run (OpenBLAS's GEMMs split over two
+    threads ran at 135 instead of 190 GFLOP/s right after oneDNN's; see
+    bench/cpu/gemms.py). A sleep instead lets the VM take the core away, and
+    the next run starts slower."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def side_by_side(runs, repeats, before_each=lambda: None):
     """Times each of `runs` (name -> callable) once per round, the runs
     interleaved so that a noisy machine slows them alike. Returns the median
@@ -37,8 +50,8 @@ def side_by_side(runs, repeats, before_each=lambda: None):
     return {n: statistics.median(ts) for n, ts in times.items()}
 
 
-def sgemm_ceiling(repeats, threads=1):
-    """OpenBLAS's sgemm at 1024^3 in this process, as a line to print: the
+def sgemm_gflops(repeats):
+    """OpenBLAS's sgemm at 1024^3 in this process (torch's threads): the
     GFLOP/s (the median of `repeats` after a warm-up) and the kernels
     OpenBLAS chose (OPENBLAS_CORETYPE picks them; see bench/cpu/run.sh)."""
     m = torch.randn(1024, 1024)
@@ -50,6 +63,11 @@ def sgemm_ceiling(repeats, threads=1):
         core = lib.openblas_get_corename().decode()
     except (OSError, AttributeError):
         core = "unknown"
+    return 2 * 1024 ** 3 / t / 1e9, core
+
+
+def sgemm_ceiling(repeats, threads=1):
+    """sgemm_gflops as a line to print."""
+    gflops, core = sgemm_gflops(repeats)
     where = f" on {threads} threads" if threads > 1 else ""
-    return (f"ceiling: sgemm 1024^3 {2 * 1024 ** 3 / t / 1e9:.1f} GFLOP/s{where} "
-            f"(OpenBLAS's {core} kernels)")
+    return f"ceiling: sgemm 1024^3 {gflops:.1f} GFLOP/s{where} (OpenBLAS's {core} kernels)"

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The whole-sequence GEMMs of one LSTM training call, in the BLAS that
+cellc calls (OpenBLAS) and in oneDNN's sgemm: GFLOP/s of each, side by
+side in one process. cellc runs these four GEMMs on OpenBLAS (the design's
+BLAS); oneDNN's RNN primitives run them on its own JIT GEMMs. Where cellc
+trails oneDNN on the CPU (bench/cpu/compare.py), this says how much of it
+is the GEMMs.
+
+On more than one thread each GEMM is split by rows of C into
+single-threaded calls, one a thread, as cellc's runtime splits it
+(parallelGemm); oneDNN's sgemm runs on its own threads. Each run starts
+after the OpenMP threads of the one before have parked (shape.settle).
+
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 taskset -c 0 \\
+    python3 bench/cpu/gemms.py --threads 1
+"""
+
+import argparse
+import ctypes
+import os
+import sys
+import threading
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from shape import settle, side_by_side  # noqa: E402
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+
+
+def libraries():
+    openblas = ctypes.CDLL("libopenblas.so.0")
+    openblas.cblas_sgemm.argtypes = ([ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p,
+                                     ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                     ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+    try:
+        onednn = ctypes.CDLL("libdnnl.so.2")
+        i64 = ctypes.c_int64
+        onednn.dnnl_sgemm.argtypes = ([ctypes.c_char, ctypes.c_char, i64, i64, i64,
+                                       ctypes.c_float, ctypes.c_void_p, i64, ctypes.c_void_p,
+                                       i64, ctypes.c_float, ctypes.c_void_p, i64])
+    except OSError:
+        onednn = None
+    return openblas, onednn
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=7)
+    a = p.parse_args()
+    openblas, onednn = libraries()
+    TB, H, G = a.batch * a.steps, a.size, 4 * a.size
+    # C = op(A) op(B), row-major: (name, transA, transB, M, N, K, A, B).
+    x, w, dg = torch.randn(TB, H), torch.randn(G, H), torch.randn(TB, G)
+    gemms = [("projection X W_ih^T", False, True, TB, G, H, x, w),
+             ("input gradient dG W_ih", False, False, TB, H, G, dg, w),
+             ("weight gradient dG^T X", True, False, G, H, TB, dg, x)]
+    print(f"LSTM B = {a.batch}, T = {a.steps}, I = H = {H}: the GEMMs of one training call "
+          f"(the weight gradient twice), {a.threads} thread(s), cores "
+          f"{sorted(os.sched_getaffinity(0))}; GFLOP/s, medians of {a.repeats} interleaved "
+          f"rounds")
+    print(f"{'GEMM':<24} {'M x N x K':>18} {'OpenBLAS':>9} {'oneDNN':>9} {'ratio':>7}")
+    for name, ta, tb, M, N, K, A, B in gemms:
+        C = torch.empty(M, N)
+        lda, ldb = A.shape[1], B.shape[1]
+
+        def rows(r0, r1):
+            at = A.data_ptr() + 4 * (r0 if ta else r0 * lda)
+            openblas.cblas_sgemm(ROW_MAJOR, TRANS if ta else NO_TRANS,
+                                 TRANS if tb else NO_TRANS, r1 - r0, N, K, 1.0, at, lda,
+                                 B.data_ptr(), ldb, 0.0, C.data_ptr() + 4 * r0 * N, N)
+
+        def cellc_split():
+            parts = [(M * i // a.threads, M * (i + 1) // a.threads) for i in range(a.threads)]
+            others = [threading.Thread(target=rows, args=part) for part in parts[1:]]
+            for t in others:
+                t.start()
+            rows(*parts[0])
+            for t in others:
+                t.join()
+
+        runs = {"OpenBLAS": cellc_split}
+        if onednn:
+            runs["oneDNN"] = lambda: onednn.dnnl_sgemm(
+                b"T" if ta else b"N", b"T" if tb else b"N", M, N, K, 1.0, A.data_ptr(), lda,
+                B.data_ptr(), ldb, 0.0, C.data_ptr(), N)
+        for f in runs.values():
+            f()
+        med = side_by_side(runs, a.repeats, before_each=settle)
+        rate = {k: 2 * M * N * K / t / 1e9 for k, t in med.items()}
+        mine, theirs = rate["OpenBLAS"], rate.get("oneDNN", float("nan"))
+        print(f"{name:<24} {f'{M} x {N} x {K}':>18} {mine:9.1f} {theirs:9.1f} "
+              f"{theirs / mine:6.2f}x")
+
+
+if __name__ == "__main__":
+    main()
