@@ -109,7 +109,7 @@ void cellc::jit::applyConfig(const KernelConfig &config, CpuOptions &options) {
     return it == config.end() ? fallback : it->second;
   };
   options.threads = get("threads", options.threads);
-  options.unitSlices = get("unit_slices", 1);
+  options.unitSlices = get("unit_slices", -1);
   options.kernels =
       get("kernels", 1) ? CpuOptions::Kernels::Batched : CpuOptions::Kernels::PerRow;
   options.batchTile = get("batch_tile", 0);
@@ -153,7 +153,7 @@ cellc::jit::loadCpuPackage(llvm::StringRef dir, const CpuOptions &options) {
   std::unique_ptr<CpuCell> cell;
   if (llvm::Error e = errorOf(CpuCell::load(dir.str(), load, cell)))
     return std::move(e);
-  cell->setUnitSlices(options.unitSlices != 0);
+  cell->setUnitSlices(options.unitSlices);
   return cell;
 }
 
@@ -229,7 +229,7 @@ cellc::jit::prepareCpuPackage(llvm::StringRef source, llvm::StringRef fileName,
   if (applyTuned(source, sizes, dtype, options))
     prepared.origin = "tuned";
   prepared.threads = options.threads;
-  prepared.unitSlices = options.unitSlices != 0;
+  prepared.unitSlices = options.unitSlices;
   if (const char *log = std::getenv("CELLC_LOG"); log && llvm::StringRef(log).contains("tune"))
     llvm::errs() << "cellc: " << fileName << ": " << prepared.origin << " config "
                  << str(configOf(options, options.threads > 0 ? options.threads : cores()))

@@ -30,8 +30,9 @@ struct CpuOptions {
   /// Threads for the recurrent kernels; 0 means one per core.
   int threads = 0;
   /// With fewer batch tiles than threads: 1, a tile's threads split its
-  /// units (CpuCell::setUnitSlices); 0, its rows.
-  int unitSlices = 1;
+  /// units (CpuCell::setUnitSlices); 0, its rows; -1, its units only where
+  /// its rows would give a thread fewer than 4.
+  int unitSlices = -1;
   /// Whether packages are read from and written to the kernel cache
   /// (`$CELLC_CACHE_DIR`, default `~/.cache/cellc`). Without it, the package
   /// is built in a temporary directory that goes once it is loaded.
@@ -119,7 +120,7 @@ struct PreparedPackage {
   std::string origin = "default";
   int threads = 0;
   /// Whether the threads split a tile's units (CpuOptions::unitSlices).
-  bool unitSlices = true;
+  int unitSlices = -1;
 };
 
 /// Parses, checks and compiles `source` into a CPU package, or finds it in

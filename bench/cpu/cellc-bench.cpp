@@ -63,6 +63,12 @@ static cl::opt<int64_t>
                 cl::desc("batched kernels: lanes of the element code "
                          "(0: the host's widest)"),
                 cl::init(0));
+static cl::opt<int> unitSlices(
+    cl::cat(cellc::toolOptions()), "unit-slices",
+    cl::desc("batched kernels, with fewer tiles than threads: 1, the "
+             "threads of a tile split its units; 0, its rows; -1 (the "
+             "default), its units only below 4 rows a thread"),
+    cl::init(-1));
 static cl::opt<bool> tuned(cl::cat(cellc::toolOptions()), "tuned",
                            cl::desc("use the tuned config for this batch when "
                                     "the tuning cache has one (cellc-tune)"),
@@ -154,6 +160,7 @@ int main(int argc, char **argv) {
   options.batchHint = batch;
   options.useTuned = tuned;
   options.batchTile = batchTile;
+  options.unitSlices = unitSlices;
   options.vectorWidth = vectorWidth;
   options.profilePhases = profilePhases;
   if (kernels == "batched")

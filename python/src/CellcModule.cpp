@@ -257,9 +257,11 @@ PYBIND11_MODULE(_cellc, m) {
           }
           prepared = std::move(*result);
         }
+        py::object unitSlices = prepared->unitSlices < 0
+                                    ? py::object(py::none())
+                                    : py::object(py::bool_(prepared->unitSlices > 0));
         return py::make_tuple(prepared->dir, prepared->fromCache, prepared->origin,
-                              prepared->temporary, prepared->threads,
-                              prepared->unitSlices);
+                              prepared->temporary, prepared->threads, unitSlices);
       },
       py::arg("source"), py::arg("file_name"), py::arg("sizes"), py::arg("dtype"),
       py::arg("threads") = 0, py::arg("use_cache") = true, py::arg("batch") = 0,

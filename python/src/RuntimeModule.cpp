@@ -267,10 +267,16 @@ PYBIND11_MODULE(_cellc_runtime, m) {
                              "'tuned' when the config came from the tuning cache")
       .def_property("threads", [](PyCell &c) { return c.cell->threads(); },
                     [](PyCell &c, int t) { c.cell->setThreads(t); })
-      .def_property("unit_slices", [](PyCell &c) { return c.cell->unitSlices(); },
-                    [](PyCell &c, bool on) { c.cell->setUnitSlices(on); },
-                    "With fewer batch tiles than threads, whether a tile's threads "
-                    "split its units (True) or its rows")
+      .def_property(
+          "unit_slices",
+          [](PyCell &c) -> std::optional<bool> {
+            int mode = c.cell->unitSlices();
+            return mode < 0 ? std::nullopt : std::optional<bool>(mode > 0);
+          },
+          [](PyCell &c, std::optional<bool> on) { c.cell->setUnitSlices(on ? *on : -1); },
+          "With fewer batch tiles than threads, whether a tile's threads split its "
+          "units (True) or its rows (False); None, the default: its units only "
+          "where its rows would give a thread fewer than 4")
       .def("thread_split", [](PyCell &c, int64_t batch) { return c.cell->threadSplit(batch); },
            py::arg("batch"),
            "(groups, slices): how a launch over `batch` rows runs on the threads")

