@@ -146,20 +146,12 @@ void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
     fill(static_cast<double *>(m));
 }
 
-/// Rows a thread below which, by default, the threads of a tile split its
-/// units rather than its rows. With fewer tiles than threads, unit slices
-/// meet at barriers in every phase, and on two cores split rows ran faster
-/// from 4 rows a thread (LSTM and GRU, H = 256 and 512, B = 8 to 64: 3% to
-/// 26% faster training; docs/benchmarks.md); below, unit slices did.
-constexpr int64_t kRowsPerThread = 4;
-
 /// How a launch over `batch` rows runs on `threads` threads, with tiles of
 /// `tile` rows: `groups` ranges of rows, each run by `slices` threads that
 /// split the units. With fewer tiles than threads and unit slices on (1, or
-/// -1 where the rows would give a thread fewer than kRowsPerThread), a group
-/// is a tile's range and its threads split the units; otherwise each thread
-/// runs an even share of the rows (a part of a tile, when there are more
-/// threads than tiles).
+/// -1 where CpuCell::splitsRows says no), a group is a tile's range and its
+/// threads split the units; otherwise each thread runs an even share of the
+/// rows (a part of a tile, when there are more threads than tiles).
 struct Split {
   int64_t groups = 1, slices = 1;
   bool byTiles = false;
@@ -168,10 +160,12 @@ struct Split {
     return groups == o.groups && slices == o.slices && byTiles == o.byTiles;
   }
 
-  static Split of(int64_t batch, int threads, int64_t tile, int unitSlices) {
+  static Split of(int64_t batch, int threads, int64_t tile, int unitSlices,
+                  int64_t weightBytes) {
     Split s;
     int64_t tiles = (batch + tile - 1) / std::max<int64_t>(tile, 1);
-    bool units = unitSlices > 0 || (unitSlices < 0 && batch < kRowsPerThread * threads);
+    bool units = unitSlices > 0 ||
+                 (unitSlices < 0 && !CpuCell::splitsRows(batch, threads, weightBytes));
     if (units && tiles < threads && threads / std::max<int64_t>(tiles, 1) > 1) {
       s.groups = std::max<int64_t>(tiles, 1);
       s.slices = threads / s.groups;
@@ -215,8 +209,9 @@ public:
   /// `grouped`: the kernels take a group, slice and slices (the batched
   /// kernels do; the per-row ones take only b_begin and b_end).
   CpuBackend(DType dtype, const KernelObject *variants, int threads, int64_t tile,
-             bool grouped)
-      : threads(threads), dtype(dtype), variants(variants), tile(tile), grouped(grouped) {}
+             bool grouped, int64_t weightBytes)
+      : threads(threads), dtype(dtype), variants(variants), tile(tile), grouped(grouped),
+        weightBytes(weightBytes) {}
 
   /// Threads for the kernels, from CpuCell::setThreads.
   std::atomic<int> threads;
@@ -224,7 +219,7 @@ public:
   std::atomic<int> unitSlices{-1};
 
   Split split(int64_t batch) const {
-    return Split::of(batch, threads, tile, grouped ? int(unitSlices) : 0);
+    return Split::of(batch, threads, tile, grouped ? int(unitSlices) : 0, weightBytes);
   }
 
   driver::Status allocate(int64_t elements, driver::Element element, bool zero,
@@ -349,6 +344,8 @@ private:
   const KernelObject *variants;
   int64_t tile;
   bool grouped;
+  /// The cell's 2-D params' bytes (CpuCell::splitsRows).
+  int64_t weightBytes;
 };
 
 /// The caller's arrays as the driver's views (null data and no shape: an
@@ -621,7 +618,8 @@ Status CpuCell::load(const std::string &dir, const Options &options,
   impl.backend = std::make_shared<CpuBackend>(cell->elementType, impl.variants,
                                               cell->numThreads,
                                               info.interface.forward.batchTile,
-                                              info.interface.forward.perGroup());
+                                              info.interface.forward.perGroup(),
+                                              cell->weightBytes());
   impl.driver = std::make_unique<driver::SequenceDriver>(info.interface, impl.backend);
   impl.pieceRows =
       options.pieceRows > 0 ? options.pieceRows : driver::SequenceDriver::kPieceRows;
@@ -659,6 +657,18 @@ std::string CpuCell::config() const {
   for (const std::string &knob : knobs)
     text += (text.empty() ? "" : ",") + knob;
   return text;
+}
+
+bool CpuCell::splitsRows(int64_t batch, int threads, int64_t weightBytes) {
+  return batch >= kRowsPerThread * threads && (threads - 1) * weightBytes <= kRowSplitBytes;
+}
+
+int64_t CpuCell::weightBytes() const {
+  int64_t bytes = 0;
+  for (const Slot &param : info.params)
+    if (param.shape.size() == 2)
+      bytes += param.shape[0] * param.shape[1] * elementBytes();
+  return bytes;
 }
 
 void CpuCell::setUnitSlices(int mode) { impl->backend->unitSlices = mode < 0 ? -1 : mode > 0; }

@@ -85,6 +85,20 @@ public:
   /// only where its rows would give a thread fewer than 4.
   int unitSlices() const;
   void setUnitSlices(int mode);
+  /// By default, whether `threads` threads split the rows of a batch of
+  /// `batch` (each its own, with no barrier) rather than a tile's units, for
+  /// a cell whose 2-D params hold `weightBytes`. Unit slices meet at
+  /// barriers in every phase; on two cores split rows trained faster from
+  /// 4 rows a thread (LSTM and GRU, H = 256, B = 8 to 64: 3% to 8%, and
+  /// more on a busy machine; docs/benchmarks.md). But each thread that
+  /// splits rows packs the weights again in its own buffers (LSTM H = 1024
+  /// on two threads peaked at 157 MiB in chunk:16 against 109, no faster),
+  /// so the extra threads' copies may take 4 MiB in all.
+  static bool splitsRows(int64_t batch, int threads, int64_t weightBytes);
+  static constexpr int64_t kRowsPerThread = 4;
+  static constexpr int64_t kRowSplitBytes = int64_t(4) << 20;
+  /// The bytes of the cell's 2-D params, in its element type.
+  int64_t weightBytes() const;
   /// How a kernel launch over `batch` rows runs: groups of threads, each
   /// group a range of rows, and the threads of a group (1: no unit slices).
   std::pair<int64_t, int64_t> threadSplit(int64_t batch) const;

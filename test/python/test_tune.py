@@ -79,23 +79,31 @@ def test_an_explicit_thread_count_keeps_the_batchs_default_shape(cache):
 
 
 def test_two_threads_split_a_tiles_rows_unless_each_would_get_fewer_than_four(cache):
-    """With fewer tiles than threads, the threads split a tile's rows by
-    default (no barriers; 3% to 26% faster training on two cores from 4 rows
-    a thread), and its units below 4 rows a thread. Either can be forced,
-    and the default comes back with None; every split matches torch."""
+    """By default the threads split a batch's rows (no barriers; 3% to 8%
+    faster training on two cores from 4 rows a thread), each in a tile of
+    its share (B = 64 on two threads: tiles of 32), and a tile's units below
+    4 rows a thread, or where each thread's copy of the packed weights would
+    cost more than 4 MiB in all. Either can be forced, and the default comes
+    back with None; every split matches torch."""
     compiled = cellc.compile(LSTM, threads=2).jit(SIZES, torch.float64, batch=64)
     assert compiled.unit_slices is None
-    assert "unit_slices=-1" in compiled.config
+    config = dict(kv.split("=") for kv in compiled.config.split(","))
+    assert config["unit_slices"] == "-1" and config["batch_tile"] == "32"
     assert compiled.thread_split(64) == (2, 1)
     assert compiled.thread_split(8) == (2, 1)
     assert compiled.thread_split(7) == (1, 2)
     assert compiled.thread_split(1) == (1, 2)
     compiled.unit_slices = True
-    assert compiled.unit_slices is True and compiled.thread_split(64) == (1, 2)
+    assert compiled.unit_slices is True and compiled.thread_split(16) == (1, 2)
     compiled.unit_slices = False
     assert compiled.unit_slices is False and compiled.thread_split(7) == (2, 1)
     compiled.unit_slices = None
     assert compiled.thread_split(64) == (2, 1)
+    # H = 512: the weights (8 MiB) would be packed again by the second
+    # thread, so its units are split, in one 64-row tile.
+    big = cellc.compile(LSTM, threads=2).jit({"I": 512, "H": 512}, torch.float32, batch=64)
+    assert dict(kv.split("=") for kv in big.config.split(","))["batch_tile"] == "64"
+    assert big.thread_split(64) == (1, 2)
     cell = cellc.compile(LSTM, threads=2)
     p = {n: t.double() for n, t in lstm_params(8, 8).items()}
     ref = torch.nn.LSTM(8, 8).double()
