@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Threads on one sequence: cellc's kernels with the threads of a batch tile
-splitting its units (unit slices, the default when there are fewer tiles
-than threads) against the same threads splitting its rows, against one
-thread, and against torch.nn.LSTM / GRU on the same threads. Side by side in
+splitting its units (unit slices: `cellc.compile(..., unit_slices=True)`)
+against the same threads splitting its rows (`unit_slices=False`, each
+thread a tile of its share), against one thread, and against
+torch.nn.LSTM / GRU on the same threads. Side by side in
 one process, interleaved rounds, medians; training (forward plus backward of
 `out.sum()`, recompute `none`) and inference (`no_grad`).
 
@@ -51,8 +52,9 @@ def main():
           f"{'slices':>8} {'split':>6} {'slices/1':>9} {'slices/rows':>12} {'vs torch':>9}"
           f" {'GFLOP/s':>8}")
     for name in a.cells:
-        cell = cellc.compile(os.path.join(HERE, "..", "..", "examples", f"{name}.cell"),
-                             threads=a.threads)
+        path = os.path.join(HERE, "..", "..", "examples", f"{name}.cell")
+        cells = {slices: cellc.compile(path, threads=a.threads, unit_slices=slices)
+                 for slices in (True, False)}
         G = 4 if name == "lstm" else 3
         ref = (torch.nn.LSTM if name == "lstm" else torch.nn.GRU)(I, H)
         params = {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0,
@@ -61,13 +63,14 @@ def main():
             B, T = map(int, shape.split("x"))
             x = torch.randn(T, B, I, requires_grad=True)
             sizes = {"H": H, "I": I}
-            compiled = cell.jit(sizes, torch.float32, batch=B)
-            split = compiled.thread_split(B)
+            compiled = {s: c.jit(sizes, torch.float32, batch=B) for s, c in cells.items()}
+            split = compiled[True].thread_split(B)
 
             def ours(threads, slices, train):
+                cell = cells[slices]
+
                 def run():
-                    compiled.threads = threads
-                    compiled.unit_slices = slices
+                    compiled[slices].threads = threads
                     if train:
                         out, _ = cell(x, params, recompute="none")
                         out.sum().backward()
@@ -92,7 +95,7 @@ def main():
                 for f in runs.values():
                     f()
                 med = side_by_side(runs, a.repeats)
-                compiled.threads, compiled.unit_slices = a.threads, True
+                compiled[True].threads = a.threads
                 ms = {k: v * 1e3 for k, v in med.items()}
                 flops = 2 * T * B * G * H * (I + H) * (3 if train else 1)
                 print(f"{name:>5} {shape:>8} {'train' if train else 'infer':>9} "

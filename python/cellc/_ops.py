@@ -36,6 +36,7 @@ def cell_key(cell):
     which Cell it is (each keeps its own memory_stats)."""
     key = json.dumps({"source": cell.source, "file": cell.file_name,
                       "target": cell.target, "threads": cell.threads,
+                      "unit_slices": cell.unit_slices,
                       "cuda": sorted(cell.cuda_options.items()), "id": next(_NEXT)},
                      sort_keys=True)
     _CELLS[key] = cell
@@ -48,7 +49,7 @@ def _cell(key):
         from .core import Cell
         spec = json.loads(key)
         cell = Cell(spec["source"], spec["file"], spec["target"], spec["threads"],
-                    dict(spec["cuda"]))
+                    dict(spec["cuda"]), spec.get("unit_slices"))
         _CELLS[key] = cell
     return cell
 

@@ -152,13 +152,13 @@ def _size_value(terms, sizes):
     return total
 
 
-def _jit(source, file_name, sizes, dtype, threads, batch, step=False):
+def _jit(source, file_name, sizes, dtype, threads, batch, step=False, unit_slices=None):
     """The JIT: the cell's CPU package, built by the compiler (or found in the
     kernel cache), loaded by the runtime as cellc.load_package loads one.
     `step`: the package of a streaming step, whose kernels compute the
-    products of inputs themselves."""
+    products of inputs themselves. `unit_slices`: Cell's."""
     path, from_cache, origin, temporary, threads, unit_slices = _cellc.prepare_package(
-        source, file_name, sizes, dtype, threads, True, batch, step)
+        source, file_name, sizes, dtype, threads, True, batch, step, unit_slices)
     try:
         compiled = _cellc_runtime.load(path, threads, from_cache, origin)
         compiled.unit_slices = unit_slices
@@ -172,7 +172,8 @@ class Cell:
     """A cell compiled from source: parsed and checked now, JIT-compiled per
     (sizes, dtype) on first use, and cached on disk."""
 
-    def __init__(self, source, file_name="<cell>", target=None, threads=0, cuda=None):
+    def __init__(self, source, file_name="<cell>", target=None, threads=0, cuda=None,
+                 unit_slices=None):
         targets = list(_cellc.Target.__members__) + [EMULATED]
         if target is not None and target not in targets:
             raise ValueError(f"unknown target {target!r}; expected None, "
@@ -194,6 +195,10 @@ class Cell:
         #: Whether the CUDA kernels run in the SIMT emulator, on CPU tensors.
         self.emulated = target == EMULATED
         self.threads = threads
+        #: With fewer batch tiles than threads on the CPU: True, the threads
+        #: of a tile split its units; False, its rows; None, its rows where
+        #: each thread gets 4 or more and its copy of the weights is small.
+        self.unit_slices = unit_slices
         decls = _cellc.declarations(source, file_name)
         self._decls = decls
         pick = lambda kind: [(name, [_size_text(t) for t in shape])
@@ -247,6 +252,7 @@ class Cell:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__.setdefault("unit_slices", None)  # pickled before it was
         self._key = _ops.cell_key(self) if _ops.AVAILABLE else None
 
     def __repr__(self):
@@ -351,7 +357,8 @@ class Cell:
                 autotune(self, sizes, batch=batch, seq_len=seq_len, dtype=dtype,
                          budget=budget)
             self._compiled[key] = _jit(self.source, self.file_name, sizes, _DTYPES[dtype],
-                                       self.threads, batch if bucket else 0, step)
+                                       self.threads, batch if bucket else 0, step,
+                                       self.unit_slices)
         return self._compiled[key]
 
     def layout(self, sizes, dtype, mode, has_lengths, device=torch.device("cpu")):
@@ -920,9 +927,15 @@ def _run_tune(cell, sizes, *, batch, seq_len, target, dtype, save_gates, budget,
     return result
 
 
-def compile(source, target=None, *, threads=0, cuda=None):
+def compile(source, target=None, *, threads=0, cuda=None, unit_slices=None):
     """Parses and checks a cell. `source` is the cell's text or a path to a
     .cell file. Kernels are compiled per (sizes, dtype) on first use.
+    `threads` (0: every core) run the CPU kernels; with fewer batch tiles
+    than threads, `unit_slices` True has the threads of a tile split its
+    units (each a slice of every product, meeting at barriers; each packs
+    only its slice of the weights), False its rows, and None (the default)
+    its rows where each thread gets 4 or more and the threads' copies of
+    the weights take at most 4 MiB.
     `cuda`: the CUDA kernels' options, from those of `Cell.cuda_package`
     (strategy, precision, batch_tile, ctas, shared_limit); the storage
     follows the inputs' dtype. `target`: None (the tensors' device), "cpu",
@@ -935,4 +948,4 @@ def compile(source, target=None, *, threads=0, cuda=None):
         file_name = source
         with open(source) as f:
             source = f.read()
-    return Cell(source, file_name, target, threads, cuda)
+    return Cell(source, file_name, target, threads, cuda, unit_slices)

@@ -233,7 +233,8 @@ PYBIND11_MODULE(_cellc, m) {
       "prepare_package",
       [](const std::string &source, const std::string &fileName,
          const std::map<std::string, int64_t> &sizes, const std::string &dtype,
-         int threads, bool useCache, int64_t batch, bool step) {
+         int threads, bool useCache, int64_t batch, bool step,
+         std::optional<bool> unitSlices) {
         if (dtype != "f32" && dtype != "f64")
           throw py::type_error("the CPU backend takes float32 and float64, not " + dtype);
         jit::CpuOptions options;
@@ -244,6 +245,7 @@ PYBIND11_MODULE(_cellc, m) {
         options.batchHint = batch;
         options.useTuned = threads == 0;
         options.step = step;
+        options.unitSlices = unitSlices ? int(*unitSlices) : -1;
         SizeBindings bindings(sizes.begin(), sizes.end());
         std::optional<jit::PreparedPackage> prepared;
         {
@@ -257,15 +259,15 @@ PYBIND11_MODULE(_cellc, m) {
           }
           prepared = std::move(*result);
         }
-        py::object unitSlices = prepared->unitSlices < 0
-                                    ? py::object(py::none())
-                                    : py::object(py::bool_(prepared->unitSlices > 0));
+        py::object split = prepared->unitSlices < 0
+                               ? py::object(py::none())
+                               : py::object(py::bool_(prepared->unitSlices > 0));
         return py::make_tuple(prepared->dir, prepared->fromCache, prepared->origin,
-                              prepared->temporary, prepared->threads, unitSlices);
+                              prepared->temporary, prepared->threads, split);
       },
       py::arg("source"), py::arg("file_name"), py::arg("sizes"), py::arg("dtype"),
       py::arg("threads") = 0, py::arg("use_cache") = true, py::arg("batch") = 0,
-      py::arg("step") = false,
+      py::arg("step") = false, py::arg("unit_slices") = py::none(),
       "Builds the CPU package of the cell at `sizes` (or finds it in the cache): "
       "(path, from_cache, config_source, temporary, threads, unit_slices). With "
       "`step`, the kernels of a streaming step (no hoisted projections)");

@@ -95,6 +95,11 @@ def test_two_threads_split_a_tiles_rows_unless_each_would_get_fewer_than_four(ca
     assert compiled.thread_split(1) == (1, 2)
     compiled.unit_slices = True
     assert compiled.unit_slices is True and compiled.thread_split(16) == (1, 2)
+    # Asked for at compile time, unit slices keep the batch's 64-row tile.
+    units = cellc.compile(LSTM, threads=2, unit_slices=True).jit(SIZES, torch.float64,
+                                                                  batch=64)
+    assert dict(kv.split("=") for kv in units.config.split(","))["batch_tile"] == "64"
+    assert units.unit_slices is True and units.thread_split(64) == (1, 2)
     compiled.unit_slices = False
     assert compiled.unit_slices is False and compiled.thread_split(7) == (2, 1)
     compiled.unit_slices = None
@@ -116,6 +121,8 @@ def test_two_threads_split_a_tiles_rows_unless_each_would_get_fewer_than_four(ca
         for slices in (None, True, False):
             cell.jit(SIZES, torch.float64, batch=B).unit_slices = slices
             torch.testing.assert_close(cell(x, p)[0], ref(x)[0], rtol=1e-12, atol=1e-12)
+            split = cellc.compile(LSTM, threads=2, unit_slices=slices)
+            torch.testing.assert_close(split(x, p)[0], ref(x)[0], rtol=1e-12, atol=1e-12)
 
 
 def test_a_corrupt_entry_is_reported_and_the_default_config_runs(cache, capfd):
