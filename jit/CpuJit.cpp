@@ -236,7 +236,7 @@ cellc::jit::prepareCpuPackage(llvm::StringRef source, llvm::StringRef fileName,
   options.weightBytes = 0;
   module->walk([&](mlir::cell::ParamOp param) {
     auto type = llvm::cast<mlir::RankedTensorType>(param.getType());
-    if (type.getRank() == 2)
+    if (type.getRank() >= 2)
       options.weightBytes += type.getNumElements() * (dtype == DType::F32 ? 4 : 8);
   });
   mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);

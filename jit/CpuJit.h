@@ -33,7 +33,7 @@ struct CpuOptions {
   /// units (CpuCell::setUnitSlices); 0, its rows; -1, its units only where
   /// its rows would give a thread fewer than 4.
   int unitSlices = -1;
-  /// The bytes of the cell's 2-D params (CpuCell::splitsRows), which
+  /// The bytes of the cell's matrix params (CpuCell::weightBytes), which
   /// prepareCpuPackage reads off the cell.
   int64_t weightBytes = 0;
   /// Whether packages are read from and written to the kernel cache

@@ -344,7 +344,7 @@ private:
   const KernelObject *variants;
   int64_t tile;
   bool grouped;
-  /// The cell's 2-D params' bytes (CpuCell::splitsRows).
+  /// The cell's matrix params' bytes (CpuCell::weightBytes).
   int64_t weightBytes;
 };
 
@@ -666,8 +666,12 @@ bool CpuCell::splitsRows(int64_t batch, int threads, int64_t weightBytes) {
 int64_t CpuCell::weightBytes() const {
   int64_t bytes = 0;
   for (const Slot &param : info.params)
-    if (param.shape.size() == 2)
-      bytes += param.shape[0] * param.shape[1] * elementBytes();
+    if (param.shape.size() >= 2) {
+      int64_t n = elementBytes();
+      for (int64_t d : param.shape)
+        n *= d;
+      bytes += n;
+    }
   return bytes;
 }
 

@@ -87,7 +87,7 @@ public:
   void setUnitSlices(int mode);
   /// By default, whether `threads` threads split the rows of a batch of
   /// `batch` (each its own, with no barrier) rather than a tile's units, for
-  /// a cell whose 2-D params hold `weightBytes`. Unit slices meet at
+  /// a cell whose matrix params hold `weightBytes` (weightBytes()). Unit slices meet at
   /// barriers in every phase; on two cores split rows trained faster from
   /// 4 rows a thread (LSTM and GRU, H = 256, B = 8 to 64: 3% to 8%, and
   /// more on a busy machine; docs/benchmarks.md). But each thread that
@@ -97,7 +97,8 @@ public:
   static bool splitsRows(int64_t batch, int threads, int64_t weightBytes);
   static constexpr int64_t kRowsPerThread = 4;
   static constexpr int64_t kRowSplitBytes = int64_t(4) << 20;
-  /// The bytes of the cell's 2-D params, in its element type.
+  /// The bytes of the cell's matrix params (2-D, and block-diagonal 3-D),
+  /// in its element type: what the batched kernels pack.
   int64_t weightBytes() const;
   /// How a kernel launch over `batch` rows runs: groups of threads, each
   /// group a range of rows, and the threads of a group (1: no unit slices).
