@@ -39,12 +39,16 @@ def _status(field):
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def one(kind, impl, mode, T, B, size, loop=0):
+SPLITS = {"auto": None, "units": True, "rows": False}
+
+
+def one(kind, impl, mode, T, B, size, loop=0, threads=1, split="auto"):
     """Runs one measure in this process; prints a JSON line. With `loop`,
     then that many more steps as a training loop runs them, each forward
-    while the last step's output is still held, and their peak."""
+    while the last step's output is still held, and their peak. `threads`
+    run torch and cellc; `split` is cellc's unit_slices (SPLITS)."""
     import torch
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     I = H = size
     if impl == "torch":
@@ -52,7 +56,8 @@ def one(kind, impl, mode, T, B, size, loop=0):
     else:
         import cellc
         module = getattr(cellc.nn, kind.upper())(I, H, recompute=mode)
-        module.cell.threads = 1
+        module.cell.threads = threads
+        module.cell.unit_slices = SPLITS[split]  # read when the JIT compiles
 
     def step(steps):
         x = torch.randn(steps, B, I, requires_grad=True)
@@ -109,13 +114,18 @@ def main():
     p.add_argument("--one", nargs=3, metavar=("CELL", "IMPL", "MODE"),
                    help=argparse.SUPPRESS)
     p.add_argument("--loop", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads for torch and cellc (run under taskset for as many cores)")
+    p.add_argument("--unit-slices", choices=sorted(SPLITS), default="auto",
+                   help="how cellc's threads share a tile: units, rows, or cellc's default")
     a = p.parse_args()
     if a.one:
-        one(*a.one, a.steps, a.batch, a.size, a.loop)
+        one(*a.one, a.steps, a.batch, a.size, a.loop, a.threads, a.unit_slices)
         return
     T, B, size = a.steps, a.batch, a.size
-    print(f"T = {T}, B = {B}, I = H = {size}, float32; peak resident memory over the "
-          f"baseline, MiB (each a fresh process)")
+    print(f"T = {T}, B = {B}, I = H = {size}, float32, {a.threads} thread(s), cellc's threads "
+          f"split {a.unit_slices}; peak resident memory over the baseline, MiB (each a fresh "
+          f"process)")
     here = os.path.dirname(os.path.abspath(__file__))
     for kind in a.cells.split(","):
         runs = [("torch", "-")] + [("cellc", m) for m in a.modes.split(",")]
@@ -123,7 +133,8 @@ def main():
         for impl, mode in runs:
             out = subprocess.run([sys.executable, os.path.join(here, "memory.py"),
                                   "--steps", str(T), "--batch", str(B), "--size",
-                                  str(size), "--one", kind, impl, mode],
+                                  str(size), "--threads", str(a.threads), "--unit-slices",
+                                  a.unit_slices, "--one", kind, impl, mode],
                                  check=True, capture_output=True, text=True)
             measured[(impl, mode)] = json.loads(out.stdout.strip().splitlines()[-1])
         torch_peak = measured[("torch", "-")]["peak"]
