@@ -125,13 +125,17 @@ MEMORY = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "cpu", "me
 
 
 @pytest.mark.parametrize("mode", ["none", "full", "chunk:16"])
-def test_the_plan_predicts_the_measured_peak(mode):
+@pytest.mark.parametrize("threads,split", [(1, "auto"), (2, "auto"), (2, "units")])
+def test_the_plan_predicts_the_measured_peak(mode, threads, split):
     # The process's peak resident memory over a training step (VmHWM after
     # 5 to clear_refs), in a fresh process, within 10% of the plan's.
-    # The measure is bench/cpu/memory.py's, for one configuration.
+    # The measure is bench/cpu/memory.py's, for one configuration. On two
+    # threads the default splits the rows, each thread with its own packed
+    # weights and buffers; unit slices share the tile's.
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, MEMORY, "--steps", "200", "--batch", "64",
-                           "--size", "256", "--one", "lstm", "cellc", mode],
+                           "--size", "256", "--threads", str(threads), "--unit-slices", split,
+                           "--one", "lstm", "cellc", mode],
                           capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     r = json.loads(done.stdout.strip().splitlines()[-1])
