@@ -233,12 +233,11 @@ cellc::jit::prepareCpuPackage(llvm::StringRef source, llvm::StringRef fileName,
   auto module = compileCellSource(context, sizes, element, src.diag);
   if (!module)
     return src.takeError();
-  options.weightBytes = 0;
+  std::vector<std::vector<int64_t>> paramShapes;
   module->walk([&](mlir::cell::ParamOp param) {
-    auto type = llvm::cast<mlir::RankedTensorType>(param.getType());
-    if (type.getRank() >= 2)
-      options.weightBytes += type.getNumElements() * (dtype == DType::F32 ? 4 : 8);
+    paramShapes.push_back(llvm::cast<mlir::RankedTensorType>(param.getType()).getShape().vec());
   });
+  options.weightBytes = CpuCell::matrixBytes(paramShapes, dtype == DType::F32 ? 4 : 8);
   mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
 
   PreparedPackage prepared;

@@ -30,10 +30,10 @@ struct CpuOptions {
   /// Threads for the recurrent kernels; 0 means one per core.
   int threads = 0;
   /// With fewer batch tiles than threads: 1, a tile's threads split its
-  /// units (CpuCell::setUnitSlices); 0, its rows; -1, its units only where
-  /// its rows would give a thread fewer than 4.
+  /// units (CpuCell::setUnitSlices); 0, its rows; -1, as
+  /// CpuCell::splitsRows says.
   int unitSlices = -1;
-  /// The bytes of the cell's matrix params (CpuCell::weightBytes), which
+  /// The bytes of the cell's matrix params (CpuCell::matrixBytes), which
   /// prepareCpuPackage reads off the cell.
   int64_t weightBytes = 0;
   /// Whether packages are read from and written to the kernel cache
@@ -122,7 +122,7 @@ struct PreparedPackage {
   bool temporary = false;
   std::string origin = "default";
   int threads = 0;
-  /// Whether the threads split a tile's units (CpuOptions::unitSlices).
+  /// How the threads share a tile (CpuOptions::unitSlices).
   int unitSlices = -1;
 };
 

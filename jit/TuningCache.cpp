@@ -44,7 +44,8 @@ std::vector<Knob> cellc::jit::knobsOf(TuneTarget target) {
         {"unit_slices", "with fewer batch tiles than threads: 1, the threads of a "
                         "tile split its units (each a slice of every product, "
                         "element loop and packed weight, meeting at barriers); 0, "
-                        "its rows (untuned, its units only below 4 rows a thread)",
+                        "its rows (untuned: its rows from 4 a thread while their copies of "
+                        "the weights take at most 4 MiB)",
          {1, 0}},
         {"kernels", "1: batched kernels (each step as phases over a tile of "
                     "rows, products as register-blocked matrix products); 0: "

@@ -67,7 +67,8 @@ static cl::opt<int> unitSlices(
     cl::cat(cellc::toolOptions()), "unit-slices",
     cl::desc("batched kernels, with fewer tiles than threads: 1, the "
              "threads of a tile split its units; 0, its rows; -1 (the "
-             "default), its units only below 4 rows a thread"),
+             "default), its rows from 4 a thread while their copies of the "
+             "weights take at most 4 MiB"),
     cl::init(-1));
 static cl::opt<bool> tuned(cl::cat(cellc::toolOptions()), "tuned",
                            cl::desc("use the tuned config for this batch when "

@@ -275,8 +275,8 @@ PYBIND11_MODULE(_cellc_runtime, m) {
           },
           [](PyCell &c, std::optional<bool> on) { c.cell->setUnitSlices(on ? *on : -1); },
           "With fewer batch tiles than threads, whether a tile's threads split its "
-          "units (True) or its rows (False); None, the default: its units only "
-          "where its rows would give a thread fewer than 4")
+          "units (True) or its rows (False); None, the default: its rows from 4 a "
+          "thread while their copies of the weights take at most 4 MiB")
       .def("thread_split", [](PyCell &c, int64_t batch) { return c.cell->threadSplit(batch); },
            py::arg("batch"),
            "(groups, slices): how a launch over `batch` rows runs on the threads")

@@ -344,7 +344,7 @@ private:
   const KernelObject *variants;
   int64_t tile;
   bool grouped;
-  /// The cell's matrix params' bytes (CpuCell::weightBytes).
+  /// The cell's matrix params' bytes (CpuCell::matrixBytes).
   int64_t weightBytes;
 };
 
@@ -614,12 +614,15 @@ Status CpuCell::load(const std::string &dir, const Options &options,
                                                        info.cell))
       return s;
   cell->setThreads(options.threads);
+  std::vector<std::vector<int64_t>> paramShapes;
+  for (const Slot &param : info.params)
+    paramShapes.push_back(param.shape);
   Impl &impl = *cell->impl;
   impl.backend = std::make_shared<CpuBackend>(cell->elementType, impl.variants,
                                               cell->numThreads,
                                               info.interface.forward.batchTile,
                                               info.interface.forward.perGroup(),
-                                              cell->weightBytes());
+                                              matrixBytes(paramShapes, cell->elementBytes()));
   impl.driver = std::make_unique<driver::SequenceDriver>(info.interface, impl.backend);
   impl.pieceRows =
       options.pieceRows > 0 ? options.pieceRows : driver::SequenceDriver::kPieceRows;
@@ -663,12 +666,13 @@ bool CpuCell::splitsRows(int64_t batch, int threads, int64_t weightBytes) {
   return batch >= kRowsPerThread * threads && (threads - 1) * weightBytes <= kRowSplitBytes;
 }
 
-int64_t CpuCell::weightBytes() const {
+int64_t CpuCell::matrixBytes(const std::vector<std::vector<int64_t>> &shapes,
+                             int64_t elementBytes) {
   int64_t bytes = 0;
-  for (const Slot &param : info.params)
-    if (param.shape.size() >= 2) {
-      int64_t n = elementBytes();
-      for (int64_t d : param.shape)
+  for (const std::vector<int64_t> &shape : shapes)
+    if (shape.size() >= 2) {
+      int64_t n = elementBytes;
+      for (int64_t d : shape)
         n *= d;
       bytes += n;
     }

@@ -81,13 +81,13 @@ public:
   void setThreads(int threads);
   /// Whether, with fewer batch tiles than threads, the threads of a tile
   /// split its units (1: each a slice of every step's products and element
-  /// loops, meeting at barriers) or its rows (0). By default (-1), its units
-  /// only where its rows would give a thread fewer than 4.
+  /// loops, meeting at barriers) or its rows (0). By default (-1), as
+  /// splitsRows says.
   int unitSlices() const;
   void setUnitSlices(int mode);
   /// By default, whether `threads` threads split the rows of a batch of
   /// `batch` (each its own, with no barrier) rather than a tile's units, for
-  /// a cell whose matrix params hold `weightBytes` (weightBytes()). Unit slices meet at
+  /// a cell whose matrix params hold `weightBytes` (matrixBytes). Unit slices meet at
   /// barriers in every phase; on two cores split rows trained faster from
   /// 4 rows a thread (LSTM and GRU, H = 256, B = 8 to 64: 3% to 8%, and
   /// more on a busy machine; docs/benchmarks.md). But each thread that
@@ -97,9 +97,11 @@ public:
   static bool splitsRows(int64_t batch, int threads, int64_t weightBytes);
   static constexpr int64_t kRowsPerThread = 4;
   static constexpr int64_t kRowSplitBytes = int64_t(4) << 20;
-  /// The bytes of the cell's matrix params (2-D, and block-diagonal 3-D),
-  /// in its element type: what the batched kernels pack.
-  int64_t weightBytes() const;
+  /// The bytes of the matrix params (2-D, and block-diagonal 3-D) among
+  /// `shapes`, of `elementBytes` each: what the batched kernels pack. The
+  /// JIT (from the cell) and the runtime (from the package) both ask it.
+  static int64_t matrixBytes(const std::vector<std::vector<int64_t>> &shapes,
+                             int64_t elementBytes);
   /// How a kernel launch over `batch` rows runs: groups of threads, each
   /// group a range of rows, and the threads of a group (1: no unit slices).
   std::pair<int64_t, int64_t> threadSplit(int64_t batch) const;
