@@ -1,93 +1,84 @@
 #!/usr/bin/env bash
-# The GPU run, in one call through the device tool:
-#   1. here (with LLVM/MLIR): compile the kernels to AOT packages (PTX), and
-#      fetch torchrl's wheels for the comparison;
-#   2. there (no LLVM): build the CUDA runtime with CMake (or g++ alone),
-#      check LSTM and GRU (forward, every gradient, resets, recompute none,
-#      full and chunk:5; batch-tiled, persistent, tf32 and bf16 matvecs)
-#      against a float64 reference, cuDNN and the CPU backend's results
-#      (computed here), then print the benchmark table.
-# Usage: bench/gpu/run.sh package   # here: writes bench/gpu/packages/
-#        bench/gpu/run.sh wheels    # here: torchrl and its needs into .whl/
-#        bench/gpu/run.sh run       # on the GPU machine
-# Through the device tool: carry bench/gpu/packages and .whl, command
+# The GPU run, in one call through the device tool, and the same run in the
+# SIMT emulator (make test), so that it cannot rot unseen.
+#
+#   bench/gpu/run.sh package [--emulate] [DIR]  here (the compiler): every
+#        example cell's CUDA packages and float64 references, and the
+#        benchmark's packages, into DIR (bench/gpu/packages)
+#   bench/gpu/run.sh wheels                     here (the network): the peers'
+#        wheels for Python 3.12 into .whl/ (torchrl, FlashRNN, fla)
+#   bench/gpu/run.sh run [--emulate] [DIR]      there (a CUDA driver, torch,
+#        CMake and a C++ compiler; no LLVM, no OpenBLAS, no network): build
+#        the runtime, check every package, then the benchmark table
+#
+# Through the device tool: carry bench/gpu/packages and .whl, and run
 #   bench/gpu/run.sh run
+# Each phase has its own time limit, so that a hung kernel costs one phase;
+# the log is written as it comes, into $OUT when the device tool sets it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SHAPES=("4096 32 32 256" "64 256 512 512" "16 1024 768 768")
-# The persistent kernels take an H100's 227 KiB of shared memory per CTA for
-# their weight slices and one tile of 16 rows, so that the CTAs of B=16 at
-# H=768 (44 forward, 91 backward) are all resident on its 132 SMs.
-PERSISTENT="--strategy=persistent --shared-limit=232448 --batch-tile=16"
-VARIANTS=("tiled:" "persistent:$PERSISTENT" "tf32:--precision=tf32"
-          "bf16:--precision=bf16 --storage=bf16"
-          "persistent-bf16:$PERSISTENT --storage=bf16"
-          "persistent-mma:$PERSISTENT --precision=bf16 --storage=bf16")
-case "${1:-run}" in
+what=${1:-run}
+shift || true
+emulate=""
+if [ "${1:-}" = "--emulate" ]; then
+  emulate="--emulate"
+  shift
+fi
+dir=${1:-bench/gpu/packages}
+case "$what" in
 package)
-  out=bench/gpu/packages
-  rm -rf "$out"
-  for v in "${VARIANTS[@]}"; do
-    name=${v%%:*}; flags=${v#*:}
-    for cell in lstm gru; do
-      build/bin/cellc examples/$cell.cell -D I=24 -D H=64 --emit=package --arch=sm_90 \
-        $flags -o "$out/check-$cell-$name"
-    done
-    for s in "${SHAPES[@]}"; do
-      read -r B T I H <<<"$s"
-      # Some configs do not fit (the batch-tiled backward past H=256 needs
-      # more shared memory than a CTA has); the reason stands in the table.
-      if ! build/bin/cellc examples/lstm.cell -D I=$I -D H=$H --emit=package --arch=sm_90 \
-          $flags -o "$out/lstm-I$I-H$H-$name" 2>"$out/why.txt"; then
-        mkdir -p "$out/lstm-I$I-H$H-$name"
-        head -1 "$out/why.txt" >"$out/lstm-I$I-H$H-$name/not-built.txt"
-      fi
-      rm -f "$out/why.txt"
-    done
-  done
-  # The CPU backend's results, for the GPU run to compare with.
-  PYTHONPATH=build/python /usr/bin/python3 bench/gpu/cpu_reference.py "$out"
-  du -sh "$out"
+  rm -rf "$dir"
+  PYTHONPATH=${PYTHONPATH:-build/python} /usr/bin/python3 bench/gpu/prepare.py "$dir" $emulate
+  du -sh "$dir"
   ;;
 wheels)
   mkdir -p .whl
   exclude=$(git rev-parse --git-path info/exclude)
   mkdir -p "$(dirname "$exclude")"
   grep -qx '/.whl/' "$exclude" 2>/dev/null || echo /.whl/ >>"$exclude"
-  for w in torchrl==0.14.1 "tensordict>=0.14.3,<0.15" pyvers hoptorch importlib_metadata zipp orjson; do
+  for w in torchrl==0.14.1 "tensordict==0.14.3" pyvers hoptorch importlib_metadata zipp \
+      orjson flashrnn==1.0.8 fla-core==0.6.0 einops; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 -d .whl "$w" || python3 -m pip download -q --no-deps \
       --only-binary=:all: --python-version 3.12 -d .whl "$w"
   done
-  ls .whl
+  ls -la .whl
   ;;
 run)
-  if ls .whl/*.whl >/dev/null 2>&1; then
+  log=${OUT:-/tmp}/gpu-run${emulate:+-emulated}.log
+  : >"$log"
+  say() { echo "$@" | tee -a "$log"; }
+  python=python3
+  if [ -n "$emulate" ]; then
+    python=/usr/bin/python3
+  elif ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
   fi
-  mkdir -p build-gpu
-  if command -v cmake >/dev/null; then
-    cmake -S runtime -B build-gpu -DCMAKE_BUILD_TYPE=Release >/dev/null
-    cmake --build build-gpu -j >/dev/null
-  else
-    mkdir -p build-gpu/lib
-    g++ -O2 -std=c++17 -shared -fPIC -I. runtime/cuda/CudaDriver.cpp runtime/driver/*.cpp \
-      runtime/cpu/*.cpp -lopenblas -ldl -lpthread -o build-gpu/lib/libcellc_runtime.so
+  build=${CELLC_GPU_BUILD:-build-gpu${emulate:+-emulated}}
+  say "== the runtime, without OpenBLAS (cmake -S runtime -DCELLC_RUNTIME_CPU=OFF)"
+  start=$(date +%s)
+  timeout 240 cmake -S runtime -B "$build" -DCMAKE_BUILD_TYPE=Release \
+    -DCELLC_RUNTIME_CPU=OFF >>"$log" 2>&1
+  timeout 240 cmake --build "$build" -j "$(nproc)" >>"$log" 2>&1
+  say "   built in $(( $(date +%s) - start )) s"
+  lib=$build/lib/libcellc_runtime.so
+  if ldd "$lib" | grep -Eq 'openblas|gomp|blas'; then
+    say "FAIL: $lib links a BLAS or OpenMP:"; ldd "$lib" | tee -a "$log"; exit 1
   fi
-  export CELLC_CUDA_LIB=$PWD/build-gpu/lib/libcellc_runtime.so PYTHONUNBUFFERED=1
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
-  # Bounded, so that a hung grid barrier or a slow Triton autotune still
-  # leaves the other half's output inside the device tool's 10 minutes; the
-  # log also goes to $OUT when the device tool sets it.
-  log=${OUT:-/tmp}/gpu-run.log
+  case "$lib" in /*) ;; *) lib=$PWD/$lib ;; esac
+  export CELLC_CUDA_LIB=$lib PYTHONUNBUFFERED=1
+  command -v nvidia-smi >/dev/null &&
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$log"
   status=0
-  timeout 270 python3 test/gpu/check_cells.py check bench/gpu/packages 2>&1 | tee "$log" ||
-    status=1
-  timeout 270 python3 test/gpu/check_cells.py bench bench/gpu/packages 2>&1 | tee -a "$log" ||
-    status=1
+  say "== check: every package against its float64 reference"
+  timeout "${CELLC_CHECK_SECONDS:-200}" $python test/gpu/check_cells.py check "$dir" $emulate \
+    2>&1 | tee -a "$log" || status=1
+  say "== bench"
+  timeout "${CELLC_BENCH_SECONDS:-200}" $python test/gpu/check_cells.py bench "$dir" $emulate \
+    2>&1 | tee -a "$log" || status=1
   exit $status
   ;;
-*) echo "usage: $0 package|wheels|run" >&2; exit 2 ;;
+*) echo "usage: $0 package|wheels|run [--emulate] [DIR]" >&2; exit 2 ;;
 esac

@@ -5,6 +5,9 @@ forward and backward. Imports nothing that loads MLIR or LLVM."""
 
 import torch
 
+# One definition, in the module that a GPU machine loads alone.
+from .cuda import shaped_states as _shaped_states  # noqa: F401
+
 
 def _parse_mode(save_gates, recompute):
     if recompute is None:
@@ -20,12 +23,6 @@ def _flat_states(states, B):
     if states is None:
         return None
     return {n: t if t.dim() == 2 else t.reshape(B, -1) for n, t in states.items()}
-
-
-def _shaped_states(final, dims):
-    """The final states (each `[B, n]`) in their declared dims: `dims` maps a
-    matrix state to its `[NH, K, V]`; any other state is returned as it is."""
-    return {n: t.reshape(t.shape[0], *dims[n]) if n in dims else t for n, t in final.items()}
 
 
 def _check_lengths(lengths, T, B):

@@ -720,6 +720,11 @@ class Cell:
         "piece_steps", and "peak" (the most held at once over the step, above
         the inputs and params) and "floor" (what any implementation holds at
         its end)."""
+        if self.emulated or self.target == _cellc.Target.cuda.name:
+            # The CUDA kernels' plan: the same C++ host code plans the
+            # emulator's calls and a GPU's.
+            device = torch.device("cpu") if self.emulated else torch.device("cuda")
+            return self._cuda_cell(sizes, dtype, device).memory_plan(steps, batch, recompute)
         return self.jit(sizes, dtype, batch=batch).memory_plan(steps, batch, recompute)
 
     # CUDA --------------------------------------------------------------------

@@ -57,6 +57,15 @@ public:
   }
   void setIndex(size_t arg, int64_t value) { words[first[arg]] = value; }
   void call(Entry entry) { entry(pointers.data()); }
+  /// A pointer to each word in order: the parameters of a CUDA kernel,
+  /// where NVPTX expands each memref descriptor into its words.
+  std::vector<void *> eachWord() {
+    std::vector<void *> each;
+    each.reserve(words.size());
+    for (int64_t &word : words)
+      each.push_back(&word);
+    return each;
+  }
 
 private:
   std::vector<int64_t> words;

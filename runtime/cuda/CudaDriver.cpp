@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <dlfcn.h>
-#include <type_traits>
 #include <mutex>
+#include <string>
+#include <tuple>
+#include <type_traits>
 
 namespace cellc::cuda {
 
@@ -45,6 +47,8 @@ struct Driver::Api {
   CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
   CUresult (*cuGetErrorName)(CUresult, const char **);
   CUresult (*cuGetErrorString)(CUresult, const char **);
+  CUresult (*cuMemsetD8Async)(unsigned long long, unsigned char, size_t, CUstream);
+  CUresult (*cuMemcpyDtoDAsync)(unsigned long long, unsigned long long, size_t, CUstream);
 };
 
 Driver::Driver() : table(std::make_unique<Api>()) {
@@ -77,6 +81,8 @@ Driver::Driver() : table(std::make_unique<Api>()) {
   resolve(a.cuDeviceGetAttribute, "cuDeviceGetAttribute");
   resolve(a.cuGetErrorName, "cuGetErrorName");
   resolve(a.cuGetErrorString, "cuGetErrorString");
+  resolve(a.cuMemsetD8Async, "cuMemsetD8Async");
+  resolve(a.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
   CUresult init = a.cuInit(0);
   int count = 0;
   if (init != 0 || a.cuDeviceGetCount(&count) != 0 || count == 0)
@@ -103,11 +109,29 @@ void Driver::check(int result, const std::string &what) const {
 }
 
 void Driver::useDevice(int device) {
-  CUdevice dev;
-  check(table->cuDeviceGet(&dev, device), "cuDeviceGet");
-  CUcontext ctx;
-  check(table->cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-  check(table->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  // The primary context is retained once a device and kept: a call makes it
+  // current, which costs no more than a look-up.
+  std::lock_guard<std::mutex> guard(contextsLock);
+  auto it = contexts.find(device);
+  if (it == contexts.end()) {
+    CUdevice dev;
+    check(table->cuDeviceGet(&dev, device), "cuDeviceGet");
+    CUcontext ctx;
+    check(table->cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    it = contexts.emplace(device, ctx).first;
+  }
+  check(table->cuCtxSetCurrent(it->second), "cuCtxSetCurrent");
+}
+
+void Driver::zero(void *data, size_t bytes, void *stream) const {
+  check(table->cuMemsetD8Async(reinterpret_cast<uintptr_t>(data), 0, bytes, stream),
+        "zeroing " + std::to_string(bytes) + " bytes (cuMemsetD8Async)");
+}
+
+void Driver::copy(const void *from, void *to, size_t bytes, void *stream) const {
+  check(table->cuMemcpyDtoDAsync(reinterpret_cast<uintptr_t>(to),
+                                 reinterpret_cast<uintptr_t>(from), bytes, stream),
+        "copying " + std::to_string(bytes) + " bytes (cuMemcpyDtoDAsync)");
 }
 
 Module::Module(const std::string &ptx) {
@@ -148,11 +172,15 @@ void Module::launch(const std::string &kernel, unsigned gridX, unsigned gridY,
   void *fn = function(kernel);
   Driver &d = Driver::get();
   // Past 48 KiB, dynamic shared memory must be asked for per kernel:
-  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8).
-  if (sharedBytes > 48 * 1024)
+  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8). Asked once for the
+  // most a launch has wanted.
+  int &granted = sharedGranted[fn];
+  if (sharedBytes > 48 * 1024 && int(sharedBytes) > granted) {
     d.check(d.api().cuFuncSetAttribute(fn, 8, static_cast<int>(sharedBytes)),
             "kernel " + kernel + ": asking for " + std::to_string(sharedBytes) +
                 " bytes of shared memory (cuFuncSetAttribute)");
+    granted = int(sharedBytes);
+  }
   if (!cooperative) {
     d.check(d.api().cuLaunchKernel(fn, gridX, gridY, 1, block, 1, 1, sharedBytes,
                                    stream, params, nullptr),
@@ -161,14 +189,21 @@ void Module::launch(const std::string &kernel, unsigned gridX, unsigned gridY,
   }
   // Every CTA of a grid barrier must be resident at once; say so plainly
   // rather than pass on the driver's "cooperative launch too large".
-  CUdevice dev;
-  d.check(d.api().cuCtxGetDevice(&dev), "cuCtxGetDevice");
-  int sms = 0, perSm = 0;
-  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT (16).
-  d.check(d.api().cuDeviceGetAttribute(&sms, 16, dev), "cuDeviceGetAttribute");
-  d.check(d.api().cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, block,
-                                                              sharedBytes),
-          "kernel " + kernel + ": cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  // What fits is asked once per kernel, block and shared memory.
+  auto key = std::make_tuple(fn, block, sharedBytes);
+  auto known = residents.find(key);
+  if (known == residents.end()) {
+    CUdevice dev;
+    d.check(d.api().cuCtxGetDevice(&dev), "cuCtxGetDevice");
+    int sms = 0, perSm = 0;
+    // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT (16).
+    d.check(d.api().cuDeviceGetAttribute(&sms, 16, dev), "cuDeviceGetAttribute");
+    d.check(d.api().cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, block,
+                                                                sharedBytes),
+            "kernel " + kernel + ": cuOccupancyMaxActiveBlocksPerMultiprocessor");
+    known = residents.emplace(key, std::make_pair(perSm, sms)).first;
+  }
+  auto [perSm, sms] = known->second;
   long long resident = static_cast<long long>(perSm) * sms;
   long long wanted = static_cast<long long>(gridX) * gridY;
   if (wanted > resident)
@@ -206,36 +241,5 @@ extern "C" {
 /// Whether a driver and a device are there; `error` says why not.
 int cellc_cuda_available(char *error, size_t size) {
   return catchErrors(error, size, [] { cellc::cuda::Driver::get(); }) == 0;
-}
-
-/// Loads `ptx` on `device`; `*module` is the handle.
-int cellc_cuda_load(int device, const char *ptx, void **module, char *error,
-                    size_t size) {
-  return catchErrors(error, size, [&] {
-    cellc::cuda::Driver::get().useDevice(device);
-    *module = new cellc::cuda::Module(ptx);
-  });
-}
-
-void cellc_cuda_unload(void *module) {
-  delete static_cast<cellc::cuda::Module *>(module);
-}
-
-/// Launches `kernel` of `module` on `stream` with `params`.
-int cellc_cuda_launch(void *module, const char *kernel, unsigned gridX,
-                      unsigned gridY, unsigned block, unsigned sharedBytes,
-                      int cooperative, void *stream, void **params, char *error,
-                      size_t size) {
-  return catchErrors(error, size, [&] {
-    static_cast<cellc::cuda::Module *>(module)->launch(
-        kernel, gridX, gridY, block, sharedBytes, cooperative != 0, stream, params);
-  });
-}
-
-int cellc_cuda_registers(void *module, const char *kernel, int *registers,
-                         char *error, size_t size) {
-  return catchErrors(error, size, [&] {
-    *registers = static_cast<cellc::cuda::Module *>(module)->registers(kernel);
-  });
 }
 }

@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,11 @@ public:
   /// Throws a CudaError for a non-zero CUresult.
   void check(int result, const std::string &what) const;
 
+  /// Zeroes `bytes` of device memory, and copies them, on `stream`: enqueued,
+  /// never waited for.
+  void zero(void *data, size_t bytes, void *stream) const;
+  void copy(const void *from, void *to, size_t bytes, void *stream) const;
+
   struct Api;
   const Api &api() const { return *table; }
 
@@ -46,6 +53,8 @@ private:
   Driver();
   void *handle = nullptr;
   std::unique_ptr<Api> table;
+  std::mutex contextsLock;
+  std::map<int, void *> contexts;
 };
 
 /// A loaded PTX module and its kernels.
@@ -74,6 +83,11 @@ private:
   void *function(const std::string &kernel);
   void *module = nullptr;
   std::map<std::string, void *> functions;
+  /// The dynamic shared memory each kernel has been granted past 48 KiB,
+  /// and the CTAs per SM and SMs of each (kernel, block, shared bytes)
+  /// launched cooperatively.
+  std::map<void *, int> sharedGranted;
+  std::map<std::tuple<void *, unsigned, unsigned>, std::pair<int, int>> residents;
 };
 
 } // namespace cellc::cuda

@@ -1,8 +1,8 @@
 //===- CErrors.h - Errors across the runtime's C interfaces -----*- C++ -*-===//
 //
-// Every C entry point of the runtime (DriverC.h, the CUDA loader, the SIMT
-// emulator) returns 0, or 1 with the reason in the caller's `error` buffer:
-// no exception crosses into C or Python.
+// Every C entry point of the runtime (runtime/cuda/CudaC.h) returns 0, or 1
+// with the reason in the caller's `error` buffer: no exception crosses into C
+// or Python.
 //
 //===----------------------------------------------------------------------===//
 

@@ -275,6 +275,18 @@ Status readKernel(const Json &kernels, const std::string &name, Kernel &kernel) 
     if (const Json *shift = k->get("profile_shift"))
       kernel.profileShift = shift->integer();
   }
+  for (auto [key, field] : {std::pair{"threads", &kernel.threads},
+                             {"dynamic_shared_bytes", &kernel.dynamicSharedBytes},
+                             {"ctas", &kernel.ctas},
+                             {"heads", &kernel.heads}})
+    if (const Json *value = k->get(key))
+      *field = value->integer();
+  if (const Json *strategy = k->get("strategy")) {
+    kernel.strategy = parse<Strategy>(stringOf(strategy));
+    if (!kernel.strategy)
+      return Status::error("kernel '" + name + "' has an unknown strategy '" +
+                           stringOf(strategy) + "'; expected " + Words<Strategy>::expected());
+  }
   if (const Json *scratch = k->get("scratch_bytes")) {
     if (const Json *replay = scratch->get("replay"))
       kernel.scratchBytes[0] = replay->integer();
@@ -287,6 +299,11 @@ Status readKernel(const Json &kernels, const std::string &name, Kernel &kernel) 
 Status readInfo(const Json &root, PackageInfo &out) {
   if (root.kind != Json::Kind::Object)
     return Status::error("not a JSON object");
+  if (const Json *format = root.get("format"); !format || format->integer() != 2)
+    return Status::error("unknown package format " +
+                         (format ? std::to_string(format->integer()) : std::string("(none)")) +
+                         "; this runtime reads format 2 (rebuild the package with this "
+                         "cellc)");
   out.cell = stringOf(root.get("cell"));
   out.target = stringOf(root.get("target"));
   if (out.target.empty())
@@ -331,6 +348,16 @@ Status readInfo(const Json &root, PackageInfo &out) {
     return Status::error(out.target == "cpu" ? "no \"objects\"" : "no \"ptx\"");
   out.objects[0] = stringOf(files->get("replay"));
   out.objects[1] = stringOf(files->get("save"));
+  out.arch = stringOf(root.get("arch"));
+  out.precision = stringOf(root.get("precision"));
+  out.strategy = stringOf(root.get("strategy"));
+  out.storage = stringOf(root.get("storage"));
+  if (const Json *mma = root.get("mma_sites"))
+    out.mmaSites = mma->integer();
+  if (const Json *simt = root.get("simt")) {
+    out.simtObjects[0] = stringOf(simt->get("replay"));
+    out.simtObjects[1] = stringOf(simt->get("save"));
+  }
   const Json *kernels = root.get("kernels");
   if (!kernels)
     return Status::error("no \"kernels\"");

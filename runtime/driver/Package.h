@@ -58,8 +58,14 @@ struct PackageInfo {
   /// The CPU features the kernels use (CPU packages).
   std::vector<std::string> cpuFeatures;
   /// The files of the variant that replays (0) and of the one that saves
-  /// gates (1), in `directory`.
+  /// gates (1), in `directory`: the CPU's shared objects, or CUDA's PTX.
   std::string objects[2];
+  /// CUDA packages: the GPU architecture, the kernels' options, how many
+  /// products run on the tensor cores (-1: not said), and the SIMT
+  /// emulator's objects of each variant (empty: none).
+  std::string arch, precision, strategy, storage;
+  int64_t mmaSites = -1;
+  std::string simtObjects[2];
 };
 
 /// Reads `<dir>/kernels.json`. Errors name the file and what is wrong.

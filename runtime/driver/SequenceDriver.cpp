@@ -178,6 +178,9 @@ struct SequenceDriver::Workspace {
   bool replay = false;
   int64_t pieceMax = 0;
   std::vector<Scratch> projected, history, outputs, outputGrads, results, sums;
+  /// A piece's states to start from, where the history holds them in
+  /// another type (startsInCompute).
+  std::vector<Scratch> starts;
   Scratch gates;
   /// For each backward argument, the projection whose replay buffer holds
   /// its result (chunk:K's projection gradients), or -1; the input whose
@@ -397,12 +400,15 @@ Status SequenceDriver::runForwardChunk(const Sequence &seq, const Chunk &chunk,
       ends.push_back(t);
     later = rows;
   }
+  std::vector<Scratch> starts;
   for (size_t k = ends.size(); k-- > 0;) {
     int64_t first = k + 1 < ends.size() ? ends[k + 1] + 1 : chunk.t0;
     Chunk piece = slice(chunk, seq.batch, first, ends[k] - first + 1);
     piece.rows = rowsRunning(seq.lengths, seq.batch, ends[k]);
     if (piece.rows == 0)
       continue;
+    if (Status e = startsInCompute(piece, starts))
+      return e;
     std::vector<Arg> args;
     std::vector<size_t> results;
     if (Status e = bind(kernel, seq, piece, /*backward=*/false, args, results))
@@ -548,6 +554,24 @@ SequenceDriver::Chunk SequenceDriver::slice(const Chunk &chunk, int64_t B,
       piece.start[i] = chunk.history[i].at((o - 1) * B * n, {B, n});
   }
   return piece;
+}
+
+Status SequenceDriver::startsInCompute(Chunk &piece, std::vector<Scratch> &keep) {
+  // A piece after a chunk's first starts from the step before it in the
+  // history, which is in the storage type (bf16 on CUDA); the kernels take
+  // the state they start from in the compute type.
+  keep.resize(cell.states.size());
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    if (!piece.start[i].valid() || piece.start[i].element() == cell.compute)
+      continue;
+    if (!keep[i].view().valid())
+      if (Status e = scratch(piece.start[i].shape, cell.compute, false, keep[i]))
+        return e;
+    if (Status e = backend->copy(piece.start[i], keep[i].view()))
+      return e;
+    piece.start[i] = keep[i].view();
+  }
+  return Status();
 }
 
 Status SequenceDriver::injectFinalStateGrads(const std::vector<int64_t> &lengths,
@@ -1300,6 +1324,8 @@ Status SequenceDriver::backwardChunk(const Sequence &seq, const Saved &saved,
       return e;
     if (piece.rows == 0)
       continue;
+    if (Status e = startsInCompute(piece, w.starts))
+      return e;
     if (w.replay)
       for (size_t p = 0; p < cell.projections.size(); ++p) {
         const Interface::Projection &proj = cell.projections[p];

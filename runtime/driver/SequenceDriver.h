@@ -6,7 +6,7 @@
 // input gradients' GEMMs, resets, and the workspace. It runs over a small
 // `Backend` (allocate, launch a kernel, GEMM, column sums, fill, copy, add)
 // that the CPU runtime implements with OpenBLAS and the JIT, and the CUDA
-// runtime with torch's tensors and GEMMs through Python callbacks.
+// runtime (runtime/cuda/CudaBackend) with cuBLAS, on a GPU or the emulator.
 //
 // Plain C++17, no LLVM or MLIR: it is compiled into libcellc_cuda, which
 // builds on a GPU machine without them.
@@ -160,6 +160,13 @@ struct Kernel {
   /// CPU's tile buffers and packed weights), in the variant that replays
   /// (0) or reads saved gates (1).
   int64_t scratchBytes[2] = {0, 0};
+  /// A CUDA kernel's launch: threads per CTA, dynamic shared memory per
+  /// CTA, and for the persistent strategy the CTAs per batch tile (0:
+  /// batch-tiled, one CTA a tile) and the heads they split (0: one grid
+  /// whose CTAs meet at grid barriers, launched cooperatively).
+  int64_t threads = 0, dynamicSharedBytes = 0, ctas = 0, heads = 0;
+  /// How the kernel is organized, where the package says.
+  std::optional<Strategy> strategy;
 };
 
 /// What the driver knows of a compiled cell: its kernels' interfaces, from
@@ -516,6 +523,9 @@ private:
                              int64_t step);
   /// Steps [begin, begin + len) of `chunk`.
   static Chunk slice(const Chunk &chunk, int64_t B, int64_t begin, int64_t len);
+  /// A piece's start states in the compute type: those of another type
+  /// (from a history in the storage type) converted into `keep`.
+  Status startsInCompute(Chunk &piece, std::vector<Scratch> &keep);
   /// Adds the final-state gradient of each sample whose last step is `step`
   /// to the gradient carried into that step.
   Status injectFinalStateGrads(const std::vector<int64_t> &lengths, int64_t step,

@@ -2,7 +2,6 @@
 
 #include "runtime/emu/Simt.h"
 
-#include "runtime/driver/CErrors.h"
 
 #include <algorithm>
 #include <cmath>
@@ -633,33 +632,4 @@ LaunchStats Module::launch(const Launch &launch) const {
       }
   }
   return state.stats;
-}
-
-extern "C" {
-
-int cellc_emu_load(const char *path, void **module, char *error, size_t size) {
-  return cellc::driver::catchErrors(error, size, [&] { *module = new Module(path); });
-}
-
-void cellc_emu_unload(void *module) { delete static_cast<Module *>(module); }
-
-int cellc_emu_launch(void *module, const char *kernel, unsigned gridX, unsigned gridY,
-                     unsigned block, unsigned sharedBytes, int cooperative, void **params,
-                     const int64_t *buffers, int64_t num_buffers, uint64_t shuffle_seed,
-                     char *error, size_t size) {
-  return cellc::driver::catchErrors(error, size, [&] {
-    Launch launch;
-    launch.kernel = kernel;
-    launch.gridX = gridX;
-    launch.gridY = gridY;
-    launch.block = block;
-    launch.dynamicShared = sharedBytes;
-    launch.cooperative = cooperative != 0;
-    launch.params = params;
-    for (int64_t i = 0; i < num_buffers; ++i)
-      launch.buffers.push_back({uintptr_t(buffers[2 * i]), uint64_t(buffers[2 * i + 1])});
-    launch.shuffleSeed = shuffle_seed;
-    static_cast<Module *>(module)->launch(launch);
-  });
-}
 }

@@ -91,15 +91,4 @@ private:
 
 } // namespace cellc::emu
 
-/// The C interface (python/cellc/cuda.py): each returns 0, or 1 with the
-/// reason in `error`. `buffers` is `num_buffers` pairs (address, bytes).
-extern "C" {
-int cellc_emu_load(const char *path, void **module, char *error, size_t size);
-void cellc_emu_unload(void *module);
-int cellc_emu_launch(void *module, const char *kernel, unsigned gridX, unsigned gridY,
-                     unsigned block, unsigned sharedBytes, int cooperative, void **params,
-                     const int64_t *buffers, int64_t num_buffers, uint64_t shuffle_seed,
-                     char *error, size_t size);
-}
-
 #endif // CELLC_RUNTIME_EMU_SIMT_H

@@ -1,198 +1,187 @@
-"""On a GPU: cellc's CUDA kernels against cuDNN, an independent float64
-reference and the CPU backend's results, then the benchmark table. Runs where only torch, the AOT packages
-and libcellc_runtime.so are present (the lent GPU machine); cuda.py is imported
-by path, and torchrl's Triton RNNs are timed when torchrl imports.
+"""The GPU check: every package that bench/gpu/prepare.py wrote, against its
+float64 reference in each recompute mode with resets (and LSTM and GRU
+against torch's float64 cells and cuDNN); then the benchmark table of time
+and peak memory against cuDNN, torchrl's Triton LSTM, FlashRNN and fla.
 
-Usage: check_cells.py check PACKAGES_DIR      correctness, exit 1 on a failure
-       check_cells.py bench PACKAGES_DIR      timings and peak memory (markdown)
+It runs where there are only torch, the packages and libcellc_runtime.so (a
+GPU machine, with no LLVM and no cellc extension): python/cellc/cuda.py is
+loaded by path, alone. With --emulate, the same script runs the packages'
+kernels in the SIMT emulator on the CPU (make test), where the peers, which
+need a GPU, are left out.
+
+Usage: check_cells.py check PACKAGES [--emulate]   exit 1 on a failure
+       check_cells.py bench PACKAGES [--emulate]   a markdown table
 """
 
 import importlib.util
+import json
 import os
 import sys
+import time
 
 import torch
 
-here = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))
 spec = importlib.util.spec_from_file_location(
-    "cellc_cuda_module", os.path.join(here, "..", "..", "python", "cellc", "cuda.py"))
+    "cellc_cuda", os.path.join(HERE, "..", "..", "python", "cellc", "cuda.py"))
 cuda = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cuda)
 
-DEV = torch.device("cuda")
-# Relative tolerances (max |error| / max |reference|) per precision: fp32
-# FMAs, tf32 (10-bit mantissa) and bf16 (7-bit) tensor-core matvecs.
-TOL = {"ieee": 1e-4, "tf32": 5e-3, "bf16": 3e-2}
-# With x, h and the gates stored as bf16 (8-bit mantissa) too.
-TOL_BF16_STORAGE = 5e-2
-VARIANTS = ("tiled", "persistent", "tf32", "bf16", "persistent-bf16", "persistent-mma")
+EMULATE = "--emulate" in sys.argv
+DEV = torch.device("cpu" if EMULATE else "cuda")
+#: Relative to the largest magnitude of the float64 reference (as
+#: test_emulator.py's): fp32 FMAs; tf32 products (10-bit mantissas); bf16
+#: storage and products (8 bits, 2^-9 a rounding).
+TOLERANCE = {"ieee": 1e-4, "tf32": 1e-2, "bf16": 6e-2}
 
 
-def load(pkg_dir):
-    return cuda.CudaCell(cuda.Package(pkg_dir))
+def load(path):
+    return cuda.CudaCell(cuda.Package(path), emulate=EMULATE)
 
 
-def torch_params(kind, I, H, seed=0):
-    torch.manual_seed(seed)
-    ref = (torch.nn.LSTM if kind == "lstm" else torch.nn.GRU)(I, H).to(DEV)
-    params = {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0,
-              "b_ih": ref.bias_ih_l0, "b_hh": ref.bias_hh_l0}
-    return ref, params
+def manifest(root):
+    with open(os.path.join(root, "manifest.json")) as f:
+        return json.load(f)
 
 
-def reference_step(kind, x, h, c, p):
-    """One step in float64, written from the formulas: the independent reference."""
-    g = x @ p["W_ih"].t() + p["b_ih"] + h @ p["W_hh"].t() + p["b_hh"]
-    if kind == "lstm":
-        i, f, gg, o = g.chunk(4, -1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(gg)
-        return torch.sigmoid(o) * torch.tanh(c), c
-    gx = (x @ p["W_ih"].t() + p["b_ih"]).chunk(3, -1)
-    gh = (h @ p["W_hh"].t() + p["b_hh"]).chunk(3, -1)
-    r = torch.sigmoid(gx[0] + gh[0])
-    z = torch.sigmoid(gx[1] + gh[1])
-    n = torch.tanh(gx[2] + r * gh[2])
-    return (1 - z) * n + z * h, None
+def run_cell(cell, data, mode, dtype):
+    """The cell's outputs, final states and gradients on `data` (a
+    reference's), on DEV, with the sequences stored as `dtype`."""
+    params, inputs, states, resets, out_w, final_w = data
+    leaves = {("input", n): t.to(DEV, dtype).requires_grad_() for n, t in inputs.items()}
+    leaves.update({("param", n): t.to(DEV, torch.float32).requires_grad_()
+                   for n, t in params.items()})
+    leaves.update({("state", n): t.to(DEV, torch.float32).requires_grad_()
+                   for n, t in states.items()})
+    out, final = cell({n: leaves[("input", n)] for n in inputs},
+                      {n: leaves[("param", n)] for n in params},
+                      {n: leaves[("state", n)] for n in states}, resets.to(DEV), mode)
+    loss = sum((out[n].float() * w.to(DEV, torch.float32)).sum() for n, w in out_w.items())
+    loss = loss + sum((final[n] * w.to(DEV, torch.float32)).sum() for n, w in final_w.items())
+    loss.backward()
+    got = {"out:" + n: t.detach() for n, t in out.items()}
+    got.update({"final:" + n: t.detach() for n, t in final.items()})
+    got.update({"d" + key: t.grad for (kind, n), t in leaves.items()
+                for key in [f"{kind}:{n}"]})
+    return got
 
 
-def reference(kind, x, h0, c0, p, resets):
-    h, c, outs = h0, c0, []
-    for t in range(x.shape[0]):
-        if resets is not None:
-            m = resets[t][:, None]
-            h = torch.where(m, h0, h)
-            c = torch.where(m, c0, c) if c is not None else None
-        h, c = reference_step(kind, x[t], h, c, p)
-        outs.append(h)
-    return torch.stack(outs), h, c
+def worst_error(got, want):
+    """The largest error relative to the largest magnitude, over every
+    result: (name, error)."""
+    flat = {"out:" + n: t for n, t in want["out"].items()}
+    flat.update({"final:" + n: t for n, t in want["final"].items()})
+    flat.update({"d" + n: t for n, t in want["grads"].items()})
+    errors = {}
+    for name, w in flat.items():
+        g = got[name].double().cpu().reshape(w.shape)
+        errors[name] = ((g - w).abs().max() / (w.abs().max() + 1e-3)).item()
+    name = max(errors, key=errors.get)
+    return name, errors[name]
 
 
-def rel(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def check(pkg_root):
-    failed = False
-    B, T, I, H = 37, 19, 24, 64
-    for kind in ("lstm", "gru"):
-        for variant in VARIANTS:
-            path = os.path.join(pkg_root, f"check-{kind}-{variant}")
+def check(root):
+    m = manifest(root)
+    failed, rows = 0, 0
+    for entry in m["checks"]:
+        label = f"{entry['cell']:15} {entry['variant']:16}"
+        path = os.path.join(root, entry["dir"])
+        if not entry["built"]:
+            with open(os.path.join(path, "not-built.txt")) as f:
+                print(f"{label} not built: {f.read().strip()}", flush=True)
+            continue
+        refs = torch.load(os.path.join(root, f"reference-{entry['cell']}.pt"))
+        try:
             cell = load(path)
-            precision = cell.package.meta.get("precision", "ieee")
-            tol = TOL[precision]
-            if cell.storage == torch.bfloat16:
-                tol = TOL_BF16_STORAGE
-            _, params = torch_params(kind, I, H)
-            params = {n: t.detach().clone().requires_grad_() for n, t in params.items()}
-            torch.manual_seed(1)
-            x = torch.randn(T, B, I, device=DEV, requires_grad=True)
-            h0 = (torch.randn(B, H, device=DEV) * 0.5).requires_grad_()
-            c0 = (torch.randn(B, H, device=DEV) * 0.5).requires_grad_()
-            states = {"h": h0, "c": c0} if kind == "lstm" else {"h": h0}
-            for with_resets in (False, True):
-                resets = None
-                if with_resets:
-                    resets = torch.rand(T, B, device=DEV) < 0.15
-                # The float64 reference and its gradients.
-                leaves64 = [t.detach().double().requires_grad_()
-                            for t in [x, h0, c0] + list(params.values())]
-                x64, h64, c64, *p64 = leaves64
-                p64 = dict(zip(params, p64))
-                out64, hT64, cT64 = reference(kind, x64, h64, c64 if kind == "lstm" else None,
-                                              p64, resets)
-                torch.manual_seed(2)
-                g_out = torch.randn_like(out64)
-                g_h = torch.randn_like(hT64)
-                loss64 = (out64 * g_out).sum() + (hT64 * g_h).sum()
-                if kind == "lstm":
-                    g_c = torch.randn_like(cT64)
-                    loss64 = loss64 + (cT64 * g_c).sum()
-                loss64.backward()
-                for mode in ("none", "full", "chunk:5"):
-                    for t in [x, h0, c0] + list(params.values()):
-                        t.grad = None
-                    xs = x.to(cell.storage)  # the graph goes through the cast to x
-                    out, final = cell({"x": xs}, params, states, resets, mode)
-                    loss = (out["h"] * g_out.float()).sum() + (final["h"] * g_h.float()).sum()
-                    if kind == "lstm":
-                        loss = loss + (final["c"] * g_c.float()).sum()
-                    loss.backward()
-                    errs = {"h": rel(out["h"].double(), out64), "h_T": rel(final["h"].double(), hT64)}
-                    if kind == "lstm":
-                        errs["c_T"] = rel(final["c"].double(), cT64)
-                    names = ["x", "h0"] + (["c0"] if kind == "lstm" else []) + list(params)
-                    tensors = [x, h0] + ([c0] if kind == "lstm" else []) + list(params.values())
-                    refs = [x64, h64] + ([c64] if kind == "lstm" else []) + list(p64.values())
-                    for n, t, r in zip(names, tensors, refs):
-                        errs["d" + n] = rel(t.grad.double(), r.grad) if t.grad is not None else 1.0
-                    worst = max(errs, key=errs.get)
-                    ok = errs[worst] <= tol
-                    failed |= not ok
-                    print(f"{kind} {variant:10} resets={int(with_resets)} {mode:8} "
-                          f"worst {worst} {errs[worst]:.1e} (tol {tol:.0e}) "
-                          f"{'ok' if ok else 'FAIL ' + str(errs)}", flush=True)
-            # cuDNN too, forward, for the record.
-            ref, rp = torch_params(kind, I, H)
-            with torch.no_grad():
-                want, _ = ref(x, (h0[None], c0[None]) if kind == "lstm" else h0[None])
-                out, _ = cell({"x": x.detach().to(cell.storage)},
-                              {n: t.detach() for n, t in rp.items()},
-                              {n: t.detach() for n, t in states.items()})
-            print(f"{kind} {variant:10} vs cuDNN forward: {rel(out['h'].float(), want):.1e}")
+        except Exception as e:  # noqa: BLE001 - a failure is a row
+            print(f"{label} FAIL to load: {e}", flush=True)
+            failed += 1
+            continue
+        storage = "bf16" if cell.storage == torch.bfloat16 else "f32"
+        precision = cell.package.meta.get("precision", "ieee")
+        tolerance = max(TOLERANCE[precision], TOLERANCE["bf16"] if storage == "bf16" else 0)
+        ref = refs[storage]
+        for mode, want in ref["modes"].items():
+            rows += 1
+            try:
+                got = run_cell(cell, ref["data"], mode, cell.storage)
+                name, error = worst_error(got, want)
+                ok = error <= tolerance
+            except Exception as e:  # noqa: BLE001
+                name, error, ok = f"{type(e).__name__}: {e}", float("nan"), False
+            failed += not ok
+            print(f"{label} {mode:8} worst {name} {error:.1e} (tolerance {tolerance:.0e}) "
+                  f"{'ok' if ok else 'FAIL'}", flush=True)
+        if entry["cell"] in ("lstm", "gru") and not EMULATE:
+            failed += not check_against_torch(entry["cell"], cell, ref["data"], tolerance,
+                                              label)
+    print(f"{rows - failed} of {rows} checks passed", flush=True)
     return failed
 
 
-def check_cpu_backend(pkg_root):
-    """Against the CPU backend: the results cellc's CPU kernels gave here for
-    the same data (bench/gpu/cpu_reference.py), for every variant and for
-    recompute none and full."""
-    failed = False
-    for kind in ("lstm", "gru"):
-        ref = torch.load(os.path.join(pkg_root, f"cpu-reference-{kind}.pt"))
-        for variant in VARIANTS:
-            cell = load(os.path.join(pkg_root, f"check-{kind}-{variant}"))
-            tol = TOL[cell.package.meta.get("precision", "ieee")]
-            if cell.storage == torch.bfloat16:
-                tol = TOL_BF16_STORAGE
-            for mode in ("none", "full"):
-                leaves = {"x": ref["x"].to(DEV).requires_grad_()}
-                leaves.update({n: p.to(DEV).requires_grad_() for n, p in ref["params"].items()})
-                leaves.update({n + "0": s.to(DEV).requires_grad_()
-                               for n, s in ref["states"].items()})
-                out, final = cell({"x": leaves["x"].to(cell.storage)},
-                                  {n: leaves[n] for n in ref["params"]},
-                                  {n: leaves[n + "0"] for n in ref["states"]},
-                                  ref["resets"].to(DEV), mode)
-                loss = (out["h"].float() * ref["g_out"].to(DEV)).sum() + sum(
-                    (final[n].float() * g.to(DEV)).sum() for n, g in ref["g_final"].items())
-                loss.backward()
-                errs = {"h": rel(out["h"].float().cpu(), ref["out"])}
-                errs.update({n + "_T": rel(final[n].float().cpu(), t)
-                             for n, t in ref["final"].items()})
-                errs.update({"d" + n: rel(leaves[n].grad.float().cpu(), g)
-                             for n, g in ref["grads"].items()})
-                worst = max(errs, key=errs.get)
-                ok = errs[worst] <= tol
-                failed |= not ok
-                print(f"{kind} {variant:15} vs CPU backend {mode:5} worst {worst} "
-                      f"{errs[worst]:.1e} (tol {tol:.0e}) {'ok' if ok else 'FAIL ' + str(errs)}",
-                      flush=True)
-    return failed
+def check_against_torch(kind, cell, data, tolerance, label):
+    """LSTM and GRU against torch's: float64 on the GPU (no resets: torch's
+    cells have none) and cuDNN in float32, forward and gradients."""
+    params, inputs, states, _, out_w, _ = data
+    I, H = inputs["x"].shape[-1], states["h"].shape[-1]
+    ok = True
+    for dtype in (torch.float64, torch.float32):
+        ref = (torch.nn.LSTM if kind == "lstm" else torch.nn.GRU)(I, H).to(DEV, dtype)
+        with torch.no_grad():
+            for name, t in (("weight_ih_l0", "W_ih"), ("weight_hh_l0", "W_hh"),
+                            ("bias_ih_l0", "b_ih"), ("bias_hh_l0", "b_hh")):
+                getattr(ref, name).copy_(params[t])
+        x = inputs["x"].to(DEV, dtype).requires_grad_()
+        h0 = states["h"].to(DEV, dtype)[None]
+        init = (h0, states["c"].to(DEV, dtype)[None]) if kind == "lstm" else h0
+        want, _ = ref(x, init)
+        (want * out_w["h"].to(DEV, dtype)).sum().backward()
+        xs = inputs["x"].to(DEV, cell.storage).requires_grad_()
+        ps = {n: t.to(DEV, torch.float32).requires_grad_() for n, t in params.items()}
+        got, _ = cell({"x": xs}, ps, {n: t.to(DEV, torch.float32) for n, t in states.items()})
+        (got["h"].float() * out_w["h"].to(DEV)).sum().backward()
+        pairs = [("h", got["h"], want), ("dx", xs.grad, x.grad),
+                 ("dW_hh", ps["W_hh"].grad, ref.weight_hh_l0.grad)]
+        errors = {n: ((a.double() - b.double()).abs().max()
+                      / (b.double().abs().max() + 1e-3)).item() for n, a, b in pairs}
+        worst = max(errors, key=errors.get)
+        # Against cuDNN (float32, its own order of sums) twice the tolerance.
+        limit = tolerance * (1 if dtype == torch.float64 else 2)
+        good = errors[worst] <= limit
+        ok &= good
+        print(f"{label} vs torch {'float64' if dtype == torch.float64 else 'cuDNN'} worst "
+              f"{worst} {errors[worst]:.1e} (tolerance {limit:.0e}) {'ok' if good else 'FAIL'}",
+              flush=True)
+    return ok
 
 
-def median_ms(fn, reps=15):
-    for _ in range(3):
+# The benchmark ------------------------------------------------------------------
+
+
+def median_ms(fn, reps=10):
+    for _ in range(2):
         fn()
     times = []
     for _ in range(reps):
+        if EMULATE:
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+            continue
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); fn(); e.record(); torch.cuda.synchronize()
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
         times.append(s.elapsed_time(e))
     return sorted(times)[len(times) // 2]
 
 
 def peak_mib(fn):
-    """Peak allocated memory of `fn` above what was allocated before it."""
+    """Peak device memory of `fn` above what was allocated before it (none
+    in emulation: the host's allocator keeps no such figure)."""
+    if EMULATE:
+        return float("nan")
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -201,87 +190,167 @@ def peak_mib(fn):
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def bench(pkg_root):
+def row(shape, name, forward, train):
     try:
-        from torchrl.modules.tensordict_module._rnn_triton import lstm_triton
-    except Exception as e:  # noqa: BLE001 - report and go on
-        lstm_triton = None
-        print(f"torchrl's Triton LSTM not available: {type(e).__name__}: {e}")
-    print("| shape | impl | fwd ms | fwd+bwd ms | peak MiB |")
+        with torch.no_grad():
+            f = median_ms(forward)
+        t = median_ms(train)
+        m = peak_mib(train)
+        print(f"| {shape} | {name} | {f:.3f} | {t:.3f} | {m:.0f} |", flush=True)
+    except Exception as e:  # noqa: BLE001 - a miss is a row too
+        print(f"| {shape} | {name} | error: {type(e).__name__}: {str(e)[:160]} | | |",
+              flush=True)
+
+
+def lstm_params(I, H, dtype=torch.float32):
+    ref = torch.nn.LSTM(I, H).to(DEV, dtype)
+    return ref, {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0, "b_ih": ref.bias_ih_l0,
+                 "b_hh": ref.bias_hh_l0}
+
+
+def bench(root):
+    m = manifest(root)
+    print("| shape | implementation | forward ms | forward+backward ms | peak MiB |")
     print("|---|---|---|---|---|")
-    for B, T, I, H in ((4096, 32, 32, 256), (64, 256, 512, 512), (16, 1024, 768, 768)):
-        shape = f"B={B} T={T} I={I} H={H}"
-        ref, params = torch_params("lstm", I, H)
-        x = torch.randn(T, B, I, device=DEV, requires_grad=True)
-        h0 = torch.zeros(B, H, device=DEV)
-        c0 = torch.zeros(B, H, device=DEV)
-
-        def row(name, fwd, train):
-            try:
-                with torch.no_grad():
-                    f = median_ms(fwd)
-                t = median_ms(train)
-                m = peak_mib(train)
-                print(f"| {shape} | {name} | {f:.3f} | {t:.3f} | {m:.0f} |", flush=True)
-            except Exception as e:  # noqa: BLE001 - a miss is a row too
-                print(f"| {shape} | {name} | error: {type(e).__name__}: {str(e)[:120]} | | |",
-                      flush=True)
-
-        def cudnn_train():
-            out, _ = ref(x, (h0[None], c0[None]))
-            out.sum().backward()
-        row("cuDNN fp32", lambda: ref(x, (h0[None], c0[None])), cudnn_train)
-        ref16 = (torch.nn.LSTM(I, H).to(DEV).to(torch.bfloat16))
-        x16 = x.detach().to(torch.bfloat16).requires_grad_()
-        h16, c16 = h0.to(torch.bfloat16), c0.to(torch.bfloat16)
-
-        def cudnn16_train():
-            out, _ = ref16(x16, (h16[None], c16[None]))
-            out.sum().backward()
-        row("cuDNN bf16", lambda: ref16(x16, (h16[None], c16[None])), cudnn16_train)
-        for variant in VARIANTS:
-            path = os.path.join(pkg_root, f"lstm-I{I}-H{H}-{variant}")
-            why = os.path.join(path, "not-built.txt")
-            if os.path.exists(why):
-                print(f"| {shape} | cellc {variant} | not built: {open(why).read().strip()} | | |")
+    for name in sorted({e["name"] for e in m["bench"]}):
+        entries = [e for e in m["bench"] if e["name"] == name]
+        first = entries[0]
+        B, T, sizes = first["B"], first["T"], first["sizes"]
+        torch.manual_seed(0)
+        if first["cell"] == "lstm":
+            I, H = sizes["I"], sizes["H"]
+            x = torch.randn(T, B, I, device=DEV, requires_grad=True)
+            _, params = lstm_params(I, H)
+            if not EMULATE:
+                lstm_peers(name, x, I, H)
+            inputs, cellc_params = {"x": x}, params
+        else:
+            NH, K, V, I = sizes["NH"], sizes["K"], sizes["V"], sizes["I"]
+            x = torch.randn(T, B, I, device=DEV, requires_grad=True)
+            cellc_params = {
+                "W_q": 0.05 * torch.randn(NH * K, I), "W_k": 0.05 * torch.randn(NH * K, I),
+                "W_v": 0.05 * torch.randn(NH * V, I), "w_b": 0.05 * torch.randn(NH, I),
+                "w_a": 0.05 * torch.randn(NH, I), "A_log": torch.zeros(NH),
+                "dt_bias": torch.zeros(NH)}
+            cellc_params = {n: t.to(DEV).requires_grad_() for n, t in cellc_params.items()}
+            inputs = {"x": x}
+            if not EMULATE:
+                fla_peer(name, B, T, NH, K, V)
+        for entry in entries:
+            path = os.path.join(root, entry["dir"])
+            if not entry["built"]:
+                with open(os.path.join(path, "not-built.txt")) as f:
+                    print(f"| {name} | cellc {entry['variant']} | not built: "
+                          f"{f.read().strip()} | | |", flush=True)
                 continue
             try:
                 cell = load(path)
             except Exception as e:  # noqa: BLE001
-                print(f"| {shape} | cellc {variant} | error: {e} | | |")
+                print(f"| {name} | cellc {entry['variant']} | error: {e} | | |", flush=True)
                 continue
-            xv = x16 if cell.storage == torch.bfloat16 else x
+            xs = {n: t.detach().to(cell.storage).requires_grad_() for n, t in inputs.items()}
+            out_name = cell.outputs[0][0]
             for mode in ("none", "full"):
-                def train(cell=cell, mode=mode, xv=xv):
-                    out, _ = cell({"x": xv}, params, {"h": h0, "c": c0}, None, mode)
-                    out["h"].float().sum().backward()
-                row(f"cellc {variant} {mode}",
-                    lambda cell=cell, xv=xv: cell({"x": xv}, params, {"h": h0, "c": c0},
-                                                  None, "full"),
-                    train)
-        if lstm_triton is not None:
-            xb = x.detach().transpose(0, 1).contiguous().requires_grad_()
-            hb = torch.zeros(B, T, H, device=DEV)
-            is_init = torch.zeros(B, T, dtype=torch.bool, device=DEV)
-            args = (params["W_ih"], params["W_hh"], params["b_ih"], params["b_hh"], is_init)
-            for compute in (torch.float32, torch.bfloat16):
-                for recompute in (False, True):
-                    def tr(recompute=recompute, compute=compute):
-                        out = lstm_triton(xb, hb, hb, *args, compute, recompute=recompute)[0]
-                        out.sum().backward()
-                    row(f"torchrl triton {str(compute)[6:]} recompute={recompute}",
-                        lambda compute=compute: lstm_triton(xb, hb, hb, *args, compute,
-                                                            recompute=True), tr)
+                def train(cell=cell, mode=mode, xs=xs):
+                    out, _ = cell(xs, cellc_params, None, None, mode)
+                    out[out_name].float().sum().backward()
+
+                def forward(cell=cell, xs=xs):
+                    cell(xs, cellc_params, None, None, "none")
+                row(name, f"cellc {entry['variant']} {mode}", forward, train)
+
+
+def lstm_peers(name, x, I, H):
+    """cuDNN fp32 and bf16, torchrl's Triton LSTM (with and without
+    recompute) and FlashRNN's triton_fused, on the same shape."""
+    T, B = x.shape[:2]
+    ref, params = lstm_params(I, H)
+
+    def cudnn_train(ref=ref, x=x):
+        out, _ = ref(x)
+        out.sum().backward()
+    row(name, "cuDNN fp32", lambda: ref(x), cudnn_train)
+    ref16, _ = lstm_params(I, H, torch.bfloat16)
+    x16 = x.detach().to(torch.bfloat16).requires_grad_()
+
+    def cudnn16_train():
+        out, _ = ref16(x16)
+        out.float().sum().backward()
+    row(name, "cuDNN bf16", lambda: ref16(x16), cudnn16_train)
+    try:
+        from torchrl.modules.tensordict_module._rnn_triton import lstm_triton
+    except Exception as e:  # noqa: BLE001 - report and go on
+        print(f"| {name} | torchrl Triton | not available: {type(e).__name__}: {e} | | |")
+    else:
+        xb = x.detach().transpose(0, 1).contiguous().requires_grad_()
+        hb = torch.zeros(B, T, H, device=DEV)
+        is_init = torch.zeros(B, T, dtype=torch.bool, device=DEV)
+        args = (params["W_ih"], params["W_hh"], params["b_ih"], params["b_hh"], is_init)
+        for compute in (torch.float32, torch.bfloat16):
+            for recompute in (False, True):
+                def train(recompute=recompute, compute=compute):
+                    out = lstm_triton(xb, hb, hb, *args, compute, recompute=recompute)[0]
+                    out.float().sum().backward()
+                row(name, f"torchrl Triton {str(compute)[6:]} recompute={recompute}",
+                    lambda compute=compute: lstm_triton(xb, hb, hb, *args, compute,
+                                                        recompute=True), train)
+    try:
+        from flashrnn.flashrnn import flashrnn
+    except Exception as e:  # noqa: BLE001
+        print(f"| {name} | FlashRNN | not available: {type(e).__name__}: {e} | | |")
+        return
+    # FlashRNN's LSTM in heads of 64 (block-diagonal R), as its chart runs.
+    heads = max(1, H // 64)
+    D = H // heads
+    Wx = torch.randn(B, T, 4, heads, D, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    R = (torch.randn(4, heads, D, D, device=DEV, dtype=torch.bfloat16) / D ** 0.5
+         ).requires_grad_()
+    b = torch.zeros(4, heads, D, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+
+    def fr_train():
+        out = flashrnn(Wx, R, b, function="lstm", backend="triton_fused",
+                       dtype="bfloat16")[0]
+        out.float().sum().backward()
+    row(name, f"FlashRNN triton_fused bf16 ({heads} heads x {D})",
+        lambda: flashrnn(Wx, R, b, function="lstm", backend="triton_fused",
+                         dtype="bfloat16"), fr_train)
+
+
+def fla_peer(name, B, T, NH, K, V):
+    """fla's chunk kernel of gated DeltaNet, with its backward (its fused
+    recurrent kernel has none)."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as e:  # noqa: BLE001
+        print(f"| {name} | fla chunk | not available: {type(e).__name__}: {e} | | |")
+        return
+    q = torch.nn.functional.normalize(torch.randn(B, T, NH, K, device=DEV), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, T, NH, K, device=DEV), dim=-1)
+    v = torch.randn(B, T, NH, V, device=DEV)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, NH, device=DEV))
+    beta = torch.rand(B, T, NH, device=DEV)
+    for t in (q, k, v, g, beta):
+        t.requires_grad_()
+
+    def train():
+        out = chunk_gated_delta_rule(q, k, v, g, beta)[0]
+        out.sum().backward()
+    row(name, "fla chunk_gated_delta_rule fp32", lambda: chunk_gated_delta_rule(q, k, v, g, beta),
+        train)
 
 
 if __name__ == "__main__":
-    what, root = sys.argv[1], sys.argv[2]
-    ok, why = cuda.available()
-    if not ok:
-        sys.exit(f"check_cells: {why}")
-    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if len(args) != 2 or args[0] not in ("check", "bench"):
+        sys.exit(__doc__)
+    what, root = args
+    if not EMULATE:
+        ok, why = cuda.available()
+        if not ok:
+            sys.exit(f"check_cells: {why}")
+        print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    else:
+        print("the SIMT emulator, on the CPU; torch", torch.__version__, flush=True)
     if what == "check":
-        failed = check(root)
-        failed |= check_cpu_backend(root)
-        sys.exit(1 if failed else 0)
+        sys.exit(1 if check(root) else 0)
     bench(root)

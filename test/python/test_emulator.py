@@ -22,6 +22,7 @@ in every strategy and precision.
 
 import json
 import os
+import shutil
 import warnings
 
 import pytest
@@ -241,6 +242,18 @@ def lstm_package(tmp_path, mutation="", strategy="batch-tiled", precision="ieee"
     return cuda.Package(path)
 
 
+def edited_package(package, tmp_path, edit):
+    """A copy of `package` whose kernels.json `edit` (a function of the parsed
+    JSON) changed: the runtime reads the file, not a copy in Python."""
+    copy = tmp_path / ("edited-" + os.path.basename(package.directory))
+    shutil.copytree(package.directory, copy)
+    path = copy / "kernels.json"
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+    return cuda.Package(str(copy))
+
+
 def lstm_call(package, seed=0, **kwargs):
     """Runs the package's LSTM forward and backward; returns the output and
     the gradients."""
@@ -311,9 +324,11 @@ def test_a_grid_barrier_without_a_cooperative_launch_is_a_livelock(tmp_path):
     # Launched one CTA at a time (as a non-cooperative grid may be), the
     # persistent kernel's first grid barrier waits for CTAs that never run:
     # an error that says so, not a hang.
-    package = lstm_package(tmp_path, strategy="persistent", ctas=3)
-    for info in package.kernels.values():
-        del info["ctas"]
+    def cooperative_off(meta):
+        for info in meta["kernels"].values():
+            del info["ctas"]
+    package = edited_package(lstm_package(tmp_path, strategy="persistent", ctas=3), tmp_path,
+                             cooperative_off)
     with pytest.raises(cuda.CudaError, match="livelock in kernel lstm_fwd.*cooperative"):
         lstm_call(package)
 
@@ -366,8 +381,8 @@ def test_bad_tensors_are_errors(tmp_path):
              {n: torch.zeros(*cell.shape(n, {"I": 4, "H": 5}), dtype=torch.float64)
               for n, _ in cell.params})
     with pytest.raises(ValueError, match="package has no kernels for the SIMT emulator"):
-        package = lstm_package(tmp_path)
-        del package.meta["simt"]
+        package = edited_package(lstm_package(tmp_path), tmp_path,
+                                 lambda meta: meta.pop("simt"))
         cuda.CudaCell(package, emulate=True)
 
 

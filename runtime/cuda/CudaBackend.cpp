@@ -1,0 +1,338 @@
+//===- CudaBackend.cpp - The sequence driver's CUDA backend ---------------===//
+
+#include "runtime/cuda/CudaBackend.h"
+
+#include "runtime/cpu/Kernels.h"
+
+#include <algorithm>
+
+using namespace cellc;
+using namespace cellc::cuda;
+using driver::Buffer;
+using driver::View;
+
+//===----------------------------------------------------------------------===//
+// Arena
+//===----------------------------------------------------------------------===//
+
+void Arena::reset(int64_t bytes) {
+  capacity = bytes;
+  top = highWater = 0;
+  free.clear();
+  used.clear();
+}
+
+int64_t Arena::allocate(int64_t bytes) {
+  bytes = std::max<int64_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  for (auto it = free.begin(); it != free.end(); ++it) {
+    if (it->second < bytes)
+      continue;
+    int64_t at = it->first, left = it->second - bytes;
+    free.erase(it);
+    if (left)
+      free[at + bytes] = left;
+    used[at] = bytes;
+    return at;
+  }
+  if (capacity >= 0 && top + bytes > capacity)
+    return -1;
+  int64_t at = top;
+  top += bytes;
+  highWater = std::max(highWater, top);
+  used[at] = bytes;
+  return at;
+}
+
+void Arena::release(int64_t offset) {
+  auto it = used.find(offset);
+  if (it == used.end())
+    return;
+  int64_t at = it->first, bytes = it->second;
+  used.erase(it);
+  // Merged with the free ranges on either side; the top comes down over a
+  // free range that ends at it.
+  auto next = free.find(at + bytes);
+  if (next != free.end()) {
+    bytes += next->second;
+    free.erase(next);
+  }
+  auto prev = free.lower_bound(at);
+  if (prev != free.begin()) {
+    --prev;
+    if (prev->first + prev->second == at) {
+      at = prev->first;
+      bytes += prev->second;
+      free.erase(prev);
+    }
+  }
+  if (at + bytes == top)
+    top = at;
+  else
+    free[at] = bytes;
+}
+
+//===----------------------------------------------------------------------===//
+// The backend
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// An address that a dry call's buffers start from: never dereferenced,
+/// never null (a null view reads as absent).
+char *const kDryBase = reinterpret_cast<char *>(uintptr_t(1) << 20);
+
+bool floating(Element e) { return e == Element::F32 || e == Element::BF16; }
+
+const char *nameOf(Element e) {
+  switch (e) {
+  case Element::F32:
+    return "f32";
+  case Element::F64:
+    return "f64";
+  case Element::BF16:
+    return "bf16";
+  case Element::U8:
+    return "u8";
+  case Element::I32:
+    return "i32";
+  }
+  return "?";
+}
+
+Status internal(const std::string &what) {
+  return Status::error("internal error in the CUDA backend: " + what);
+}
+
+} // namespace
+
+CudaBackend::CudaBackend(std::shared_ptr<Device> device, std::string name,
+                         const driver::Interface &cell)
+    : dev(std::move(device)), cellName(std::move(name)), cell(cell) {}
+
+void CudaBackend::beginDry() {
+  dry = true;
+  inCall = true;
+  base = kDryBase;
+  arena.reset(-1);
+  gemmWorkspace = -1;
+}
+
+Status CudaBackend::begin(void *workspace, int64_t bytes, void *stream) {
+  dry = false;
+  inCall = true;
+  base = static_cast<char *>(workspace);
+  arena.reset(workspace ? bytes : 0);
+  gemmWorkspace = -1;
+  return dev->begin(stream);
+}
+
+Status CudaBackend::end() {
+  if (gemmWorkspace >= 0)
+    arena.release(gemmWorkspace);
+  gemmWorkspace = -1;
+  inCall = false;
+  if (arena.live())
+    return internal(std::to_string(arena.live()) +
+                    " buffers outlive the call that placed them");
+  return Status();
+}
+
+Status CudaBackend::place(int64_t bytes, void *&data, int64_t &offset) {
+  if (!inCall)
+    return internal("a buffer asked for outside a call");
+  offset = arena.allocate(bytes);
+  if (offset < 0)
+    return Status::error("the call's workspace is too small: it holds " +
+                         std::to_string(arena.high()) + " bytes and needs " +
+                         std::to_string(bytes) + " more (its size comes from a dry run of "
+                         "the same call)");
+  data = base + offset;
+  return Status();
+}
+
+Status CudaBackend::allocate(int64_t elements, Element element, bool zero, Buffer &out) {
+  int64_t bytes = std::max<int64_t>(elements, 1) * driver::bytesOf(element);
+  void *data = nullptr;
+  int64_t offset = 0;
+  if (Status e = place(bytes, data, offset))
+    return e;
+  out.data = data;
+  out.id = offset;
+  out.element = element;
+  if (zero && !dry)
+    return dev->zero(data, bytes);
+  return Status();
+}
+
+void CudaBackend::release(const Buffer &buffer) {
+  if (buffer.id >= 0)
+    arena.release(buffer.id);
+}
+
+Status CudaBackend::launch(bool backward, bool saveGates, const std::vector<driver::Arg> &args,
+                           int64_t batch) {
+  const driver::Kernel &kernel = backward ? cell.backward : cell.forward;
+  std::string kernelName = cellName + (backward ? "_bwd" : "_fwd");
+  if (args.size() != kernel.args.size())
+    return internal(kernelName + " takes " + std::to_string(kernel.args.size()) +
+                    " arguments, not " + std::to_string(args.size()));
+  std::vector<runtime::KernelArg> words;
+  LaunchSpec spec;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const driver::KernelArg &declared = kernel.args[i];
+    const driver::Arg &arg = args[i];
+    if (!declared.element) {
+      if (!arg.index)
+        return internal(kernelName + ": argument " + std::to_string(i) + " is an index");
+      words.push_back(runtime::KernelArg::indexValue(*arg.index));
+      continue;
+    }
+    const View &v = arg.view;
+    std::string what = kernelName + ": argument " + std::string(cellc::name(declared.kind)) + " " +
+                       declared.name;
+    if (arg.index || !v.valid())
+      return internal(what + " is not given a buffer");
+    if (v.element() != *declared.element)
+      return internal(what + " is " + nameOf(*declared.element) + ", given " +
+                      nameOf(v.element()));
+    bool fits = v.shape.size() == declared.shape.size();
+    for (size_t d = 0; fits && d < v.shape.size(); ++d)
+      fits = declared.shape[d] < 0 || declared.shape[d] == v.shape[d];
+    if (!fits)
+      return internal(what + " needs shape " + driver::shapeString(declared.shape) +
+                      ", given " + driver::shapeString(v.shape));
+    words.push_back(runtime::KernelArg::buffer(v.pointer(), v.shape));
+    // A view of no elements grants no access (and may start where another
+    // argument's buffer does: chunk:K's dead projections).
+    if (v.size())
+      spec.buffers.push_back({v.pointer(), v.size() * driver::bytesOf(v.element())});
+  }
+  int64_t tiles = std::max<int64_t>(1, (batch + kernel.batchTile - 1) /
+                                           std::max<int64_t>(kernel.batchTile, 1));
+  if (kernel.ctas > 0) {
+    // Persistent: a tile's CTAs along x, the tiles along y. Split by heads,
+    // a tile's CTAs do not wait for each other.
+    spec.gridX = unsigned(kernel.ctas);
+    spec.gridY = unsigned(tiles);
+    spec.cooperative = kernel.heads == 0;
+  } else {
+    spec.gridX = unsigned(tiles);
+  }
+  if (dry)
+    return Status();
+  spec.kernel = std::move(kernelName);
+  spec.saveGates = saveGates;
+  spec.block = unsigned(kernel.threads);
+  spec.sharedBytes = unsigned(kernel.dynamicSharedBytes);
+  runtime::PackedArgs packed(words);
+  std::vector<void *> params = packed.eachWord();
+  spec.params = params.data();
+  spec.numParams = params.size();
+  return dev->launch(spec);
+}
+
+Status CudaBackend::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                         const View &a, int64_t lda, const View &b, int64_t ldb, double beta,
+                         const View &c, int64_t ldc) {
+  if (m == 0 || n == 0 || k == 0)
+    return Status();
+  Element ea = a.element(), eb = b.element(), ec = c.element();
+  if (!floating(ea) || !floating(eb) || !floating(ec))
+    return internal(std::string("a GEMM of ") + nameOf(ea) + " and " + nameOf(eb) + " into " +
+                    nameOf(ec));
+  if (gemmWorkspace < 0) {
+    void *unused;
+    if (Status e = place(kGemmWorkspaceBytes, unused, gemmWorkspace))
+      return e;
+  }
+  // Both operands in a's type, as the products of torch's mixed-precision
+  // GEMMs are: b converted into the workspace, its rows `ldb` apart as they
+  // were.
+  const void *pb = b.pointer();
+  int64_t converted = -1;
+  if (eb != ea) {
+    int64_t rowsB = transB ? n : k, colsB = transB ? k : n;
+    int64_t span = (rowsB - 1) * ldb + colsB;
+    void *to = nullptr;
+    if (Status e = place(span * driver::bytesOf(ea), to, converted))
+      return e;
+    if (!dry)
+      if (Status e = dev->convert(pb, eb, to, ea, span))
+        return e;
+    pb = to;
+  }
+  Status status;
+  if (!dry)
+    status = dev->gemm(transA, transB, m, n, k, a.pointer(), lda, pb, ldb, ea, beta,
+                       c.pointer(), ldc, ec, base + gemmWorkspace, kGemmWorkspaceBytes);
+  if (converted >= 0)
+    arena.release(converted);
+  return status;
+}
+
+Status CudaBackend::columnSums(const View &m, int64_t rows, int64_t cols, const View &acc) {
+  if (rows == 0 || cols == 0)
+    return Status();
+  if (acc.element() != Element::F32 || !floating(m.element()))
+    return internal(std::string("column sums of ") + nameOf(m.element()) + " into " +
+                    nameOf(acc.element()));
+  int64_t parts = std::clamp<int64_t>((rows + kRowsPerPart - 1) / kRowsPerPart, 1, kMaxParts);
+  int64_t per = (rows + parts - 1) / parts;
+  void *partials = nullptr;
+  int64_t offset = 0;
+  if (Status e = place(parts * cols * 4, partials, offset))
+    return e;
+  Status status;
+  if (!dry)
+    status = dev->columnSums(m.pointer(), m.element(), rows, cols, parts, per,
+                             static_cast<float *>(partials), static_cast<float *>(acc.pointer()));
+  arena.release(offset);
+  return status;
+}
+
+Status CudaBackend::fillRows(const View &m, int64_t rows, int64_t cols,
+                             const std::vector<View> &vectors) {
+  if (!floating(m.element()) && !vectors.empty())
+    return internal(std::string("rows of ") + nameOf(m.element()) + " filled from vectors");
+  if (vectors.size() > Device::kMaxVectors)
+    return internal("rows filled from more than " + std::to_string(Device::kMaxVectors) +
+                    " vectors");
+  std::vector<const float *> pointers;
+  for (const View &v : vectors) {
+    if (v.element() != Element::F32 || v.size() != cols)
+      return internal("rows filled from a vector that is not " + std::to_string(cols) +
+                      " f32");
+    pointers.push_back(static_cast<const float *>(v.pointer()));
+  }
+  if (dry || rows == 0 || cols == 0)
+    return Status();
+  if (pointers.empty())
+    return dev->zero(m.pointer(), rows * cols * driver::bytesOf(m.element()));
+  return dev->fillRows(m.pointer(), m.element(), rows, cols, pointers);
+}
+
+Status CudaBackend::copy(const View &from, const View &to) {
+  if (from.size() != to.size())
+    return internal("a copy of " + std::to_string(from.size()) + " elements into " +
+                    std::to_string(to.size()));
+  if (dry || from.size() == 0)
+    return Status();
+  if (from.element() == to.element())
+    return dev->copyBytes(from.pointer(), to.pointer(),
+                          from.size() * driver::bytesOf(from.element()));
+  if (!floating(from.element()) || !floating(to.element()))
+    return internal(std::string("a copy of ") + nameOf(from.element()) + " into " +
+                    nameOf(to.element()));
+  return dev->convert(from.pointer(), from.element(), to.pointer(), to.element(), from.size());
+}
+
+Status CudaBackend::add(const View &from, const View &to) {
+  if (from.size() != to.size() || !floating(from.element()) || !floating(to.element()))
+    return internal(std::string("a sum of ") + std::to_string(from.size()) + " " +
+                    nameOf(from.element()) + " into " + std::to_string(to.size()) + " " +
+                    nameOf(to.element()));
+  if (dry || from.size() == 0)
+    return Status();
+  return dev->accumulate(from.pointer(), from.element(), to.pointer(), to.element(),
+                         from.size());
+}

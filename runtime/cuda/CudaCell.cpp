@@ -1,0 +1,301 @@
+//===- CudaCell.cpp - A CUDA package, run through the sequence driver -----===//
+
+#include "runtime/cuda/CudaCell.h"
+
+#include "runtime/cuda/GpuDevice.h"
+#include "runtime/emu/EmuDevice.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+using namespace cellc;
+using namespace cellc::cuda;
+using driver::Element;
+using driver::Recompute;
+using driver::View;
+
+namespace {
+
+const char *nameOf(Element e) {
+  switch (e) {
+  case Element::F32:
+    return "float32";
+  case Element::F64:
+    return "float64";
+  case Element::BF16:
+    return "bfloat16";
+  case Element::U8:
+    return "uint8";
+  case Element::I32:
+    return "int32";
+  }
+  return "?";
+}
+
+Status readText(const std::string &path, std::string &out) {
+  std::ifstream file(path);
+  if (!file)
+    return Status::error("cannot read " + path);
+  std::stringstream text;
+  text << file.rdbuf();
+  out = text.str();
+  return Status();
+}
+
+/// `a * b`, or false where it passes int64.
+bool multiply(int64_t a, int64_t b, int64_t &out) { return !__builtin_mul_overflow(a, b, &out); }
+
+} // namespace
+
+Status CudaCell::open(const driver::PackageInfo &package, int deviceIndex, uint64_t shuffleSeed,
+                      std::unique_ptr<CudaCell> &out) {
+  if (package.target != "cuda")
+    return Status::error(package.directory + " is a " + package.target +
+                         " package, not a CUDA one");
+  std::unique_ptr<CudaCell> cell(new CudaCell());
+  cell->info = package;
+  try {
+    if (deviceIndex == kEmulator) {
+      if (package.simtObjects[0].empty() || package.simtObjects[1].empty())
+        return Status::error(package.directory + ": the package has no kernels for the SIMT "
+                             "emulator (cellc --emit=package --simt)");
+      cell->device = std::make_shared<emu::EmuDevice>(
+          package.directory + "/" + package.simtObjects[0],
+          package.directory + "/" + package.simtObjects[1], shuffleSeed);
+    } else {
+      std::string ptx[2];
+      for (int v = 0; v < 2; ++v)
+        if (Status e = readText(package.directory + "/" + package.objects[v], ptx[v]))
+          return e;
+      cell->device = std::make_shared<GpuDevice>(deviceIndex, ptx[0], ptx[1]);
+    }
+  } catch (const std::exception &e) {
+    return Status::error(e.what());
+  }
+  cell->backend = std::make_shared<CudaBackend>(cell->device, package.cell,
+                                                cell->info.interface);
+  cell->driver = std::make_unique<driver::SequenceDriver>(cell->info.interface, cell->backend);
+  out = std::move(cell);
+  return Status();
+}
+
+std::vector<driver::KeptBuffer> CudaCell::keptLayout(Recompute mode, bool hasLengths) const {
+  return driver->keptLayout(mode, hasLengths, /*outputsOutliveSaved=*/true);
+}
+
+std::vector<int64_t> CudaCell::keptOutputs(Recompute mode, bool hasLengths) const {
+  return driver->keptOutputs(mode, hasLengths, /*outputsOutliveSaved=*/true);
+}
+
+int64_t CudaCell::pieceRows(Recompute mode, int64_t steps, int64_t batch,
+                            bool hasLengths) const {
+  int64_t all = 0;
+  if (!multiply(std::max<int64_t>(steps, 1), std::max<int64_t>(batch, 1), all))
+    all = INT64_MAX;
+  if (mode.kind != Recompute::Kind::Full)
+    return all;
+  // Full keeps the states of every step (those that are not outputs): a
+  // piece's projections may take as much.
+  const driver::Interface &cell = info.interface;
+  int64_t kept = 0, projected = 0;
+  for (const driver::KeptBuffer &b : keptLayout(mode, hasLengths))
+    kept += b.width * driver::bytesOf(b.element);
+  for (const driver::Interface::Projection &p : cell.projections)
+    projected += p.rows * driver::bytesOf(p.element);
+  if (projected == 0)
+    return all;
+  int64_t pieceSteps = std::clamp<int64_t>(steps * kept / projected, 1, steps);
+  return pieceSteps * std::max<int64_t>(batch, 1);
+}
+
+Status CudaCell::checkElements(const Call &call, bool backward) const {
+  const driver::Interface &cell = info.interface;
+  Element storage = cell.storage, compute = cell.compute;
+  auto each = [&](const std::vector<View> &views, const std::vector<driver::Slot> &slots,
+                  Element element, const std::string &what) -> Status {
+    for (size_t i = 0; i < views.size() && i < slots.size(); ++i)
+      if (views[i].valid() && views[i].element() != element)
+        return Status::error(what + " '" + slots[i].name + "' is " +
+                             nameOf(views[i].element()) + ", but this package takes " +
+                             nameOf(element) + (element == storage && storage != compute
+                                                    ? " (its storage, cellc --storage)"
+                                                    : ""));
+    return Status();
+  };
+  const driver::Sequence &seq = call.seq;
+  if (Status e = each(seq.inputs, cell.inputs, storage, "input"))
+    return e;
+  if (Status e = each(seq.params, cell.params, compute, "param"))
+    return e;
+  if (Status e = each(seq.initialStates, cell.states, compute, "initial state"))
+    return e;
+  if (seq.resets.valid() && seq.resets.element() != Element::U8)
+    return Status::error(std::string("resets are ") + nameOf(seq.resets.element()) +
+                         ", not uint8");
+  if (Status e = each(call.outputs, cell.outputs, storage, "output"))
+    return e;
+  if (!backward)
+    return each(call.finals, cell.states, compute, "final state");
+  if (Status e = each(call.gradOutputs, cell.outputs, storage, "the gradient of output"))
+    return e;
+  if (Status e = each(call.gradFinals, cell.states, compute, "the gradient of final state"))
+    return e;
+  if (Status e = each(call.gradInputs, cell.inputs, storage, "the gradient of input"))
+    return e;
+  if (Status e = each(call.gradParams, cell.params, compute, "the gradient of param"))
+    return e;
+  return each(call.gradInitial, cell.states, compute, "the gradient of initial state");
+}
+
+template <typename F>
+Status CudaCell::twice(Call &call, bool backward, bool &tooSmall, F &&body) {
+  tooSmall = false;
+  if (Status e = checkElements(call, backward))
+    return e;
+  std::lock_guard<std::mutex> guard(lock);
+  driver->setPieceRows(pieceRows(call.mode, call.seq.steps, call.seq.batch,
+                                 !call.seq.lengths.empty()));
+  backend->beginDry();
+  Status dry = body();
+  Status ended = backend->end();
+  if (dry)
+    return dry;
+  if (ended)
+    return ended;
+  call.needed = backend->used();
+  if (call.needed > call.workspaceBytes) {
+    tooSmall = true;
+    return Status();
+  }
+  Status run = backend->begin(call.workspace, call.workspaceBytes, call.stream);
+  if (!run)
+    run = body();
+  ended = backend->end();
+  lastWorkspace[backward] = backend->used();
+  return run ? run : ended;
+}
+
+Status CudaCell::forward(Call &call, bool &tooSmall) {
+  return twice(call, /*backward=*/false, tooSmall, [&]() -> Status {
+    if (!call.training)
+      return driver->forward(call.seq, call.outputs, call.finals, call.mode, nullptr);
+    driver::SavedPtr saved;
+    return driver->forward(call.seq, call.outputs, call.finals, call.mode, &saved,
+                           /*outputsOutliveSaved=*/true, &call.kept);
+  });
+}
+
+Status CudaCell::backward(Call &call, bool &tooSmall) {
+  return twice(call, /*backward=*/true, tooSmall, [&]() -> Status {
+    driver::SavedPtr saved;
+    if (Status e = driver->adopt(call.seq, call.mode, call.outputs, call.kept, saved))
+      return e;
+    return driver->backward(call.seq, *saved, call.gradOutputs, call.gradFinals,
+                            call.gradInputs, call.gradParams, call.gradInitial);
+  });
+}
+
+Status CudaCell::plan(int64_t T, int64_t B, Recompute mode, driver::MemoryPlan &out) {
+  if (T < 1 || B < 1)
+    return Status::error("a plan needs T >= 1 steps and B >= 1 rows");
+  const driver::Interface &cell = info.interface;
+  out = driver::MemoryPlan();
+  out.pieceSteps = std::max<int64_t>(1, std::min(pieceRows(mode, T, B, false) / B, T));
+  // The caller's buffers, at addresses that are never read (the calls run
+  // dry), each counted where the plan counts it.
+  char *next = reinterpret_cast<char *>(uintptr_t(1) << 40);
+  auto caller = [&](std::vector<int64_t> shape, Element element, int64_t *bytes) {
+    View v;
+    v.buffer.data = next;
+    v.buffer.element = element;
+    v.shape = std::move(shape);
+    next += (v.size() * driver::bytesOf(element) + 255) / 256 * 256 + 256;
+    if (bytes)
+      *bytes += v.size() * driver::bytesOf(element);
+    return v;
+  };
+  Call call;
+  call.mode = mode;
+  call.training = true;
+  call.seq.steps = T;
+  call.seq.batch = B;
+  for (const driver::Slot &s : cell.inputs)
+    call.seq.inputs.push_back(caller({T, B, s.shape[0]}, cell.storage, nullptr));
+  for (const driver::Slot &s : cell.params)
+    call.seq.params.push_back(caller(s.shape, cell.compute, nullptr));
+  for (const driver::Slot &s : cell.outputs) {
+    call.outputs.push_back(caller({T, B, s.shape[0]}, cell.storage, &out.outputs));
+    call.gradOutputs.push_back(caller({T, B, s.shape[0]}, cell.storage, &out.gradOutputs));
+  }
+  for (const driver::Slot &s : cell.states) {
+    call.finals.push_back(caller({B, s.shape[0]}, cell.compute, &out.finalStates));
+    call.gradFinals.emplace_back();
+    call.gradInitial.emplace_back();
+  }
+  for (const driver::Slot &s : cell.inputs)
+    call.gradInputs.push_back(caller({T, B, s.shape[0]}, cell.storage, &out.gradInputs));
+  for (const driver::Slot &s : cell.params)
+    call.gradParams.push_back(caller(s.shape, cell.compute, &out.gradParams));
+  int64_t chunks = mode.kind == Recompute::Kind::Chunk
+                       ? (T + std::min(mode.chunk, T) - 1) / std::min(mode.chunk, T)
+                       : T;
+  for (const driver::KeptBuffer &b : keptLayout(mode, false))
+    call.kept.push_back(
+        caller({b.perChunk ? chunks : T, B, b.width}, b.element, &out.driver.kept));
+  for (int64_t o : keptOutputs(mode, false))
+    if (o >= 0)
+      out.keptOutputs += call.outputs[size_t(o)].size() * driver::bytesOf(cell.storage);
+  // Both calls dry: a workspace of none is too small for any call that
+  // places a buffer, and one that places none runs nothing either.
+  std::lock_guard<std::mutex> guard(lock);
+  driver->setPieceRows(pieceRows(mode, T, B, false));
+  int64_t used[2] = {0, 0};
+  for (int backward = 0; backward < 2; ++backward) {
+    backend->beginDry();
+    Status s;
+    if (!backward) {
+      driver::SavedPtr saved;
+      s = driver->forward(call.seq, call.outputs, call.finals, mode, &saved, true, &call.kept);
+    } else {
+      driver::SavedPtr saved;
+      s = driver->adopt(call.seq, mode, call.outputs, call.kept, saved);
+      if (!s)
+        s = driver->backward(call.seq, *saved, call.gradOutputs, call.gradFinals,
+                             call.gradInputs, call.gradParams, call.gradInitial);
+    }
+    Status ended = backend->end();
+    if (s)
+      return s;
+    if (ended)
+      return ended;
+    used[backward] = backend->used();
+  }
+  out.driver.forwardPeak = out.driver.kept + used[0];
+  out.driver.backwardPeak = out.driver.kept + used[1];
+  return Status();
+}
+
+Status CudaCell::launch(bool backward, bool saveGates, const std::vector<driver::Arg> &args,
+                        int64_t batch, void *stream) {
+  std::lock_guard<std::mutex> guard(lock);
+  Status s = backend->begin(nullptr, 0, stream);
+  if (!s)
+    s = backend->launch(backward, saveGates, args, batch);
+  Status ended = backend->end();
+  return s ? s : ended;
+}
+
+Status CudaCell::registers(const std::string &kernel, bool saveGates, int &out) {
+  auto *gpu = dynamic_cast<GpuDevice *>(device.get());
+  if (!gpu)
+    return Status::error("registers are the CUDA driver's figure; the SIMT emulator has none");
+  try {
+    out = gpu->registers(kernel, saveGates);
+  } catch (const std::exception &e) {
+    return Status::error(e.what());
+  }
+  return Status();
+}
+
+driver::MemoryStats CudaCell::stats() const { return driver->stats(); }

@@ -1,0 +1,147 @@
+//===- GpuDevice.cpp - The CUDA backend's leaves on a GPU -----------------===//
+
+#include "runtime/cuda/GpuDevice.h"
+
+#include "runtime/cuda/Cublas.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+using namespace cellc;
+using namespace cellc::cuda;
+
+namespace {
+
+/// The PTX of the runtime's own kernels (scripts/gen-host-kernels.sh).
+const char *const kHostKernels =
+#include "runtime/cuda/HostKernels.ptx.inc"
+    ;
+
+/// The runtime's kernels on `device`, loaded on first use and kept.
+Module &hostKernels(int device) {
+  static std::mutex lock;
+  static std::map<int, std::unique_ptr<Module>> modules;
+  std::lock_guard<std::mutex> guard(lock);
+  std::unique_ptr<Module> &module = modules[device];
+  if (!module)
+    module = std::make_unique<Module>(kHostKernels);
+  return *module;
+}
+
+const char *suffix(Element e) { return e == Element::BF16 ? "bf16" : "f32"; }
+
+/// Runs `body`, turning a CudaError into a Status.
+template <typename F> Status guarded(F &&body) {
+  try {
+    body();
+    return Status();
+  } catch (const std::exception &e) {
+    return Status::error(e.what());
+  }
+}
+
+constexpr unsigned kThreads = 256;
+constexpr int64_t kMaxBlocks = 4096;
+
+} // namespace
+
+GpuDevice::GpuDevice(int device, const std::string &replayPtx, const std::string &savePtx)
+    : device(device) {
+  Driver::get().useDevice(device);
+  variants[0] = std::make_unique<Module>(replayPtx);
+  variants[1] = std::make_unique<Module>(savePtx);
+  host = &hostKernels(device);
+}
+
+int GpuDevice::registers(const std::string &kernel, bool saveGates) {
+  Driver::get().useDevice(device);
+  return variants[saveGates]->registers(kernel);
+}
+
+Status GpuDevice::begin(void *callStream) {
+  stream = callStream;
+  return guarded([&] { Driver::get().useDevice(device); });
+}
+
+Status GpuDevice::launch(const LaunchSpec &spec) {
+  return guarded([&] {
+    variants[spec.saveGates]->launch(spec.kernel, spec.gridX, spec.gridY, spec.block,
+                                     spec.sharedBytes, spec.cooperative, stream, spec.params);
+  });
+}
+
+Status GpuDevice::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                       const void *a, int64_t lda, const void *b, int64_t ldb, Element ab,
+                       double beta, void *c, int64_t ldc, Element ce, void *workspace,
+                       int64_t workspaceBytes) {
+  return guarded([&] {
+    Cublas::get().gemm(device, stream, transA, transB, m, n, k, a, lda, b, ldb,
+                       ab == Element::BF16, beta, c, ldc, ce == Element::BF16, workspace,
+                       workspaceBytes);
+  });
+}
+
+Status GpuDevice::zero(void *data, int64_t bytes) {
+  return guarded([&] { Driver::get().zero(data, size_t(bytes), stream); });
+}
+
+Status GpuDevice::copyBytes(const void *from, void *to, int64_t bytes) {
+  return guarded([&] { Driver::get().copy(from, to, size_t(bytes), stream); });
+}
+
+Status GpuDevice::runHostKernel(const std::string &kernel, int64_t n, void **params,
+                                unsigned gridY) {
+  int64_t blocks = std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kMaxBlocks);
+  return guarded([&] {
+    host->launch(kernel, unsigned(blocks), gridY, kThreads, 0, false, stream, params);
+  });
+}
+
+Status GpuDevice::convert(const void *from, Element fromElement, void *to, Element toElement,
+                          int64_t n) {
+  long long count = n;
+  void *params[] = {&from, &to, &count};
+  return runHostKernel(std::string("cellc_rt_convert_") + suffix(fromElement) + "_" +
+                           suffix(toElement),
+                       n, params);
+}
+
+Status GpuDevice::accumulate(const void *from, Element fromElement, void *to,
+                             Element toElement, int64_t n) {
+  long long count = n;
+  void *params[] = {&from, &to, &count};
+  return runHostKernel(std::string("cellc_rt_accumulate_") + suffix(fromElement) + "_" +
+                           suffix(toElement),
+                       n, params);
+}
+
+Status GpuDevice::fillRows(void *m, Element element, int64_t rows, int64_t cols,
+                           const std::vector<const float *> &vectors) {
+  // As HostKernels.cu's Vectors: eight pointers and a count.
+  struct {
+    const float *at[kMaxVectors];
+    int count;
+  } v = {};
+  for (size_t i = 0; i < vectors.size(); ++i)
+    v.at[i] = vectors[i];
+  v.count = int(vectors.size());
+  long long r = rows, c = cols;
+  void *params[] = {&m, &r, &c, &v};
+  return runHostKernel(std::string("cellc_rt_fill_rows_") + suffix(element), rows * cols,
+                       params);
+}
+
+Status GpuDevice::columnSums(const void *m, Element element, int64_t rows, int64_t cols,
+                             int64_t parts, int64_t per, float *partials, float *acc) {
+  long long r = rows, c = cols, p = per, count = parts;
+  void *first[] = {&m, &r, &c, &p, &partials};
+  int64_t tiles = (cols + 31) / 32;
+  if (Status e = guarded([&] {
+        host->launch(std::string("cellc_rt_column_parts_") + suffix(element), unsigned(tiles),
+                     unsigned(parts), kThreads, 0, false, stream, first);
+      }))
+    return e;
+  void *second[] = {&partials, &count, &c, &acc};
+  return runHostKernel("cellc_rt_column_fold", cols, second);
+}

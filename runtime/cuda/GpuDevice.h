@@ -1,0 +1,59 @@
+//===- GpuDevice.h - The CUDA backend's leaves on a GPU ---------*- C++ -*-===//
+//
+// A package's kernels loaded on one GPU (its PTX, JIT-compiled by the
+// driver), the runtime's own small kernels (HostKernels.cu), and cuBLAS for
+// the GEMMs: everything enqueued on the call's stream.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_RUNTIME_CUDA_GPUDEVICE_H
+#define CELLC_RUNTIME_CUDA_GPUDEVICE_H
+
+#include "runtime/cuda/CudaDriver.h"
+#include "runtime/cuda/Device.h"
+
+#include <memory>
+#include <string>
+
+namespace cellc::cuda {
+
+class GpuDevice : public Device {
+public:
+  /// Loads the PTX of the variant that replays and of the one that saves
+  /// gates on `device`. Throws CudaError (no driver, no GPU, bad PTX).
+  GpuDevice(int device, const std::string &replayPtx, const std::string &savePtx);
+
+  /// Registers per thread of a package's kernel, from the driver.
+  int registers(const std::string &kernel, bool saveGates);
+
+  bool onHost() const override { return false; }
+  Status begin(void *stream) override;
+  Status launch(const LaunchSpec &spec) override;
+  Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const void *a,
+              int64_t lda, const void *b, int64_t ldb, Element ab, double beta, void *c,
+              int64_t ldc, Element ce, void *workspace, int64_t workspaceBytes) override;
+  Status zero(void *data, int64_t bytes) override;
+  Status copyBytes(const void *from, void *to, int64_t bytes) override;
+  Status convert(const void *from, Element fromElement, void *to, Element toElement,
+                 int64_t n) override;
+  Status accumulate(const void *from, Element fromElement, void *to, Element toElement,
+                    int64_t n) override;
+  Status fillRows(void *m, Element element, int64_t rows, int64_t cols,
+                  const std::vector<const float *> &vectors) override;
+  Status columnSums(const void *m, Element element, int64_t rows, int64_t cols,
+                    int64_t parts, int64_t per, float *partials, float *acc) override;
+
+private:
+  /// Runs one of the runtime's kernels over `n` elements (grid-strided).
+  Status runHostKernel(const std::string &kernel, int64_t n, void **params,
+                       unsigned gridY = 1);
+  int device;
+  void *stream = nullptr;
+  std::unique_ptr<Module> variants[2];
+  /// The runtime's kernels on this device (shared by every cell on it).
+  Module *host = nullptr;
+};
+
+} // namespace cellc::cuda
+
+#endif // CELLC_RUNTIME_CUDA_GPUDEVICE_H

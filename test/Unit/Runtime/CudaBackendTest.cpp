@@ -1,0 +1,303 @@
+//===- CudaBackendTest.cpp - The CUDA backend's host side -----------------===//
+//
+// The workspace's placements, the dry run that sizes it, and what the
+// backend asks of a Device: launches with their grids, GEMMs in one element
+// type, column sums in parts. The Device here records its calls (the leaves
+// that a GPU or the emulator carry out); the backend above it is the real
+// one.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/CudaBackend.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+using namespace cellc;
+using namespace cellc::cuda;
+using driver::Buffer;
+using driver::View;
+
+namespace {
+
+TEST(ArenaTest, PlacesFirstFitAlignedAndComesDownAtTheTop) {
+  Arena arena;
+  arena.reset(-1);
+  int64_t a = arena.allocate(10), b = arena.allocate(300), c = arena.allocate(1);
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 256);
+  EXPECT_EQ(c, 768);
+  EXPECT_EQ(arena.high(), 1024);
+  // A freed range is used again by a request that fits in it.
+  arena.release(b);
+  EXPECT_EQ(arena.allocate(256), 256);
+  EXPECT_EQ(arena.allocate(256), 512);
+  // Neighbours merge; the top comes down over a free range that ends there.
+  arena.release(256);
+  arena.release(512);
+  EXPECT_EQ(arena.allocate(512), 256);
+  arena.release(256);
+  arena.release(c);
+  EXPECT_EQ(arena.allocate(700), 256);
+  EXPECT_EQ(arena.high(), 1024);
+  arena.release(a);
+  arena.release(256);
+  EXPECT_EQ(arena.live(), 0u);
+  EXPECT_EQ(arena.allocate(2048), 0);
+  EXPECT_EQ(arena.high(), 2048);
+}
+
+TEST(ArenaTest, AWorkspaceOfFixedSizeRefusesWhatDoesNotFit) {
+  Arena arena;
+  arena.reset(1024);
+  EXPECT_EQ(arena.allocate(1000), 0);
+  EXPECT_EQ(arena.allocate(1), -1);
+  arena.release(0);
+  EXPECT_EQ(arena.allocate(1024), 0);
+}
+
+/// A Device that records what it is asked, on host memory.
+class RecordingDevice : public Device {
+public:
+  struct Gemm {
+    Element ab, ce;
+    int64_t m, n, k;
+    const void *a, *b;
+  };
+  std::vector<LaunchSpec> launches;
+  /// Each launch's parameters' words (each param is a word: a pointer or
+  /// an int64), read while the launch's arguments live.
+  std::vector<std::vector<int64_t>> words;
+  std::vector<Gemm> gemms;
+  std::vector<std::pair<Element, Element>> conversions;
+  std::vector<std::pair<int64_t, int64_t>> columnParts;
+  int zeros = 0;
+
+  bool onHost() const override { return true; }
+  Status begin(void *) override { return Status(); }
+  Status launch(const LaunchSpec &spec) override {
+    launches.push_back(spec);
+    words.emplace_back();
+    for (size_t i = 0; i < spec.numParams; ++i)
+      words.back().push_back(*static_cast<const int64_t *>(spec.params[i]));
+    launches.back().params = nullptr;
+    return Status();
+  }
+  Status gemm(bool, bool, int64_t m, int64_t n, int64_t k, const void *a, int64_t,
+              const void *b, int64_t, Element ab, double, void *, int64_t, Element ce,
+              void *, int64_t) override {
+    gemms.push_back({ab, ce, m, n, k, a, b});
+    return Status();
+  }
+  Status zero(void *data, int64_t bytes) override {
+    std::memset(data, 0, size_t(bytes));
+    ++zeros;
+    return Status();
+  }
+  Status copyBytes(const void *, void *, int64_t) override { return Status(); }
+  Status convert(const void *, Element from, void *, Element to, int64_t) override {
+    conversions.push_back({from, to});
+    return Status();
+  }
+  Status accumulate(const void *, Element, void *, Element, int64_t) override {
+    return Status();
+  }
+  Status fillRows(void *, Element, int64_t, int64_t, const std::vector<const float *> &) override {
+    return Status();
+  }
+  Status columnSums(const void *, Element, int64_t, int64_t, int64_t parts, int64_t per,
+                    float *, float *) override {
+    columnParts.push_back({parts, per});
+    return Status();
+  }
+};
+
+/// A cell whose forward kernel takes an input [T, B, 4], a workspace and
+/// the grid barrier words, and b_begin, b_end.
+driver::Interface interface(int64_t ctas, int64_t heads) {
+  driver::Interface cell;
+  auto arg = [](ArgKind kind, std::string name, std::vector<int64_t> shape,
+                std::optional<Element> element) {
+    driver::KernelArg a;
+    a.kind = kind;
+    a.name = std::move(name);
+    a.shape = std::move(shape);
+    a.element = element;
+    return a;
+  };
+  for (driver::Kernel *k : {&cell.forward, &cell.backward}) {
+    k->args = {arg(ArgKind::Input, "x", {-1, -1, 4}, Element::F32),
+               arg(ArgKind::BatchBegin, "b_begin", {}, std::nullopt),
+               arg(ArgKind::BatchEnd, "b_end", {}, std::nullopt)};
+    k->batchTile = 4;
+    k->threads = 128;
+    k->dynamicSharedBytes = 1024;
+    k->ctas = ctas;
+    k->heads = heads;
+  }
+  return cell;
+}
+
+View viewOf(Buffer buffer, std::vector<int64_t> shape) {
+  View v;
+  v.buffer = buffer;
+  v.shape = std::move(shape);
+  return v;
+}
+
+TEST(CudaBackendTest, ADryRunPlacesWhatTheRealRunPlaces) {
+  driver::Interface cell = interface(0, 0);
+  auto device = std::make_shared<RecordingDevice>();
+  CudaBackend backend(device, "c", cell);
+  auto calls = [&](std::vector<int64_t> &offsets) -> Status {
+    offsets.clear();
+    Buffer a, b, c;
+    if (Status e = backend.allocate(100, Element::F32, true, a))
+      return e;
+    if (Status e = backend.allocate(3000, Element::BF16, false, b))
+      return e;
+    offsets.push_back(a.id);
+    offsets.push_back(b.id);
+    backend.release(a);
+    if (Status e = backend.allocate(50, Element::U8, true, c))
+      return e;
+    offsets.push_back(c.id);
+    backend.release(b);
+    backend.release(c);
+    return Status();
+  };
+  std::vector<int64_t> dry, real;
+  backend.beginDry();
+  ASSERT_FALSE(calls(dry));
+  ASSERT_FALSE(backend.end());
+  int64_t needed = backend.used();
+  EXPECT_EQ(needed, 512 + 6144);
+  EXPECT_EQ(device->zeros, 0); // nothing runs dry
+  std::vector<char> workspace(static_cast<size_t>(needed));
+  ASSERT_FALSE(backend.begin(workspace.data(), needed, nullptr));
+  ASSERT_FALSE(calls(real));
+  ASSERT_FALSE(backend.end());
+  EXPECT_EQ(dry, real);
+  EXPECT_EQ(device->zeros, 2);
+  // A workspace one alignment short fails at the buffer that does not fit.
+  ASSERT_FALSE(backend.begin(workspace.data(), needed - 256, nullptr));
+  Status e = calls(real);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e.message().find("the call's workspace is too small"), std::string::npos);
+  backend.end();
+}
+
+TEST(CudaBackendTest, ABufferThatOutlivesItsCallIsAnError) {
+  driver::Interface cell = interface(0, 0);
+  CudaBackend backend(std::make_shared<RecordingDevice>(), "c", cell);
+  backend.beginDry();
+  Buffer a;
+  ASSERT_FALSE(backend.allocate(10, Element::F32, false, a));
+  Status e = backend.end();
+  ASSERT_TRUE(e);
+  EXPECT_NE(e.message().find("1 buffers outlive the call"), std::string::npos);
+}
+
+TEST(CudaBackendTest, LaunchesTileTheBatchAndPersistentGridsAreCooperative) {
+  std::vector<float> x(2 * 10 * 4);
+  for (auto [ctas, heads] : {std::pair<int64_t, int64_t>{0, 0}, {3, 0}, {2, 2}}) {
+    driver::Interface cell = interface(ctas, heads);
+    auto device = std::make_shared<RecordingDevice>();
+    CudaBackend backend(device, "c", cell);
+    std::vector<driver::Arg> args(3);
+    args[0].view = viewOf({x.data(), -1, Element::F32}, {2, 10, 4});
+    args[1].index = 0;
+    args[2].index = 10;
+    ASSERT_FALSE(backend.begin(nullptr, 0, nullptr));
+    ASSERT_FALSE(backend.launch(/*backward=*/true, /*saveGates=*/false, args, 10));
+    ASSERT_FALSE(backend.end());
+    ASSERT_EQ(device->launches.size(), 1u);
+    const LaunchSpec &spec = device->launches[0];
+    EXPECT_EQ(spec.kernel, "c_bwd");
+    EXPECT_FALSE(spec.saveGates);
+    EXPECT_EQ(spec.block, 128u);
+    EXPECT_EQ(spec.sharedBytes, 1024u);
+    // 10 rows in tiles of 4: 3 tiles; persistent: its CTAs along x.
+    EXPECT_EQ(spec.gridX, unsigned(ctas ? ctas : 3));
+    EXPECT_EQ(spec.gridY, unsigned(ctas ? 3 : 1));
+    EXPECT_EQ(spec.cooperative, ctas > 0 && heads == 0);
+    // A memref's descriptor word by word (pointers, offset, 3 sizes, 3
+    // strides), then the two indices.
+    const std::vector<int64_t> &w = device->words[0];
+    ASSERT_EQ(w.size(), 11u);
+    EXPECT_EQ(w[0], reinterpret_cast<int64_t>(x.data()));
+    EXPECT_EQ(w[1], reinterpret_cast<int64_t>(x.data()));
+    EXPECT_EQ(w[2], 0);
+    EXPECT_EQ((std::vector<int64_t>(w.begin() + 3, w.begin() + 6)),
+              (std::vector<int64_t>{2, 10, 4}));
+    EXPECT_EQ((std::vector<int64_t>(w.begin() + 6, w.begin() + 9)),
+              (std::vector<int64_t>{40, 4, 1}));
+    EXPECT_EQ(w[9], 0);
+    EXPECT_EQ(w[10], 10);
+    ASSERT_EQ(spec.buffers.size(), 1u);
+    EXPECT_EQ(spec.buffers[0].second, int64_t(x.size() * 4));
+  }
+}
+
+TEST(CudaBackendTest, AMismatchedArgumentIsAnInternalError) {
+  driver::Interface cell = interface(0, 0);
+  CudaBackend backend(std::make_shared<RecordingDevice>(), "c", cell);
+  std::vector<uint16_t> x(40);
+  std::vector<driver::Arg> args(3);
+  args[0].view = viewOf({x.data(), -1, Element::BF16}, {1, 10, 4});
+  args[1].index = 0;
+  args[2].index = 10;
+  ASSERT_FALSE(backend.begin(nullptr, 0, nullptr));
+  Status e = backend.launch(false, false, args, 10);
+  backend.end();
+  ASSERT_TRUE(e);
+  EXPECT_NE(e.message().find("c_fwd: argument input x is f32, given bf16"), std::string::npos);
+}
+
+TEST(CudaBackendTest, AMixedGemmConvertsItsSecondOperandIntoTheWorkspace) {
+  driver::Interface cell = interface(0, 0);
+  auto device = std::make_shared<RecordingDevice>();
+  CudaBackend backend(device, "c", cell);
+  std::vector<uint16_t> a(6 * 8);
+  std::vector<float> b(8 * 5), c(6 * 5);
+  View va = viewOf({a.data(), -1, Element::BF16}, {6, 8});
+  View vb = viewOf({b.data(), -1, Element::F32}, {8, 5});
+  View vc = viewOf({c.data(), -1, Element::F32}, {6, 5});
+  backend.beginDry();
+  ASSERT_FALSE(backend.gemm(false, false, 6, 5, 8, va, 8, vb, 5, 0.0, vc, 5));
+  ASSERT_FALSE(backend.end());
+  int64_t needed = backend.used();
+  // The GEMM library's workspace, then b in bf16.
+  EXPECT_EQ(needed, CudaBackend::kGemmWorkspaceBytes + 256);
+  EXPECT_TRUE(device->gemms.empty());
+  std::vector<char> workspace(static_cast<size_t>(needed));
+  ASSERT_FALSE(backend.begin(workspace.data(), needed, nullptr));
+  ASSERT_FALSE(backend.gemm(false, false, 6, 5, 8, va, 8, vb, 5, 0.0, vc, 5));
+  ASSERT_FALSE(backend.end());
+  ASSERT_EQ(device->gemms.size(), 1u);
+  EXPECT_EQ(device->gemms[0].ab, Element::BF16);
+  EXPECT_EQ(device->gemms[0].ce, Element::F32);
+  EXPECT_EQ(device->gemms[0].a, a.data());
+  EXPECT_EQ(device->gemms[0].b, workspace.data() + CudaBackend::kGemmWorkspaceBytes);
+  ASSERT_EQ(device->conversions.size(), 1u);
+  EXPECT_EQ(device->conversions[0], std::make_pair(Element::F32, Element::BF16));
+}
+
+TEST(CudaBackendTest, ColumnSumsRunInPartsOfRows) {
+  driver::Interface cell = interface(0, 0);
+  auto device = std::make_shared<RecordingDevice>();
+  CudaBackend backend(device, "c", cell);
+  std::vector<float> m(10000 * 3), acc(3);
+  std::vector<char> workspace(1 << 16);
+  ASSERT_FALSE(backend.begin(workspace.data(), int64_t(workspace.size()), nullptr));
+  ASSERT_FALSE(backend.columnSums(viewOf({m.data(), -1, Element::F32}, {10000, 3}), 10000, 3,
+                                  viewOf({acc.data(), -1, Element::F32}, {3})));
+  ASSERT_FALSE(backend.end());
+  // 10000 rows: 5 parts of 2000.
+  ASSERT_EQ(device->columnParts.size(), 1u);
+  EXPECT_EQ(device->columnParts[0], std::make_pair(int64_t(5), int64_t(2000)));
+}
+
+} // namespace
