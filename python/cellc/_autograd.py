@@ -5,7 +5,8 @@ forward and backward. Imports nothing that loads MLIR or LLVM."""
 
 import torch
 
-# One definition, in the module that a GPU machine loads alone.
+# One definition each, in the module that a GPU machine loads alone.
+from .cuda import first_derivative
 from .cuda import shaped_states as _shaped_states  # noqa: F401
 
 
@@ -168,11 +169,11 @@ class _CellFunction(torch.autograd.Function):
         return (*outputs, *finals)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_derivative
     def backward(ctx, *grads):
         # The kernels' gradients are not differentiated again (a gradient
         # penalty, MAML): differentiating them says so, where it would
-        # otherwise find tensors without a grad_fn and say that instead.
+        # otherwise be a silent zero.
         n_in, n_par, n_st, batch_first = ctx.counts
         # The saved outputs (read by the driver through what forward kept)
         # come after the tensors, and what forward kept last.

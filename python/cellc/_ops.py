@@ -19,6 +19,8 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
+from .cuda import not_differentiable_again
+
 #: Whether this torch can register cellc's operators.
 AVAILABLE = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
 
@@ -231,24 +233,13 @@ if AVAILABLE:
         kept, (resets, lengths) = list(rest[len(read):-2]), rest[-2:]
         needs = ctx.needs_input_grad
         wanted = [*needs[4], *needs[5], *needs[6]]
-        # Under create_graph the gradients come with a graph; the kernels'
-        # are not differentiated again, and saying so is what
-        # once_differentiable does for an autograd.Function.
-        twice = torch.is_grad_enabled() and any(
-            isinstance(g, torch.Tensor) and g.requires_grad for g in grads)
         with torch.no_grad():
             result = torch.ops.cellc.sequence_backward(
                 cell, mode, sizes, ins, params, states, resets, lengths, outputs, kept,
                 list(grads[:n_out]), list(grads[n_out:n_out + n_states]), wanted)
-        result = [g if w else None for g, w in zip(result, wanted)]
-        if twice:
-            # As once_differentiable does: the node attaches to outputs that
-            # require grad.
-            given = [g.detach().requires_grad_() for g in result if g is not None]
-            delayed = iter(torch._C._functions.DelayedError(
-                b"trying to differentiate twice a function that was marked with "
-                b"@once_differentiable", len(given))(*given))
-            result = [next(delayed) if g is not None else None for g in result]
+        # Under create_graph the kernels' gradients raise when differentiated
+        # again, never a silent zero (cuda.not_differentiable_again).
+        result = not_differentiable_again([g if w else None for g, w in zip(result, wanted)])
         return (None, None, None, None, result[:n_in], result[n_in:n_in + n_par],
                 result[n_in + n_par:], None, None)
 

@@ -137,6 +137,46 @@ def shaped_states(final, dims):
     return {n: t.reshape(t.shape[0], *dims[n]) if n in dims else t for n, t in final.items()}
 
 
+#: What differentiating a cellc gradient again says.
+TWICE = ("cellc computes first derivatives only; its gradient cannot be differentiated "
+         "again (a gradient penalty, a Hessian-vector product or MAML needs a second "
+         "derivative of the cell)")
+
+
+def not_differentiable_again(gradients):
+    """The gradients a cellc backward computed, as it returns them under
+    create_graph: each carries a node that raises TWICE when it is
+    differentiated. torch's `once_differentiable` does this only where an
+    incoming gradient requires grad, and a gradient penalty's (the ones of
+    `out.sum()`) does not: the penalty's own gradient through the cell would
+    then be a silent zero. The gradients depend on the inputs and params
+    whatever the incoming ones are, so every call under create_graph gets
+    the node. Without create_graph they are returned as they are."""
+    import torch
+    if not torch.is_grad_enabled():
+        return gradients
+    given = [g.detach().requires_grad_() for g in gradients if isinstance(g, torch.Tensor)]
+    if not given:
+        return gradients
+    errors = iter(torch._C._functions.DelayedError(TWICE.encode(), len(given))(*given))
+    return type(gradients)(next(errors) if isinstance(g, torch.Tensor) else g
+                           for g in gradients)
+
+
+def first_derivative(backward):
+    """An autograd.Function's backward that computes without a graph and whose
+    gradients raise TWICE when differentiated (not_differentiable_again)."""
+    import functools
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        import torch
+        with torch.no_grad():
+            gradients = backward(ctx, *grads)
+        return not_differentiable_again(tuple(gradients))
+    return wrapper
+
+
 class Package:
     """A CUDA package as the runtime reads it (kernels.json, in C++): `meta`
     is what it found there, `kernels` each kernel's launch and arguments,
@@ -566,7 +606,7 @@ def _sequence_class():
             return tuple(outputs) + tuple(finals)
 
         @staticmethod
-        @torch.autograd.function.once_differentiable
+        @first_derivative
         def backward(ctx, *grads):
             cell = ctx.cell
             n_in, n_par, n_st = len(cell.inputs), len(cell.params), ctx.n_states

@@ -3,11 +3,13 @@ and the errors users meet."""
 
 import json
 import os
+import subprocess
 
 import pytest
 import torch
 
 import cellc
+from conftest import TOOLS
 
 
 def _lstm_params(I, H, dtype=torch.float32, requires_grad=True):
@@ -136,11 +138,14 @@ def test_custom_cells_pass_gradcheck_in_double_precision(name, mode):
     gradcheck_cell(cellc.compile(source), sizes, T, B, mode, resets)
 
 
+TWICE = "cellc computes first derivatives only; its gradient cannot be differentiated again"
+
+
 def test_a_gradient_is_not_differentiated_again_and_says_so():
     # A gradient penalty or MAML differentiates a gradient. The kernels'
     # gradients have no graph of their own: differentiating them is an error
-    # that says so, not "does not require grad". With create_graph and no
-    # second differentiation, the gradients are the usual ones.
+    # that says so. With create_graph and no second differentiation, the
+    # gradients are the usual ones.
     cell = cellc.compile(LSTM)
     x = torch.randn(5, 2, 3, requires_grad=True)
     params = _lstm_params(3, 4)
@@ -148,12 +153,53 @@ def test_a_gradient_is_not_differentiated_again_and_says_so():
     g, = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
     want, = torch.autograd.grad(cell(x, params)[0].pow(2).sum(), x)
     torch.testing.assert_close(g, want)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
+    with pytest.raises(RuntimeError, match=TWICE):
         g.sum().backward()
     m = cellc.nn.GRU(3, 4)
     g, = torch.autograd.grad(m(x)[0].pow(2).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
+    with pytest.raises(RuntimeError, match=TWICE):
         g.pow(2).sum().backward()
+
+
+def gradient_penalty(run, x):
+    """A WGAN-GP style loss: the output's sum, whose incoming gradients are
+    constants, plus the squared norm of its gradient."""
+    out = run(x)
+    g, = torch.autograd.grad(out.sum(), x, create_graph=True)
+    return out.sum() + (g ** 2).sum()
+
+
+@pytest.mark.parametrize("path", ["cell", "nn", "package", "emulator"])
+def test_a_gradient_penalty_fails_loudly(path, tmp_path):
+    # The output's sum sends gradients that need none: torch's
+    # once_differentiable then returns gradients without a node, and the
+    # penalty's gradient through the cell was silently zero. Now every path
+    # raises.
+    torch.manual_seed(0)
+    x = torch.randn(4, 2, 3, requires_grad=True)
+    if path == "nn":
+        run = lambda x: cellc.nn.LSTM(3, 4)(x)[0]
+    else:
+        params = {n: t.requires_grad_() for n, t in _lstm_params(3, 4).items()}
+        if path == "cell":
+            cell = cellc.compile(LSTM)
+        elif path == "emulator":
+            cell = cellc.compile(LSTM, target="cuda-emu")
+        else:
+            source = tmp_path / "lstm.cell"
+            source.write_text(LSTM)
+            subprocess.run([os.path.join(TOOLS, "cellc"), str(source), "-D", "H=4", "-D", "I=3",
+                            "--emit=package", "--target=cpu", "-o", str(tmp_path / "pkg")],
+                           check=True)
+            cell = cellc.load_package(str(tmp_path / "pkg"))
+        run = lambda x: cell(x, params)[0]
+    loss = gradient_penalty(run, x)
+    with pytest.raises(RuntimeError, match=TWICE):
+        loss.backward()
+    # Without the penalty, create_graph changes nothing.
+    plain = run(x).sum()
+    plain.backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
 
 
 def test_no_grad_keeps_nothing_and_needs_no_grad():
