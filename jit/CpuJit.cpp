@@ -324,16 +324,22 @@ llvm::Error printMemoryPlan(mlir::ModuleOp cellIR, const PipelineOptions &option
   if (llvm::Error e = errorOf(driver::parsePackage(package->json(), "(plan)", info)))
     return e;
 
+  // Every plan first: an error prints no part of the table.
+  const char *modes[] = {"none", "full", "chunk:16", "chunk:64"};
+  driver::MemoryPlan plans[4];
+  for (int m = 0; m < 4; ++m)
+    if (llvm::Error e = errorOf(driver::SequenceDriver::plan(
+            info.interface, steps, batch, *driver::Recompute::parse(modes[m]), plans[m])))
+      return e;
   auto mib = [](int64_t bytes) { return llvm::formatv("{0,9:F1}", bytes / 1048576.0); };
   os << llvm::formatv("a training step of T = {0} steps x B = {1} rows on one thread, "
                       "MiB (SequenceDriver::plan):\n",
                       steps, batch);
   os << "  mode            kept  fwd peak  bwd peak      peak     floor  piece\n";
   driver::MemoryPlan plan;
-  for (const char *text : {"none", "full", "chunk:16", "chunk:64"}) {
-    if (llvm::Error e = errorOf(driver::SequenceDriver::plan(
-            info.interface, steps, batch, *driver::Recompute::parse(text), plan)))
-      return e;
+  for (int m = 0; m < 4; ++m) {
+    const char *text = modes[m];
+    plan = plans[m];
     os << llvm::formatv("  {0,-10} {1} {2} {3} {4} {5} {6,6}\n", text,
                         mib(plan.driver.kept), mib(plan.driver.forwardPeak),
                         mib(plan.driver.backwardPeak), mib(plan.peak()),

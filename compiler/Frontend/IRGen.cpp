@@ -11,6 +11,7 @@
 
 #include "compiler/Frontend/Parser.h"
 #include "dialects/Cell/IR/CellOps.h"
+#include "dialects/Cell/IR/Checked.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
@@ -283,6 +284,19 @@ bool IRGen::declare(const Decl &decl, std::vector<int64_t> &shape) {
     if (!value)
       return false;
     shape.push_back(*value);
+  }
+  // Each size is bounded (kMaxSize); their product, the elements, must also
+  // count in int64 bytes where the plan and the runtime count them.
+  std::optional<int64_t> elements = checkedProduct(shape);
+  if (!elements || !checkedMul(*elements, 8)) {
+    std::string dims;
+    for (int64_t d : shape)
+      dims += (dims.empty() ? "" : " x ") + std::to_string(d);
+    diag.error(decl.ident.range.Start,
+               "'" + decl.ident.name + "' has " + dims +
+                   " elements, more than int64 counts in bytes",
+               decl.range);
+    return false;
   }
   if (decl.kind == DeclKind::Input && shape.size() != 1) {
     diag.error(decl.ident.range.Start,

@@ -62,9 +62,12 @@ def _lengths_tensor(lengths, B):
 
 
 def _arguments(x, params, states, names_in, names_par, names_st):
-    """Checks a call's tensors against the cell's names and returns the
-    inputs in declaration order: `x` is a tensor (one input) or a dict,
-    `params` a dict, `states` None or a dict of some states."""
+    """Checks a call's tensors against the cell's names: `x` is a tensor (one
+    input) or a dict, `params` a dict, `states` None or a dict of some
+    states. Returns the inputs in declaration order, the params with a
+    tensor of no elements for each one not given, and the names of those:
+    a param the cell declares and never reads may be left out (the runtime
+    says which param is missing where the kernels read it)."""
     if not names_in:
         raise ValueError("this cell declares no input; the Python API needs one to "
                          "know T and B")
@@ -79,9 +82,6 @@ def _arguments(x, params, states, names_in, names_par, names_st):
         inputs = [x]
     if not isinstance(params, dict):
         raise TypeError("params must be a dict from param names to tensors")
-    missing = [n for n in names_par if n not in params]
-    if missing:
-        raise ValueError(f"no tensor for param {missing[0]!r}")
     extra = [n for n in params if n not in names_par]
     if extra:
         raise ValueError(f"{extra[0]!r} is not a param of this cell; it has {names_par}")
@@ -91,10 +91,26 @@ def _arguments(x, params, states, names_in, names_par, names_st):
         extra = [n for n in states if n not in names_st]
         if extra:
             raise ValueError(f"{extra[0]!r} is not a state of this cell; it has {names_st}")
-    for t in list(inputs) + [params[n] for n in names_par] + list((states or {}).values()):
+    for t in list(inputs) + list(params.values()) + list((states or {}).values()):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"expected tensors, got {type(t).__name__}")
-    return inputs
+    missing = [n for n in names_par if n not in params]
+    if missing:
+        params = dict(params)
+        for n in missing:
+            params[n] = inputs[0].new_empty(0)
+    return inputs, params, missing
+
+
+def _bind(cell, shapes, missing):
+    """`cell.bind_sizes(shapes)`, where a size that only a missing param
+    would bind says that the param is missing."""
+    try:
+        return cell.bind_sizes(shapes)
+    except ValueError:
+        if missing:
+            raise ValueError(f"no tensor for param {missing[0]!r}") from None
+        raise
 
 
 def _check_resets(resets, T, B, batch_first):

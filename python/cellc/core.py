@@ -17,7 +17,7 @@ import warnings
 import torch
 
 from . import _cellc, _cellc_runtime, _ops, _tools
-from ._autograd import (_arguments, _autocast_cpu, _check_lengths, _check_resets,
+from ._autograd import (_arguments, _autocast_cpu, _bind, _check_lengths, _check_resets,
                         _compiling, _flat_states, _lengths_tensor, _parse_mode, _run,
                         _shaped_states)
 
@@ -138,6 +138,25 @@ def _size_text(terms):
     return " + ".join(parts)
 
 
+def _mismatch(kind, name, shape, actual, terms, dim, known, sizes, source):
+    """What bind_sizes says of a tensor whose dim `dim` is not the `known`
+    value of its declared `terms`: the sizes it reads, and which tensor bound
+    each."""
+    symbols = sorted({n for t in shape for _, ns in t for n in ns if n in sizes})
+    origins = []
+    for n in symbols:
+        by = source.get(n)
+        origins.append(f"{n}={sizes[n]}" + (f" from {by[0]} '{by[1]}' {list(by[2])}"
+                                            if by and by[1] != name else ""))
+    origin = ", ".join(origins)
+    if kind == "input":
+        return (f"input '{name}' has width {dim}, but the cell expects {_size_text(terms)} = "
+                f"{known} ({origin})")
+    want = "[" + ", ".join(_size_text(t) for t in shape) + "]"
+    return (f"{kind} '{name}' is declared {want} (with {origin}) but the tensor for it has "
+            f"shape {list(actual)}")
+
+
 def _size_value(terms, sizes):
     """A declared size's value: the sum of its terms, each a coefficient times
     bound symbols."""
@@ -189,6 +208,13 @@ class Cell:
         if unknown:
             raise TypeError(f"unknown CUDA option {sorted(unknown)[0]!r}; expected one of "
                             f"{sorted(_CUDA_OPTIONS)}")
+        # The words as the command line takes them, checked now rather than
+        # at the first call.
+        for option, words in (("storage", _cellc.Storage), ("precision", _cellc.Precision)):
+            value = self.cuda_options.get(option)
+            if value is not None and value not in words.__members__:
+                raise ValueError(f"unknown {option} {value!r}; expected "
+                                 + " or ".join(repr(w) for w in words.__members__))
         self.source = source
         self.file_name = file_name
         self.target = target
@@ -271,10 +297,14 @@ class Cell:
 
     def bind_sizes(self, shapes):
         """Solves the symbolic sizes from `shapes`, a dict from declared names
-        to the shapes of the tensors given for them."""
-        sizes = {}
+        to the shapes of the tensors given for them. The params bind first,
+        then the states, then the inputs: where a tensor disagrees with sizes
+        already bound, the error is about that tensor (the data is more often
+        the odd one out than the weights) and names what bound them."""
+        sizes, source = {}, {}
         pending = []
-        for kind, name, shape in self._decls:
+        first = {"param": 0, "state": 1, "input": 2}
+        for kind, name, shape in sorted(self._decls, key=lambda d: first.get(d[0], 3)):
             if name not in shapes:
                 continue
             actual = tuple(shapes[name])
@@ -284,38 +314,48 @@ class Cell:
                                  f"has shape {list(actual)}")
             for terms, dim in zip(shape, actual):
                 pending.append((kind, name, shape, actual, terms, dim))
-        progress = True
-        while pending and progress:
-            progress = False
-            for item in list(pending):
-                kind, name, shape, actual, terms, dim = item
-                known, unknown = 0, []
-                for coefficient, names in terms:
-                    missing = [n for n in names if n not in sizes]
-                    value = coefficient
-                    for n in names:
-                        value *= sizes.get(n, 1)
-                    if missing:
-                        unknown.append((value, missing))
-                    else:
-                        known += value
-                if not unknown:
-                    if known != dim:
-                        want = "[" + ", ".join(_size_text(t) for t in shape) + "]"
-                        bound = ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))
-                        raise ValueError(f"{kind} '{name}' is declared {want} (with {bound}) "
-                                         f"but the tensor for it has shape {list(actual)}")
-                    pending.remove(item)
-                    progress = True
-                elif len(unknown) == 1 and len(unknown[0][1]) == 1:
-                    coefficient, (symbol,) = unknown[0]
-                    rest = dim - known
-                    if rest <= 0 or rest % coefficient:
-                        want = "[" + ", ".join(_size_text(t) for t in shape) + "]"
-                        raise ValueError(f"{kind} '{name}' is declared {want} but the tensor "
-                                         f"for it has shape {list(actual)}: no size {symbol} fits")
-                    sizes[symbol] = rest // coefficient
-                    progress = True
+
+        def settle(stage):
+            """Binds what the tensors of the kinds in `stage` (None: all)
+            determine, until nothing more is."""
+            progress = True
+            while pending and progress:
+                progress = False
+                for item in list(pending):
+                    kind, name, shape, actual, terms, dim = item
+                    if stage is not None and kind not in stage:
+                        continue
+                    known, unknown = 0, []
+                    for coefficient, names in terms:
+                        missing = [n for n in names if n not in sizes]
+                        value = coefficient
+                        for n in names:
+                            value *= sizes.get(n, 1)
+                        if missing:
+                            unknown.append((value, missing))
+                        else:
+                            known += value
+                    if not unknown:
+                        if known != dim:
+                            raise ValueError(_mismatch(kind, name, shape, actual, terms, dim,
+                                                       known, sizes, source))
+                        pending.remove(item)
+                        progress = True
+                    elif len(unknown) == 1 and len(unknown[0][1]) == 1:
+                        coefficient, (symbol,) = unknown[0]
+                        rest = dim - known
+                        if rest <= 0 or rest % coefficient:
+                            want = "[" + ", ".join(_size_text(t) for t in shape) + "]"
+                            raise ValueError(f"{kind} '{name}' is declared {want} but the "
+                                             f"tensor for it has shape {list(actual)}: no size "
+                                             f"{symbol} fits")
+                        sizes[symbol] = rest // coefficient
+                        source[symbol] = (kind, name, actual)
+                        progress = True
+
+        # The params first, to a fixed point; then with the states; then all.
+        for stage in (("param",), ("param", "state"), None):
+            settle(stage)
         if pending:
             names = sorted({n for *_, terms, _ in pending for _, ns in terms for n in ns
                             if n not in sizes})
@@ -406,8 +446,8 @@ class Cell:
                  recompute=None, batch_first=False, lengths=None):
         names_in = [n for n, _ in self.inputs]
         names_par = [n for n, _ in self.params]
-        inputs = _arguments(x, params, states, names_in, names_par,
-                            [n for n, _ in self.states])
+        inputs, params, missing = _arguments(x, params, states, names_in, names_par,
+                                             [n for n, _ in self.states])
         if _autocast_cpu() and inputs[0].device.type == "cpu":
             # Under autocast, the CPU kernels run float32, as autocast runs
             # its float32 ops: lower-precision tensors are cast up.
@@ -416,11 +456,26 @@ class Cell:
             params = {n: up(t) for n, t in params.items()}
             states = {n: up(t) for n, t in states.items()} if states is not None else None
         tensors = list(inputs) + [params[n] for n in names_par]
-        dtype = _one_dtype(tensors + list((states or {}).values()))
         devices = {t.device for t in tensors + list((states or {}).values())}
         if len(devices) > 1:
             raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}")
         device = devices.pop()
+        storage = self._storage_dtype() if self._runs_cuda(device) else None
+        if storage is None:
+            dtype = _one_dtype(tensors + list((states or {}).values()))
+        else:
+            # The CUDA option `storage` chooses how the kernels store the
+            # sequences: the inputs are cast to it (differentiably), and the
+            # outputs come in it; the params and states are float32.
+            for t in tensors + list((states or {}).values()):
+                if t.dtype not in (torch.float32, torch.bfloat16):
+                    raise TypeError(f"cellc's CUDA kernels take float32 or bfloat16 tensors, "
+                                    f"not {t.dtype}")
+            inputs = [t.to(storage) for t in inputs]
+            params = {n: t.float() for n, t in params.items()}
+            states = ({n: t.float() for n, t in states.items()} if states is not None
+                      else None)
+            dtype = storage
         if device.type not in ("cpu", "cuda"):
             raise RuntimeError(f"cellc runs cells on CPU and CUDA tensors, not {device.type}")
         cuda = _cellc.Target.cuda.name
@@ -444,9 +499,9 @@ class Cell:
             lead = (t.shape[1], t.shape[0]) if batch_first else tuple(t.shape[:2])
             if lead != (T, B):
                 raise ValueError(f"input '{n}' has T, B = {lead}, but '{names_in[0]}' has {(T, B)}")
-        shapes.update({n: tuple(params[n].shape) for n in names_par})
+        shapes.update({n: tuple(params[n].shape) for n in names_par if n not in missing})
         shapes.update(self._state_shapes(states, B))
-        sizes = self.bind_sizes(shapes)
+        sizes = _bind(self, shapes, missing)
         mode = _parse_mode(save_gates, recompute)
         if B == 0:
             _check_resets(resets, T, B, batch_first)
@@ -540,7 +595,8 @@ class Cell:
         compiled, widths_st = plan.compiled, plan.widths_st
         x0 = inputs[0]
         B = x0.shape[0]
-        par = [params[n] for n in plan.names_par]
+        # A param the cell never reads may be left out (_arguments).
+        par = [params[n] if n in params else x0.new_empty(0) for n in plan.names_par]
         outs = [x0.new_empty(B, w) for w in plan.widths_out]
         news = [x0.new_empty(*lead, B, *shape) for _, _, shape in widths_st]
         versions = [p._version for p in par]
@@ -602,8 +658,8 @@ class Cell:
         reports them) and binds its sizes."""
         names_in = [n for n, _ in self.inputs]
         names_par = [n for n, _ in self.params]
-        inputs = _arguments(x, params, states, names_in, names_par,
-                            [n for n, _ in self.states])
+        inputs, params, missing = _arguments(x, params, states, names_in, names_par,
+                                             [n for n, _ in self.states])
         tensors = list(inputs) + [params[n] for n in names_par] + list(
             (states or {}).values())
         if any(not t.is_contiguous() for t in tensors) or inputs[0].device.type != "cpu":
@@ -625,9 +681,9 @@ class Cell:
         if B == 0:
             return None  # the sequence call takes an empty batch
         shapes = {n: (t.shape[1],) for n, t in zip(names_in, inputs)}
-        shapes.update({n: tuple(params[n].shape) for n in names_par})
+        shapes.update({n: tuple(params[n].shape) for n in names_par if n not in missing})
         shapes.update(self._state_shapes(states, B))
-        sizes = self.bind_sizes(shapes)
+        sizes = _bind(self, shapes, missing)
         compiled = self.jit(sizes, dtype, batch=B, seq_len=1, step=True)
         widths_out = [shape[0] for _, shape in compiled.outputs]
         widths_st = [(n, shape[0], tuple(self.shape(n, sizes)))
@@ -724,7 +780,8 @@ class Cell:
             # The CUDA kernels' plan: the same C++ host code plans the
             # emulator's calls and a GPU's.
             device = torch.device("cpu") if self.emulated else torch.device("cuda")
-            return self._cuda_cell(sizes, dtype, device).memory_plan(steps, batch, recompute)
+            return self._cuda_cell(sizes, self._storage_dtype() or dtype,
+                                   device).memory_plan(steps, batch, recompute)
         return self.jit(sizes, dtype, batch=batch).memory_plan(steps, batch, recompute)
 
     # CUDA --------------------------------------------------------------------
@@ -770,9 +827,18 @@ class Cell:
         persistent CTA using the device's opt-in shared memory (a LayerNorm
         LSTM's backward at H = 256 does not fit a batch-tiled CTA)."""
         options = dict(self.cuda_options)
+        options.pop("storage", None)  # `storage`, which follows it
         if "strategy" not in options:
             options["shared_limit"] = options.get("shared_limit") or shared_optin
         return self.cuda_package(sizes, arch=arch, storage=storage, simt=simt, **options)
+
+    def _storage_dtype(self):
+        """The torch dtype of the CUDA option `storage`, or None where the
+        storage follows the inputs' dtype."""
+        storage = self.cuda_options.get("storage")
+        if storage is None:
+            return None
+        return torch.bfloat16 if storage == _cellc.Storage.bf16.name else torch.float32
 
     def _runs_cuda(self, device):
         """Whether tensors on `device` run the CUDA kernels: on a GPU, or in
@@ -843,7 +909,7 @@ def _compiler_build():
 #: The target that runs the CUDA kernels in the SIMT emulator, on the CPU.
 EMULATED = "cuda-emu"
 
-_CUDA_OPTIONS = {"strategy", "precision", "batch_tile", "ctas", "shared_limit"}
+_CUDA_OPTIONS = {"strategy", "precision", "storage", "batch_tile", "ctas", "shared_limit"}
 
 
 def _bucket(batch):
@@ -942,8 +1008,10 @@ def compile(source, target=None, *, threads=0, cuda=None, unit_slices=None):
     its rows where each thread gets 4 or more and the threads' copies of
     the weights take at most 4 MiB.
     `cuda`: the CUDA kernels' options, from those of `Cell.cuda_package`
-    (strategy, precision, batch_tile, ctas, shared_limit); the storage
-    follows the inputs' dtype. `target`: None (the tensors' device), "cpu",
+    (strategy, precision, storage, batch_tile, ctas, shared_limit); `storage`
+    ("f32" or "bf16") is how the kernels store the sequences (x, h, the
+    gates): the inputs are cast to it and the outputs come in it; without it
+    the storage follows the inputs' dtype. `target`: None (the tensors' device), "cpu",
     "cuda", or "cuda-emu": the CUDA kernels, run on CPU tensors in the SIMT
     emulator (every CUDA thread a fiber, with race, bounds and deadlock
     checks; see README), where `cuda={"shuffle_seed": n}` shuffles the

@@ -115,7 +115,7 @@ def _raise(buf):
     message = buf.value.decode()
     if message.startswith("no CUDA driver/GPU") or message.startswith("cuBLAS not found"):
         raise CudaUnavailable(message)
-    if message.startswith("recompute must be"):
+    if message.startswith(("recompute must be", "no tensor for", "the sizes overflow")):
         raise ValueError(message)
     raise CudaError(message)
 
@@ -548,9 +548,10 @@ class CudaCell:
             if list(t.shape) not in ([B, size], declared):
                 raise ValueError(f"state {n!r} must be {declared}, got {list(t.shape)}")
             states[n] = t.reshape(B, size)
-        missing = [n for n, _ in self.params if n not in params]
-        if missing:
-            raise ValueError(f"missing param {missing[0]!r}")
+        # A param the cell never reads may be left out: the runtime names a
+        # missing one that the kernels read.
+        params = {n: params[n] if n in params else first.new_empty(0, dtype=torch.float32)
+                  for n, _ in self.params}
         # Without states, the runtime starts from zeros (no buffer of ours).
         flat = ([inputs[n] for n, _ in self.inputs] + [params[n] for n, _ in self.params]
                 + ([states[n] for n, _ in self.states] if given else []))

@@ -50,8 +50,8 @@ class Package:
         them), `params` and `states` dicts; returns (output, final states)."""
         names_in = [n for n, _ in self.inputs]
         names_par = [n for n, _ in self.params]
-        inputs = _arguments(x, params, states, names_in, names_par,
-                            [n for n, _ in self.states])
+        inputs, params, missing = _arguments(x, params, states, names_in, names_par,
+                                             [n for n, _ in self.states])
         params = [params[n] for n in names_par]
         for t in inputs + params + list((states or {}).values()):
             if t.dtype != self.dtype:
@@ -68,7 +68,7 @@ class Package:
                 raise ValueError(f"input '{name}' must be {layout} with n = {shape[0]} and "
                                  f"the first input's T, B; got shape {list(t.shape)}")
         for (name, shape), t in zip(self.params, params):
-            if list(t.shape) != list(shape):
+            if list(t.shape) != list(shape) and name not in missing:
                 raise ValueError(f"param '{name}' must have shape {list(shape)}, "
                                  f"got {list(t.shape)}")
         for name, shape in self.states:

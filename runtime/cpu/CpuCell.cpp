@@ -424,6 +424,9 @@ Status driverSequence(const CpuCell &cell, const CpuCell::Sequence &seq, int64_t
     return err;
   if (Status err = viewsOf(seq.params, cell.params(), e, "param", s.params))
     return err;
+  // Every declared param, in the slots' order; the kernels' own, by name.
+  if (Status err = driver::kernelParams(cell.package(), s.params, "param", true, s.params))
+    return err;
   return viewsOf(seq.initialStates, cell.states(), e, "initial state", s.initialStates,
                  &cell.package().stateDims);
 }
@@ -969,6 +972,12 @@ Status CpuCell::backward(const Sequence &batchFirstOrNot, const Saved &saved,
     if (Status err = viewsOf(*arrays, *slots, e, what, *views,
                              slots == &info.states ? &info.stateDims : nullptr))
       return err;
+  // A param the cell does not read has a zero gradient.
+  std::vector<View> unread;
+  if (Status err = driver::kernelParams(info, dPar, "gradient of param", false, dPar, &unread))
+    return err;
+  for (const View &v : unread)
+    std::memset(v.pointer(), 0, size_t(v.size() * driver::bytesOf(v.element())));
   if (Status err = impl->driver->backward(s, saved, dOut, dFinal, dIn, dPar, dInit))
     return err;
   if (tm)

@@ -151,6 +151,15 @@ Status CudaCell::checkElements(const Call &call, bool backward) const {
 template <typename F>
 Status CudaCell::twice(Call &call, bool backward, bool &tooSmall, F &&body) {
   tooSmall = false;
+  if (Status e = driver->checkExtent(call.seq.steps, call.seq.batch))
+    return e;
+  // Every declared param, in the slots' order; the kernels' own, by name.
+  if (Status e = driver::kernelParams(info, call.seq.params, "param", true, call.seq.params))
+    return e;
+  if (backward)
+    if (Status e = driver::kernelParams(info, call.gradParams, "gradient of param", false,
+                                        call.gradParams, &call.unreadGrads))
+      return e;
   if (Status e = checkElements(call, backward))
     return e;
   std::lock_guard<std::mutex> guard(lock);
@@ -188,6 +197,10 @@ Status CudaCell::forward(Call &call, bool &tooSmall) {
 
 Status CudaCell::backward(Call &call, bool &tooSmall) {
   return twice(call, /*backward=*/true, tooSmall, [&]() -> Status {
+    // A param the cell does not read has a zero gradient.
+    for (const View &v : call.unreadGrads)
+      if (Status e = backend->fillRows(v, 1, v.size(), {}))
+        return e;
     driver::SavedPtr saved;
     if (Status e = driver->adopt(call.seq, call.mode, call.outputs, call.kept, saved))
       return e;
@@ -199,6 +212,8 @@ Status CudaCell::backward(Call &call, bool &tooSmall) {
 Status CudaCell::plan(int64_t T, int64_t B, Recompute mode, driver::MemoryPlan &out) {
   if (T < 1 || B < 1)
     return Status::error("a plan needs T >= 1 steps and B >= 1 rows");
+  if (Status e = driver->checkExtent(T, B))
+    return e;
   const driver::Interface &cell = info.interface;
   out = driver::MemoryPlan();
   out.pieceSteps = std::max<int64_t>(1, std::min(pieceRows(mode, T, B, false) / B, T));

@@ -50,8 +50,10 @@ public:
     void *workspace = nullptr;
     int64_t workspaceBytes = 0;
     void *stream = nullptr;
-    /// Set by the call: the workspace it needs.
+    /// Set by the call: the workspace it needs; the gradients given for
+    /// params the kernels do not read (zeroed).
     int64_t needed = 0;
+    std::vector<driver::View> unreadGrads;
   };
   /// Runs a forward (or its backward). Where `call.workspaceBytes` is
   /// below what the call needs, nothing runs and `tooSmall` is set.

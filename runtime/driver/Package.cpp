@@ -9,6 +9,8 @@
 
 #include "runtime/driver/Package.h"
 
+#include "dialects/Cell/IR/Checked.h"
+
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -209,6 +211,11 @@ Status readSlots(const Json &slots, const char *key, std::vector<Slot> &out) {
     slot.name = entry.array[0].string;
     for (const Json &d : entry.array[1].array)
       slot.shape.push_back(d.integer());
+    std::optional<int64_t> elements = checkedProduct(slot.shape);
+    if (!elements || !checkedMul(*elements, 8) || *elements == 0)
+      return Status::error(std::string("\"") + key + "\" gives '" + slot.name +
+                           "' the shape " + shapeString(slot.shape) +
+                           ", which is not a count of elements that int64 bytes hold");
     out.push_back(std::move(slot));
   }
   return Status();
@@ -243,6 +250,16 @@ Status readArg(const Json &a, KernelArg &arg) {
     if (const Json *shape = a.get("shape"))
       for (const Json &d : shape->array)
         arg.shape.push_back(d.integer());
+    // -1 for T and B; every other dim a size.
+    int64_t elements = 1;
+    for (int64_t d : arg.shape) {
+      std::optional<int64_t> next = d == -1 ? elements : checkedMul(elements, d);
+      if (!next || !checkedMul(*next, 8))
+        return Status::error("argument '" + arg.name + "' has the shape " +
+                             shapeString(arg.shape) +
+                             ", which is not a count of elements that int64 bytes hold");
+      elements = *next;
+    }
   }
   return Status();
 }
@@ -275,6 +292,13 @@ Status readKernel(const Json &kernels, const std::string &name, Kernel &kernel) 
     if (const Json *shift = k->get("profile_shift"))
       kernel.profileShift = shift->integer();
   }
+  // What the driver multiplies by the rows, the tiles and the groups: sizes
+  // a kernel can have, not what a corrupt file says.
+  if (kernel.batchTile < 1 || kernel.batchTile > (int64_t(1) << 30) ||
+      kernel.workspaceBytes < 0 || kernel.workspaceBytes > (int64_t(1) << 56) ||
+      kernel.barrierWords < 0 || kernel.barrierWords > (int64_t(1) << 20))
+    return Status::error("kernel '" + name + "' has a batch_tile, workspace_bytes or "
+                         "barrier_words out of range");
   for (auto [key, field] : {std::pair{"threads", &kernel.threads},
                              {"dynamic_shared_bytes", &kernel.dynamicSharedBytes},
                              {"ctas", &kernel.ctas},
@@ -398,4 +422,35 @@ Status cellc::driver::readPackage(const std::string &dir, PackageInfo &out) {
   std::stringstream text;
   text << file.rdbuf();
   return parsePackage(text.str(), dir, out);
+}
+
+Status cellc::driver::kernelParams(const PackageInfo &info,
+                                   const std::vector<View> &callers,
+                                   const std::string &what, bool required,
+                                   std::vector<View> &out, std::vector<View> *unread) {
+  const std::vector<Slot> &read = info.interface.params;
+  // `out` may be `callers`.
+  std::vector<View> given = callers;
+  bool bySlots = given.size() == info.params.size() && given.size() != read.size();
+  if (!bySlots && given.size() != read.size()) {
+    out = given; // the driver says how many it takes
+    return Status();
+  }
+  out.clear();
+  for (size_t p = 0; p < read.size(); ++p) {
+    const Slot &param = read[p];
+    size_t at = bySlots ? indexOf(info.params, param.name) : p;
+    if (at == size_t(-1))
+      return Status::error("the kernels read a param '" + param.name +
+                           "' that the package does not declare");
+    const View &v = given[at];
+    if (required && (!v.valid() || v.size() == 0))
+      return Status::error("no tensor for " + what + " '" + param.name + "'");
+    out.push_back(v);
+  }
+  if (unread && bySlots)
+    for (size_t i = 0; i < info.params.size(); ++i)
+      if (indexOf(read, info.params[i].name) == size_t(-1) && given[i].valid())
+        unread->push_back(given[i]);
+  return Status();
 }

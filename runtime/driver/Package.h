@@ -68,6 +68,18 @@ struct PackageInfo {
   std::string simtObjects[2];
 };
 
+/// The params the kernels read (the interface's, in their order), picked
+/// by name from `given` in the package's slot order: every declared param,
+/// a param the cell never reads included, so that a caller passes what the
+/// cell declares. A view that is absent or has no elements is not given; a
+/// param the kernels read must be (`required`), and is named where it is
+/// not. The views given for params the kernels do not read go to `unread`
+/// (a caller zeroes the gradients there). `given` as long as the
+/// interface's params and not the slots is taken as it is.
+Status kernelParams(const PackageInfo &info, const std::vector<View> &given,
+                    const std::string &what, bool required, std::vector<View> &out,
+                    std::vector<View> *unread = nullptr);  // `out` may be `given`
+
 /// Reads `<dir>/kernels.json`. Errors name the file and what is wrong.
 Status readPackage(const std::string &dir, PackageInfo &out);
 /// The same from the text of a kernels.json (`dir` only names it).

@@ -2,6 +2,8 @@
 
 #include "runtime/driver/SequenceDriver.h"
 
+#include "dialects/Cell/IR/Checked.h"
+
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -78,9 +80,11 @@ public:
   static Status make(const std::shared_ptr<Backend> &backend,
                      const std::shared_ptr<Ledger> &ledger, std::vector<int64_t> shape,
                      Element element, bool zero, Scratch &out) {
-    int64_t elements = 1;
-    for (int64_t d : shape)
-      elements *= d;
+    std::optional<int64_t> count = checkedProduct(shape);
+    if (!count || !checkedMul(*count, bytesOf(element)))
+      return Status::error("a buffer of shape " + shapeString(shape) +
+                           " holds more bytes than int64 counts");
+    int64_t elements = *count;
     Scratch s;
     s.backend = backend;
     s.shape = std::move(shape);
@@ -263,9 +267,14 @@ Status SequenceDriver::workspace(const Kernel &kernel, int64_t batch,
       continue;
     bool words = arg.kind == ArgKind::GridBarrier;
     Element element = arg.element.value_or(words ? Element::I32 : cell.compute);
-    wanted.push_back({i, words, element,
-                      words ? kernel.barrierWords * parts
-                            : parts * kernel.workspaceBytes / bytesOf(element)});
+    std::optional<int64_t> n = checkedMul(parts, words ? kernel.barrierWords
+                                                       : kernel.workspaceBytes);
+    if (!n)
+      return Status::error("the sizes overflow: " + std::to_string(parts) +
+                           " parts of a kernel's workspace of " +
+                           std::to_string(kernel.workspaceBytes) +
+                           " bytes are more than int64 counts");
+    wanted.push_back({i, words, element, words ? *n : *n / bytesOf(element)});
   }
   bool reuse = keep.size() == wanted.size();
   for (size_t w = 0; reuse && w < wanted.size(); ++w)
@@ -593,12 +602,54 @@ Status SequenceDriver::injectFinalStateGrads(const std::vector<int64_t> &lengths
   return Status();
 }
 
+Status SequenceDriver::checkExtent(int64_t T, int64_t B) const {
+  // The values a step of a row holds across a call's buffers: each state's
+  // history, start and gradients, the inputs and outputs with theirs, the
+  // gates and the projections with theirs. With them in bytes, and room for
+  // the few such buffers that a plan adds up, every size, count and offset
+  // the driver forms fits int64.
+  int64_t width = 0;
+  bool fits = true;
+  auto add = [&](int64_t n, int64_t times) {
+    std::optional<int64_t> sum = checkedMul(n, times);
+    if (sum)
+      sum = checkedAdd(width, *sum);
+    fits = fits && sum;
+    width = sum.value_or(width);
+  };
+  for (const Slot &s : cell.states)
+    add(s.shape[0], 4);
+  for (const auto *slots : {&cell.inputs, &cell.outputs})
+    for (const Slot &s : *slots)
+      add(s.shape[0], 2);
+  for (const Interface::Projection &p : cell.projections)
+    add(p.rows, 2);
+  add(cell.gatesWidth, 1);
+  if (!fits || !checkedProduct({std::max<int64_t>(T, 1), std::max<int64_t>(B, 1), width, 8, 16}))
+    return Status::error("the sizes overflow: T = " + std::to_string(T) + " steps of B = " +
+                         std::to_string(B) + " rows, at the " + std::to_string(width) +
+                         " values a row and step that a call's buffers hold, are more bytes "
+                         "than int64 counts");
+  int64_t params = 0;
+  for (const Slot &p : cell.params) {
+    std::optional<int64_t> n = checkedProduct(p.shape);
+    std::optional<int64_t> sum = n ? checkedAdd(params, *n) : std::nullopt;
+    if (!sum || !checkedMul(*sum, 8 * 16))
+      return Status::error("the sizes overflow: the params of " + shapeString(p.shape) +
+                           " and the others are more bytes than int64 counts");
+    params = *sum;
+  }
+  return Status();
+}
+
 Status SequenceDriver::checkForward(const Sequence &seq, const std::vector<View> &outputs,
                                     const std::vector<View> &finalStates) const {
   int64_t T = seq.steps, B = seq.batch;
   if (T < 1 || B < 1)
     return Status::error("the sequence needs T >= 1 steps and B >= 1 rows; got T=" +
                          std::to_string(T) + ", B=" + std::to_string(B));
+  if (Status e = checkExtent(T, B))
+    return e;
   if (seq.inputs.size() != cell.inputs.size())
     return Status::error("expected " + std::to_string(cell.inputs.size()) +
                          " inputs, got " + std::to_string(seq.inputs.size()));
@@ -1008,6 +1059,8 @@ Status SequenceDriver::adopt(const Sequence &seq, Recompute mode,
                              const std::vector<View> &kept, SavedPtr &out) {
   if (outputs.size() != cell.outputs.size())
     return Status::error("expected " + std::to_string(cell.outputs.size()) + " outputs");
+  if (Status e = checkExtent(seq.steps, seq.batch))
+    return e;
   // Only the outputs kept as states' histories are read; the others may be
   // absent.
   std::vector<int64_t> read = keptOutputs(mode, !seq.lengths.empty(), true);
@@ -1060,6 +1113,8 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
                                 const std::vector<View> &gradParams,
                                 const std::vector<View> &gradInitialStates) {
   int64_t T = saved.steps, B = saved.batch;
+  if (Status e = checkExtent(T, B))
+    return e;
   if (gradOutputs.size() != cell.outputs.size() ||
       gradFinalStates.size() != cell.states.size() ||
       gradInputs.size() != cell.inputs.size() ||
@@ -1670,6 +1725,11 @@ Status SequenceDriver::plan(const Interface &cell, int64_t T, int64_t B, Recompu
   SequenceDriver driver(cell, backend);
   driver.setPieceRows(pieceRows);
   out = MemoryPlan();
+  if (T < 1 || B < 1)
+    return Status::error("a plan needs T >= 1 steps and B >= 1 rows; got T=" +
+                         std::to_string(T) + ", B=" + std::to_string(B));
+  if (Status e = driver.checkExtent(T, B))
+    return e;
   out.pieceSteps = driver.pieceSteps(B, T);
   // The caller's buffers, as views of buffers of their own.
   auto caller = [&](const std::vector<int64_t> &shape, Element element, int64_t &bytes) {

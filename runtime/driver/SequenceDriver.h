@@ -394,6 +394,11 @@ public:
                      Recompute mode, MemoryPlan &out, int64_t pieceRows = kPieceRows,
                      int64_t threads = 1);
 
+  /// Whether a call of `steps` x `batch` rows can count its buffers' sizes,
+  /// elements and bytes in int64: an error naming the sizes where not.
+  /// Every call checks it first, and so does the plan.
+  Status checkExtent(int64_t steps, int64_t batch) const;
+
   /// Steps per piece for a batch of `batch` rows: the projections and the
   /// gradient GEMMs run over pieces of this many steps (about `pieceRows`
   /// rows, at least one step), so that no buffer but what the mode keeps

@@ -454,3 +454,42 @@ def test_the_nn_modules_run_an_emulated_cell():
         results.append([out.detach()] + [p.grad for p in model.parameters()])
     for want, got in zip(*results):
         assert (got - want).abs().max() <= 1e-4 * (want.abs().max() + 1e-3)
+
+
+def test_storage_is_a_cuda_option():
+    # cuda={"storage": "bf16"} stores x, h and the gates as bf16 whatever the
+    # inputs' dtype (they are cast to it, the outputs come in it), as
+    # `cellc --storage=bf16` does; "f32" stores float32 from bf16 inputs. A
+    # word the command line refuses is refused when the cell is compiled.
+    T, B, I, H = 5, 3, SIZES["I"], SIZES["H"]
+    torch.manual_seed(2)
+    ref = torch.nn.LSTM(I, H).double()
+    names = {"W_ih": ref.weight_ih_l0, "W_hh": ref.weight_hh_l0, "b_ih": ref.bias_ih_l0,
+             "b_hh": ref.bias_hh_l0}
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    want, _ = ref(x)
+    weight = torch.randn(T, B, H, dtype=torch.float64)
+    (want * weight).sum().backward()
+    path = os.path.join(EXAMPLES, "lstm.cell")
+    sizes = {"I": I, "H": H}
+    for storage, given, dtype in (("bf16", torch.float32, torch.bfloat16),
+                                  ("f32", torch.bfloat16, torch.float32)):
+        cell = cellc.compile(path, target="cuda-emu", cuda={"storage": storage})
+        xs = x.detach().to(given).requires_grad_()
+        ps = {n: t.detach().float().requires_grad_() for n, t in names.items()}
+        out, final = cell(xs, ps, recompute="full")
+        assert out.dtype == dtype and final["c"].dtype == torch.float32
+        (out.double() * weight).sum().backward()
+        assert xs.grad.dtype == given
+        tol = TOLERANCE["bf16"]
+        for what, a, b in [("out", out, want), ("dx", xs.grad, x.grad),
+                           ("dW_hh", ps["W_hh"].grad, names["W_hh"].grad)]:
+            error = (a.double() - b).abs().max().item()
+            assert error <= tol * (b.abs().max().item() + 1e-3), f"{storage} {what}: {error:.2e}"
+        # What full keeps is c's history, in the storage's element size.
+        kept = cell.memory_plan(sizes, T, B, "full")["kept"]
+        assert kept == T * B * H * (2 if storage == "bf16" else 4)
+    with pytest.raises(ValueError, match="unknown storage 'fp8'; expected 'f32' or 'bf16'"):
+        cellc.compile(path, target="cuda-emu", cuda={"storage": "fp8"})
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        cellc.compile(path, cuda={"precision": "fp8"})

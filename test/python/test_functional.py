@@ -259,8 +259,18 @@ def test_bad_tensors_are_exceptions_not_crashes():
     params = _lstm_params(4, 5, requires_grad=False)
     with pytest.raises(ValueError, match=r"param 'W_hh' is declared \[4\*H, H\].*shape \[20, 6\]"):
         cell(x, {**params, "W_hh": torch.randn(20, 6)})
-    with pytest.raises(ValueError, match=r"param 'W_ih' is declared \[4\*H, I\]"):
+    # The params bind the sizes first: the input that disagrees is named,
+    # with what it was held to and which param bound that.
+    with pytest.raises(ValueError, match=r"input 'x' has width 4, but the cell expects I = 3 "
+                                         r"\(I=3 from param 'W_ih' \[20, 3\]\)"):
         cell(x, {**params, "W_ih": torch.randn(20, 3)})
+    with pytest.raises(ValueError, match=r"input 'x' has width 5, but the cell expects I = 4 "
+                                         r"\(I=4 from param 'W_ih' \[20, 4\]\)"):
+        cell(torch.randn(3, 2, 5), params)
+    with pytest.raises(ValueError, match=r"state 'h' is declared \[H\] \(with H=5 from param "
+                                         r"'W_ih' \[20, 4\]\) but the tensor for it has shape "
+                                         r"\[7\]"):
+        cell(x, params, {"h": torch.randn(2, 7)})
     with pytest.raises(TypeError, match="one dtype"):
         cell(x.double(), params)
     with pytest.raises(TypeError, match="float32 and float64"):
@@ -353,3 +363,75 @@ def test_a_cell_without_inputs_is_refused_clearly():
     cell = cellc.compile("cell decay { state h: [H]\n param a: [H]\n h = a * h }")
     with pytest.raises(ValueError, match="declares no input"):
         cell({}, {"a": torch.ones(3)})
+
+
+UNUSED = """
+cell rnn {
+  input x: [I]
+  state h: [H]
+  param W: [H, I], U: [H, H], b: [H]
+  h = tanh(W @ x + b + h)
+}
+"""
+
+
+def unused_reference(x, W, b, h0):
+    h, outs = h0, []
+    for t in range(x.shape[0]):
+        h = torch.tanh(x[t] @ W.t() + b + h)
+        outs.append(h)
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("target", [None, "cuda-emu", "package"])
+def test_a_param_the_cell_never_reads_is_accepted_and_ignored(target, tmp_path):
+    # It compiles with a warning; it is then callable with the param or
+    # without it, in a sequence and a step, its gradient zero; a param the
+    # cell reads is still required, by name.
+    with pytest.warns(UserWarning, match="param 'U' is never used"):
+        cell = cellc.compile(UNUSED, target=None if target == "package" else target)
+    if target == "package":
+        source = tmp_path / "rnn.cell"
+        source.write_text(UNUSED)
+        subprocess.run([os.path.join(TOOLS, "cellc"), str(source), "-D", "H=5", "-D", "I=4",
+                        "--emit=package", "--target=cpu", "-o", str(tmp_path / "pkg")],
+                       check=True, capture_output=True)
+        cell = cellc.load_package(str(tmp_path / "pkg"))
+    g = torch.Generator().manual_seed(3)
+    W, U, b = (0.5 * torch.randn(*s, generator=g) for s in ((5, 4), (5, 5), (5,)))
+    x, h0 = torch.randn(6, 3, 4, generator=g), 0.5 * torch.randn(3, 5, generator=g)
+    leaves = [t.double().requires_grad_() for t in (x, W, b, h0)]
+    want = unused_reference(*leaves)
+    weight = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    (want * weight).sum().backward()
+    for given in ({"W": W, "U": U, "b": b}, {"W": W, "b": b}):
+        params = {n: t.clone().requires_grad_() for n, t in given.items()}
+        xs, hs = x.clone().requires_grad_(), h0.clone().requires_grad_()
+        out, _ = cell(xs, params, {"h": hs})
+        (out.double() * weight).sum().backward()
+        got = [out, xs.grad, params["W"].grad, params["b"].grad, hs.grad]
+        for name, a, w in zip(["h", "dx", "dW", "db", "dh0"], got,
+                              [want] + [t.grad for t in leaves]):
+            torch.testing.assert_close(a.double(), w.detach(), rtol=1e-4, atol=1e-5, msg=name)
+        if "U" in params:
+            assert params["U"].grad is None or not params["U"].grad.any()
+        if target != "package":
+            step, _ = cell.step(x[0], {n: t.detach() for n, t in given.items()}, {"h": h0})
+            torch.testing.assert_close(step.double(), want[0].detach(), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="no tensor for param 'W'"):
+        cell(x, {"U": U, "b": b})
+
+
+@pytest.mark.parametrize("target", [None, "cuda-emu"])
+def test_sizes_that_overflow_are_an_error_not_garbage(target):
+    # A plan of 2^32 x 2^32 rows of an LSTM's values passes int64 bytes: it
+    # was a floor of -8931681473871032320 bytes; it is an error naming the
+    # sizes. Large sizes that fit still plan.
+    cell = cellc.compile(LSTM, target=target)
+    sizes = {"H": 16, "I": 5}
+    with pytest.raises(ValueError, match=r"the sizes overflow: T = 4294967296 steps of "
+                                         r"B = 4294967296 rows"):
+        cell.memory_plan(sizes, 2 ** 32, 2 ** 32, "none")
+    plan = cell.memory_plan(sizes, 2 ** 20, 2 ** 12, "none")
+    assert all(v > 0 for v in plan.values())
+    assert plan["outputs"] == 2 ** 20 * 2 ** 12 * 16 * 4

@@ -264,10 +264,12 @@ def test_a_matrix_state_of_the_wrong_shape_is_an_error():
                                          r"\[5, 30\]"):
         cell(x, p, flat_c)
     wrong_v = dict(s, C=torch.zeros(5, 2, 3, 4, dtype=torch.float64))
-    # C binds V = 4 (declared first), so W_v's 10 rows disagree: NH*V = 8.
-    with pytest.raises(ValueError, match=r"param 'W_v' is declared \[NH\*V, I\] \(with I=4, "
-                                         r"K=3, NH=2, V=4\) but the tensor for it has shape "
-                                         r"\[10, 4\]"):
+    # The params bind V = 5 first (W_v's 10 rows over NH = 2), so the state
+    # that disagrees is named, with the params that bound its sizes.
+    with pytest.raises(ValueError, match=r"state 'C' is declared \[NH, K, V\] \(with K=3 from "
+                                         r"param 'W_q' \[6, 4\], NH=2 from param 'w_i' \[2, 4\], "
+                                         r"V=5 from param 'W_v' \[10, 4\]\) but the tensor for "
+                                         r"it has shape \[2, 3, 4\]"):
         cell(x, p, wrong_v)
     with pytest.raises(ValueError, match=r"state 'C' must be \[B, NH, K, V\] with B=5"):
         cell.step(x[0], p, flat_c)

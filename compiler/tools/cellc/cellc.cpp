@@ -344,7 +344,8 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
     // Pass failures were reported through the handler already.
     std::string message = llvm::toString(std::move(e));
     if (message != "the passes failed")
-      llvm::errs() << message << "\n";
+      llvm::errs() << (llvm::StringRef(message).starts_with("cellc:") ? "" : "cellc: error: ")
+                   << message << "\n";
     return false;
   }
   return true;

@@ -301,3 +301,62 @@ TEST(CudaBackendTest, ColumnSumsRunInPartsOfRows) {
 }
 
 } // namespace
+
+namespace {
+
+/// An Elman cell's interface: x [T, B, 3], h [B, 4], W [4, 3].
+driver::Interface elman() {
+  driver::Interface cell = interface(0, 0);
+  auto arg = [](ArgKind kind, std::string name, std::vector<int64_t> shape) {
+    driver::KernelArg a;
+    a.kind = kind;
+    a.name = std::move(name);
+    a.shape = std::move(shape);
+    a.element = Element::F32;
+    return a;
+  };
+  cell.forward.args = {arg(ArgKind::Input, "x", {-1, -1, 3}),
+                       arg(ArgKind::InitialState, "h", {-1, 4}),
+                       arg(ArgKind::StartState, "h", {-1, 4}),
+                       arg(ArgKind::Param, "W", {4, 3}),
+                       arg(ArgKind::StateHistory, "h", {-1, -1, 4}),
+                       arg(ArgKind::Output, "h", {-1, -1, 4})};
+  cell.backward.args = cell.forward.args;
+  EXPECT_FALSE(cell.finish());
+  return cell;
+}
+
+TEST(CudaBackendTest, ACallWhoseSizesOverflowIsAnErrorBeforeAnythingRuns) {
+  driver::Interface cell = elman();
+  auto device = std::make_shared<RecordingDevice>();
+  auto backend = std::make_shared<CudaBackend>(device, "elman", cell);
+  driver::SequenceDriver driver(cell, backend);
+  // Views of sequences no machine holds: their data is never read.
+  int64_t T = int64_t(1) << 32, B = int64_t(1) << 32;
+  float data[16];
+  auto view = [&](std::vector<int64_t> shape) {
+    return viewOf({data, -1, Element::F32}, std::move(shape));
+  };
+  driver::Sequence seq;
+  seq.steps = T;
+  seq.batch = B;
+  seq.inputs = {view({T, B, 3})};
+  seq.params = {view({4, 3})};
+  backend->beginDry();
+  Status e = driver.forward(seq, {view({T, B, 4})}, {view({B, 4})},
+                            driver::Recompute{}, nullptr);
+  backend->end();
+  ASSERT_TRUE(e);
+  // h's history, start and gradients (4 x 4), x and its gradient (2 x 3),
+  // the output and its gradient (2 x 4).
+  EXPECT_EQ(e.message(), "the sizes overflow: T = 4294967296 steps of B = 4294967296 rows, at "
+                         "the 30 values a row and step that a call's buffers hold, are more "
+                         "bytes than int64 counts");
+  EXPECT_TRUE(device->launches.empty());
+  driver::MemoryPlan plan;
+  e = driver::SequenceDriver::plan(cell, T, B, driver::Recompute{}, plan);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e.message().find("the sizes overflow"), std::string::npos);
+}
+
+} // namespace
