@@ -113,13 +113,17 @@ def _bind(cell, shapes, missing):
         raise
 
 
-def _check_resets(resets, T, B, batch_first):
-    """Resets as a uint8 tensor [T, B] ([B, T] batch-first), or None."""
+def _check_resets(resets, T, B, batch_first, device=None):
+    """Resets as a uint8 tensor [T, B] ([B, T] batch-first), or None; on
+    `device`, the other tensors', where it is given."""
     if resets is None:
         return None
     want = (B, T) if batch_first else (T, B)
     if not isinstance(resets, torch.Tensor) or tuple(resets.shape) != want:
         raise ValueError(f"resets must be a bool tensor of shape {list(want)}")
+    if device is not None and resets.device != device:
+        raise ValueError(f"resets are on {resets.device}, but the other tensors are on "
+                         f"{device}")
     return resets.to(torch.uint8).contiguous()
 
 

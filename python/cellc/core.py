@@ -504,13 +504,13 @@ class Cell:
         sizes = _bind(self, shapes, missing)
         mode = _parse_mode(save_gates, recompute)
         if B == 0:
-            _check_resets(resets, T, B, batch_first)
+            _check_resets(resets, T, B, batch_first, device)
             _check_lengths(lengths, T, B)
             return self._call_empty_batch(names_in, inputs, params, states, resets,
                                           batch_first, save_gates=save_gates,
                                           recompute=recompute)
         states = _flat_states(states, B)
-        resets = _check_resets(resets, T, B, batch_first)
+        resets = _check_resets(resets, T, B, batch_first, device)
         if dtype == torch.bfloat16 and self._runs_cuda(device):
             # bf16 is the CUDA kernels' storage of the sequences; their params
             # and states are float32 (autograd casts the gradients back).

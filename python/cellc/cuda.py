@@ -93,7 +93,8 @@ def _library():
     for name in ("cellc_cuda_forward", "cellc_cuda_backward"):
         getattr(lib, name).argtypes = [P, ctypes.POINTER(_Call)] + err
     lib.cellc_cuda_kept_layout.argtypes = [P, ctypes.c_char_p, ctypes.c_int32, I64,
-                                           ctypes.c_int64, I64, I64, I64] + err
+                                           ctypes.c_int64, I64, I64, ctypes.c_int64,
+                                           I64] + err
     lib.cellc_cuda_plan.argtypes = [P, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64,
                                     I64] + err
     lib.cellc_cuda_memory_stats.argtypes = [P, I64]
@@ -191,6 +192,8 @@ class Package:
             raise ValueError(buf.value.decode())
         self._lib = lib
         text = lib.cellc_cuda_package_describe(self._handle)
+        if not text:
+            raise MemoryError("cellc_cuda_package_describe: out of memory")
         try:
             self.meta = json.loads(ctypes.string_at(text).decode())
         finally:
@@ -406,7 +409,7 @@ class CudaCell:
         read = (ctypes.c_int64 * max(1, len(self.outputs)))()
         self._check_call(self._lib.cellc_cuda_kept_layout, self._handle, mode.encode(),
                          int(bool(has_lengths)), layout, capacity, ctypes.byref(count), read,
-                         ctypes.byref(num_read))
+                         len(read), ctypes.byref(num_read))
         if count.value > capacity:
             raise CudaError(f"{self.package.cell}: a layout of {count.value} kept buffers, "
                             f"past one a state and the gates")
@@ -436,6 +439,10 @@ class CudaCell:
                 break
             size = call.needed
             self._needed[key] = size
+        if status == _TOO_SMALL:
+            raise CudaError(f"{self.package.cell}: a call asked for a workspace of "
+                            f"{call.needed} bytes after one of {call.workspace_bytes}; its "
+                            "dry run and its real run differ")
         if status:
             _raise(buf)
 
@@ -531,6 +538,9 @@ class CudaCell:
         if resets is not None and (not isinstance(resets, torch.Tensor)
                                    or tuple(resets.shape) != (T, B)):
             raise ValueError(f"resets must be a bool tensor of shape {[T, B]}")
+        if resets is not None and resets.device != first.device:
+            raise ValueError(f"resets are on {resets.device}, but the other tensors are on "
+                             f"{first.device}")
         for n, x in inputs.items():
             if x.dtype != self.storage:
                 raise TypeError(f"input {n!r} is {x.dtype}, but this package stores "

@@ -119,6 +119,9 @@ void Cublas::gemm(int device, void *stream, bool transA, bool transB, int64_t m,
   if (h->stream != stream) {
     check(api.setStream(h->handle, stream), "cublasSetStream");
     h->stream = stream;
+    // cublasSetStream gives the handle its default workspace again.
+    h->workspace = nullptr;
+    h->bytes = -1;
   }
   if (h->workspace != workspace || h->bytes != bytes) {
     check(api.setWorkspace(h->handle, workspace, size_t(bytes)), "cublasSetWorkspace");

@@ -5,6 +5,7 @@
 #include "runtime/cpu/Kernels.h"
 
 #include <algorithm>
+#include <cstdint>
 
 using namespace cellc;
 using namespace cellc::cuda;
@@ -212,10 +213,19 @@ Status CudaBackend::launch(bool backward, bool saveGates, const std::vector<driv
   if (kernel.ctas > 0) {
     // Persistent: a tile's CTAs along x, the tiles along y. Split by heads,
     // a tile's CTAs do not wait for each other.
+    if (tiles > 65535)
+      return Status::error(kernelName + ": " + std::to_string(batch) + " rows make " +
+                           std::to_string(tiles) + " batch tiles of " +
+                           std::to_string(kernel.batchTile) +
+                           ", past the 65535 a grid's y holds; use larger tiles or the "
+                           "batch-tiled strategy");
     spec.gridX = unsigned(kernel.ctas);
     spec.gridY = unsigned(tiles);
     spec.cooperative = kernel.heads == 0;
   } else {
+    if (tiles > INT32_MAX)
+      return Status::error(kernelName + ": " + std::to_string(tiles) +
+                           " batch tiles, past the 2^31 - 1 a grid's x holds");
     spec.gridX = unsigned(tiles);
   }
   if (dry)
@@ -237,7 +247,10 @@ Status CudaBackend::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t
   if (m == 0 || n == 0 || k == 0)
     return Status();
   Element ea = a.element(), eb = b.element(), ec = c.element();
-  if (!floating(ea) || !floating(eb) || !floating(ec))
+  // cuBLAS (CUBLAS_COMPUTE_32F) stores f32 products as f32 only; the
+  // emulator refuses what the GPU would.
+  if (!floating(ea) || !floating(eb) || !floating(ec) ||
+      (ea == Element::F32 && ec == Element::BF16))
     return internal(std::string("a GEMM of ") + nameOf(ea) + " and " + nameOf(eb) + " into " +
                     nameOf(ec));
   if (gemmWorkspace < 0) {

@@ -270,7 +270,8 @@ int cellc_cuda_backward(void *cell, cellc_call *call, char *error, size_t size) 
 
 int cellc_cuda_kept_layout(void *cell, const char *mode, int32_t has_lengths, int64_t *layout,
                            int64_t capacity, int64_t *count, int64_t *outputs_read,
-                           int64_t *num_read, char *error, size_t size) {
+                           int64_t read_capacity, int64_t *num_read, char *error,
+                           size_t size) {
   return catchErrors(error, size, [&] {
     auto *c = static_cast<cuda::CudaCell *>(cell);
     driver::Recompute parsed = modeOf(mode);
@@ -283,8 +284,8 @@ int cellc_cuda_kept_layout(void *cell, const char *mode, int32_t has_lengths, in
     }
     *num_read = 0;
     for (int64_t o : c->keptOutputs(parsed, has_lengths != 0))
-      if (o >= 0)
-        outputs_read[(*num_read)++] = o;
+      if (o >= 0 && (*num_read)++ < read_capacity)
+        outputs_read[*num_read - 1] = o;
   });
 }
 

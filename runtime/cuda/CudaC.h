@@ -92,10 +92,11 @@ int cellc_cuda_backward(void *cell, cellc_call *call, char *error, size_t size);
  * 3 i + 2]` = per chunk (leading dimension the chunks, else T; then B and
  * the width), width and element, for at most `capacity`, their count in
  * `count`; and the outputs it keeps as states' histories into
- * `outputs_read` (room for every output), their count in `num_read`. */
+ * `outputs_read` (at most `read_capacity`), their count in `num_read`. */
 int cellc_cuda_kept_layout(void *cell, const char *mode, int32_t has_lengths, int64_t *layout,
                            int64_t capacity, int64_t *count, int64_t *outputs_read,
-                           int64_t *num_read, char *error, size_t size);
+                           int64_t read_capacity, int64_t *num_read, char *error,
+                           size_t size);
 
 /* What a training step of `steps` x `batch` in `mode` holds on the device
  * (driver::MemoryPlan) into out[12]: kept, forward peak, backward peak (the

@@ -34,7 +34,7 @@ const char *nameOf(Element e) {
 }
 
 Status readText(const std::string &path, std::string &out) {
-  std::ifstream file(path);
+  std::ifstream file(path, std::ios::binary);
   if (!file)
     return Status::error("cannot read " + path);
   std::stringstream text;
@@ -64,11 +64,25 @@ Status CudaCell::open(const driver::PackageInfo &package, int deviceIndex, uint6
           package.directory + "/" + package.simtObjects[0],
           package.directory + "/" + package.simtObjects[1], shuffleSeed);
     } else {
-      std::string ptx[2];
-      for (int v = 0; v < 2; ++v)
+      // Each variant's PTX, or the cubin that ptxas made of it beside it
+      // (`<variant>.ptx.cubin`, bench/gpu/run.sh): loaded as it is, where
+      // it is for this GPU, instead of the driver compiling the PTX.
+      std::string ptx[2], cubin[2];
+      for (int v = 0; v < 2; ++v) {
         if (Status e = readText(package.directory + "/" + package.objects[v], ptx[v]))
           return e;
-      cell->device = std::make_shared<GpuDevice>(deviceIndex, ptx[0], ptx[1]);
+        if (readText(package.directory + "/" + package.objects[v] + ".cubin", cubin[v]))
+          cubin[v].clear();
+      }
+      if (!cubin[0].empty() && !cubin[1].empty()) {
+        try {
+          cell->device = std::make_shared<GpuDevice>(deviceIndex, cubin[0], cubin[1]);
+        } catch (const CudaError &) {
+          cell->device = nullptr; // another GPU's: the PTX, below
+        }
+      }
+      if (!cell->device)
+        cell->device = std::make_shared<GpuDevice>(deviceIndex, ptx[0], ptx[1]);
     }
   } catch (const std::exception &e) {
     return Status::error(e.what());
@@ -313,4 +327,12 @@ Status CudaCell::registers(const std::string &kernel, bool saveGates, int &out) 
   return Status();
 }
 
-driver::MemoryStats CudaCell::stats() const { return driver->stats(); }
+driver::MemoryStats CudaCell::stats() const {
+  std::lock_guard<std::mutex> guard(lock);
+  return driver->stats();
+}
+
+int64_t CudaCell::workspaceUsed(bool backward) const {
+  std::lock_guard<std::mutex> guard(lock);
+  return lastWorkspace[backward];
+}

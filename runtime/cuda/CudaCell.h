@@ -84,7 +84,7 @@ public:
 
   /// The driver's figures for the last calls, and the workspace each used.
   driver::MemoryStats stats() const;
-  int64_t workspaceUsed(bool backward) const { return lastWorkspace[backward]; }
+  int64_t workspaceUsed(bool backward) const;
 
 private:
   CudaCell() = default;
@@ -93,7 +93,7 @@ private:
   /// The element types of the call's tensors, against the cell's.
   Status checkElements(const Call &call, bool backward) const;
 
-  std::mutex lock;
+  mutable std::mutex lock;
   driver::PackageInfo info;
   std::shared_ptr<Device> device;
   std::shared_ptr<CudaBackend> backend;

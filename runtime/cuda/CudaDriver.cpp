@@ -134,13 +134,13 @@ void Driver::copy(const void *from, void *to, size_t bytes, void *stream) const 
         "copying " + std::to_string(bytes) + " bytes (cuMemcpyDtoDAsync)");
 }
 
-Module::Module(const std::string &ptx) {
+Module::Module(const std::string &image) {
   Driver &d = Driver::get();
   // CU_JIT_ERROR_LOG_BUFFER (5) and its size (6).
   std::vector<char> log(8192, '\0');
   int options[] = {5, 6};
   void *values[] = {log.data(), reinterpret_cast<void *>(log.size())};
-  int result = d.api().cuModuleLoadDataEx(&module, ptx.c_str(), 2, options, values);
+  int result = d.api().cuModuleLoadDataEx(&module, image.c_str(), 2, options, values);
   if (result != 0) {
     try {
       d.check(result, "loading the PTX (cuModuleLoadDataEx)");
@@ -156,6 +156,7 @@ Module::~Module() {
 }
 
 void *Module::function(const std::string &kernel) {
+  std::lock_guard<std::mutex> guard(lock);
   auto it = functions.find(kernel);
   if (it != functions.end())
     return it->second;
@@ -174,12 +175,15 @@ void Module::launch(const std::string &kernel, unsigned gridX, unsigned gridY,
   // Past 48 KiB, dynamic shared memory must be asked for per kernel:
   // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8). Asked once for the
   // most a launch has wanted.
-  int &granted = sharedGranted[fn];
-  if (sharedBytes > 48 * 1024 && int(sharedBytes) > granted) {
-    d.check(d.api().cuFuncSetAttribute(fn, 8, static_cast<int>(sharedBytes)),
-            "kernel " + kernel + ": asking for " + std::to_string(sharedBytes) +
-                " bytes of shared memory (cuFuncSetAttribute)");
-    granted = int(sharedBytes);
+  if (sharedBytes > 48 * 1024) {
+    std::lock_guard<std::mutex> guard(lock);
+    int &granted = sharedGranted[fn];
+    if (int(sharedBytes) > granted) {
+      d.check(d.api().cuFuncSetAttribute(fn, 8, static_cast<int>(sharedBytes)),
+              "kernel " + kernel + ": asking for " + std::to_string(sharedBytes) +
+                  " bytes of shared memory (cuFuncSetAttribute)");
+      granted = int(sharedBytes);
+    }
   }
   if (!cooperative) {
     d.check(d.api().cuLaunchKernel(fn, gridX, gridY, 1, block, 1, 1, sharedBytes,
@@ -191,6 +195,7 @@ void Module::launch(const std::string &kernel, unsigned gridX, unsigned gridY,
   // rather than pass on the driver's "cooperative launch too large".
   // What fits is asked once per kernel, block and shared memory.
   auto key = std::make_tuple(fn, block, sharedBytes);
+  std::unique_lock<std::mutex> guard(lock);
   auto known = residents.find(key);
   if (known == residents.end()) {
     CUdevice dev;
@@ -204,6 +209,7 @@ void Module::launch(const std::string &kernel, unsigned gridX, unsigned gridY,
     known = residents.emplace(key, std::make_pair(perSm, sms)).first;
   }
   auto [perSm, sms] = known->second;
+  guard.unlock();
   long long resident = static_cast<long long>(perSm) * sms;
   long long wanted = static_cast<long long>(gridX) * gridY;
   if (wanted > resident)

@@ -60,9 +60,9 @@ private:
 /// A loaded PTX module and its kernels.
 class Module {
 public:
-  /// JIT-compiles `ptx` for the current device (cuModuleLoadDataEx) and keeps
-  /// the driver's log for errors.
-  explicit Module(const std::string &ptx);
+  /// Loads `image` on the current device (cuModuleLoadDataEx): PTX, which
+  /// the driver JIT-compiles (its log goes into errors), or a cubin.
+  explicit Module(const std::string &image);
   ~Module();
   Module(const Module &) = delete;
   Module &operator=(const Module &) = delete;
@@ -82,6 +82,9 @@ private:
   /// The kernel's handle, looked up once and kept: launches do not search.
   void *function(const std::string &kernel);
   void *module = nullptr;
+  /// Guards the maps below: cells on one device share a module (the
+  /// runtime's own kernels), and calls come from several threads.
+  std::mutex lock;
   std::map<std::string, void *> functions;
   /// The dynamic shared memory each kernel has been granted past 48 KiB,
   /// and the CTAs per SM and SMs of each (kernel, block, shared bytes)

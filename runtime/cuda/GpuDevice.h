@@ -19,8 +19,9 @@ namespace cellc::cuda {
 
 class GpuDevice : public Device {
 public:
-  /// Loads the PTX of the variant that replays and of the one that saves
-  /// gates on `device`. Throws CudaError (no driver, no GPU, bad PTX).
+  /// Loads the variant that replays and the one that saves gates on
+  /// `device`, each PTX or a cubin image. Throws CudaError (no driver, no
+  /// GPU, bad PTX, a cubin for another GPU).
   GpuDevice(int device, const std::string &replayPtx, const std::string &savePtx);
 
   /// Registers per thread of a package's kernel, from the driver.

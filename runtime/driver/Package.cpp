@@ -431,7 +431,7 @@ Status cellc::driver::kernelParams(const PackageInfo &info,
   const std::vector<Slot> &read = info.interface.params;
   // `out` may be `callers`.
   std::vector<View> given = callers;
-  bool bySlots = given.size() == info.params.size() && given.size() != read.size();
+  bool bySlots = given.size() == info.params.size();
   if (!bySlots && given.size() != read.size()) {
     out = given; // the driver says how many it takes
     return Status();

@@ -75,7 +75,7 @@ struct PackageInfo {
 /// param the kernels read must be (`required`), and is named where it is
 /// not. The views given for params the kernels do not read go to `unread`
 /// (a caller zeroes the gradients there). `given` as long as the
-/// interface's params and not the slots is taken as it is.
+/// interface's params and not the slots is taken in the interface's order.
 Status kernelParams(const PackageInfo &info, const std::vector<View> &given,
                     const std::string &what, bool required, std::vector<View> &out,
                     std::vector<View> *unread = nullptr);  // `out` may be `given`

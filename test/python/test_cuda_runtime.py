@@ -365,6 +365,8 @@ def test_the_runtimes_own_kernels_assemble_for_sm_90(tmp_path):
     with open(os.path.join(root, "runtime", "cuda", "HostKernels.ptx.inc")) as f:
         text = f.read()
     ptx = text[text.index('R"cellc_ptx(') + len('R"cellc_ptx('):text.rindex(')cellc_ptx"')]
+    # PTX ISA 8.0, which CUDA 12.0's drivers JIT; not nvcc's newest.
+    assert "\n.version 8.0\n" in ptx and "\n.target sm_80\n" in ptx
     (tmp_path / "host.ptx").write_text(ptx)
     done = subprocess.run([PTXAS, "-arch=sm_90", "-v", str(tmp_path / "host.ptx"), "-o",
                            str(tmp_path / "host.cubin")], capture_output=True, text=True)

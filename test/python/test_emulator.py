@@ -380,6 +380,19 @@ def test_bad_tensors_are_errors(tmp_path):
         cell(torch.zeros(2, 3, 4, dtype=torch.float64),
              {n: torch.zeros(*cell.shape(n, {"I": 4, "H": 5}), dtype=torch.float64)
               for n, _ in cell.params})
+    # Resets on another device than the sequence would hand the kernels a
+    # pointer they cannot read: an error, through the cell and the package.
+    params = {n: torch.zeros(*cell.shape(n, {"I": 4, "H": 5})) for n, _ in cell.params}
+    elsewhere = torch.zeros(2, 3, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match="resets are on meta, but the other tensors are on cpu"):
+        cell(torch.zeros(2, 3, 4), params, resets=elsewhere)
+    package = cuda.CudaCell(lstm_package(tmp_path), emulate=True)
+    H, I = SIZES["H"], SIZES["I"]
+    with pytest.raises(ValueError, match="resets are on meta, but the other tensors are on cpu"):
+        package({"x": torch.zeros(2, 3, I)},
+                {n: torch.zeros(*s) for n, s in (("W_ih", (4 * H, I)), ("W_hh", (4 * H, H)),
+                                                 ("b_ih", (4 * H,)), ("b_hh", (4 * H,)))},
+                resets=elsewhere)
     with pytest.raises(ValueError, match="package has no kernels for the SIMT emulator"):
         package = edited_package(lstm_package(tmp_path), tmp_path,
                                  lambda meta: meta.pop("simt"))

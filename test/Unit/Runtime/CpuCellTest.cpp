@@ -762,7 +762,7 @@ TEST(CpuCellErrors, BadCellsAndBadBuffersAreErrorsNotCrashes) {
   expectError("param 'W_hh' has shape [4, 3], expected [4, 4]");
   seq.params[1].shape = {4, 4};
   seq.params[2].data = nullptr;
-  expectError("param 'b_ih' is missing");
+  expectError("no tensor for param 'b_ih'");
   seq.params[2].data = bih.data();
   seq.inputs[0].data = reinterpret_cast<char *>(x.data()) + 1;
   expectError("input 'x' is not aligned to its 4-byte elements");

@@ -360,3 +360,38 @@ TEST(CudaBackendTest, ACallWhoseSizesOverflowIsAnErrorBeforeAnythingRuns) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(CudaBackendTest, WhatTheGpuRefusesIsRefusedEverywhere) {
+  // A product of f32 operands stored as bf16: cuBLAS's CUBLAS_COMPUTE_32F
+  // has no such GEMM, so neither has the emulator.
+  driver::Interface cell = interface(0, 0);
+  auto device = std::make_shared<RecordingDevice>();
+  CudaBackend backend(device, "c", cell);
+  std::vector<float> a(4), b(4);
+  std::vector<uint16_t> c(4);
+  backend.beginDry();
+  Status e = backend.gemm(false, false, 2, 2, 2, viewOf({a.data(), -1, Element::F32}, {2, 2}), 2,
+                          viewOf({b.data(), -1, Element::F32}, {2, 2}), 2, 0.0,
+                          viewOf({c.data(), -1, Element::BF16}, {2, 2}), 2);
+  backend.end();
+  ASSERT_TRUE(e);
+  EXPECT_NE(e.message().find("a GEMM of f32 and f32 into bf16"), std::string::npos);
+  // A persistent grid's tiles along y: at most 65535 of them.
+  driver::Interface persistent = interface(2, 0);
+  CudaBackend tiled(device, "c", persistent);
+  std::vector<float> x(4);
+  std::vector<driver::Arg> args(3);
+  args[0].view = viewOf({x.data(), -1, Element::F32}, {1, 1, 4});
+  args[1].index = 0;
+  args[2].index = 4 * 65536;
+  ASSERT_FALSE(tiled.begin(nullptr, 0, nullptr));
+  e = tiled.launch(false, false, args, 4 * 65536);
+  tiled.end();
+  ASSERT_TRUE(e);
+  EXPECT_NE(e.message().find("262144 rows make 65536 batch tiles of 4, past the 65535"),
+            std::string::npos);
+}
+
+} // namespace
