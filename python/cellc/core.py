@@ -1014,7 +1014,7 @@ def compile(source, target=None, *, threads=0, cuda=None, unit_slices=None):
     the storage follows the inputs' dtype. `target`: None (the tensors' device), "cpu",
     "cuda", or "cuda-emu": the CUDA kernels, run on CPU tensors in the SIMT
     emulator (every CUDA thread a fiber, with race, bounds and deadlock
-    checks; see README), where `cuda={"shuffle_seed": n}` shuffles the
+    checks; docs/cuda.md), where `cuda={"shuffle_seed": n}` shuffles the
     threads' order between sync points."""
     file_name = "<cell>"
     if "{" not in source and os.path.exists(source):

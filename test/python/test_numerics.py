@@ -1,8 +1,8 @@
 """The transcendentals' error. Both backends lower tanh, exp, log (and with
 them sigmoid, softplus and logsigmoid) to MLIR's polynomial approximations, not to
 libdevice or libm; their error is measured here in f32 on the CPU, against
-float64 torch, over ranges that cover saturation. README and
-docs/benchmarks.md quote these bounds."""
+float64 torch, over ranges that cover saturation. docs/language.md quotes
+these bounds."""
 
 import math
 
