@@ -7,15 +7,9 @@ import torch
 
 # One definition each, in the module that a GPU machine loads alone.
 from .cuda import first_derivative
+from .cuda import recompute_mode as _parse_mode  # noqa: F401
 from .cuda import shaped_states as _shaped_states  # noqa: F401
 
-
-def _parse_mode(save_gates, recompute):
-    if recompute is None:
-        return "none" if save_gates else "full"
-    if not isinstance(recompute, str):
-        raise TypeError(f"recompute must be 'none', 'full' or 'chunk:K', not {recompute!r}")
-    return recompute
 
 
 def _flat_states(states, B):

@@ -132,6 +132,19 @@ def available():
     return bool(ok), buf.value.decode()
 
 
+def recompute_mode(save_gates, recompute):
+    """The recompute mode of a call, as the runtime parses it: `recompute`
+    ("none", "full" or "chunk:K"), or without it "none" where gates are
+    saved and "full" where not. The runtime checks the words and says what
+    it takes; here only that it is a string."""
+    if recompute is None:
+        return "none" if save_gates else "full"
+    if not isinstance(recompute, str):
+        raise ValueError(f"recompute must be 'none', 'full' or 'chunk:K' with K > 0, "
+                         f"not {recompute!r}")
+    return recompute
+
+
 def shaped_states(final, dims):
     """The final states (each `[B, n]`) in their declared dims: `dims` maps a
     matrix state to its `[NH, K, V]`; any other state is returned as it is."""
@@ -526,9 +539,7 @@ class CudaCell:
         backward. Returns (outputs {name: [T, B, n]}, final states {name:
         [B, n]}, a matrix state in its declared dims)."""
         import torch
-        if not isinstance(recompute, str):
-            raise ValueError(f"recompute must be 'none', 'full' or 'chunk:K' with K > 0, "
-                             f"not {recompute!r}")
+        recompute = recompute_mode(True, recompute)
         first = next(iter(inputs.values()))
         if first.dim() != 3:
             raise ValueError(f"inputs must be [T, B, n], got {list(first.shape)}")

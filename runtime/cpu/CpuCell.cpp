@@ -565,12 +565,7 @@ std::vector<int64_t> contentTokens(const std::vector<Array> &params,
 //===----------------------------------------------------------------------===//
 
 Status Recompute::parse(const std::string &text, Recompute &out) {
-  if (std::optional<driver::Recompute> mode = driver::Recompute::parse(text)) {
-    static_cast<driver::Recompute &>(out) = *mode;
-    return Status();
-  }
-  return Status::error("unknown recompute mode '" + text +
-                       "'; expected none, full or chunk:K with K > 0");
+  return driver::Recompute::parse(text, static_cast<driver::Recompute &>(out));
 }
 
 struct CpuCell::Impl {

@@ -55,12 +55,9 @@ std::vector<View> viewsOf(const cellc_tensors &list) {
 }
 
 driver::Recompute modeOf(const char *text) {
-  std::optional<driver::Recompute> mode = driver::Recompute::parse(text ? text : "");
-  if (!mode)
-    throw Failure(std::string("recompute must be 'none', 'full' or 'chunk:K' with K > 0, "
-                              "not '") +
-                  (text ? text : "") + "'");
-  return *mode;
+  driver::Recompute mode;
+  check(driver::Recompute::parse(text ? text : "", mode));
+  return mode;
 }
 
 cuda::CudaCell::Call callOf(const cellc_call &c) {

@@ -102,6 +102,15 @@ std::optional<Recompute> Recompute::parse(std::string_view text) {
   return mode;
 }
 
+Status Recompute::parse(std::string_view text, Recompute &out) {
+  if (std::optional<Recompute> mode = parse(text)) {
+    out = *mode;
+    return Status();
+  }
+  return Status::error("recompute must be 'none', 'full' or 'chunk:K' with K > 0, not '" +
+                       std::string(text) + "'");
+}
+
 std::string Recompute::str() const {
   if (kind == Kind::Chunk)
     return "chunk:" + std::to_string(chunk);

@@ -206,6 +206,8 @@ struct Recompute {
   int64_t chunk = 0;
   /// Parses "none", "full" or "chunk:K" (K >= 1): the one parse function.
   static std::optional<Recompute> parse(std::string_view text);
+  /// The same, with the one message for a mode it does not take.
+  static Status parse(std::string_view text, Recompute &out);
   std::string str() const;
 };
 

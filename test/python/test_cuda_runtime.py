@@ -139,8 +139,9 @@ def test_recompute_modes_are_checked(tmp_path):
     cell = emulated(tmp_path)
     _, params = lstm_params()
     x = torch.randn(3, 2, 16)
-    for bad in ("chunk:0", "chunk:x", "some", None):
-        with pytest.raises(ValueError, match="recompute must be"):
+    for bad in ("chunk:0", "chunk:x", "some", 7):
+        with pytest.raises(ValueError, match="recompute must be 'none', 'full' or 'chunk:K' "
+                                             "with K > 0, not"):
             cell({"x": x}, params, recompute=bad)
     for bad in ("chunk:0", "full "):
         with pytest.raises(ValueError, match="recompute must be"):

@@ -285,8 +285,13 @@ def test_bad_tensors_are_exceptions_not_crashes():
         cell(x, params, {"h": torch.randn(3, 5)})
     with pytest.raises(ValueError, match=r"resets must be a bool tensor of shape \[3, 2\]"):
         cell(x, params, resets=torch.zeros(2, 3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="unknown recompute mode 'sometimes'"):
+    # One parse and one message, in the runtime, for every path.
+    with pytest.raises(ValueError, match="recompute must be 'none', 'full' or 'chunk:K' with "
+                                         "K > 0, not 'sometimes'"):
         cell(x, params, recompute="sometimes")
+    with pytest.raises(ValueError, match="recompute must be 'none', 'full' or 'chunk:K' with "
+                                         "K > 0, not 16"):
+        cell(x, params, recompute=16)
     # Non-contiguous inputs are copied, not misread.
     xt = torch.randn(2, 3, 4).transpose(0, 1)
     out, _ = cell(xt, params)
