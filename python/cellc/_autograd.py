@@ -20,6 +20,19 @@ def _flat_states(states, B):
     return {n: t if t.dim() == 2 else t.reshape(B, -1) for n, t in states.items()}
 
 
+#: The dtypes the CPU kernels run, by their names in the compiler.
+_DTYPES = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def _one_dtype(tensors):
+    """The dtype all of `tensors` share (an error names two that differ)."""
+    dtype = tensors[0].dtype
+    for t in tensors:
+        if t.dtype != dtype:
+            raise TypeError(f"all tensors must have one dtype; got {dtype} and {t.dtype}")
+    return dtype
+
+
 def _check_lengths(lengths, T, B):
     """Per-sample lengths as a list of B ints in [0, T] ([] for none): from
     an int64 CPU tensor of shape [B], as torch's PackedSequence keeps them, or

@@ -9,7 +9,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from ._autograd import _compiling
-from .core import _no_stream, _stream_function
+from ._stream import _no_stream, _stream_function
 from .core import compile as _compile
 
 

@@ -334,12 +334,12 @@ def test_a_second_backward_finds_what_forward_kept(tmp_path):
 def test_a_new_compiler_build_rebuilds_the_packages(monkeypatch):
     # The package cache is keyed by the compiler's build, not its version
     # string alone: kernels fixed under the same version are rebuilt.
-    from cellc import core
+    from cellc import _targets
     cell = cellc.compile(os.path.join(EXAMPLES, "elman.cell"))
     sizes = {"I": 3, "H": 4}
     first = cell.cuda_package(sizes)
     assert cell.cuda_package(sizes) == first
-    monkeypatch.setattr(core, "_compiler_build", lambda: "another build")
+    monkeypatch.setattr(_targets, "_compiler_build", lambda: "another build")
     assert cell.cuda_package(sizes) != first
 
 

@@ -1,0 +1,130 @@
+"""A cell's CUDA kernels: its AOT packages in the cache, built for the GPU at
+hand (or for the SIMT emulator), and the calls that run them. Part of
+cellc.Cell (a mixin)."""
+
+import hashlib
+import json
+import os
+import shutil
+
+import torch
+
+from . import _cellc
+from ._autograd import _parse_mode
+
+def _compiler_build():
+    """The compiler's version and this build of it (the size and time of the
+    extension that holds it): a CUDA package that another build wrote, whose
+    kernels may differ under the same version, is not reused."""
+    st = os.stat(_cellc.__file__)
+    return f"{_cellc.compiler_version()}-{st.st_size}-{st.st_mtime_ns}"
+
+
+#: The target that runs the CUDA kernels in the SIMT emulator, on the CPU.
+EMULATED = "cuda-emu"
+
+_CUDA_OPTIONS = {"strategy", "precision", "storage", "batch_tile", "ctas", "shared_limit"}
+
+
+class CudaTargets:
+    def cuda_package(self, sizes, *, arch="sm_90", strategy=None, precision="ieee",
+                     storage="f32", batch_tile=0, ctas=0, shared_limit=0, simt=False):
+        """Compiles the cell for CUDA at `sizes` into an AOT package (PTX of both
+        SAVE_GATES variants and kernels.json, as `cellc --emit=package` writes)
+        in the cache directory, once per cell, sizes, options and compiler
+        version, and returns its directory. With no `strategy`, it is chosen
+        as `cellc` chooses it: batch-tiled where a CTA's buffers fit in 48
+        KiB, else persistent. `shared_limit` (persistent: the dynamic shared
+        memory of a CTA; 0: 49152 when persistent is named, the `arch`'s
+        opt-in when chosen). With `simt`, the package holds the kernels for
+        the SIMT emulator too (target="cuda-emu")."""
+        strategy = strategy or ""
+        options = [arch, strategy, precision, storage, batch_tile, ctas, shared_limit, simt]
+        key = hashlib.sha256(json.dumps(
+            [_compiler_build(), self.source, sorted(sizes.items()), options]
+        ).encode()).hexdigest()[:32]
+        root = os.path.join(_cellc.cache_dir(), "cuda")
+        path = os.path.join(root, key)
+        if not os.path.exists(os.path.join(path, "kernels.json")):
+            os.makedirs(root, exist_ok=True)
+            tmp = f"{path}.tmp-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                _cellc.package(self.source, self.file_name, sizes, tmp, arch, strategy,
+                               precision, storage, batch_tile, ctas, shared_limit, simt)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            try:
+                os.rename(tmp, path)  # atomic; a concurrent writer may have won
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return path
+
+    def _device_package(self, sizes, arch, storage, shared_optin, simt=False):
+        """The package for a device of `arch` whose CTAs may opt in to
+        `shared_optin` bytes of shared memory: the cell's CUDA options; when
+        they name no strategy, chosen as `cuda_package` chooses it, a
+        persistent CTA using the device's opt-in shared memory (a LayerNorm
+        LSTM's backward at H = 256 does not fit a batch-tiled CTA)."""
+        options = dict(self.cuda_options)
+        options.pop("storage", None)  # `storage`, which follows it
+        if "strategy" not in options:
+            options["shared_limit"] = options.get("shared_limit") or shared_optin
+        return self.cuda_package(sizes, arch=arch, storage=storage, simt=simt, **options)
+
+    def _storage_dtype(self):
+        """The torch dtype of the CUDA option `storage`, or None where the
+        storage follows the inputs' dtype."""
+        storage = self.cuda_options.get("storage")
+        if storage is None:
+            return None
+        return torch.bfloat16 if storage == _cellc.Storage.bf16.name else torch.float32
+
+    def _runs_cuda(self, device):
+        """Whether tensors on `device` run the CUDA kernels: on a GPU, or in
+        the SIMT emulator (target="cuda-emu")."""
+        return device.type == "cuda" or self.emulated
+
+    def _cuda_cell(self, sizes, dtype, device):
+        """The CUDA kernels at `sizes` for `device`, stored as `dtype`
+        (bfloat16, else float32): loaded once. Emulated, for an H100 (sm_90,
+        and its opt-in shared memory)."""
+        from . import cuda
+        storage = (_cellc.Storage.bf16 if dtype == torch.bfloat16
+                   else _cellc.Storage.f32).name
+        if self.emulated:
+            key = (tuple(sorted(sizes.items())), storage, EMULATED)
+            if key not in self._cuda:
+                path = self._device_package(sizes, "sm_90", storage, 232448, simt=True)
+                self._cuda[key] = cuda.CudaCell(cuda.Package(path), emulate=True,
+                                                shuffle_seed=self.shuffle_seed)
+            return self._cuda[key]
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (tuple(sorted(sizes.items())), storage, index)
+        cell = self._cuda.get(key)
+        if cell is None:
+            major, minor = torch.cuda.get_device_capability(index)
+            props = torch.cuda.get_device_properties(index)
+            optin = getattr(props, "shared_memory_per_block_optin", 0) or 49152
+            path = self._device_package(sizes, f"sm_{major}{minor}", storage, optin)
+            cell = cuda.CudaCell(cuda.Package(path), device=index)
+            self._cuda[key] = cell
+        return cell
+
+    def _call_cuda(self, sizes, names_in, inputs, names_par, params, states, resets,
+                   save_gates, recompute, batch_first, device, lengths):
+        cell = self._cuda_cell(sizes, inputs[0].dtype, device)
+        mode = _parse_mode(save_gates, recompute)
+        xs = {n: (t.transpose(0, 1) if batch_first else t).contiguous()
+              for n, t in zip(names_in, inputs)}
+        if resets is not None:
+            resets = resets.transpose(0, 1) if batch_first else resets
+        out, final = cell(xs, {n: params[n] for n in names_par}, states, resets, mode,
+                          lengths)
+        self.saved_bytes = cell.saved_bytes
+        if batch_first:
+            out = {n: t.transpose(0, 1) for n, t in out.items()}
+        if len(out) == 1:
+            out = next(iter(out.values()))
+        return out, final
