@@ -1,0 +1,128 @@
+//===- HostBlas.cpp - The CPU backend's GEMMs and host loops --------------===//
+
+#include "runtime/cpu/HostBlas.h"
+#include "runtime/cpu/ThreadPool.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+using namespace cellc::runtime;
+
+namespace cellc::runtime::host {
+
+/// Row-major C = alpha op(A) op(B) + beta C.
+void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
+          int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb,
+          double beta, void *c, int64_t ldc) {
+  if (m == 0 || n == 0 || k == 0)
+    return;
+  auto ta = transA ? CblasTrans : CblasNoTrans;
+  auto tb = transB ? CblasTrans : CblasNoTrans;
+  if (m == 1) {
+    // One row (a step of one sample): y = op(B)^T x, a matrix-vector product
+    // that reads op(B) once. GEMM would copy it into panels first.
+    auto tv = transB ? CblasNoTrans : CblasTrans;
+    int64_t rows = transB ? n : k, cols = transB ? k : n, inc = transA ? lda : 1;
+    if (dtype == DType::F32)
+      cblas_sgemv(CblasRowMajor, tv, rows, cols, 1.0f, static_cast<const float *>(b), ldb,
+                  static_cast<const float *>(a), inc, static_cast<float>(beta),
+                  static_cast<float *>(c), 1);
+    else
+      cblas_dgemv(CblasRowMajor, tv, rows, cols, 1.0, static_cast<const double *>(b), ldb,
+                  static_cast<const double *>(a), inc, beta, static_cast<double *>(c), 1);
+    return;
+  }
+  if (dtype == DType::F32)
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f,
+                static_cast<const float *>(a), lda,
+                static_cast<const float *>(b), ldb, static_cast<float>(beta),
+                static_cast<float *>(c), ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0,
+                static_cast<const double *>(a), lda,
+                static_cast<const double *>(b), ldb, beta,
+                static_cast<double *>(c), ldc);
+}
+
+
+/// acc[j] += sum over rows of m[row, j] (or += v[j] with rows = 1), each
+/// thread a range of columns.
+void addColumnSums(DType dtype, const void *m, int64_t rows, int64_t cols, void *acc,
+                   int threads) {
+  auto sums = [&](auto *a, auto *x) {
+    parallelRanges(cols, threads, std::max<int64_t>(16, kHostGrain / std::max<int64_t>(rows, 1)),
+                   [&](int64_t j0, int64_t j1) {
+                     for (int64_t r = 0; r < rows; ++r)
+                       for (int64_t j = j0; j < j1; ++j)
+                         a[j] += x[r * cols + j];
+                   });
+  };
+  if (dtype == DType::F32)
+    sums(static_cast<float *>(acc), static_cast<const float *>(m));
+  else
+    sums(static_cast<double *>(acc), static_cast<const double *>(m));
+}
+
+/// A GEMM's multiply-adds below which it runs on the calling thread.
+constexpr int64_t kGemmGrain = int64_t(1) << 21;
+
+/// `gemm` split over `threads` of the pool: by the rows of C, or by its
+/// columns when it has fewer rows than threads, each part a single-threaded
+/// BLAS call. OpenBLAS's own threads are set to 1 for the call and back
+/// after: left on, they spin after each GEMM on the cores that the kernels'
+/// threads run on next.
+void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                  void *c, int64_t ldc, int threads) {
+  if (threads <= 1 || m * n * k < kGemmGrain || m == 1) {
+    gemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  int64_t bytes = dtype == DType::F32 ? 4 : 8;
+  auto at = [bytes](const void *p, int64_t elements) {
+    return static_cast<const char *>(p) + elements * bytes;
+  };
+  int before = openblas_get_num_threads();
+  openblas_set_num_threads(1);
+  if (m >= 2 * threads) {
+    // Rows i of C are rows i of op(A): row i of A, or its column i.
+    parallelRanges(m, threads, 1, [&](int64_t r0, int64_t r1) {
+      gemm(dtype, transA, transB, r1 - r0, n, k, at(a, transA ? r0 : r0 * lda), lda, b, ldb,
+           beta, const_cast<char *>(at(c, r0 * ldc)), ldc);
+    });
+  } else {
+    // Columns j of C are columns j of op(B): column j of B, or its row j.
+    parallelRanges(n, threads, 1, [&](int64_t c0, int64_t c1) {
+      gemm(dtype, transA, transB, m, c1 - c0, k, a, lda, at(b, transB ? c0 * ldb : c0), ldb,
+           beta, const_cast<char *>(at(c, c0)), ldc);
+    });
+  }
+  openblas_set_num_threads(before);
+}
+
+/// m[row, :] = the sum of `vectors` for every row, each thread a range of
+/// rows.
+void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
+              const std::vector<const void *> &vectors, int threads) {
+  auto fill = [&](auto *x) {
+    using E = std::remove_pointer_t<decltype(x)>;
+    std::vector<E> sum(cols, E(0));
+    for (const void *v : vectors)
+      for (int64_t j = 0; j < cols; ++j)
+        sum[j] += static_cast<const E *>(v)[j];
+    parallelRanges(rows, threads, std::max<int64_t>(1, kHostGrain / std::max<int64_t>(cols, 1)),
+                   [&](int64_t r0, int64_t r1) {
+                     for (int64_t r = r0; r < r1; ++r)
+                       std::memcpy(x + r * cols, sum.data(), cols * sizeof(E));
+                   });
+  };
+  if (dtype == DType::F32)
+    fill(static_cast<float *>(m));
+  else
+    fill(static_cast<double *>(m));
+}
+
+} // namespace cellc::runtime::host

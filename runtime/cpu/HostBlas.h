@@ -1,0 +1,46 @@
+//===- HostBlas.h - The CPU backend's GEMMs and host loops ------*- C++ -*-===//
+//
+// What the CPU backend does besides the kernels: the whole-sequence GEMMs
+// on OpenBLAS, split over the runtime's threads, and the host loops of the
+// driver's backend interface (column sums, rows filled from vectors).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_RUNTIME_CPU_HOSTBLAS_H
+#define CELLC_RUNTIME_CPU_HOSTBLAS_H
+
+#include "runtime/cpu/CpuCell.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace cellc::runtime::host {
+
+/// Row-major `c = op(a) op(b) + beta c` on OpenBLAS (a GEMV for one row).
+void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+          const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+          int64_t ldc);
+
+/// Host loops split across threads when they are at least this many
+/// elements a thread: below it, a wake costs more than it saves.
+inline constexpr int64_t kHostGrain = int64_t(1) << 15;
+
+/// `acc[j] += sum over rows of m[row, j]` (or `+= v[j]` with rows = 1), each
+/// thread a range of columns.
+void addColumnSums(DType dtype, const void *m, int64_t rows, int64_t cols, void *acc,
+                   int threads = 1);
+
+/// `gemm` split over `threads` of the pool, by the rows of C or, with fewer
+/// rows than threads, its columns; each part a single-threaded BLAS call.
+void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                  void *c, int64_t ldc, int threads);
+
+/// `m[row, :]` = the sum of `vectors` for every row, each thread a range of
+/// rows.
+void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,
+              const std::vector<const void *> &vectors, int threads = 1);
+
+} // namespace cellc::runtime::host
+
+#endif // CELLC_RUNTIME_CPU_HOSTBLAS_H
