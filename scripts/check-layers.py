@@ -10,8 +10,8 @@ the CUDA runtimes) includes nothing of LLVM or MLIR. From the bottom:
   runtime   runtime/driver, runtime/cpu, runtime/cuda, runtime/emu: no LLVM, no MLIR,
             nothing of the dialect or the compiler (the words only)
   jit       jit/: compile to a CPU package, the kernel and tuning caches
-  tuner     compiler/Tuner
-  tools     compiler/tools, python/src, bench, test
+  tuner     tuner/
+  tools     tools/, python/src, bench, test
 
 And each CMake target links, directly, exactly the project libraries whose
 headers its files include (OWNERS says which library a file is in).
@@ -39,7 +39,7 @@ OWNERS = [
     ("dialects/Cell/IR/Checked.", None),
     ("dialects/Cell/IR/", "CellDialect"), ("dialects/Cell/Transforms/", "CellTransforms"),
     ("compiler/Frontend/", "CellFrontend"), ("compiler/Conversion/", "CellConversion"),
-    ("compiler/Pipelines/", "CellPipelines"), ("compiler/Tuner/", "CellTuner"),
+    ("compiler/Pipelines/", "CellPipelines"), ("tuner/", "CellTuner"),
     ("jit/", "CellJit"),
     ("runtime/driver/", "cellc_runtime"), ("runtime/cpu/", "cellc_runtime"),
     ("runtime/cuda/", "cellc_runtime"), ("runtime/emu/", "cellc_runtime"),
@@ -110,16 +110,17 @@ def layer_of(path):
         return "runtime"
     if path.startswith("jit/"):
         return "jit"
-    if path.startswith("compiler/Tuner/"):
+    if path.startswith("tuner/"):
         return "tuner"
-    if path.startswith(("compiler/tools/", "python/src/", "bench/", "test/")):
+    if path.startswith(("tools/", "python/src/", "bench/", "test/")):
         return "tools"
     return None
 
 
 def check(root):
     failures, seen = [], set()
-    for top in ("dialects", "compiler", "runtime", "jit", "python/src", "bench", "test"):
+    for top in ("dialects", "compiler", "runtime", "jit", "tuner", "tools", "python/src",
+                "bench", "test"):
         for dirpath, _, files in os.walk(os.path.join(root, top)):
             for name in files:
                 if not name.endswith(SOURCES):

@@ -11,8 +11,8 @@
 
 #include "jit/CpuJit.h"
 #include "compiler/Frontend/IRGen.h"
-#include "compiler/Tuner/Workload.h"
-#include "compiler/tools/ToolOptions.h"
+#include "tuner/Workload.h"
+#include "tools/ToolOptions.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -28,6 +28,16 @@ from .package import Package, load_package
 from . import _ops  # noqa: F401
 
 
+def _make_cell(spec):
+    """The Cell of an op's key (cellc._ops.make_cell), made where none lives."""
+    from .core import Cell
+    return Cell(spec["source"], spec["file"], spec["target"], spec["threads"],
+                dict(spec["cuda"]), spec.get("unit_slices"))
+
+
+_ops.make_cell = _make_cell
+
+
 def _share_openmp():
     """Runs the runtime's threads on OpenMP's when torch's ops run on the same
     OpenMP runtime: after each parallel op, torch's threads spin for a while

@@ -45,13 +45,17 @@ def cell_key(cell):
     return key
 
 
+#: Makes the Cell of an op's key (its decoded spec) where none lives: set by
+#: the package (cellc/__init__.py), which sits above both this module and
+#: cellc.core, so that an exported program runs in a process that has only
+#: imported cellc.
+make_cell = None
+
+
 def _cell(key):
     cell = _CELLS.get(key)
     if cell is None:
-        from .core import Cell
-        spec = json.loads(key)
-        cell = Cell(spec["source"], spec["file"], spec["target"], spec["threads"],
-                    dict(spec["cuda"]), spec.get("unit_slices"))
+        cell = make_cell(json.loads(key))
         _CELLS[key] = cell
     return cell
 

@@ -1,6 +1,6 @@
 //===- Workload.cpp - A cell's forward and backward on random data --------===//
 
-#include "compiler/Tuner/Workload.h"
+#include "tuner/Workload.h"
 
 #include <algorithm>
 #include <cmath>

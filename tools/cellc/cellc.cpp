@@ -3,7 +3,7 @@
 #include "compiler/Frontend/IRGen.h"
 #include "compiler/Frontend/Parser.h"
 #include "compiler/Pipelines/Pipelines.h"
-#include "compiler/tools/ToolOptions.h"
+#include "tools/ToolOptions.h"
 #include "dialects/Cell/IR/CellOps.h"
 #include "dialects/Cell/Transforms/Passes.h"
 #include "jit/CpuJit.h"

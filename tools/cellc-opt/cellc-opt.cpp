@@ -4,7 +4,7 @@
 #include "compiler/Conversion/Passes.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialects/Cell/Transforms/Passes.h"
-#include "compiler/tools/ToolOptions.h"
+#include "tools/ToolOptions.h"
 
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/InitAllDialects.h"

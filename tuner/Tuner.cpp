@@ -1,6 +1,6 @@
 //===- Tuner.cpp - The autotuner: candidates, child processes, ptxas ------===//
 
-#include "compiler/Tuner/Tuner.h"
+#include "tuner/Tuner.h"
 
 #include "compiler/Conversion/Common/PhasePlan.h"
 #include "compiler/Frontend/Diagnostics.h"
@@ -10,7 +10,7 @@
 #include "dialects/Cell/IR/CellOps.h"
 #include "jit/KernelCache.h"
 #include "runtime/cuda/CudaDriver.h"
-#include "compiler/Tuner/Workload.h"
+#include "tuner/Workload.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"

@@ -11,8 +11,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Frontend/IRGen.h"
-#include "compiler/Tuner/Tuner.h"
-#include "compiler/tools/ToolOptions.h"
+#include "tuner/Tuner.h"
+#include "tools/ToolOptions.h"
 #include "jit/KernelCache.h"
 
 #include "llvm/Support/CommandLine.h"
