@@ -8,8 +8,11 @@
 // that the CPU runtime implements with OpenBLAS and the JIT, and the CUDA
 // runtime (runtime/cuda/CudaBackend) with cuBLAS, on a GPU or the emulator.
 //
-// Plain C++17, no LLVM or MLIR: it is compiled into libcellc_cuda, which
-// builds on a GPU machine without them.
+// Plain C++17, no LLVM or MLIR: it is compiled into libcellc_runtime, which
+// builds on a GPU machine without them. One file a job: SequenceDriver.cpp
+// (buffers, a kernel's arguments, launches, checks), Forward.cpp, Step.cpp,
+// Kept.cpp (what a forward keeps), Backward.cpp, Profile.cpp and Plan.cpp,
+// over what they share (DriverParts.h).
 //
 //===----------------------------------------------------------------------===//
 
