@@ -10,6 +10,7 @@
 using namespace cellc;
 using namespace cellc::cuda;
 using driver::Buffer;
+using driver::elementName;
 using driver::View;
 
 //===----------------------------------------------------------------------===//
@@ -83,22 +84,6 @@ namespace {
 char *const kDryBase = reinterpret_cast<char *>(uintptr_t(1) << 20);
 
 bool floating(Element e) { return e == Element::F32 || e == Element::BF16; }
-
-const char *nameOf(Element e) {
-  switch (e) {
-  case Element::F32:
-    return "f32";
-  case Element::F64:
-    return "f64";
-  case Element::BF16:
-    return "bf16";
-  case Element::U8:
-    return "u8";
-  case Element::I32:
-    return "i32";
-  }
-  return "?";
-}
 
 Status internal(const std::string &what) {
   return Status::error("internal error in the CUDA backend: " + what);
@@ -194,8 +179,8 @@ Status CudaBackend::launch(bool backward, bool saveGates, const std::vector<driv
     if (arg.index || !v.valid())
       return internal(what + " is not given a buffer");
     if (v.element() != *declared.element)
-      return internal(what + " is " + nameOf(*declared.element) + ", given " +
-                      nameOf(v.element()));
+      return internal(what + " is " + elementName(*declared.element) + ", given " +
+                      elementName(v.element()));
     bool fits = v.shape.size() == declared.shape.size();
     for (size_t d = 0; fits && d < v.shape.size(); ++d)
       fits = declared.shape[d] < 0 || declared.shape[d] == v.shape[d];
@@ -251,8 +236,8 @@ Status CudaBackend::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t
   // emulator refuses what the GPU would.
   if (!floating(ea) || !floating(eb) || !floating(ec) ||
       (ea == Element::F32 && ec == Element::BF16))
-    return internal(std::string("a GEMM of ") + nameOf(ea) + " and " + nameOf(eb) + " into " +
-                    nameOf(ec));
+    return internal(std::string("a GEMM of ") + elementName(ea) + " and " + elementName(eb) +
+                    " into " + elementName(ec));
   if (gemmWorkspace < 0) {
     void *unused;
     if (Status e = place(kGemmWorkspaceBytes, unused, gemmWorkspace))
@@ -287,8 +272,8 @@ Status CudaBackend::columnSums(const View &m, int64_t rows, int64_t cols, const 
   if (rows == 0 || cols == 0)
     return Status();
   if (acc.element() != Element::F32 || !floating(m.element()))
-    return internal(std::string("column sums of ") + nameOf(m.element()) + " into " +
-                    nameOf(acc.element()));
+    return internal(std::string("column sums of ") + elementName(m.element()) + " into " +
+                    elementName(acc.element()));
   int64_t parts = std::clamp<int64_t>((rows + kRowsPerPart - 1) / kRowsPerPart, 1, kMaxParts);
   int64_t per = (rows + parts - 1) / parts;
   void *partials = nullptr;
@@ -306,7 +291,8 @@ Status CudaBackend::columnSums(const View &m, int64_t rows, int64_t cols, const 
 Status CudaBackend::fillRows(const View &m, int64_t rows, int64_t cols,
                              const std::vector<View> &vectors) {
   if (!floating(m.element()) && !vectors.empty())
-    return internal(std::string("rows of ") + nameOf(m.element()) + " filled from vectors");
+    return internal(std::string("rows of ") + elementName(m.element()) +
+                    " filled from vectors");
   if (vectors.size() > Device::kMaxVectors)
     return internal("rows filled from more than " + std::to_string(Device::kMaxVectors) +
                     " vectors");
@@ -334,16 +320,16 @@ Status CudaBackend::copy(const View &from, const View &to) {
     return dev->copyBytes(from.pointer(), to.pointer(),
                           from.size() * driver::bytesOf(from.element()));
   if (!floating(from.element()) || !floating(to.element()))
-    return internal(std::string("a copy of ") + nameOf(from.element()) + " into " +
-                    nameOf(to.element()));
+    return internal(std::string("a copy of ") + elementName(from.element()) + " into " +
+                    elementName(to.element()));
   return dev->convert(from.pointer(), from.element(), to.pointer(), to.element(), from.size());
 }
 
 Status CudaBackend::add(const View &from, const View &to) {
   if (from.size() != to.size() || !floating(from.element()) || !floating(to.element()))
     return internal(std::string("a sum of ") + std::to_string(from.size()) + " " +
-                    nameOf(from.element()) + " into " + std::to_string(to.size()) + " " +
-                    nameOf(to.element()));
+                    elementName(from.element()) + " into " + std::to_string(to.size()) + " " +
+                    elementName(to.element()));
   if (dry || from.size() == 0)
     return Status();
   return dev->accumulate(from.pointer(), from.element(), to.pointer(), to.element(),

@@ -127,22 +127,6 @@ std::string listOf(const std::vector<int64_t> &values) {
   return out + "]";
 }
 
-const char *elementName(Element e) {
-  switch (e) {
-  case Element::F32:
-    return "f32";
-  case Element::F64:
-    return "f64";
-  case Element::BF16:
-    return "bf16";
-  case Element::U8:
-    return "i8";
-  case Element::I32:
-    return "i32";
-  }
-  return "?";
-}
-
 std::string slotsOf(const std::vector<driver::Slot> &slots) {
   std::string out = "[";
   for (size_t i = 0; i < slots.size(); ++i)
@@ -175,7 +159,7 @@ std::string kernelOf(const driver::Kernel &k) {
       out << "]";
     }
     if (a.element)
-      out << ", \"element\": " << quoted(elementName(*a.element))
+      out << ", \"element\": " << quoted(driver::elementName(*a.element))
           << ", \"shape\": " << listOf(a.shape);
     out << "}";
   }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 using namespace cellc;
 using namespace cellc::cuda;
@@ -138,28 +139,29 @@ Status CudaCell::checkElements(const Call &call, bool backward) const {
     return Status();
   };
   const driver::Sequence &seq = call.seq;
-  if (Status e = each(seq.inputs, cell.inputs, storage, "input"))
-    return e;
-  if (Status e = each(seq.params, cell.params, compute, "param"))
-    return e;
-  if (Status e = each(seq.initialStates, cell.states, compute, "initial state"))
-    return e;
   if (seq.resets.valid() && seq.resets.element() != Element::U8)
     return Status::error(std::string("resets are ") + nameOf(seq.resets.element()) +
                          ", not uint8");
-  if (Status e = each(call.outputs, cell.outputs, storage, "output"))
-    return e;
+  using Check = std::tuple<const std::vector<View> *, const std::vector<driver::Slot> *,
+                           Element, const char *>;
+  std::vector<Check> checks = {{&seq.inputs, &cell.inputs, storage, "input"},
+                               {&seq.params, &cell.params, compute, "param"},
+                               {&seq.initialStates, &cell.states, compute, "initial state"},
+                               {&call.outputs, &cell.outputs, storage, "output"}};
   if (!backward)
-    return each(call.finals, cell.states, compute, "final state");
-  if (Status e = each(call.gradOutputs, cell.outputs, storage, "the gradient of output"))
-    return e;
-  if (Status e = each(call.gradFinals, cell.states, compute, "the gradient of final state"))
-    return e;
-  if (Status e = each(call.gradInputs, cell.inputs, storage, "the gradient of input"))
-    return e;
-  if (Status e = each(call.gradParams, cell.params, compute, "the gradient of param"))
-    return e;
-  return each(call.gradInitial, cell.states, compute, "the gradient of initial state");
+    checks.push_back({&call.finals, &cell.states, compute, "final state"});
+  else
+    checks.insert(checks.end(),
+                  {{&call.gradOutputs, &cell.outputs, storage, "the gradient of output"},
+                   {&call.gradFinals, &cell.states, compute, "the gradient of final state"},
+                   {&call.gradInputs, &cell.inputs, storage, "the gradient of input"},
+                   {&call.gradParams, &cell.params, compute, "the gradient of param"},
+                   {&call.gradInitial, &cell.states, compute,
+                    "the gradient of initial state"}});
+  for (const auto &[views, slots, element, what] : checks)
+    if (Status e = each(*views, *slots, element, what))
+      return e;
+  return Status();
 }
 
 template <typename F>

@@ -58,6 +58,22 @@ std::optional<Element> cellc::driver::parseElement(std::string_view name) {
   return std::nullopt;
 }
 
+const char *cellc::driver::elementName(Element element) {
+  switch (element) {
+  case Element::F32:
+    return "f32";
+  case Element::F64:
+    return "f64";
+  case Element::BF16:
+    return "bf16";
+  case Element::U8:
+    return "i8";
+  case Element::I32:
+    return "i32";
+  }
+  return "?";
+}
+
 int64_t View::size() const {
   int64_t n = 1;
   for (int64_t d : shape)

@@ -55,6 +55,8 @@ enum class Element { F32, F64, BF16, U8, I32 };
 int64_t bytesOf(Element element);
 /// An MLIR element type's name ("f32", "bf16", "i8", ...) as an Element.
 std::optional<Element> parseElement(std::string_view name);
+/// An Element's name as kernels.json writes it: parseElement's inverse.
+const char *elementName(Element element);
 
 /// Memory: a backend's handle (`id`) or a pointer (`data`), or both.
 struct Buffer {
