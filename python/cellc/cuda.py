@@ -228,9 +228,6 @@ class Package:
                 texts[variant] = f.read()
         return texts
 
-    def args(self, kernel):
-        return self.kernels[kernel]["args"]
-
 
 def _dtype(name):
     import torch

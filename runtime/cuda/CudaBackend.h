@@ -72,8 +72,6 @@ public:
   Status end();
   /// The most workspace the call has used.
   int64_t used() const { return arena.high(); }
-  /// Whether the call under way is dry.
-  bool isDry() const { return dry; }
 
   Status allocate(int64_t elements, Element element, bool zero,
                   driver::Buffer &out) override;
@@ -89,8 +87,6 @@ public:
                   const std::vector<driver::View> &vectors) override;
   Status copy(const driver::View &from, const driver::View &to) override;
   Status add(const driver::View &from, const driver::View &to) override;
-
-  Device &device() { return *dev; }
 
 private:
   /// A buffer of `bytes` in the workspace, for the backend's own use.

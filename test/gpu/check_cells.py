@@ -63,8 +63,7 @@ def run_cell(cell, data, mode, dtype):
     loss.backward()
     got = {"out:" + n: t.detach() for n, t in out.items()}
     got.update({"final:" + n: t.detach() for n, t in final.items()})
-    got.update({"d" + key: t.grad for (kind, n), t in leaves.items()
-                for key in [f"{kind}:{n}"]})
+    got.update({f"d{kind}:{n}": t.grad for (kind, n), t in leaves.items()})
     return got
 
 
