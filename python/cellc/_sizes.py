@@ -21,13 +21,14 @@ def _mismatch(kind, name, shape, actual, terms, dim, known, sizes, source):
         by = source.get(n)
         origins.append(f"{n}={sizes[n]}" + (f" from {by[0]} '{by[1]}' {list(by[2])}"
                                             if by and by[1] != name else ""))
+    # A package's declarations are numbers: no size to name.
     origin = ", ".join(origins)
     if kind == "input":
-        return (f"input '{name}' has width {dim}, but the cell expects {_size_text(terms)} = "
-                f"{known} ({origin})")
+        expects = f"{_size_text(terms)} = {known} ({origin})" if origin else str(known)
+        return f"input '{name}' has width {dim}, but the cell expects {expects}"
     want = "[" + ", ".join(_size_text(t) for t in shape) + "]"
-    return (f"{kind} '{name}' is declared {want} (with {origin}) but the tensor for it has "
-            f"shape {list(actual)}")
+    return (f"{kind} '{name}' is declared {want}" + (f" (with {origin})" if origin else "")
+            + f" but the tensor for it has shape {list(actual)}")
 
 
 def _size_value(terms, sizes):
@@ -130,7 +131,7 @@ class Sizes:
         for n, t in (states or {}).items():
             dims = declared.get(n, ["n"])
             if t.dim() != 1 + len(dims) or t.shape[0] != B:
-                want = "n" if len(dims) == 1 else ", ".join(dims)
+                want = "n" if len(dims) == 1 else ", ".join(map(str, dims))
                 raise ValueError(f"state '{n}' must be [B, {want}] with B={B}, got "
                                  f"{list(t.shape)}")
             shapes[n] = tuple(t.shape[1:])

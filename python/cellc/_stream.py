@@ -10,7 +10,7 @@ import collections
 import torch
 
 from . import _cellc
-from ._autograd import _DTYPES, _arguments, _autocast_cpu, _bind, _one_dtype
+from ._front import _DTYPES, _arguments, _autocast_cpu, _bind, _one_dtype
 
 #: What a direct step needs, checked once per shape (Cell._step_plan): the
 #: step's compiled cell, the names of the inputs and params, the outputs'

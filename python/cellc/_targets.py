@@ -10,7 +10,6 @@ import shutil
 import torch
 
 from . import _cellc
-from ._autograd import _parse_mode
 
 def _compiler_build():
     """The compiler's version and this build of it (the size and time of the
@@ -111,20 +110,3 @@ class CudaTargets:
             cell = cuda.CudaCell(cuda.Package(path), device=index)
             self._cuda[key] = cell
         return cell
-
-    def _call_cuda(self, sizes, names_in, inputs, names_par, params, states, resets,
-                   save_gates, recompute, batch_first, device, lengths):
-        cell = self._cuda_cell(sizes, inputs[0].dtype, device)
-        mode = _parse_mode(save_gates, recompute)
-        xs = {n: (t.transpose(0, 1) if batch_first else t).contiguous()
-              for n, t in zip(names_in, inputs)}
-        if resets is not None:
-            resets = resets.transpose(0, 1) if batch_first else resets
-        out, final = cell(xs, {n: params[n] for n in names_par}, states, resets, mode,
-                          lengths)
-        self.saved_bytes = cell.saved_bytes
-        if batch_first:
-            out = {n: t.transpose(0, 1) for n, t in out.items()}
-        if len(out) == 1:
-            out = next(iter(out.values()))
-        return out, final

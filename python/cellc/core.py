@@ -2,7 +2,6 @@
 under autograd."""
 
 import json
-import math
 import os
 import shutil
 import warnings
@@ -10,9 +9,7 @@ import warnings
 import torch
 
 from . import _cellc, _cellc_runtime, _ops
-from ._autograd import (_DTYPES, _arguments, _autocast_cpu, _bind, _check_lengths,
-                        _check_resets, _compiling, _flat_states, _lengths_tensor, _one_dtype,
-                        _parse_mode, _run, _shaped_states)
+from ._front import _DTYPES
 from ._sizes import Sizes, _size_text
 from ._stream import Steps
 from ._targets import _CUDA_OPTIONS, EMULATED, CudaTargets
@@ -98,7 +95,7 @@ class Cell(Sizes, Steps, CudaTargets):
         self._compiled = {}
         self._layouts = {}
         self._cuda = {}
-        self._key = _ops.cell_key(self) if _ops.AVAILABLE else None
+        self._key = _ops.cell_key(self)
         #: Bytes the last call keeps for its backward (0 without autograd).
         self.saved_bytes = 0
         # The compiled cell of the last call on the CPU (memory_stats).
@@ -126,7 +123,7 @@ class Cell(Sizes, Steps, CudaTargets):
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.__dict__.setdefault("unit_slices", None)  # pickled before it was
-        self._key = _ops.cell_key(self) if _ops.AVAILABLE else None
+        self._key = _ops.cell_key(self)
 
     def __repr__(self):
         return (f"cellc.Cell(inputs={self.inputs}, states={self.states}, "
@@ -202,40 +199,12 @@ class Cell(Sizes, Steps, CudaTargets):
 
     def __call__(self, x, params, states=None, *, save_gates=True, resets=None,
                  recompute=None, batch_first=False, lengths=None):
-        names_in = [n for n, _ in self.inputs]
-        names_par = [n for n, _ in self.params]
-        inputs, params, missing = _arguments(x, params, states, names_in, names_par,
-                                             [n for n, _ in self.states])
-        if _autocast_cpu() and inputs[0].device.type == "cpu":
-            # Under autocast, the CPU kernels run float32, as autocast runs
-            # its float32 ops: lower-precision tensors are cast up.
-            up = lambda t: t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
-            inputs = [up(t) for t in inputs]
-            params = {n: up(t) for n, t in params.items()}
-            states = {n: up(t) for n, t in states.items()} if states is not None else None
-        tensors = list(inputs) + [params[n] for n in names_par]
-        devices = {t.device for t in tensors + list((states or {}).values())}
-        if len(devices) > 1:
-            raise ValueError(f"all tensors must be on one device; got {sorted(map(str, devices))}")
-        device = devices.pop()
-        storage = self._storage_dtype() if self._runs_cuda(device) else None
-        if storage is None:
-            dtype = _one_dtype(tensors + list((states or {}).values()))
-        else:
-            # The CUDA option `storage` chooses how the kernels store the
-            # sequences: the inputs are cast to it (differentiably), and the
-            # outputs come in it; the params and states are float32.
-            for t in tensors + list((states or {}).values()):
-                if t.dtype not in (torch.float32, torch.bfloat16):
-                    raise TypeError(f"cellc's CUDA kernels take float32 or bfloat16 tensors, "
-                                    f"not {t.dtype}")
-            inputs = [t.to(storage) for t in inputs]
-            params = {n: t.float() for n, t in params.items()}
-            states = ({n: t.float() for n, t in states.items()} if states is not None
-                      else None)
-            dtype = storage
-        if device.type not in ("cpu", "cuda"):
-            raise RuntimeError(f"cellc runs cells on CPU and CUDA tensors, not {device.type}")
+        return _ops.call(self, x, params, states, save_gates=save_gates, resets=resets,
+                         recompute=recompute, batch_first=batch_first, lengths=lengths)
+
+    def _placement(self, device):
+        """Whether tensors on `device` run the CUDA kernels (cellc._front),
+        once checked that this cell runs them there."""
         cuda = _cellc.Target.cuda.name
         if self.emulated and device.type != "cpu":
             raise ValueError(f"target={EMULATED!r} runs the CUDA kernels in the SIMT emulator "
@@ -244,119 +213,10 @@ class Cell(Sizes, Steps, CudaTargets):
                 and not self.emulated):
             raise ValueError(f"this cell was compiled with target={self.target!r}, "
                              f"but the tensors are on {device}")
-        for name, t in zip(names_in, inputs):
-            if t.dim() != 3:
-                layout = "[B, T, n]" if batch_first else "[T, B, n]"
-                raise ValueError(f"input '{name}' must be {layout}, got shape {list(t.shape)}")
-        T, B = (inputs[0].shape[1], inputs[0].shape[0]) if batch_first else inputs[0].shape[:2]
-        if T == 0:
-            raise ValueError(f"the sequence needs T >= 1 steps; input '{names_in[0]}' has "
-                             f"shape {list(inputs[0].shape)}")
-        shapes = {n: (t.shape[2],) for n, t in zip(names_in, inputs)}
-        for n, t in zip(names_in, inputs):
-            lead = (t.shape[1], t.shape[0]) if batch_first else tuple(t.shape[:2])
-            if lead != (T, B):
-                raise ValueError(f"input '{n}' has T, B = {lead}, but '{names_in[0]}' has {(T, B)}")
-        shapes.update({n: tuple(params[n].shape) for n in names_par if n not in missing})
-        shapes.update(self._state_shapes(states, B))
-        sizes = _bind(self, shapes, missing)
-        mode = _parse_mode(save_gates, recompute)
-        if B == 0:
-            _check_resets(resets, T, B, batch_first, device)
-            _check_lengths(lengths, T, B)
-            return self._call_empty_batch(names_in, inputs, params, states, resets,
-                                          batch_first, save_gates=save_gates,
-                                          recompute=recompute)
-        states = _flat_states(states, B)
-        resets = _check_resets(resets, T, B, batch_first, device)
-        if dtype == torch.bfloat16 and self._runs_cuda(device):
-            # bf16 is the CUDA kernels' storage of the sequences; their params
-            # and states are float32 (autograd casts the gradients back).
-            params = {n: t.float() for n, t in params.items()}
-            states = ({n: t.float() for n, t in states.items()} if states is not None
-                      else None)
-        if _ops.AVAILABLE:
-            out, final = self._call_op(sizes, inputs, [params[n] for n in names_par], states,
-                                       resets, mode, batch_first, lengths)
-        elif self._runs_cuda(device):
-            out, final = self._call_cuda(sizes, names_in, inputs, names_par, params, states,
-                                         resets, save_gates, recompute, batch_first, device,
-                                         _check_lengths(lengths, T, B))
-        else:
-            compiled = self.jit(sizes, dtype, batch=B, seq_len=T)
-            out, final, self.saved_bytes = _run(compiled, inputs,
-                                                [params[n] for n in names_par], states, resets,
-                                                mode, _check_lengths(lengths, T, B),
-                                                batch_first)
-            self._last = compiled
-        return out, _shaped_states(final, {n: self.shape(n, sizes) for n, dims in self.states
-                                           if len(dims) > 1})
+        return self._runs_cuda(device)
 
-    def _call_empty_batch(self, names_in, inputs, params, states, resets, batch_first,
-                          **options):
-        """A call over B = 0 rows, as torch's RNNs take one: empty outputs and
-        final states, and gradients of zeros for the params. One row of zeros
-        runs in the batch's place and is cut away, so that the call and its
-        backward take the usual path (CPU, CUDA, the torch operator)."""
-        dim = 0 if batch_first else 1
-
-        def pad(t, at=dim):
-            return torch.cat([t, t.new_zeros(*t.shape[:at], 1, *t.shape[at + 1:])], at)
-
-        x = {n: pad(t) for n, t in zip(names_in, inputs)}
-        out, final = self(x if len(names_in) > 1 else x[names_in[0]], params,
-                          None if states is None else {n: pad(t, 0) for n, t in states.items()},
-                          resets=None if resets is None else pad(resets),
-                          batch_first=batch_first, **options)
-        cut = lambda t, at=dim: t.narrow(at, 0, 0)
-        out = {n: cut(o) for n, o in out.items()} if isinstance(out, dict) else cut(out)
-        return out, {n: cut(t, 0) for n, t in final.items()}
-
-    def _call_op(self, sizes, inputs, params, states, resets, mode, batch_first, lengths):
-        """A call through the torch operator cellc::sequence (torch >= 2.4):
-        what torch.compile and torch.export trace. Reads no tensor's values."""
-        x0 = inputs[0]
-        cuda_kernels = self._runs_cuda(x0.device)
-        if cuda_kernels and x0.dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError(f"cellc's CUDA kernels take float32 or bfloat16 tensors, not "
-                            f"{x0.dtype}")
-        if not cuda_kernels and x0.dtype not in _DTYPES:
-            raise TypeError(f"cellc runs float32 and float64 tensors on the CPU, not "
-                            f"{x0.dtype} (under torch.autocast it casts bfloat16 and "
-                            f"float16 to float32)")
-        if batch_first:
-            inputs = [t.transpose(0, 1) for t in inputs]
-            resets = resets.transpose(0, 1) if resets is not None else None
-        B = inputs[0].shape[1]
-        lengths = _lengths_tensor(lengths, B)
-        state_list = []
-        if states is not None:
-            for n, _ in self.states:
-                t = states.get(n)
-                # The CUDA kernels' states are float32 whatever the storage.
-                state_list.append(t if t is not None else x0.new_zeros(
-                    B, math.prod(self.shape(n, sizes)),
-                    dtype=torch.float32 if cuda_kernels else x0.dtype))
-        inputs, params, state_list = ([t.contiguous() for t in ts]
-                                      for ts in (inputs, params, state_list))
-        training = torch.is_grad_enabled() and any(
-            t.requires_grad for t in (*inputs, *params, *state_list))
-        # The sizes key the kernels; the fake implementation reads them too.
-        # (Under torch.compile, int() makes a size that Dynamo would leave
-        # symbolic a constant; T and B stay symbolic.)
-        values = [int(sizes[n]) if n in sizes else -1 for n in self.size_symbols]
-        results = torch.ops.cellc.sequence(self._key, mode, values, training, inputs,
-                                           params, state_list,
-                                           resets.contiguous() if resets is not None
-                                           else None, lengths)
-        n_out, n_st = len(self.outputs), len(self.states)
-        if not _compiling():
-            self.saved_bytes = sum(k.numel() * k.element_size()
-                                   for k in results[n_out + n_st:])
-        outs = [o.transpose(0, 1) if batch_first else o for o in results[:n_out]]
-        out = outs[0] if n_out == 1 else dict(zip(self.outputs, outs))
-        final = {n: t for (n, _), t in zip(self.states, results[n_out:n_out + n_st])}
-        return out, final
+    def _check_dtype(self, dtype):
+        """Any dtype that reaches here runs (cellc._front checked it)."""
 
     # Memory ------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import glob
 import json
 import os
 import warnings
+import weakref
 
 __all__ = ["CudaUnavailable", "CudaError", "available", "Package", "CudaCell"]
 
@@ -132,63 +133,26 @@ def available():
     return bool(ok), buf.value.decode()
 
 
-def recompute_mode(save_gates, recompute):
-    """The recompute mode of a call, as the runtime parses it: `recompute`
-    ("none", "full" or "chunk:K"), or without it "none" where gates are
-    saved and "full" where not. The runtime checks the words and says what
-    it takes; here only that it is a string."""
-    if recompute is None:
-        return "none" if save_gates else "full"
-    if not isinstance(recompute, str):
-        raise ValueError(f"recompute must be 'none', 'full' or 'chunk:K' with K > 0, "
-                         f"not {recompute!r}")
-    return recompute
-
-
-def shaped_states(final, dims):
-    """The final states (each `[B, n]`) in their declared dims: `dims` maps a
-    matrix state to its `[NH, K, V]`; any other state is returned as it is."""
-    return {n: t.reshape(t.shape[0], *dims[n]) if n in dims else t for n, t in final.items()}
-
-
-#: What differentiating a cellc gradient again says.
-TWICE = ("cellc computes first derivatives only; its gradient cannot be differentiated "
-         "again (a gradient penalty, a Hessian-vector product or MAML needs a second "
-         "derivative of the cell)")
-
-
-def not_differentiable_again(gradients):
-    """The gradients a cellc backward computed, as it returns them under
-    create_graph: each carries a node that raises TWICE when it is
-    differentiated. torch's `once_differentiable` does this only where an
-    incoming gradient requires grad, and a gradient penalty's (the ones of
-    `out.sum()`) does not: the penalty's own gradient through the cell would
-    then be a silent zero. The gradients depend on the inputs and params
-    whatever the incoming ones are, so every call under create_graph gets
-    the node. Without create_graph they are returned as they are."""
-    import torch
-    if not torch.is_grad_enabled():
-        return gradients
-    given = [g.detach().requires_grad_() for g in gradients if isinstance(g, torch.Tensor)]
-    if not given:
-        return gradients
-    errors = iter(torch._C._functions.DelayedError(TWICE.encode(), len(given))(*given))
-    return type(gradients)(next(errors) if isinstance(g, torch.Tensor) else g
-                           for g in gradients)
-
-
-def first_derivative(backward):
-    """An autograd.Function's backward that computes without a graph and whose
-    gradients raise TWICE when differentiated (not_differentiable_again)."""
-    import functools
-
-    @functools.wraps(backward)
-    def wrapper(ctx, *grads):
-        import torch
-        with torch.no_grad():
-            gradients = backward(ctx, *grads)
-        return not_differentiable_again(tuple(gradients))
-    return wrapper
+def _front_door():
+    """cellc's one checker and autograd glue (cellc._front and cellc._ops):
+    the package's own where this file is cellc.cuda; where it was loaded
+    alone (a GPU machine without cellc's extensions), the files beside it,
+    loaded under the same names, so that a process holds one of each (and
+    torch one registration of the operators)."""
+    if __package__:
+        from . import _ops
+        return _ops
+    import importlib.util
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("_sizes", "_front", "_ops"):
+        full = "cellc." + name
+        if full not in sys.modules:
+            spec = importlib.util.spec_from_file_location(full, os.path.join(here, name + ".py"))
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[full] = module
+            spec.loader.exec_module(module)
+    return sys.modules["cellc._ops"]
 
 
 class Package:
@@ -510,165 +474,39 @@ class CudaCell:
         self._run(True, ("backward", mode, T, B, bool(lengths), wanted), call,
                   inputs[0].device)
 
-    def _check_tensors(self, tensors):
-        import torch
-        device = tensors[0].device
-        for t in tensors:
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"expected tensors, got {type(t).__name__}")
-            if t.dtype not in (torch.float32, torch.bfloat16):
-                raise TypeError(f"CudaCell's kernels take float32 or bfloat16 tensors, "
-                                f"got {t.dtype}")
-            if t.is_cuda == self.emulate:
-                raise ValueError(f"CudaCell runs on {self._device_kind} tensors; got a tensor "
-                                 f"on {t.device}")
-            if t.device != device:
-                raise ValueError(f"all tensors must be on one device; got {device} and {t.device}")
+    def _front(self):
+        """What a call is checked against (cellc._front.Fixed), made once."""
+        front = self.__dict__.get("_front_of_calls")
+        if front is None:
+            ops = _front_door()
+            dims = self.package.meta.get("state_dims", {})
+            # It runs this cell, held weakly: a cycle would leave the cell to
+            # the garbage collector, to go at a random later time.
+            front = ops.Fixed(weakref.proxy(self), "CudaCell", [(n, [w]) for n, w in self.inputs],
+                              self.params, [(n, dims.get(n, [w])) for n, w in self.states],
+                              [n for n, _ in self.outputs],
+                              "emulator" if self.emulate else "cuda", storage=self.storage)
+            front._key = ops.front_key(front, {"package": self.package.directory})
+            self._front_of_calls = front
+        return front
 
     def __call__(self, inputs, params, states=None, resets=None, recompute="none",
                  lengths=None):
-        """Runs the sequence under autograd. inputs {name: [T, B, n]}, params
-        {name: tensor}, states {name: [B, n]} (a matrix state in its declared
-        dims, `[B, NH, K, V]`, or flat) or None: both the start states
-        and the values that rows reset to. `recompute`: 'none' saves the
-        gates, 'full' only the states and replays each step in backward,
+        """Runs the sequence under autograd, as cellc.Cell's call does (one
+        checker, one glue: cellc._front and cellc._ops). inputs {name: [T, B,
+        n]}, params {name: tensor}, states {name: [B, n]} (a matrix state in
+        its declared dims, `[B, NH, K, V]`, or flat) or None: both the start
+        states and the values that rows reset to. `recompute`: 'none' saves
+        the gates, 'full' only the states and replays each step in backward,
         'chunk:K' the states every K steps and replays a chunk before its
         backward. Returns (outputs {name: [T, B, n]}, final states {name:
         [B, n]}, a matrix state in its declared dims)."""
-        import torch
-        recompute = recompute_mode(True, recompute)
-        first = next(iter(inputs.values()))
-        if first.dim() != 3:
-            raise ValueError(f"inputs must be [T, B, n], got {list(first.shape)}")
-        T, B = first.shape[:2]
-        self._check_tensors(list(inputs.values()) + list(params.values())
-                            + list((states or {}).values()))
-        if resets is not None and (not isinstance(resets, torch.Tensor)
-                                   or tuple(resets.shape) != (T, B)):
-            raise ValueError(f"resets must be a bool tensor of shape {[T, B]}")
-        if resets is not None and resets.device != first.device:
-            raise ValueError(f"resets are on {resets.device}, but the other tensors are on "
-                             f"{first.device}")
-        for n, x in inputs.items():
-            if x.dtype != self.storage:
-                raise TypeError(f"input {n!r} is {x.dtype}, but this package stores "
-                                f"its sequences as {self.storage} (cellc --storage)")
-        # A matrix state is given as [B, NH, K, V] (its declared dims) or
-        # [B, NH*K*V]; the kernels take the flat vector.
-        dims = self.package.meta.get("state_dims", {})
-        given = bool(states)
-        states = dict(states or {})
-        for n, size in self.states if given else ():
-            if n not in states:
-                states[n] = first.new_zeros(B, size, dtype=torch.float32)
-                continue
-            t, declared = states[n], [B, *dims.get(n, [size])]
-            if list(t.shape) not in ([B, size], declared):
-                raise ValueError(f"state {n!r} must be {declared}, got {list(t.shape)}")
-            states[n] = t.reshape(B, size)
-        # A param the cell never reads may be left out: the runtime names a
-        # missing one that the kernels read.
-        params = {n: params[n] if n in params else first.new_empty(0, dtype=torch.float32)
-                  for n, _ in self.params}
-        # Without states, the runtime starts from zeros (no buffer of ours).
-        flat = ([inputs[n] for n, _ in self.inputs] + [params[n] for n, _ in self.params]
-                + ([states[n] for n, _ in self.states] if given else []))
-        r = resets.to(torch.uint8).contiguous() if resets is not None else None
-        results = _Sequence.apply(self, recompute, r, list(lengths or []), *flat)
-        outs = results[:len(self.outputs)]
-        finals = results[len(self.outputs):]
-        return (dict(zip([n for n, _ in self.outputs], outs)),
-                shaped_states(dict(zip([n for n, _ in self.states], finals)), dims))
-
-
-def _sequence_class():
-    import torch
-
-    class Sequence(torch.autograd.Function):
-        """A CudaCell's call under autograd (torch without the custom
-        operators; cellc._ops runs forward_kept and backward_kept with
-        torch >= 2.4): the kept buffers are tensors saved for the backward."""
-
-        @staticmethod
-        def forward(ctx, cell, mode, resets, lengths, *flat):
-            n_in, n_par = len(cell.inputs), len(cell.params)
-            inputs = [t.contiguous() for t in flat[:n_in]]
-            params = [p.detach().contiguous() for p in flat[n_in:n_in + n_par]]
-            states = [s.detach().contiguous() for s in flat[n_in + n_par:]]
-            T, B = inputs[0].shape[:2]
-            # Inside forward autograd is off: whether a gradient is wanted is
-            # in needs_input_grad (cell, mode, resets and lengths first).
-            training = any(ctx.needs_input_grad[4:])
-            layout = cell.layout(mode, bool(lengths))
-            x0 = inputs[0]
-            outputs = [x0.new_empty(T, B, n, dtype=dtype) for n, dtype in layout["outputs"]]
-            finals = [x0.new_empty(B, n, dtype=dtype) for n, dtype in layout["states"]]
-            kept = None
-            if training:
-                lead = T
-                if mode.startswith("chunk:"):
-                    K = int(mode[len("chunk:"):])
-                    lead = (T + K - 1) // K
-                kept = [x0.new_empty(lead if per_chunk else T, B, n, dtype=dtype)
-                        for per_chunk, n, dtype in layout["kept"]]
-            cell.forward_kept(mode, inputs, params, states, resets, lengths, outputs, finals,
-                              kept)
-            ctx.cell, ctx.mode, ctx.resets, ctx.lengths = cell, mode, resets, lengths
-            ctx.n_states = len(states)
-            ctx.read = layout["read"] if training else []
-            # Saved, so that autograd catches an in-place change of an output
-            # the backward reads, and frees what forward kept after the
-            # backward (unless the graph is retained).
-            if training:
-                ctx.save_for_backward(*inputs, *params, *states,
-                                      *[outputs[i] for i in ctx.read], *kept)
-            return tuple(outputs) + tuple(finals)
-
-        @staticmethod
-        @first_derivative
-        def backward(ctx, *grads):
-            cell = ctx.cell
-            n_in, n_par, n_st = len(cell.inputs), len(cell.params), ctx.n_states
-            saved = ctx.saved_tensors
-            inputs, params = saved[:n_in], saved[n_in:n_in + n_par]
-            states = saved[n_in + n_par:n_in + n_par + n_st]
-            rest = saved[n_in + n_par + n_st:]
-            outputs = [None] * len(cell.outputs)
-            for i, t in zip(ctx.read, rest):
-                outputs[i] = t
-            kept = list(rest[len(ctx.read):])
-            n_out = len(cell.outputs)
-            g_out = [g.to(inputs[0].dtype).contiguous() if g is not None else None
-                     for g in grads[:n_out]]
-            g_fin = [g.float().contiguous() if g is not None else None
-                     for g in grads[n_out:]]
-            # Contiguous, whatever the strides of what they are the gradients
-            # of (a transposed param): the driver writes into them. Only those
-            # autograd wants (cell, mode, resets and lengths come first).
-            wanted = ctx.needs_input_grad[4:]
-            grads_of = lambda ts, first: [
-                torch.empty(t.shape, dtype=t.dtype, device=t.device) if wanted[first + i]
-                else None for i, t in enumerate(ts)]
-            d_in = grads_of(inputs, 0)
-            d_par = grads_of(params, n_in)
-            d_st = grads_of(states, n_in + n_par)
-            cell.backward_kept(ctx.mode, list(inputs), list(params), list(states), ctx.resets,
-                               ctx.lengths, outputs, kept, g_out, g_fin, d_in, d_par,
-                               d_st if states else None)
-            return (None,) * 4 + tuple(d_in) + tuple(d_par) + tuple(d_st)
-
-    return Sequence
-
-
-class _LazySequence:
-    """torch is imported on first use, so this module imports without it."""
-    cls = None
-
-    @classmethod
-    def apply(cls, *args):
-        if cls.cls is None:
-            cls.cls = _sequence_class()
-        return cls.cls.apply(*args)
-
-
-_Sequence = _LazySequence
+        front = self._front()
+        if not isinstance(inputs, dict):
+            raise TypeError("inputs must be a dict from input names to tensors")
+        out, final = _front_door().call(front, inputs, params, states, resets=resets,
+                                        recompute=recompute, lengths=lengths)
+        self.saved_bytes = front.saved_bytes
+        if not isinstance(out, dict):
+            out = {front.outputs[0]: out}
+        return out, final

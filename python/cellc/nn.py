@@ -8,7 +8,7 @@ import os
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
-from ._autograd import _compiling
+from ._front import _compiling
 from ._stream import _no_stream, _stream_function
 from .core import compile as _compile
 

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
@@ -109,18 +108,20 @@ def test_cuda_cell_host_side(tmp_path, recompute, storage):
     dtype = torch.bfloat16 if storage == "bf16" else torch.float32
     _, params = lstm_params()
     x = (0.5 * torch.randn(T, B, 16)).to(dtype).requires_grad_()
-    # A GPU's CudaCell insists on CUDA tensors, the emulator's on CPU ones.
-    gpu = types.SimpleNamespace(emulate=False, _device_kind="CUDA")
-    with pytest.raises(ValueError, match="CUDA tensors"):
-        cuda.CudaCell._check_tensors(gpu, [x])
-    with pytest.raises(TypeError, match="float32"):
-        cuda.CudaCell._check_tensors(cell, [x.double()])
+    # A GPU's CudaCell insists on CUDA tensors, the emulator's on CPU ones
+    # (the one checker, cellc._front).
+    gpu = cellc._front.Fixed(None, "CudaCell", [], [], [], [], "cuda")
+    with pytest.raises(ValueError, match="CudaCell runs CUDA tensors, but the tensors are on cpu"):
+        gpu._placement(x.device)
+    with pytest.raises(TypeError, match="float32 or bfloat16 tensors, not torch.float64"):
+        cell({"x": x.double()}, params)
     out, final = cell({"x": x}, params, recompute=recompute)
     assert out["h"].shape == (T, B, 32) and final["c"].shape == (B, 32)
     assert out["h"].dtype == dtype and final["c"].dtype == torch.float32
-    if storage == "f32":
-        with pytest.raises(TypeError, match="stores its sequences as torch.float32"):
-            cell({"x": x.detach().bfloat16()}, params)
+    # Inputs are cast to the package's storage, as a Cell's `storage` option
+    # casts them.
+    other = torch.float32 if storage == "bf16" else torch.bfloat16
+    assert cell({"x": x.detach().to(other)}, params)[0]["h"].dtype == dtype
     with pytest.raises(ValueError, match=r"resets must be a bool tensor of shape \[7, 5\]"):
         cell({"x": x}, params, resets=torch.zeros(5, 7, dtype=torch.bool))
     (out["h"].float().sum() + final["c"].sum()).backward()

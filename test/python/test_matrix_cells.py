@@ -276,8 +276,8 @@ def test_a_matrix_state_of_the_wrong_shape_is_an_error():
 
 
 def test_a_cuda_package_takes_a_matrix_state_in_its_dims():
-    """The CUDA package's CudaCell (emulated) takes mLSTM's C as [B, NH, K, V]
-    (or flat, as a Cell passes it) and gives it back so, with its gradient."""
+    """The CUDA package's CudaCell (emulated) takes mLSTM's C as [B, NH, K, V],
+    as a Cell does (one checker), and gives it back so, with its gradient."""
     cell = cellc.compile(source("mlstm"), target="cuda-emu",
                          cuda={"strategy": "batch-tiled", "batch_tile": 4, "precision": "ieee"})
     x, p, s, resets, lengths = problem(cell, "mlstm", torch.float32, seed=6)
@@ -290,7 +290,8 @@ def test_a_cuda_package_takes_a_matrix_state_in_its_dims():
     torch.testing.assert_close(final["C"], want_final["C"], rtol=0, atol=0)
     got = torch.autograd.grad(out["h"].sum() + final["C"].pow(2).sum(), [s["C"]])[0]
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError, match=r"state 'C' must be \[5, 2, 3, 5\], got \[5, 2, 15\]"):
+    with pytest.raises(ValueError, match=r"state 'C' must be \[B, 2, 3, 5\] with B=5, got "
+                                         r"\[5, 2, 15\]"):
         cuda_cell({"x": x}, p, {**s, "C": s["C"].reshape(5, 2, 15)})
 
 

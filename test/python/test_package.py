@@ -270,9 +270,10 @@ def test_bad_tensors_are_exceptions(lstm_package):
     assert pkg.threads == 1
     params = {n: torch.zeros(*shape) for n, shape in pkg.params}
     x = torch.zeros(3, 2, I)
-    with pytest.raises(ValueError, match="param 'W_hh' must have shape \\[32, 8\\]"):
+    with pytest.raises(ValueError, match="param 'W_hh' is declared \\[32, 8\\] but the tensor "
+                                         "for it has shape \\[32, 7\\]"):
         pkg(x, {**params, "W_hh": torch.zeros(32, 7)})
-    with pytest.raises(ValueError, match="state 'h' must be \\[B, n\\] = \\[2, 8\\]"):
+    with pytest.raises(ValueError, match="state 'h' must be \\[B, n\\] with B=2, got \\[3, 8\\]"):
         pkg(x, params, {"h": torch.zeros(3, 8)})
     with pytest.raises(ValueError, match="no tensor for param 'b_hh'"):
         pkg(x, {n: t for n, t in params.items() if n != "b_hh"})
@@ -313,7 +314,7 @@ def test_a_matrix_state_package_takes_its_declared_dims(tmp_path):
         runs.append((out, final["C"], *grads))
     for got, want in zip(*runs):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    with pytest.raises(ValueError, match=r"state 'C' must be \[B, dims\] = \[3, 2, 3, 4\], "
+    with pytest.raises(ValueError, match=r"state 'C' must be \[B, 2, 3, 4\] with B=3, "
                                          r"got \[3, 24\]"):
         pkg(x, params, {"C": torch.zeros(3, 24, **f64)})
     meta = json.loads((path / "kernels.json").read_text())
