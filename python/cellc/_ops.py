@@ -262,8 +262,11 @@ def _backward(ctx, grads):
     # Under create_graph the kernels' gradients raise when differentiated
     # again, never a silent zero (not_differentiable_again).
     result = not_differentiable_again([g if w else None for g, w in zip(result, wanted)])
-    return (None, None, None, None, result[:n_in], result[n_in:n_in + n_par],
-            result[n_in + n_par:], None, None)
+    # torch >= 2.4 matches the returned structure to the inputs': None stands
+    # for a list of ints (the sizes), but an empty list (a package's sizes)
+    # must be returned as one.
+    return (None, None, None if sizes else [], None, result[:n_in],
+            result[n_in:n_in + n_par], result[n_in + n_par:], None, None)
 
 
 class _Shim(torch.autograd.Function):
