@@ -82,8 +82,40 @@ struct KernelObject {
 
 /// The sequence driver's CPU backend: memory from the pool, OpenBLAS's GEMMs
 /// split over the threads, and the package's kernels on groups of threads
-/// (Split). `threads` and `unitSlices` must not change while a call runs:
+/// (Split); what its step kernels packed (PackedWeights). `threads` and `unitSlices` must not change while a call runs:
 /// the driver sizes a launch's workspace from `instances` just before it.
+/// The weights that the step kernels packed into their workspace (their
+/// `packed` argument): the params, and a token of each one's contents
+/// (CpuCell's contentTokens: its version and sampled elements). Read and
+/// written under the driver's step lock.
+struct PackedWeights {
+  std::vector<void *> params;
+  std::vector<int64_t> tokens;
+
+  /// A step's view of the record, with the step's own tokens (null: the
+  /// caller gave no versions; nothing is used again, and what the launch
+  /// packs is not recorded, only that the workspace holds what it held no
+  /// more).
+  struct Step : driver::StepPacking {
+    PackedWeights &record;
+    const std::vector<int64_t> *tokens;
+    Step(PackedWeights &record, const std::vector<int64_t> *tokens)
+        : record(record), tokens(tokens) {}
+
+    bool holds(const std::vector<void *> &params, bool reused) const override {
+      return tokens && reused && !params.empty() && params == record.params &&
+             *tokens == record.tokens;
+    }
+    void packed(std::vector<void *> params) override {
+      record.params.clear();
+      if (tokens && !params.empty()) {
+        record.params = std::move(params);
+        record.tokens = *tokens;
+      }
+    }
+  };
+};
+
 class CpuBackend : public driver::Backend {
 public:
   /// `grouped`: the kernels take a group, slice and slices (the batched
@@ -184,6 +216,9 @@ public:
   };
   std::atomic<Launch *> recording{nullptr};
   std::thread::id recordingThread;
+
+  /// What the step kernels packed (CpuCell::step and its bound steps).
+  PackedWeights packedWeights;
 
   driver::Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                       const View &a, int64_t lda, const View &b, int64_t ldb,

@@ -395,10 +395,12 @@ Status CpuCell::step(const Sequence &seq, const std::vector<Array> &outputs,
     return err;
   if (Status err = viewsOf(newStates, info.states, e, "new state", newViews, &info.stateDims))
     return err;
-  if (!paramVersions)
-    return impl->driver->step(s, outViews, newViews);
-  std::vector<int64_t> tokens = contentTokens(inner.params, *paramVersions, elementBytes());
-  return impl->driver->step(s, outViews, newViews, &tokens);
+  std::vector<int64_t> tokens;
+  if (paramVersions)
+    tokens = contentTokens(inner.params, *paramVersions, elementBytes());
+  PackedWeights::Step packing(impl->backend->packedWeights,
+                              paramVersions ? &tokens : nullptr);
+  return impl->driver->step(s, outViews, newViews, &packing);
 }
 
 /// A bound step: its launch's arguments laid out per task, and where the
@@ -513,7 +515,8 @@ bool CpuCell::BoundStep::run(const std::vector<uintptr_t> &data,
       params.push_back(b.params[p].data);
     }
     tokens = contentTokens(b.params, versions, b.cell->elementBytes());
-    bool packed = cell.driver->stepPacked(params, tokens);
+    bool packed = PackedWeights::Step(cell.backend->packedWeights, &tokens)
+                      .holds(params, /*reused=*/true);
     for (auto &task : b.tasks)
       task->setIndex(*b.packedArg, packed ? 1 : 0);
   }
@@ -522,7 +525,7 @@ bool CpuCell::BoundStep::run(const std::vector<uintptr_t> &data,
   else
     runTasks(int(b.tasks.size()), [&](int task) { b.tasks[size_t(task)]->call(b.entry); });
   if (b.packedArg)
-    cell.driver->setStepPacked(std::move(params), std::move(tokens));
+    PackedWeights::Step(cell.backend->packedWeights, &tokens).packed(std::move(params));
   return true;
 }
 

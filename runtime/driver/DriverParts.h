@@ -182,10 +182,6 @@ struct SequenceDriver::StepBuffers {
   int64_t epoch = 0;
   std::vector<Scratch> projected, workspace;
   Scratch resets, noGates;
-  /// The params (and their versions) whose weights the workspace holds
-  /// packed; empty when it holds none.
-  std::vector<void *> packedParams;
-  std::vector<int64_t> packedVersions;
 };
 
 /// The rows that run change in steps of this many: each change splits the

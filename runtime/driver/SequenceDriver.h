@@ -306,6 +306,21 @@ struct KeptBuffer {
   Element element = Element::F32;
 };
 
+/// The weights a backend's step kernels pack into their workspace (the
+/// CPU's kernels, through their `packed` argument), kept by that backend: a
+/// step asks whether the workspace holds this step's params packed, and says
+/// what its launch packed. The driver knows no more of packing than this.
+class StepPacking {
+public:
+  virtual ~StepPacking() = default;
+  /// Whether the workspace (the last step's, where `reused`) holds the
+  /// weights of `params` packed.
+  virtual bool holds(const std::vector<void *> &params, bool reused) const = 0;
+  /// What the workspace holds packed after a launch: `params` (empty:
+  /// nothing, as while a launch runs or after one failed).
+  virtual void packed(std::vector<void *> params) = 0;
+};
+
 /// Runs a cell's kernels over sequences on a backend.
 class SequenceDriver {
 public:
@@ -353,25 +368,18 @@ public:
   /// be the states stepped from. No resets, no lengths. The projections'
   /// buffers are made once per B and kept between calls (bytes that the
   /// ledger counts while they live); one step runs at a time.
-  /// `paramVersions`, when given, says which contents the params have (a
-  /// counter that changes when a param is written, as torch's tensor
-  /// versions do): where the params and their versions are those of the
-  /// last step, the weights it packed are used again.
+  /// `packing`, when given, is the backend's record of the weights its
+  /// kernels packed into the step's workspace (StepPacking): where it holds
+  /// this step's params, they are used again.
   Status step(const Sequence &seq, const std::vector<View> &outputs,
-              const std::vector<View> &newStates,
-              const std::vector<int64_t> *paramVersions = nullptr);
+              const std::vector<View> &newStates, StepPacking *packing = nullptr);
 
   /// For a caller that launches a step's kernel again itself, on the
   /// buffers `step` keeps (a bound step, runtime/cpu/CpuCell.h): the lock
-  /// a step holds; a count that changes whenever those buffers are made
-  /// anew (another B, another number of groups); and the params, with their
-  /// versions, whose weights the workspace holds packed (`stepPacked`
-  /// compares them, `setStepPacked` records those a launch packed).
+  /// a step holds, and a count that changes whenever those buffers are made
+  /// anew (another B, another number of groups).
   std::unique_lock<std::mutex> lockStep();
   int64_t stepEpoch() const;
-  bool stepPacked(const std::vector<void *> &params,
-                  const std::vector<int64_t> &versions) const;
-  void setStepPacked(std::vector<void *> params, std::vector<int64_t> versions);
 
   Status backward(const Sequence &seq, const Saved &saved,
                   const std::vector<View> &gradOutputs,

@@ -12,8 +12,7 @@ using namespace cellc::driver;
 using namespace cellc::driver::detail;
 
 Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &outputs,
-                            const std::vector<View> &newStates,
-                            const std::vector<int64_t> *paramVersions) {
+                            const std::vector<View> &newStates, StepPacking *packing) {
   if (seq.steps != 1)
     return Status::error("a step runs T = 1, not T = " + std::to_string(seq.steps));
   if (Status e = checkForward(seq, outputs, newStates))
@@ -78,23 +77,21 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
     return e;
   if (!reused)
     ++s.epoch;
-  // The weights packed by the last step serve this one where its
-  // workspace, params and their versions are the same.
+  // The weights packed by the last step serve this one where the backend
+  // that packed them says the workspace holds them.
   std::vector<void *> params;
   for (const View &p : seq.params)
     params.push_back(p.pointer());
-  bool packed = paramVersions && reused && !s.packedParams.empty() &&
-                params == s.packedParams && *paramVersions == s.packedVersions;
+  bool packed = packing && packing->holds(params, reused);
   for (size_t a = 0; a < cell.forward.args.size(); ++a)
     if (cell.forward.args[a].kind == ArgKind::Packed)
       args[a].index = packed ? 1 : 0;
-  s.packedParams.clear();
+  if (packing)
+    packing->packed({});
   if (Status e = launch(cell.forward, /*backward=*/false, /*saveGates=*/false, args, B))
     return e;
-  if (paramVersions && !params.empty()) {
-    s.packedParams = std::move(params);
-    s.packedVersions = *paramVersions;
-  }
+  if (packing)
+    packing->packed(std::move(params));
   return Status();
 }
 
@@ -105,14 +102,3 @@ std::unique_lock<std::mutex> SequenceDriver::lockStep() {
 }
 
 int64_t SequenceDriver::stepEpoch() const { return stepBuffers ? stepBuffers->epoch : -1; }
-
-bool SequenceDriver::stepPacked(const std::vector<void *> &params,
-                                const std::vector<int64_t> &versions) const {
-  return stepBuffers && !stepBuffers->packedParams.empty() &&
-         params == stepBuffers->packedParams && versions == stepBuffers->packedVersions;
-}
-
-void SequenceDriver::setStepPacked(std::vector<void *> params, std::vector<int64_t> versions) {
-  stepBuffers->packedParams = std::move(params);
-  stepBuffers->packedVersions = std::move(versions);
-}
