@@ -423,7 +423,7 @@ void compileCudaCandidate(const TuneProblem &problem, Candidate &candidate) {
   candidate.registers = registers;
   candidate.spillBytes = spills;
   candidate.sharedBytes = shared;
-  int64_t threads = 32 * candidate.config.at("warps");
+  int64_t threads = options.threads;
   if (spills > 0) {
     candidate.status = Candidate::Status::Pruned;
     candidate.note = llvm::formatv("spills {0} bytes", spills).str();
