@@ -2,6 +2,7 @@
 
 #include "jit/TuningCache.h"
 
+#include "dialects/Cell/IR/Knobs.h"
 #include "jit/KernelCache.h"
 #include "runtime/cpu/ThreadPool.h"
 
@@ -69,14 +70,11 @@ std::vector<Knob> cellc::jit::knobsOf(TuneTarget target) {
          {1, 2, 4}},
     };
   }
-  return {
-      {"batch_tile", "batch rows per CTA (batch-tiled strategy); fewer where "
-                     "shared memory is short",
-       {1, 2, 4, 8}},
-      {"warps", "warps per CTA", {2, 4, 8}},
-      {"max_registers", "register cap per thread passed to ptxas (0: none)",
-       {0, 96, 128, 168}},
-  };
+  // CUDA: the knobs of Knobs.def that cellc-tune searches.
+  std::vector<Knob> knobs;
+  for (const CudaTuneKnob &knob : cudaTuneKnobs())
+    knobs.push_back({knob.name, knob.help, knob.values});
+  return knobs;
 }
 
 std::string cellc::jit::str(const KernelConfig &config) {

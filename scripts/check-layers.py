@@ -3,8 +3,8 @@
 its own layer or of lower ones, and the runtime (the driver, the CPU and
 the CUDA runtimes) includes nothing of LLVM or MLIR. From the bottom:
 
-  words     dialects/Cell/IR/KernelInterface.{h,def}, EmulatorHooks.def, Checked.h:
-            plain C++
+  words     dialects/Cell/IR/KernelInterface.{h,def}, Knobs.{h,def}, EmulatorHooks.def,
+            Checked.h: plain C++
   dialect   dialects/
   compiler  compiler/Frontend, Conversion, Pipelines
   runtime   runtime/driver, runtime/cpu, runtime/cuda, runtime/emu: no LLVM, no MLIR,
@@ -36,7 +36,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 # header-only.
 OWNERS = [
     ("dialects/Cell/IR/KernelInterface.", None), ("dialects/Cell/IR/EmulatorHooks.", None),
-    ("dialects/Cell/IR/Checked.", None),
+    ("dialects/Cell/IR/Checked.", None), ("dialects/Cell/IR/Knobs.", None),
     ("dialects/Cell/IR/", "CellDialect"), ("dialects/Cell/Transforms/", "CellTransforms"),
     ("compiler/Frontend/", "CellFrontend"), ("compiler/Conversion/", "CellConversion"),
     ("compiler/Pipelines/", "CellPipelines"), ("tuner/", "CellTuner"),
@@ -100,7 +100,7 @@ SOURCES = (".h", ".cpp", ".def", ".inc")
 def layer_of(path):
     """The layer of a repository path (None: not a cellc source)."""
     if path.startswith(("dialects/Cell/IR/KernelInterface.", "dialects/Cell/IR/EmulatorHooks.",
-                        "dialects/Cell/IR/Checked.")):
+                        "dialects/Cell/IR/Checked.", "dialects/Cell/IR/Knobs.")):
         return "words"
     if path.startswith("dialects/"):
         return "dialect"

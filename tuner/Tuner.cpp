@@ -8,6 +8,7 @@
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialects/Cell/IR/CellDialect.h"
 #include "dialects/Cell/IR/CellOps.h"
+#include "dialects/Cell/IR/Knobs.h"
 #include "jit/KernelCache.h"
 #include "runtime/cuda/CudaDriver.h"
 #include "tuner/Workload.h"
@@ -54,7 +55,10 @@ KernelConfig cellc::tuner::defaultConfig(TuneTarget target, int64_t batch) {
     options.batchHint = batch;
     return configOf(options, std::min<int64_t>(cores(), std::max<int64_t>(1, batch)));
   }
-  return {{"batch_tile", 4}, {"warps", 8}, {"max_registers", 0}};
+  KernelConfig config;
+  for (const CudaTuneKnob &knob : cudaTuneKnobs())
+    config[knob.name] = knob.defaultValue;
+  return config;
 }
 
 //===----------------------------------------------------------------------===//
@@ -341,9 +345,18 @@ void compileCudaCandidate(const TuneProblem &problem, Candidate &candidate) {
   options.saveGates = problem.saveGates;
   options.strategy = KernelStrategy::BatchTiled;
   options.target = Target::Cuda;
-  options.batchTile = candidate.config.at("batch_tile");
-  options.threads = 32 * candidate.config.at("warps");
-  options.maxRegisters = candidate.config.at("max_registers");
+  // Each knob sets the option of its name (Knobs.def); warps, the threads.
+  for (const auto &[knob, value] : candidate.config) {
+    if (knob == "warps") {
+      options.threads = 32 * value;
+      continue;
+    }
+    if (llvm::Error e = setKnob(options, knob, std::to_string(value))) {
+      candidate.status = Candidate::Status::CompileError;
+      candidate.note = llvm::toString(std::move(e));
+      return;
+    }
+  }
   mlir::PassManager pm(&context);
   buildPipeline(pm, Stage::NVVM, options);
   if (mlir::failed(pm.run(*module))) {
@@ -410,7 +423,7 @@ void compileCudaCandidate(const TuneProblem &problem, Candidate &candidate) {
   candidate.registers = registers;
   candidate.spillBytes = spills;
   candidate.sharedBytes = shared;
-  int64_t threads = 32 * candidate.config.at("warps");
+  int64_t threads = options.threads;
   if (spills > 0) {
     candidate.status = Candidate::Status::Pruned;
     candidate.note = llvm::formatv("spills {0} bytes", spills).str();
@@ -458,13 +471,21 @@ llvm::Error tuneCuda(const TuneProblem &problem, const TuneOptions &options,
   std::vector<Knob> knobs = knobsOf(TuneTarget::Cuda);
   KernelConfig base = defaultConfig(TuneTarget::Cuda, problem.batch);
   result.candidates.push_back({base});
-  for (int64_t tile : knobs[0].values)
-    for (int64_t warps : knobs[1].values)
-      for (int64_t cap : knobs[2].values) {
-        KernelConfig c = {{"batch_tile", tile}, {"warps", warps}, {"max_registers", cap}};
-        if (c != base)
-          result.candidates.push_back({c});
-      }
+  // Every combination, the first knob's values outermost.
+  std::vector<size_t> at(knobs.size(), 0);
+  for (bool more = !knobs.empty(); more;) {
+    KernelConfig c;
+    for (size_t k = 0; k < knobs.size(); ++k)
+      c[knobs[k].name] = knobs[k].values[at[k]];
+    if (c != base)
+      result.candidates.push_back({c});
+    more = false;
+    for (size_t k = knobs.size(); k-- > 0 && !more;) {
+      more = ++at[k] < knobs[k].values.size();
+      if (!more)
+        at[k] = 0;
+    }
+  }
   for (size_t i = 0; i < result.candidates.size(); ++i) {
     reportCandidate(options, result, i, false);
     compileCudaCandidate(problem, result.candidates[i]);

@@ -72,6 +72,30 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
     pm.addPass(cell::createConvertKernelsToNVVM());
 }
 
+llvm::Error cellc::setKnob(PipelineOptions &options, llvm::StringRef name,
+                          llvm::StringRef value) {
+  auto fail = [](const llvm::Twine &message) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
+  };
+  // One case a knob, from Knobs.def.
+#define CELLC_INT_KNOB(Name, Member, Default, Uses, Help)                      \
+  if (name == #Name)                                                           \
+    return value.getAsInteger(10, options.Member)                              \
+               ? fail(#Name " takes an integer, not '" + value + "'")          \
+               : llvm::Error::success();
+#define CELLC_WORD_KNOB(Name, Member, Enum, Default, Uses, Help)               \
+  if (name == #Name) {                                                         \
+    std::optional<Enum> word = parse<Enum>(value);                             \
+    if (!word)                                                                 \
+      return fail("unknown " #Name " '" + value + "'; expected " +             \
+                  Words<Enum>::expected());                                    \
+    options.Member = *word;                                                    \
+    return llvm::Error::success();                                             \
+  }
+#include "dialects/Cell/IR/Knobs.def"
+  return fail("unknown knob '" + name + "'");
+}
+
 int64_t cellc::sharedOptIn(llvm::StringRef arch) {
   // cudaDevAttrMaxSharedMemoryPerBlockOptin of each architecture.
   static const std::pair<llvm::StringRef, int64_t> table[] = {

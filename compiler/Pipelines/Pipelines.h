@@ -4,6 +4,7 @@
 #define CELLC_COMPILER_PIPELINES_PIPELINES_H
 
 #include "dialects/Cell/IR/KernelInterface.h"
+#include "dialects/Cell/IR/Knobs.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/PassManager.h"
@@ -65,24 +66,21 @@ struct PipelineOptions {
   /// the whole sequence). A streaming step's kernels keep them: one step has
   /// no sequence to batch, and a GEMM of B rows packs its weight each call.
   bool splitProjections = true;
-  KernelStrategy strategy = KernelStrategy::Batched;
+  /// The kernel knobs of Knobs.def: strategy, precision, storage,
+  /// batchTile, ctas, sharedLimit, threads (per CTA), maxRegisters,
+  /// productRows, productVectors and vectorWidth. Persistent kernels: 0 CTAs
+  /// is the fewest that fit, and sharedLimit the dynamic shared memory a CTA
+  /// may use for its slice of the weights.
+#define CELLC_INT_KNOB(Name, Member, Default, Uses, Help) int64_t Member = Default;
+#define CELLC_WORD_KNOB(Name, Member, Enum, Default, Uses, Help) Enum Member = Enum::Default;
+#include "dialects/Cell/IR/Knobs.def"
   /// For batch-tiled kernels: the target (CUDA, or the CPU for their
-  /// emulation), rows per tile (0: chosen by workgroup memory) and threads
-  /// per CTA.
+  /// emulation).
   Target target = Target::Cpu;
-  int64_t batchTile = 0;
-  int64_t threads = 256;
-  /// For persistent kernels: CTAs per tile (0: the fewest that fit), and
-  /// the dynamic shared memory a CTA may use for its slice of the weights.
-  int64_t ctas = 0;
-  int64_t sharedLimit = 49152;
-  /// For batched kernels: the lanes of a vector (0: `vectorBits` bits) and
-  /// the products' register block, rows by vectors. The JIT gives the host's
-  /// vector bits (512 with AVX-512); the command line's stages keep 256.
-  int64_t vectorWidth = 0;
+  /// For batched kernels: with vectorWidth 0, `vectorBits` bits a vector.
+  /// The JIT gives the host's vector bits (512 with AVX-512); the command
+  /// line's stages keep 256.
   int64_t vectorBits = 256;
-  int64_t productRows = 6;
-  int64_t productVectors = 2;
   /// For batched kernels: counters of the cycles each thread works and
   /// waits between barriers (convert-cell-to-batched-kernels' profile-phases).
   bool profilePhases = false;
@@ -90,17 +88,15 @@ struct PipelineOptions {
   /// rows) and rows per iteration.
   int64_t matvecWidth = 0;
   int64_t matvecUnroll = 1;
-  /// For CUDA kernels: the register cap per thread (0: none).
-  int64_t maxRegisters = 0;
-  /// For CUDA kernels: the recurrent matvecs' multiplies (fp32 FMAs, or
-  /// tensor cores with tf32 or bf16 operands).
-  Precision precision = Precision::Ieee;
-  /// For CUDA kernels: the per-step sequences' element type in memory.
-  Storage storage = Storage::F32;
   /// For --emit=plan: the sequence whose training step's memory it predicts.
   int64_t planSteps = 100;
   int64_t planBatch = 64;
 };
+
+/// Sets the knob `name` of Knobs.def in `options` from `value`: digits for
+/// an integer knob, a word of its enum for a word knob.
+llvm::Error setKnob(PipelineOptions &options, llvm::StringRef name,
+                    llvm::StringRef value);
 
 /// Adds the passes that take front-end cell IR to `stage`. This is the only
 /// place where pass order is written down.

@@ -22,25 +22,35 @@ def _compiler_build():
 #: The target that runs the CUDA kernels in the SIMT emulator, on the CPU.
 EMULATED = "cuda-emu"
 
-_CUDA_OPTIONS = {"strategy", "precision", "storage", "batch_tile", "ctas", "shared_limit"}
+#: The CUDA knobs that `cuda_package` takes (Knobs.def, through the
+#: extension): name -> (default, help).
+_CUDA_KNOBS = {name: (default, help) for name, default, help, uses in _cellc.knobs()
+               if "python" in uses}
+_CUDA_OPTIONS = set(_CUDA_KNOBS)
 
 
 class CudaTargets:
-    def cuda_package(self, sizes, *, arch="sm_90", strategy=None, precision="ieee",
-                     storage="f32", batch_tile=0, ctas=0, shared_limit=0, simt=False):
+    def cuda_package(self, sizes, *, arch="sm_90", simt=False, **options):
         """Compiles the cell for CUDA at `sizes` into an AOT package (PTX of both
         SAVE_GATES variants and kernels.json, as `cellc --emit=package` writes)
         in the cache directory, once per cell, sizes, options and compiler
-        version, and returns its directory. With no `strategy`, it is chosen
-        as `cellc` chooses it: batch-tiled where a CTA's buffers fit in 48
-        KiB, else persistent. `shared_limit` (persistent: the dynamic shared
-        memory of a CTA; 0: 49152 when persistent is named, the `arch`'s
-        opt-in when chosen). With `simt`, the package holds the kernels for
-        the SIMT emulator too (target="cuda-emu")."""
-        strategy = strategy or ""
-        options = [arch, strategy, precision, storage, batch_tile, ctas, shared_limit, simt]
+        version, and returns its directory. `options` are the CUDA knobs
+        (`_CUDA_KNOBS`: strategy, precision, storage, batch_tile, ctas,
+        shared_limit); one not named (or None) keeps its default. With no
+        `strategy`, it is chosen as `cellc` chooses it: batch-tiled where a
+        CTA's buffers fit in 48 KiB, else persistent. `shared_limit`
+        (persistent: the dynamic shared memory of a CTA; 0: 49152 when
+        persistent is named, the `arch`'s opt-in when chosen). With `simt`,
+        the package holds the kernels for the SIMT emulator too
+        (target="cuda-emu")."""
+        unknown = set(options) - _CUDA_OPTIONS
+        if unknown:
+            raise TypeError(f"cuda_package() got an unexpected keyword argument "
+                            f"{sorted(unknown)[0]!r}")
+        named = {k: v for k, v in options.items() if v is not None and v != ""}
         key = hashlib.sha256(json.dumps(
-            [_compiler_build(), self.source, sorted(sizes.items()), options]
+            [_compiler_build(), self.source, sorted(sizes.items()), arch,
+             sorted(named.items()), simt]
         ).encode()).hexdigest()[:32]
         root = os.path.join(_cellc.cache_dir(), "cuda")
         path = os.path.join(root, key)
@@ -49,8 +59,8 @@ class CudaTargets:
             tmp = f"{path}.tmp-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             try:
-                _cellc.package(self.source, self.file_name, sizes, tmp, arch, strategy,
-                               precision, storage, batch_tile, ctas, shared_limit, simt)
+                _cellc.package(self.source, self.file_name, sizes, tmp, arch, simt=simt,
+                               **named)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise

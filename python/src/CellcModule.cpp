@@ -25,6 +25,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <optional>
 
 namespace py = pybind11;
@@ -140,14 +141,14 @@ emit(const std::string &source, const std::string &fileName,
   return {out.str(), os.str()};
 }
 
-/// Writes an AOT CUDA package of the cell at `sizes` to `dir`; errors, with
-/// the front end's or the passes' messages, raise ValueError.
+/// Writes an AOT CUDA package of the cell at `sizes` to `dir`, with the
+/// knobs of Knobs.def that the call names (`knobs`: each as text, a word or
+/// digits); errors, with the front end's or the passes' messages, raise
+/// ValueError.
 void package(const std::string &source, const std::string &fileName,
              const std::map<std::string, int64_t> &sizes, const std::string &dir,
-             const std::string &arch, const std::string &strategy,
-             const std::string &precision, const std::string &storage,
-             int64_t batchTile, int64_t ctas, int64_t sharedLimit, bool simt,
-             const std::string &simtMutation) {
+             const std::string &arch, const std::map<std::string, std::string> &knobs,
+             bool simt, const std::string &simtMutation) {
   CellSource src(source, fileName);
   mlir::MLIRContext context;
   SizeBindings bindings(sizes.begin(), sizes.end());
@@ -155,38 +156,97 @@ void package(const std::string &source, const std::string &fileName,
                                   src.diag);
   if (!module)
     raiseCell(src);
-  // Each word through its one parse function (KernelInterface.h).
-  std::optional<Strategy> kind = strategy.empty() ? std::optional<Strategy>(Strategy::BatchTiled)
-                                                 : parse<Strategy>(strategy);
-  if (!kind || !isCudaStrategy(*kind))
-    throw py::value_error("unknown strategy '" + strategy + "'; expected " +
-                          name(Strategy::BatchTiled) + " or " +
-                          name(Strategy::Persistent));
-  std::optional<Precision> parsedPrecision = parse<Precision>(precision);
-  if (!parsedPrecision)
-    throw py::value_error("unknown precision '" + precision + "'; expected " +
-                          Words<Precision>::expected());
-  std::optional<Storage> parsedStorage = parse<Storage>(storage);
-  if (!parsedStorage)
-    throw py::value_error("unknown storage '" + storage + "'; expected " +
-                          Words<Storage>::expected());
-  mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
+  auto strategy = knobs.find("strategy");
+  bool named = strategy != knobs.end();
+  if (named) {
+    std::optional<Strategy> kind = parse<Strategy>(strategy->second);
+    if (!kind || !isCudaStrategy(*kind))
+      throw py::value_error("unknown strategy '" + strategy->second + "'; expected " +
+                            name(Strategy::BatchTiled) + " or " +
+                            name(Strategy::Persistent));
+  }
   PipelineOptions options;
-  options.strategy = *kind;
+  options.strategy = Strategy::BatchTiled;
   options.target = Target::Cuda;
-  options.precision = *parsedPrecision;
-  options.storage = *parsedStorage;
-  options.batchTile = batchTile;
-  options.ctas = ctas;
-  options.sharedLimit = sharedLimit;
+  for (const auto &[knob, value] : knobs)
+    if (llvm::Error e = setKnob(options, knob, value))
+      throw py::value_error(llvm::toString(std::move(e)));
+  mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
   // No strategy named: chosen as the cellc tool chooses (sharedLimit 0: the
   // architecture's opt-in, if persistent).
-  if (strategy.empty())
+  if (!named) {
+    if (!knobs.count("shared_limit"))
+      options.sharedLimit = 0;
     options = chooseCudaStrategy(*module, options, arch);
-  else if (options.sharedLimit <= 0)
-    options.sharedLimit = 49152;
+  } else if (options.sharedLimit <= 0) {
+    options.sharedLimit = PipelineOptions().sharedLimit;
+  }
   if (llvm::Error e = writePackage(*module, dir, options, arch, "f32", simt, simtMutation))
     throw py::value_error(src.diagnostics() + llvm::toString(std::move(e)));
+}
+
+/// `package(source, file_name, sizes, dir, arch="sm_90", <the knobs of
+/// Knobs.def that Python takes, in order>, simt=False, simt_mutation="")`,
+/// bound by position or name. A knob given as None or "" is not named.
+void bindPackage(py::args args, py::kwargs kwargs) {
+  std::vector<std::string> params = {"source", "file_name", "sizes", "dir", "arch"};
+  for (const KnobInfo &knob : kKnobs)
+    if (knob.uses & KnobPython)
+      params.push_back(knob.name);
+  params.push_back("simt");
+  params.push_back("simt_mutation");
+  if (args.size() > params.size())
+    throw py::type_error("package() takes at most " + std::to_string(params.size()) +
+                         " arguments");
+  std::map<std::string, py::object> given;
+  for (size_t i = 0; i < args.size(); ++i)
+    given[params[i]] = args[i];
+  for (auto [key, value] : kwargs) {
+    std::string name = py::str(key);
+    if (std::find(params.begin(), params.end(), name) == params.end())
+      throw py::type_error("package() got an unexpected keyword argument '" + name + "'");
+    if (!given.emplace(name, py::reinterpret_borrow<py::object>(value)).second)
+      throw py::type_error("package() got multiple values for argument '" + name + "'");
+  }
+  for (size_t i = 0; i < 4; ++i)
+    if (!given.count(params[i]))
+      throw py::type_error("package() missing argument '" + params[i] + "'");
+  auto get = [&](const char *name, auto fallback) {
+    auto it = given.find(name);
+    return it == given.end() ? fallback : it->second.cast<decltype(fallback)>();
+  };
+  std::map<std::string, std::string> knobs;
+  for (const KnobInfo &knob : kKnobs) {
+    auto it = given.find(knob.name);
+    if (!(knob.uses & KnobPython) || it == given.end() || it->second.is_none())
+      continue;
+    std::string text = knob.isWord() ? it->second.cast<std::string>()
+                                     : std::to_string(it->second.cast<int64_t>());
+    if (!text.empty())
+      knobs[knob.name] = text;
+  }
+  package(given["source"].cast<std::string>(), given["file_name"].cast<std::string>(),
+          given["sizes"].cast<std::map<std::string, int64_t>>(),
+          given["dir"].cast<std::string>(), get("arch", std::string("sm_90")), knobs,
+          get("simt", false), get("simt_mutation", std::string()));
+}
+
+/// The knobs of Knobs.def as (name, default, help, uses): the default an
+/// int or a word, the uses among "cpu", "cuda" and "python".
+py::list knobList() {
+  py::list knobs;
+  for (const KnobInfo &knob : kKnobs) {
+    py::list uses;
+    static const std::pair<KnobUse, const char *> names[] = {
+        {KnobCpu, "cpu"}, {KnobCuda, "cuda"}, {KnobPython, "python"}};
+    for (auto [bit, use] : names)
+      if (knob.uses & bit)
+        uses.append(use);
+    py::object value = knob.isWord() ? py::object(py::str(knob.defaultText()))
+                                     : py::object(py::int_(knob.defaultValue));
+    knobs.append(py::make_tuple(knob.name, value, knob.help, py::tuple(uses)));
+  }
+  return knobs;
 }
 
 } // namespace
@@ -304,9 +364,9 @@ PYBIND11_MODULE(_cellc, m) {
   m.attr("__version__") = CELLC_VERSION;
   m.def("cache_dir", []() { return KernelCache::defaultDir(); });
   m.def("compiler_version", []() { return compilerVersion().str(); });
-  m.def("package", &package, py::arg("source"), py::arg("file_name"), py::arg("sizes"),
-        py::arg("dir"), py::arg("arch") = "sm_90", py::arg("strategy") = "batch-tiled",
-        py::arg("precision") = "ieee", py::arg("storage") = "f32",
-        py::arg("batch_tile") = 0, py::arg("ctas") = 0, py::arg("shared_limit") = 49152,
-        py::arg("simt") = false, py::arg("simt_mutation") = "");
+  m.def("package", &bindPackage,
+        "package(source, file_name, sizes, dir, arch='sm_90', <the knobs that knobs() "
+        "says python takes, in order>, simt=False, simt_mutation=''): writes an AOT "
+        "CUDA package");
+  m.def("knobs", &knobList);
 }

@@ -26,6 +26,7 @@
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <deque>
 #include <map>
 
 using namespace cellc;
@@ -62,82 +63,23 @@ static cl::opt<std::string> arch(cl::cat(cellc::toolOptions()), "arch",
                                  cl::desc("CUDA architecture for --emit=ptx"),
                                  cl::init("sm_90"));
 
-static cl::opt<int64_t> batchTile(
-    cl::cat(cellc::toolOptions()), "batch-tile",
-    cl::desc("Batch rows per tile: a CTA's for CUDA (0, the default: the "
-             "largest that fits in 48 KiB of shared memory), a group of "
-             "threads' for the CPU (0: 64)"),
-    cl::init(0));
+/// The kernel knobs of Knobs.def, a flag each (--batch-tile, ...): its
+/// integer, or its word as given ("": none named).
+static struct KnobFlags {
+#define CELLC_INT_KNOB(Name, Member, Default, Uses, Help)                      \
+  cl::opt<int64_t> Member{flagOf(#Name), cl::cat(cellc::toolOptions()),         \
+                          cl::desc(Help), cl::init(Default)};
+#define CELLC_WORD_KNOB(Name, Member, Enum, Default, Uses, Help)               \
+  cl::opt<std::string> Member{flagOf(#Name), cl::cat(cellc::toolOptions()),     \
+                              cl::desc(Help), cl::init("")};
+#include "dialects/Cell/IR/Knobs.def"
 
-static cl::opt<int64_t> maxRegisters(
-    cl::cat(cellc::toolOptions()), "max-registers",
-    cl::desc("Registers per thread that ptxas may use in the CUDA kernels (0: "
-             "no cap); a knob of cellc-tune"),
-    cl::init(0));
-
-static cl::opt<int64_t> threadsPerCta(cl::cat(cellc::toolOptions()),
-                                      "cta-threads",
-                                      cl::desc("Threads per CTA (CUDA)"),
-                                      cl::init(256));
-
-static cl::opt<std::string> strategy(
-    cl::cat(cellc::toolOptions()), "strategy",
-    cl::desc(
-        "The kernels' strategy. CPU: batched (the default: each step as "
-        "phases over a tile of rows, products as register-blocked matrix "
-        "products) or per-row (one row at a time). CUDA: batch-tiled (a CTA "
-        "per batch tile runs all steps) or persistent (CTAs split each "
-        "step, keep the recurrent weights on chip and meet at grid "
-        "barriers); by default batch-tiled where a CTA's buffers fit in 48 "
-        "KiB, else persistent, as Python chooses"),
-    cl::init(""));
-
-static cl::opt<int64_t> productRows(
-    cl::cat(cellc::toolOptions()), "product-rows",
-    cl::desc("CPU, batched: rows of a product's register block (default 6; "
-             "in a package, the host's: 8 with 512-bit vectors)"),
-    cl::init(6));
-
-static cl::opt<int64_t> productVectors(
-    cl::cat(cellc::toolOptions()), "product-vectors",
-    cl::desc("CPU, batched: output vectors per row of a product's register "
-             "block (default 2; in a package, the host's: 3 with 512-bit "
-             "vectors)"),
-    cl::init(2));
-
-static cl::opt<int64_t> vectorWidth(
-    cl::cat(cellc::toolOptions()), "vector-width",
-    cl::desc("CPU, batched: lanes per vector (0, the default: 256 bits; in "
-             "a package, the host's widest)"),
-    cl::init(0));
-
-static cl::opt<int64_t>
-    ctas(cl::cat(cellc::toolOptions()), "ctas",
-         cl::desc("Persistent: CTAs per batch tile (0: the fewest whose "
-                  "weight slices fit in shared memory)"),
-         cl::init(0));
-
-static cl::opt<int64_t> sharedLimit(
-    cl::cat(cellc::toolOptions()), "shared-limit",
-    cl::desc(
-        "Persistent: bytes of dynamic shared memory per CTA for its slice "
-        "of the weights (default 49152 with --strategy=persistent; with no "
-        "strategy named, the --arch's opt-in: an H100 allows 232448, an A100 "
-        "166912)"),
-    cl::init(49152));
-
-static cl::opt<std::string> storage(
-    cl::cat(cellc::toolOptions()), "storage",
-    cl::desc(
-        "CUDA: the element type in memory of x, h, the gates and the other "
-        "per-step sequences: f32 (default) or bf16 (computed in f32)"),
-    cl::init(""));
-
-static cl::opt<std::string> precision(
-    cl::cat(cellc::toolOptions()), "precision",
-    cl::desc("The CUDA recurrent matvecs' multiplies: ieee (fp32 FMAs, the "
-             "default), tf32 or bf16 (tensor cores, fp32 accumulation)"),
-    cl::init(""));
+  /// The flag of the knob `name`, kept for the options' lifetime.
+  static llvm::StringRef flagOf(const char *name) {
+    static std::deque<std::string> flags;
+    return flags.emplace_back(findKnob(name)->flag());
+  }
+} knobs;
 
 static cl::opt<int> saveGatesFlag(
     cl::cat(cellc::toolOptions()), "save-gates",
@@ -190,14 +132,23 @@ static bool targetsCuda() {
          (emitAction == Emit::Package && words.target != Target::Cpu);
 }
 
+/// Copies the integer knobs that `Use` (KnobCpu or KnobCuda) takes from the
+/// command line into `options`: all of them, or with `namedOnly` those the
+/// command line names. The words come parsed, in `words`.
+template <unsigned Use, typename Options>
+static void copyKnobs(Options &options, bool namedOnly = false) {
+#define CELLC_INT_KNOB(Name, Member, Default, Uses, Help)                      \
+  if constexpr (((Uses) & Use) != 0)                                           \
+    if (!namedOnly || knobs.Member.getNumOccurrences())                        \
+      options.Member = knobs.Member;
+#include "dialects/Cell/IR/Knobs.def"
+}
+
 /// The options of the CPU kernels the command line asks for.
 static PipelineOptions cpuOptions() {
   PipelineOptions options;
   options.strategy = words.strategy.value_or(Strategy::Batched);
-  options.batchTile = batchTile;
-  options.productRows = productRows;
-  options.productVectors = productVectors;
-  options.vectorWidth = vectorWidth;
+  copyKnobs<KnobCpu>(options);
   return options;
 }
 
@@ -206,13 +157,11 @@ static PipelineOptions cudaOptions() {
   PipelineOptions options;
   options.strategy = words.strategy.value_or(Strategy::BatchTiled);
   options.target = Target::Cuda;
-  options.ctas = ctas;
+  copyKnobs<KnobCuda>(options);
   // Named: the persistent strategy's limit; none named: 0 lets the choice
   // take the architecture's opt-in (chooseCudaStrategy).
-  options.sharedLimit = sharedLimit.getNumOccurrences() || words.strategy ? sharedLimit : 0;
-  options.batchTile = batchTile;
-  options.threads = threadsPerCta;
-  options.maxRegisters = maxRegisters;
+  if (!knobs.sharedLimit.getNumOccurrences() && !words.strategy)
+    options.sharedLimit = 0;
   options.precision = words.precision;
   options.storage = words.storage;
   return options;
@@ -269,13 +218,7 @@ static jit::CpuOptions cpuPackageOptions() {
   jit::CpuOptions options;
   options.kernels = words.strategy == Strategy::PerRow ? jit::CpuOptions::Kernels::PerRow
                                                        : jit::CpuOptions::Kernels::Batched;
-  if (batchTile.getNumOccurrences())
-    options.batchTile = batchTile;
-  if (productRows.getNumOccurrences())
-    options.productRows = productRows;
-  if (productVectors.getNumOccurrences())
-    options.productVectors = productVectors;
-  options.vectorWidth = vectorWidth;
+  copyKnobs<KnobCpu>(options, /*namedOnly=*/true);
   return options;
 }
 
@@ -447,13 +390,13 @@ int main(int argc, char **argv) {
     return false;
   };
   if (!parseWord(words.target, targetName, "target", Words<Target>::expected()) ||
-      !parseWord(words.strategy, strategy, "strategy",
+      !parseWord(words.strategy, knobs.strategy, "strategy",
                  "batched or per-row (CPU), batch-tiled or persistent (CUDA)"))
     return 1;
   std::optional<Precision> precisionWord;
   std::optional<Storage> storageWord;
-  if (!parseWord(precisionWord, precision, "precision", Words<Precision>::expected()) ||
-      !parseWord(storageWord, storage, "storage", Words<Storage>::expected()))
+  if (!parseWord(precisionWord, knobs.precision, "precision", Words<Precision>::expected()) ||
+      !parseWord(storageWord, knobs.storage, "storage", Words<Storage>::expected()))
     return 1;
   words.precision = precisionWord.value_or(Precision::Ieee);
   words.storage = storageWord.value_or(Storage::F32);
@@ -468,17 +411,17 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (words.strategy && isCudaStrategy(*words.strategy) && !cuda) {
-    llvm::errs() << "cellc: error: --strategy=" << strategy
+    llvm::errs() << "cellc: error: --strategy=" << knobs.strategy
                  << " is a CUDA strategy; it needs --target=cuda\n";
     return 1;
   }
   if (words.strategy && !isCudaStrategy(*words.strategy) && cuda) {
-    llvm::errs() << "cellc: error: --strategy=" << strategy
+    llvm::errs() << "cellc: error: --strategy=" << knobs.strategy
                  << " is a CPU strategy; the CUDA ones are batch-tiled and "
                     "persistent\n";
     return 1;
   }
-  if (sharedLimit.getNumOccurrences() && words.strategy &&
+  if (knobs.sharedLimit.getNumOccurrences() && words.strategy &&
       words.strategy != Strategy::Persistent) {
     llvm::errs() << "cellc: error: --shared-limit sizes the persistent "
                     "strategy's dynamic shared memory; the batch-tiled kernels "
@@ -486,12 +429,12 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (words.storage != Storage::F32 && !cuda) {
-    llvm::errs() << "cellc: error: --storage=" << storage
+    llvm::errs() << "cellc: error: --storage=" << knobs.storage
                  << " is for the CUDA kernels; it needs --target=cuda\n";
     return 1;
   }
   if (words.precision != Precision::Ieee && !cuda) {
-    llvm::errs() << "cellc: error: --precision=" << precision
+    llvm::errs() << "cellc: error: --precision=" << knobs.precision
                  << " runs the matvecs on tensor cores; it needs --target=cuda\n";
     return 1;
   }
