@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Streaming and inference on one core: one LSTM step under no_grad
-(cellc.Cell.step, cellc.nn.LSTM.step, and the one-step sequence call)
+(cellc.Cell.step, cellc.nn.LSTM.step, the one-step sequence call of a
+Cell, and of the module, `lstm(x[None], hx)`, as an RL actor makes it)
 against torch.nn.LSTMCell, and a whole sequence under no_grad against
 torch.nn.LSTM. Side by side in one process, interleaved rounds, medians.
 OpenBLAS's sgemm at 1024^3 is measured in the same run as the ceiling.
@@ -53,7 +54,8 @@ def main():
 
     print("\none step under no_grad, microseconds")
     print(f"{'B':>5} {'LSTMCell':>9} {'Cell.step':>10} {'nn.LSTM.step':>13} {'call T=1':>9} "
-          f"{'step vs torch':>14} {'nn vs step':>11} {'GFLOP/s':>8}")
+          f"{'nn T=1':>7} {'step vs torch':>14} {'nn vs step':>11} {'nn T=1 vs torch':>16} "
+          f"{'nn T=1 vs step':>15} {'GFLOP/s':>8}")
     for B in a.batches:
         x = torch.randn(B, I)
         h, c = torch.randn(B, H), torch.randn(B, H)
@@ -62,7 +64,8 @@ def main():
         runs = {"torch": loop(lambda: ref(x, (h, c)), n),
                 "step": loop(lambda: cell.step(x, params, st), n),
                 "nn": loop(lambda: module.step(x, hx), n),
-                "call": loop(lambda: cell(x[None], params, st), n)}
+                "call": loop(lambda: cell(x[None], params, st), n),
+                "nn_call": loop(lambda: module(x[None], hx), n)}
         with torch.no_grad():
             for f in runs.values():
                 f()
@@ -70,8 +73,9 @@ def main():
         us = {k: v / n * 1e6 for k, v in med.items()}
         flops = 2 * 2 * B * 4 * H * I
         print(f"{B:>5} {us['torch']:>9.0f} {us['step']:>10.0f} {us['nn']:>13.0f} "
-              f"{us['call']:>9.0f} {us['torch'] / us['step']:>13.2f}x "
-              f"{us['nn'] / us['step']:>10.2f}x {flops / us['step'] / 1e3:>8.1f}")
+              f"{us['call']:>9.0f} {us['nn_call']:>7.0f} {us['torch'] / us['step']:>13.2f}x "
+              f"{us['nn'] / us['step']:>10.2f}x {us['torch'] / us['nn_call']:>15.2f}x "
+              f"{us['nn_call'] / us['nn']:>14.2f}x {flops / us['step'] / 1e3:>8.1f}")
 
     print("\na sequence under no_grad (inference), milliseconds")
     print(f"{'B x T':>10} {'nn.LSTM':>9} {'cellc':>8} {'vs torch':>9} {'GFLOP/s':>8}")

@@ -187,6 +187,32 @@ def shaped_states(final, dims):
     return {n: t.reshape(t.shape[0], *dims[n]) if n in dims else t for n, t in final.items()}
 
 
+def is_mode(mode):
+    """Whether `mode` is a recompute mode the runtime takes (None: the
+    default), without asking it: a call that runs no kernel of the mode
+    (a one-step call under no_grad, which runs the step) checks it here,
+    and leaves the message to the runtime where it is not."""
+    if mode is None or mode in ("none", "full"):
+        return True
+    if not isinstance(mode, str) or not mode.startswith("chunk:"):
+        return False
+    k = mode[len("chunk:"):]
+    return k.isdigit() and int(k) > 0
+
+
+def one_step(x, batch_first, dims=3):
+    """The step of a one-step sequence `x` ([1, B, n], [B, 1, n] batch-first;
+    a dict of them; with `dims` 2, unbatched [1, n]) as a step takes it
+    ([B, n] or [n]), or None where `x` is not one step of tensors."""
+    at = 1 if batch_first and dims == 3 else 0
+    if isinstance(x, torch.Tensor):
+        return x.select(at, 0) if x.dim() == dims and x.shape[at] == 1 else None
+    if type(x) is dict and x:
+        steps = {n: one_step(t, batch_first, dims) for n, t in x.items()}
+        return None if any(t is None for t in steps.values()) else steps
+    return None
+
+
 #: A checked call: `inputs` time-major [T, B, n] in declaration order,
 #: `params` in declaration order (an empty tensor for one not given),
 #: `states` None or a dict of [B, n], `resets` uint8 [T, B] or None,

@@ -9,7 +9,7 @@ import collections
 
 import torch
 
-from . import _cellc
+from . import _cellc, _ops
 from ._front import _DTYPES, _arguments, _autocast_cpu, _bind, _one_dtype
 
 #: What a direct step needs, checked once per shape (Cell._step_plan): the
@@ -269,7 +269,7 @@ class Steps:
                    for n, t in x.items()}
         else:
             seq = x.unsqueeze(0) if isinstance(x, torch.Tensor) else x
-        out, final = self(seq, params, states)
+        out, final = _ops.call(self, seq, params, states)
         if isinstance(out, dict):
             return {n: o[0] for n, o in out.items()}, final
         return out[0], final

@@ -9,7 +9,7 @@ import warnings
 import torch
 
 from . import _cellc, _cellc_runtime, _ops
-from ._front import _DTYPES
+from ._front import _DTYPES, _compiling, is_mode, one_step
 from ._sizes import Sizes, _size_text
 from ._stream import Steps
 from ._targets import _CUDA_OPTIONS, EMULATED, CudaTargets
@@ -199,6 +199,18 @@ class Cell(Sizes, Steps, CudaTargets):
 
     def __call__(self, x, params, states=None, *, save_gates=True, resets=None,
                  recompute=None, batch_first=False, lengths=None):
+        if (not torch.is_grad_enabled() and resets is None and lengths is None
+                and not _compiling() and is_mode(recompute)):
+            # A one-step call under no_grad is a step: the step kernels,
+            # their packed weights and short path (Cell.step), and the same
+            # results as the sequence's.
+            step = one_step(x, batch_first)
+            if step is not None:
+                out, news = self.step(step, params, states)
+                at = 1 if batch_first else 0
+                one = lambda t: t.unsqueeze(at)
+                return (one(out) if not isinstance(out, dict)
+                        else {n: one(o) for n, o in out.items()}), news
         return _ops.call(self, x, params, states, save_gates=save_gates, resets=resets,
                          recompute=recompute, batch_first=batch_first, lengths=lengths)
 

@@ -8,7 +8,7 @@ import os
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
-from ._front import _compiling
+from ._front import _compiling, one_step
 from ._stream import _no_stream, _stream_function
 from .core import compile as _compile
 
@@ -238,6 +238,17 @@ class _TorchStyleRNN(torch.nn.Module):
         return layer_input, tuple(torch.stack(f) for f in finals)
 
     def _forward(self, input, hx, resets):
+        if (not torch.is_grad_enabled() and resets is None and not self.bidirectional
+                and isinstance(input, torch.Tensor) and not _compiling()):
+            # A one-step call under no_grad (an RL actor's `lstm(x_t[None],
+            # hx)`) is a step: the step kernels, their packed weights and
+            # short path, and the sequence's results.
+            batched = input.dim() == 3
+            step = one_step(input, self.batch_first, 3 if batched else 2)
+            if step is not None:
+                out, finals = self._step(step, hx)
+                self.saved_bytes = 0
+                return out.unsqueeze(1 if self.batch_first and batched else 0), finals
         name = type(self).__name__
         if isinstance(input, PackedSequence):
             # The kernels run each sample to its length; hx, the final states

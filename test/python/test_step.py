@@ -560,3 +560,69 @@ def test_bad_tensors_are_errors_that_say_what_is_wrong():
         m.step(torch.randn(1, 2, 3))
     with pytest.raises(ValueError, match="hx must be a tuple"):
         m.step(x, torch.randn(2, 2, 4))
+
+
+def test_a_one_step_call_under_no_grad_is_a_step():
+    # An RL actor calls its module one step at a time, `lstm(x_t[None], hx)`,
+    # as torchrl's modules do: under no_grad that call takes the step
+    # kernels (a step plan is made, and from the second call the module's
+    # short path), and gives torch's results. With gradients wanted it stays
+    # a one-step sequence, with a graph.
+    torch.manual_seed(8)
+    ref = torch.nn.LSTM(5, 7).double()
+    for batch_first in (False, True):
+        m = cellc.nn.LSTM(5, 7, batch_first=batch_first).double()
+        m.load_state_dict(ref.state_dict())
+        hx = (torch.randn(1, 3, 7, dtype=torch.float64), torch.randn(1, 3, 7, dtype=torch.float64))
+        for t in range(3):
+            x = torch.randn(1, 3, 5, dtype=torch.float64)
+            with torch.no_grad():
+                want, (h, c) = ref(x, hx)
+                out, (h1, c1) = m(x.transpose(0, 1) if batch_first else x, hx)
+            if batch_first:
+                out = out.transpose(0, 1)
+            assert out.shape == (1, 3, 7) and out.grad_fn is None
+            torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(h1, h, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(c1, c, rtol=1e-12, atol=1e-12)
+            hx = (h1, c1)
+        assert m.cell._step_plans and m._stream is not None
+        # Unbatched: [1, n] and [L, n].
+        with torch.no_grad():
+            want, (h, c) = ref(x[:, 0], (hx[0][:, 0], hx[1][:, 0]))
+            out, (h1, c1) = m(x[:, 0], (hx[0][:, 0], hx[1][:, 0]))
+        assert out.shape == (1, 7) and h1.shape == (1, 7)
+        torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(c1, c, rtol=1e-12, atol=1e-12)
+    # Gradients wanted: the sequence, whose gradients are torch's.
+    plans = len(m.cell._step_plans)
+    x = torch.randn(3, 1, 5, dtype=torch.float64, requires_grad=True)
+    out, _ = m(x, hx)
+    assert out.grad_fn is not None and len(m.cell._step_plans) == plans
+    out.sum().backward()
+    xr = x.detach().transpose(0, 1).requires_grad_()
+    want, _ = ref(xr, hx)
+    want.sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad.transpose(0, 1), rtol=1e-12, atol=1e-12)
+
+
+def test_a_cells_one_step_call_under_no_grad_is_a_step():
+    torch.manual_seed(9)
+    cell = cellc.compile(LSTM)
+    ref = torch.nn.LSTMCell(6, 8).double()
+    params = {"W_ih": ref.weight_ih, "W_hh": ref.weight_hh, "b_ih": ref.bias_ih,
+              "b_hh": ref.bias_hh}
+    x = torch.randn(1, 3, 6, dtype=torch.float64)
+    h0, c0 = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+    with torch.no_grad():
+        h, c = ref(x[0], (h0, c0))
+        out, st = cell(x, params, {"h": h0, "c": c0})
+        assert cell._step_plans  # it took the step
+        torch.testing.assert_close(out, h[None], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(st["c"], c, rtol=1e-12, atol=1e-12)
+        out, st = cell(x.transpose(0, 1), params, {"h": h0, "c": c0}, batch_first=True)
+        torch.testing.assert_close(out, h[:, None], rtol=1e-12, atol=1e-12)
+        # A mode the runtime does not take is still an error, not ignored.
+        with pytest.raises(ValueError, match="recompute must be 'none', 'full' or "
+                                             "'chunk:K' with K > 0, not 'chunk:0'"):
+            cell(x, params, recompute="chunk:0")
