@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """The whole-sequence GEMMs of one LSTM training call, in the BLAS that
-cellc calls (OpenBLAS) and in oneDNN's sgemm: GFLOP/s of each, side by
-side in one process. cellc runs these four GEMMs on OpenBLAS (the design's
+cellc calls (OpenBLAS), in BLIS (Debian's libblis, where installed) and in
+oneDNN's sgemm: GFLOP/s of each, side by side in one process. cellc runs these four GEMMs on OpenBLAS (the design's
 BLAS); oneDNN's RNN primitives run them on its own JIT GEMMs. Where cellc
 trails oneDNN on the CPU (bench/cpu/compare.py), this says how much of it
 is the GEMMs.
 
-On more than one thread each GEMM is split by rows of C into
-single-threaded calls, one a thread, as cellc's runtime splits it
+On more than one thread each OpenBLAS and BLIS GEMM is split by rows of C
+into single-threaded calls, one a thread, as cellc's runtime splits it
 (parallelGemm); oneDNN's sgemm runs on its own threads. Each run starts
 after the OpenMP threads of the one before have parked (shape.settle).
 
@@ -42,7 +42,12 @@ def libraries():
                                        i64, ctypes.c_float, ctypes.c_void_p, i64])
     except OSError:
         onednn = None
-    return openblas, onednn
+    try:
+        blis = ctypes.CDLL("libblis.so.4")
+        blis.cblas_sgemm.argtypes = openblas.cblas_sgemm.argtypes
+    except OSError:
+        blis = None
+    return openblas, onednn, blis
 
 
 def main():
@@ -53,7 +58,7 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=7)
     a = p.parse_args()
-    openblas, onednn = libraries()
+    openblas, onednn, blis = libraries()
     TB, H, G = a.batch * a.steps, a.size, 4 * a.size
     # C = op(A) op(B), row-major: (name, transA, transB, M, N, K, A, B).
     x, w, dg = torch.randn(TB, H), torch.randn(G, H), torch.randn(TB, G)
@@ -64,27 +69,33 @@ def main():
           f"(the weight gradient twice), {a.threads} thread(s), cores "
           f"{sorted(os.sched_getaffinity(0))}; GFLOP/s, medians of {a.repeats} interleaved "
           f"rounds")
-    print(f"{'GEMM':<24} {'M x N x K':>18} {'OpenBLAS':>9} {'oneDNN':>9} {'ratio':>7}")
+    print(f"{'GEMM':<24} {'M x N x K':>18} {'OpenBLAS':>9} {'BLIS':>9} {'oneDNN':>9} "
+          f"{'BLIS/OB':>8} {'oneDNN/OB':>10}")
     for name, ta, tb, M, N, K, A, B in gemms:
         C = torch.empty(M, N)
         lda, ldb = A.shape[1], B.shape[1]
 
-        def rows(r0, r1):
-            at = A.data_ptr() + 4 * (r0 if ta else r0 * lda)
-            openblas.cblas_sgemm(ROW_MAJOR, TRANS if ta else NO_TRANS,
-                                 TRANS if tb else NO_TRANS, r1 - r0, N, K, 1.0, at, lda,
-                                 B.data_ptr(), ldb, 0.0, C.data_ptr() + 4 * r0 * N, N)
+        def split(lib):
+            def rows(r0, r1):
+                at = A.data_ptr() + 4 * (r0 if ta else r0 * lda)
+                lib.cblas_sgemm(ROW_MAJOR, TRANS if ta else NO_TRANS,
+                                TRANS if tb else NO_TRANS, r1 - r0, N, K, 1.0, at, lda,
+                                B.data_ptr(), ldb, 0.0, C.data_ptr() + 4 * r0 * N, N)
 
-        def cellc_split():
-            parts = [(M * i // a.threads, M * (i + 1) // a.threads) for i in range(a.threads)]
-            others = [threading.Thread(target=rows, args=part) for part in parts[1:]]
-            for t in others:
-                t.start()
-            rows(*parts[0])
-            for t in others:
-                t.join()
+            def run():
+                parts = [(M * i // a.threads, M * (i + 1) // a.threads)
+                         for i in range(a.threads)]
+                others = [threading.Thread(target=rows, args=part) for part in parts[1:]]
+                for t in others:
+                    t.start()
+                rows(*parts[0])
+                for t in others:
+                    t.join()
+            return run
 
-        runs = {"OpenBLAS": cellc_split}
+        runs = {"OpenBLAS": split(openblas)}
+        if blis:
+            runs["BLIS"] = split(blis)
         if onednn:
             runs["oneDNN"] = lambda: onednn.dnnl_sgemm(
                 b"T" if ta else b"N", b"T" if tb else b"N", M, N, K, 1.0, A.data_ptr(), lda,
@@ -93,9 +104,10 @@ def main():
             f()
         med = side_by_side(runs, a.repeats, before_each=settle)
         rate = {k: 2 * M * N * K / t / 1e9 for k, t in med.items()}
-        mine, theirs = rate["OpenBLAS"], rate.get("oneDNN", float("nan"))
-        print(f"{name:<24} {f'{M} x {N} x {K}':>18} {mine:9.1f} {theirs:9.1f} "
-              f"{theirs / mine:6.2f}x")
+        mine = rate["OpenBLAS"]
+        other, theirs = rate.get("BLIS", float("nan")), rate.get("oneDNN", float("nan"))
+        print(f"{name:<24} {f'{M} x {N} x {K}':>18} {mine:9.1f} {other:9.1f} {theirs:9.1f} "
+              f"{other / mine:7.2f}x {theirs / mine:9.2f}x")
 
 
 if __name__ == "__main__":
