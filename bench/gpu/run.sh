@@ -15,6 +15,8 @@
 #   bench/gpu/run.sh run
 # Each phase has its own time limit, so that a hung kernel costs one phase;
 # the log is written as it comes, into $OUT when the device tool sets it.
+# $CELLC_PYTHON: the Python that writes the packages (and checks them in the
+# emulator); /usr/bin/python3 by default.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-run}
@@ -28,7 +30,8 @@ dir=${1:-bench/gpu/packages}
 case "$what" in
 package)
   rm -rf "$dir"
-  PYTHONPATH=${PYTHONPATH:-build/python} /usr/bin/python3 bench/gpu/prepare.py "$dir" $emulate
+  PYTHONPATH=${PYTHONPATH:-build/python} ${CELLC_PYTHON:-/usr/bin/python3} \
+    bench/gpu/prepare.py "$dir" $emulate
   du -sh "$dir"
   ;;
 wheels)
@@ -51,7 +54,7 @@ run)
   say() { echo "$@" | tee -a "$log"; }
   python=python3
   if [ -n "$emulate" ]; then
-    python=/usr/bin/python3
+    python=${CELLC_PYTHON:-/usr/bin/python3}
   elif ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site

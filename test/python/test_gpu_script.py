@@ -6,6 +6,7 @@ On a GPU the same script runs the same steps; here it cannot rot unseen."""
 
 import os
 import subprocess
+import sys
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 SCRIPT = os.path.join(ROOT, "bench", "gpu", "run.sh")
@@ -13,7 +14,9 @@ SCRIPT = os.path.join(ROOT, "bench", "gpu", "run.sh")
 
 def test_the_gpu_script_runs_in_the_emulator(tmp_path):
     build = os.environ.get("CELLC_BUILD_DIR", "build")
-    env = dict(os.environ, OUT=str(tmp_path),
+    # This Python (with its torch, and cellc where it is installed, as under
+    # make test-torch2) writes the packages and checks them.
+    env = dict(os.environ, OUT=str(tmp_path), CELLC_PYTHON=sys.executable,
                CELLC_GPU_BUILD=os.path.join(os.path.abspath(build), "gpu-runtime"))
     packages = str(tmp_path / "packages")
     made = subprocess.run([SCRIPT, "package", "--emulate", packages], env=env,
