@@ -16,6 +16,8 @@
 #include "llvm/Support/WithColor.h"
 #include "llvm/TargetParser/Host.h"
 
+#include <optional>
+
 using namespace cellc;
 using namespace cellc::jit;
 
@@ -115,32 +117,61 @@ PipelineOptions cellc::jit::pipelineOptionsOf(const CpuOptions &options) {
   return pipeline;
 }
 
+namespace {
+
+/// Knobs.def's Unset of a key whose absence leaves the option as it was.
+constexpr std::optional<int64_t> Kept = std::nullopt;
+
+/// A config's value into CpuOptions' member, and back.
+void setMember(int &member, int64_t value) { member = value; }
+void setMember(int64_t &member, int64_t value) { member = value; }
+void setMember(CpuOptions::Kernels &member, int64_t value) {
+  member = value ? CpuOptions::Kernels::Batched : CpuOptions::Kernels::PerRow;
+}
+int64_t valueOf(int64_t member) { return member; }
+int64_t valueOf(CpuOptions::Kernels member) {
+  switch (member) {
+  case CpuOptions::Kernels::Batched:
+    return 1;
+  case CpuOptions::Kernels::PerRow:
+    return 0;
+  case CpuOptions::Kernels::Auto:
+    break;
+  }
+  llvm_unreachable("configOf chooses the kernels before it writes them");
+}
+
+} // namespace
+
 void cellc::jit::applyConfig(const KernelConfig &config, CpuOptions &options) {
-  auto get = [&](const char *name, int64_t fallback) {
+  auto set = [&](auto &member, const char *name, std::optional<int64_t> unset) {
     auto it = config.find(name);
-    return it == config.end() ? fallback : it->second;
+    if (it != config.end())
+      setMember(member, it->second);
+    else if (unset)
+      setMember(member, *unset);
   };
-  options.threads = get("threads", options.threads);
-  options.unitSlices = get("unit_slices", -1);
-  options.kernels =
-      get("kernels", 1) ? CpuOptions::Kernels::Batched : CpuOptions::Kernels::PerRow;
-  options.batchTile = get("batch_tile", 0);
-  options.productRows = get("product_rows", 0);
-  options.productVectors = get("product_vectors", 0);
-  options.matvecWidth = get("matvec_width", 0);
-  options.matvecUnroll = get("matvec_unroll", 1);
+#define CELLC_CPU_TUNE(Name, Member, Unset, Help, ...)                         \
+  set(options.Member, #Name, Unset);
+#include "dialects/Cell/IR/Knobs.def"
 }
 
 KernelConfig cellc::jit::configOf(const CpuOptions &options, int threads) {
+  // The options with each choice made: the threads given, the kernels and
+  // the batched kernels' shape.
+  CpuOptions made = options;
+  made.threads = threads;
+  made.kernels = usesBatchedKernels(options) ? CpuOptions::Kernels::Batched
+                                             : CpuOptions::Kernels::PerRow;
   BatchedShape shape = batchedShape(options);
-  return {{"threads", threads},
-          {"unit_slices", options.unitSlices},
-          {"kernels", usesBatchedKernels(options) ? 1 : 0},
-          {"batch_tile", shape.tile},
-          {"product_rows", shape.rows},
-          {"product_vectors", shape.vectors},
-          {"matvec_width", options.matvecWidth},
-          {"matvec_unroll", options.matvecUnroll}};
+  made.batchTile = shape.tile;
+  made.productRows = shape.rows;
+  made.productVectors = shape.vectors;
+  return {
+#define CELLC_CPU_TUNE(Name, Member, Unset, Help, ...)                         \
+  {#Name, valueOf(made.Member)},
+#include "dialects/Cell/IR/Knobs.def"
+  };
 }
 
 std::string cellc::jit::kernelConfigText(const CpuOptions &options) {

@@ -33,45 +33,21 @@ llvm::Expected<TuneTarget> cellc::jit::parseTuneTarget(llvm::StringRef text) {
 }
 
 std::vector<Knob> cellc::jit::knobsOf(TuneTarget target) {
+  std::vector<Knob> knobs;
   if (target == TuneTarget::Cpu) {
+    // The CPU JIT's config keys of Knobs.def; one without values, the
+    // threads, takes this machine's: powers of two below its cores, and
+    // its cores.
     std::vector<int64_t> threads;
     for (int t = 1; t < cores(); t *= 2)
       threads.push_back(t);
     threads.push_back(cores());
-    return {
-        {"threads", "threads running the recurrent kernels and the GEMMs (up to "
-                    "the cores)",
-         threads},
-        {"unit_slices", "with fewer batch tiles than threads: 1, the threads of a "
-                        "tile split its units (each a slice of every product, "
-                        "element loop and packed weight, meeting at barriers); 0, "
-                        "its rows (untuned: its rows from 4 a thread while their copies of "
-                        "the weights take at most 4 MiB)",
-         {1, 0}},
-        {"kernels", "1: batched kernels (each step as phases over a tile of "
-                    "rows, products as register-blocked matrix products); 0: "
-                    "per-row kernels (one row at a time, whole vectors in "
-                    "registers)",
-         {1, 0}},
-        {"batch_tile", "batched kernels: rows per tile, which runs all the "
-                       "steps",
-         {16, 32, 64, 128}},
-        {"product_rows", "batched kernels: rows of a product's register block",
-         {4, 6, 8}},
-        {"product_vectors", "batched kernels: output vectors per row of a "
-                            "product's register block (rows x vectors "
-                            "accumulators must fit the vector registers)",
-         {1, 2, 3}},
-        {"matvec_width", "per-row kernels: lanes per FMA of the recurrent "
-                         "matvec (0: whole rows); divides the weights' columns",
-         {0, 4, 8, 16, 32}},
-        {"matvec_unroll", "per-row kernels: weight rows per iteration of the "
-                          "recurrent matvec; divides the weights' rows",
-         {1, 2, 4}},
-    };
+    for (const CpuTuneKnob &knob : cpuTuneKnobs())
+      knobs.push_back(
+          {knob.name, knob.help, knob.values.empty() ? threads : knob.values});
+    return knobs;
   }
   // CUDA: the knobs of Knobs.def that cellc-tune searches.
-  std::vector<Knob> knobs;
   for (const CudaTuneKnob &knob : cudaTuneKnobs())
     knobs.push_back({knob.name, knob.help, knob.values});
   return knobs;

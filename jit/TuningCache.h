@@ -1,8 +1,8 @@
 //===- TuningCache.h - Kernel configs and where tuned ones are kept -*- C++ -*-===//
 //
 // A kernel config gives a value to each knob of a target; the knobs are
-// described once, in TuningCache.cpp, with their legal values. cellc-tune
-// (tools/cellc-tune) finds the fastest config of a problem and
+// declared once, in dialects/Cell/IR/Knobs.def, with their legal values.
+// cellc-tune (tools/cellc-tune) finds the fastest config of a problem and
 // stores it here under the problem's key; the JIT only reads: compileCpu
 // looks a config up when it is given the batch size it will run at. Nothing
 // here compiles, forks or times anything.

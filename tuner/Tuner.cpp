@@ -16,6 +16,7 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/ErrorHandling.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
@@ -145,6 +146,16 @@ std::string cpuPruneReason(const KernelConfig &c, const TuneProblem &problem,
   return "";
 }
 
+/// The legal values of the CPU config key `name` (Knobs.def, with this
+/// machine's threads).
+std::vector<int64_t> cpuValues(llvm::StringRef name) {
+  for (const Knob &knob : knobsOf(TuneTarget::Cpu))
+    if (knob.name == name)
+      return knob.values;
+  llvm::report_fatal_error("cellc-tune: Knobs.def lists no CPU key '" + name +
+                           "'");
+}
+
 /// The kernel-shape candidates of stage one (threads fixed at the default):
 /// the batched kernels' block at the default tile, their tile at the default
 /// block, and the per-row kernels' matvec shapes.
@@ -154,29 +165,22 @@ std::vector<KernelConfig> cpuShapeCandidates(const KernelConfig &base) {
     if (std::find(out.begin(), out.end(), c) == out.end())
       out.push_back(c);
   };
-  std::vector<Knob> knobs = knobsOf(TuneTarget::Cpu);
-  auto values = [&](llvm::StringRef name) {
-    for (const Knob &k : knobs)
-      if (k.name == name)
-        return k.values;
-    return std::vector<int64_t>();
-  };
   KernelConfig batched = base;
   batched["kernels"] = 1;
-  for (int64_t rows : values("product_rows"))
-    for (int64_t vectors : values("product_vectors")) {
+  for (int64_t rows : cpuValues("product_rows"))
+    for (int64_t vectors : cpuValues("product_vectors")) {
       KernelConfig c = batched;
       c["product_rows"] = rows;
       c["product_vectors"] = vectors;
       add(c);
     }
-  for (int64_t tile : values("batch_tile")) {
+  for (int64_t tile : cpuValues("batch_tile")) {
     KernelConfig c = batched;
     c["batch_tile"] = tile;
     add(c);
   }
-  for (int64_t width : values("matvec_width"))
-    for (int64_t unroll : values("matvec_unroll")) {
+  for (int64_t width : cpuValues("matvec_width"))
+    for (int64_t unroll : cpuValues("matvec_unroll")) {
       KernelConfig c = base;
       c["kernels"] = 0;
       c["matvec_width"] = width;
@@ -606,7 +610,8 @@ llvm::Expected<TuneResult> cellc::tuner::tune(const TuneProblem &problem,
 
   std::vector<KernelConfig> shapesToTry = cpuShapeCandidates(base);
   // Time per candidate: a share of the budget, within [0.2 s, 2 s].
-  size_t expected = shapesToTry.size() + 2 * knobsOf(TuneTarget::Cpu)[0].values.size();
+  size_t expected = shapesToTry.size() + cpuValues("threads").size() *
+                                             cpuValues("unit_slices").size();
   double perCandidate =
       std::clamp(options.budgetSeconds / double(2 * expected), 0.2, 2.0);
   auto runAll = [&](const std::vector<KernelConfig> &configs) {
@@ -656,10 +661,9 @@ llvm::Expected<TuneResult> cellc::tuner::tune(const TuneProblem &problem,
   int shapeWinner = best();
   if (shapeWinner >= 0) {
     std::vector<KernelConfig> threads;
-    std::vector<Knob> knobs = knobsOf(TuneTarget::Cpu);
     KernelConfig winner = result.candidates[shapeWinner].config;
-    for (int64_t t : knobs[0].values)
-      for (int64_t slices : {1, 0}) {
+    for (int64_t t : cpuValues("threads"))
+      for (int64_t slices : cpuValues("unit_slices")) {
         KernelConfig c = winner;
         c["threads"] = t;
         c["unit_slices"] = slices;

@@ -1,8 +1,9 @@
 //===- Knobs.h - The kernel knobs, as a table -------------------*- C++ -*-===//
 //
 // The knobs of Knobs.def as a table that the command line, Python and the
-// tuner walk: each knob's name, flag, default, help and uses. Plain C++17,
-// like KernelInterface.h.
+// tuner walk: each knob's name, flag, default, help and uses; and the
+// tuner's CUDA knobs and the CPU JIT's config keys with their values. Plain
+// C++17, like KernelInterface.h.
 //
 //===----------------------------------------------------------------------===//
 
@@ -96,6 +97,23 @@ struct CudaTuneKnob {
 inline std::vector<CudaTuneKnob> cudaTuneKnobs() {
   return {
 #define CELLC_CUDA_TUNE(Name, Default, Help, ...) {#Name, Default, Help, {__VA_ARGS__}},
+#include "dialects/Cell/IR/Knobs.def"
+  };
+}
+
+/// One key of the CPU JIT's kernel config: its name, what it changes and
+/// its legal values (none: the machine's threads, see Knobs.def).
+struct CpuTuneKnob {
+  const char *name;
+  const char *help;
+  std::vector<int64_t> values;
+};
+
+/// The CPU JIT's config keys, in Knobs.def's order.
+inline std::vector<CpuTuneKnob> cpuTuneKnobs() {
+  return {
+#define CELLC_CPU_TUNE(Name, Member, Unset, Help, ...)                         \
+  {#Name, Help, {__VA_ARGS__}},
 #include "dialects/Cell/IR/Knobs.def"
   };
 }

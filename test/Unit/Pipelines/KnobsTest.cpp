@@ -2,6 +2,7 @@
 
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialects/Cell/IR/Knobs.h"
+#include "jit/CpuJit.h"
 
 #include <gtest/gtest.h>
 
@@ -52,6 +53,37 @@ TEST(KnobsTest, theTunersCudaKnobsSetKnobs) {
     for (int64_t value : knob.values)
       EXPECT_EQ(setError(options, knob.name, std::to_string(value)), "") << knob.name;
   }
+}
+
+TEST(KnobsTest, eachCpuKeySetsItsOptionAndComesBack) {
+  jit::KernelConfig base = jit::configOf(jit::CpuOptions(), 1);
+  EXPECT_EQ(base.size(), cpuTuneKnobs().size());
+  for (const CpuTuneKnob &knob : cpuTuneKnobs()) {
+    ASSERT_EQ(base.count(knob.name), 1u) << knob.name;
+    for (int64_t value : knob.values) {
+      jit::KernelConfig config = base;
+      config[knob.name] = value;
+      jit::CpuOptions options;
+      jit::applyConfig(config, options);
+      EXPECT_EQ(jit::configOf(options, options.threads), config)
+          << knob.name << "=" << value;
+    }
+  }
+}
+
+TEST(KnobsTest, aCpuConfigWithoutAKeySetsItsUnset) {
+  jit::CpuOptions options;
+  options.threads = 3;
+  options.unitSlices = 1;
+  options.kernels = jit::CpuOptions::Kernels::PerRow;
+  options.batchTile = 16;
+  options.matvecUnroll = 4;
+  jit::applyConfig({}, options);
+  EXPECT_EQ(options.threads, 3);
+  EXPECT_EQ(options.unitSlices, -1);
+  EXPECT_EQ(options.kernels, jit::CpuOptions::Kernels::Batched);
+  EXPECT_EQ(options.batchTile, 0);
+  EXPECT_EQ(options.matvecUnroll, 1);
 }
 
 } // namespace
