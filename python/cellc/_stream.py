@@ -22,15 +22,17 @@ _StepPlan = collections.namedtuple(
     "_StepPlan", "compiled names_in names_par widths_out widths_st state_names bound stream")
 
 
-def _stream_function(plan, signature, guard, fetch, result, tensors, new_shapes, env):
+def _stream_function(plan, signature, guard, fetch, result, tensors, new_shapes, env,
+                     out_shape=None):
     """The short path of a stream's steps once `plan`'s step is bound: a
     function of `signature` that runs the step where `guard` holds and the
     tensors that `fetch` gives (the inputs, params and states in `plan`'s
     order) each have the type, shape, dtype and layout of those in
     `tensors`, no gradient is wanted and autocast is off, and returns
-    `result` (over the outputs o0.. and the new states n0.., shaped as
-    `new_shapes`); None, running nothing, where any of that differs (the
-    caller then takes the checked path, which says what is wrong).
+    `result` (over the outputs o0.., each of `out_shape(n)`, by default
+    [B, n], and the new states n0.., shaped as `new_shapes`); None, running
+    nothing, where any of that differs (the caller then takes the checked
+    path, which says what is wrong).
 
     Its code is written out for these tensors, as namedtuple writes its
     class: straight-line checks cost half of the same in a loop, and at B = 1
@@ -46,7 +48,9 @@ def _stream_function(plan, signature, guard, fetch, result, tensors, new_shapes,
         checks.append(f"type({t}) not in T or {t}.shape != S{i} or {t}.dtype is not D "
                       f"or not {t}.is_cpu or not {t}.is_contiguous()")
     B = tensors[0].shape[0]
-    allocs = [f"o{i} = t0.new_empty(({B}, {w}))" for i, w in enumerate(plan.widths_out)]
+    out_shape = out_shape or (lambda w: (B, w))
+    allocs = [f"o{i} = t0.new_empty({tuple(out_shape(w))})"
+              for i, w in enumerate(plan.widths_out)]
     for i, shape in enumerate(new_shapes):
         old = tensors[first_state + i]
         # empty_like is torch's cheapest allocation.

@@ -243,11 +243,24 @@ class _TorchStyleRNN(torch.nn.Module):
             # A one-step call under no_grad (an RL actor's `lstm(x_t[None],
             # hx)`) is a step: the step kernels, their packed weights and
             # short path, and the sequence's results.
+            if self.saved_bytes:
+                self.saved_bytes = 0
+            stream = self._stream_of_calls
+            if stream is not None and hx is not None:
+                done = stream(input, hx)
+                if done is not None:
+                    return done
             batched = input.dim() == 3
             step = one_step(input, self.batch_first, 3 if batched else 2)
             if step is not None:
                 out, finals = self._step(step, hx)
-                self.saved_bytes = 0
+                plan = self._stream.plan if self._stream is not None else None
+                if (batched and hx is not None and plan is not None
+                        and plan.bound[0] is not None and (self._stream_of_calls is None
+                                                           or self._stream_of_calls.plan
+                                                           is not plan)):
+                    # The short path of the next such calls: no views in or out.
+                    self._stream_of_calls = self._stream_of(plan, input, list(hx), call=True)
                 return out.unsqueeze(1 if self.batch_first and batched else 0), finals
         name = type(self).__name__
         if isinstance(input, PackedSequence):
@@ -362,15 +375,19 @@ class _TorchStyleRNN(torch.nn.Module):
             news = [new[n] for n in self.state_names]
         return outs[0], tuple(news)
 
-    # The last bound step's short path (_stream_of), or None; a class
-    # attribute, so that a module pickled without it steps too.
+    # The last bound step's short path (_stream_of), and that of one-step
+    # calls, or None; class attributes, so that a module pickled without
+    # them steps too.
     _stream = None
+    _stream_of_calls = None
 
-    def _stream_of(self, plan, x, states):
+    def _stream_of(self, plan, x, states, call=False):
         """The short path (cellc.core._stream_function) of the next steps of
         a one-layer module whose step `plan` has bound, from states in the
         cell's order given as these are: the module's own parameters (not
-        ones that weight_norm or a parametrization makes), read each step."""
+        ones that weight_norm or a parametrization makes), read each step.
+        With `call`, of its one-step calls (forward): `x` is [1, B, n] (or
+        [B, 1, n] batch-first), and so is the output."""
         own = self._parameters
         torch_names = self._torch_names(0)
         names = [torch_names.get(n) for n in plan.names_par]
@@ -380,14 +397,17 @@ class _TorchStyleRNN(torch.nn.Module):
         k = len(states)
         fetch = ["input"] + [f"own.get({n!r})" for n in names] + [f"hx[{i}]" for i in range(k)]
         news = ", ".join(f"n{i}" for i in range(k))
+        B = x.shape[0 if not call or self.batch_first else 1]
+        lead = (1, B) if call and not self.batch_first else (B, 1) if call else None
         return _stream_function(
             plan, "input, hx", f"type(hx) in (tuple, list) and len(hx) == {k}", fetch,
             f"o0, ({news},)", [x, *[own[n] for n in names], *states],
-            [(1, x.shape[0], *shape) for _, _, shape in plan.widths_st], {"own": own})
+            [(1, B, *shape) for _, _, shape in plan.widths_st], {"own": own},
+            out_shape=(lambda w: (*lead, w)) if call else None)
 
     def __getstate__(self):
         # The stream's short path is this module's, bound to its kernels.
-        return dict(self.__dict__, _stream=None)
+        return dict(self.__dict__, _stream=None, _stream_of_calls=None)
 
     def _check_state(self, h, i, batch, batched):
         """The i-th initial state, [L * D, B, n] (unbatched: [L * D, n])."""

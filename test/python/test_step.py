@@ -586,7 +586,8 @@ def test_a_one_step_call_under_no_grad_is_a_step():
             torch.testing.assert_close(h1, h, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(c1, c, rtol=1e-12, atol=1e-12)
             hx = (h1, c1)
-        assert m.cell._step_plans and m._stream is not None
+        # From the second call, the module's short path of one-step calls.
+        assert m.cell._step_plans and m._stream_of_calls is not None
         # Unbatched: [1, n] and [L, n].
         with torch.no_grad():
             want, (h, c) = ref(x[:, 0], (hx[0][:, 0], hx[1][:, 0]))
