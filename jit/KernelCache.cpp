@@ -237,7 +237,7 @@ std::vector<KernelCache::Entry> KernelCache::list() const {
   return entries;
 }
 
-llvm::Expected<unsigned> KernelCache::clear() const {
+llvm::Expected<unsigned> KernelCache::removeAll() const {
   unsigned removed = 0;
   std::error_code ec;
   for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;

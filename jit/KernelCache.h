@@ -61,7 +61,7 @@ public:
   /// Every entry, with whether it passes its checks.
   std::vector<Entry> list() const;
   /// Removes every entry; returns how many.
-  llvm::Expected<unsigned> clear() const;
+  llvm::Expected<unsigned> removeAll() const;
 
   const std::string &directory() const { return dir; }
   std::string pathOf(llvm::StringRef key) const;

@@ -165,7 +165,7 @@ OwningOpRef<ModuleOp> IRGen::build(const CellAST &cell) {
       diag.note(outputStmt->range.Start, "'output' is here");
       return nullptr;
     }
-    bool ok = stmt.kind == Stmt::Kind::Output ? output(stmt) : assign(stmt);
+    bool ok = stmt.kind == Stmt::Kind::Output ? output(stmt) : assignment(stmt);
     if (!ok)
       return nullptr;
   }
@@ -226,7 +226,7 @@ OwningOpRef<ModuleOp> IRGen::build(const CellAST &cell) {
   return module;
 }
 
-bool IRGen::assign(const Stmt &stmt) {
+bool IRGen::assignment(const Stmt &stmt) {
   const Expr &value = *stmt.value;
   if (value.kind == Expr::Kind::Call && lookupFn(value.name) == Fn::Chunk)
     return assignChunk(stmt);

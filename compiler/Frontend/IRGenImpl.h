@@ -197,7 +197,7 @@ private:
   }
 
   bool declare(const Decl &decl, std::vector<int64_t> &shape);
-  bool assign(const Stmt &stmt);
+  bool assignment(const Stmt &stmt);
   bool assignChunk(const Stmt &stmt);
   bool bind(const Ident &ident, Val val, llvm::SMRange valueRange);
   bool output(const Stmt &stmt);

@@ -103,7 +103,7 @@ void CudaBackend::beginDry() {
   gemmWorkspace = -1;
 }
 
-Status CudaBackend::begin(void *workspace, int64_t bytes, void *stream) {
+Status CudaBackend::beginCall(void *workspace, int64_t bytes, void *stream) {
   dry = false;
   inCall = true;
   base = static_cast<char *>(workspace);
@@ -112,7 +112,7 @@ Status CudaBackend::begin(void *workspace, int64_t bytes, void *stream) {
   return dev->begin(stream);
 }
 
-Status CudaBackend::end() {
+Status CudaBackend::endCall() {
   if (gemmWorkspace >= 0)
     arena.release(gemmWorkspace);
   gemmWorkspace = -1;

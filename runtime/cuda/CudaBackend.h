@@ -66,10 +66,10 @@ public:
   void beginDry();
   /// Starts a call in `workspace` (`bytes`; a device pointer, or host
   /// memory for the emulator) on `stream`.
-  Status begin(void *workspace, int64_t bytes, void *stream);
+  Status beginCall(void *workspace, int64_t bytes, void *stream);
   /// Ends a call: an error if a buffer is still placed (the caller's
   /// workspace is free for others once the call returns).
-  Status end();
+  Status endCall();
   /// The most workspace the call has used.
   int64_t used() const { return arena.high(); }
 

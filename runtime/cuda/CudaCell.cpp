@@ -183,7 +183,7 @@ Status CudaCell::twice(Call &call, bool backward, bool &tooSmall, F &&body) {
                                  !call.seq.lengths.empty()));
   backend->beginDry();
   Status dry = body();
-  Status ended = backend->end();
+  Status ended = backend->endCall();
   if (dry)
     return dry;
   if (ended)
@@ -193,10 +193,10 @@ Status CudaCell::twice(Call &call, bool backward, bool &tooSmall, F &&body) {
     tooSmall = true;
     return Status();
   }
-  Status run = backend->begin(call.workspace, call.workspaceBytes, call.stream);
+  Status run = backend->beginCall(call.workspace, call.workspaceBytes, call.stream);
   if (!run)
     run = body();
-  ended = backend->end();
+  ended = backend->endCall();
   lastWorkspace[backward] = backend->used();
   return run ? run : ended;
 }
@@ -295,7 +295,7 @@ Status CudaCell::plan(int64_t T, int64_t B, Recompute mode, driver::MemoryPlan &
         s = driver->backward(call.seq, *saved, call.gradOutputs, call.gradFinals,
                              call.gradInputs, call.gradParams, call.gradInitial);
     }
-    Status ended = backend->end();
+    Status ended = backend->endCall();
     if (s)
       return s;
     if (ended)
@@ -310,10 +310,10 @@ Status CudaCell::plan(int64_t T, int64_t B, Recompute mode, driver::MemoryPlan &
 Status CudaCell::launch(bool backward, bool saveGates, const std::vector<driver::Arg> &args,
                         int64_t batch, void *stream) {
   std::lock_guard<std::mutex> guard(lock);
-  Status s = backend->begin(nullptr, 0, stream);
+  Status s = backend->beginCall(nullptr, 0, stream);
   if (!s)
     s = backend->launch(backward, saveGates, args, batch);
-  Status ended = backend->end();
+  Status ended = backend->endCall();
   return s ? s : ended;
 }
 

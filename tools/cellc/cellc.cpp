@@ -315,7 +315,7 @@ static int cacheCommand(int argc, char **argv) {
     return 0;
   }
   if (action == "clear") {
-    auto removed = cache.clear();
+    auto removed = cache.removeAll();
     if (!removed) {
       llvm::errs() << "cellc: error: " << llvm::toString(removed.takeError())
                    << "\n";

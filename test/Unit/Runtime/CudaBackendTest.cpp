@@ -171,22 +171,22 @@ TEST(CudaBackendTest, ADryRunPlacesWhatTheRealRunPlaces) {
   std::vector<int64_t> dry, real;
   backend.beginDry();
   ASSERT_FALSE(calls(dry));
-  ASSERT_FALSE(backend.end());
+  ASSERT_FALSE(backend.endCall());
   int64_t needed = backend.used();
   EXPECT_EQ(needed, 512 + 6144);
   EXPECT_EQ(device->zeros, 0); // nothing runs dry
   std::vector<char> workspace(static_cast<size_t>(needed));
-  ASSERT_FALSE(backend.begin(workspace.data(), needed, nullptr));
+  ASSERT_FALSE(backend.beginCall(workspace.data(), needed, nullptr));
   ASSERT_FALSE(calls(real));
-  ASSERT_FALSE(backend.end());
+  ASSERT_FALSE(backend.endCall());
   EXPECT_EQ(dry, real);
   EXPECT_EQ(device->zeros, 2);
   // A workspace one alignment short fails at the buffer that does not fit.
-  ASSERT_FALSE(backend.begin(workspace.data(), needed - 256, nullptr));
+  ASSERT_FALSE(backend.beginCall(workspace.data(), needed - 256, nullptr));
   Status e = calls(real);
   ASSERT_TRUE(e);
   EXPECT_NE(e.message().find("the call's workspace is too small"), std::string::npos);
-  backend.end();
+  backend.endCall();
 }
 
 TEST(CudaBackendTest, ABufferThatOutlivesItsCallIsAnError) {
@@ -195,7 +195,7 @@ TEST(CudaBackendTest, ABufferThatOutlivesItsCallIsAnError) {
   backend.beginDry();
   Buffer a;
   ASSERT_FALSE(backend.allocate(10, Element::F32, false, a));
-  Status e = backend.end();
+  Status e = backend.endCall();
   ASSERT_TRUE(e);
   EXPECT_NE(e.message().find("1 buffers outlive the call"), std::string::npos);
 }
@@ -210,9 +210,9 @@ TEST(CudaBackendTest, LaunchesTileTheBatchAndPersistentGridsAreCooperative) {
     args[0].view = viewOf({x.data(), -1, Element::F32}, {2, 10, 4});
     args[1].index = 0;
     args[2].index = 10;
-    ASSERT_FALSE(backend.begin(nullptr, 0, nullptr));
+    ASSERT_FALSE(backend.beginCall(nullptr, 0, nullptr));
     ASSERT_FALSE(backend.launch(/*backward=*/true, /*saveGates=*/false, args, 10));
-    ASSERT_FALSE(backend.end());
+    ASSERT_FALSE(backend.endCall());
     ASSERT_EQ(device->launches.size(), 1u);
     const LaunchSpec &spec = device->launches[0];
     EXPECT_EQ(spec.kernel, "c_bwd");
@@ -249,9 +249,9 @@ TEST(CudaBackendTest, AMismatchedArgumentIsAnInternalError) {
   args[0].view = viewOf({x.data(), -1, Element::BF16}, {1, 10, 4});
   args[1].index = 0;
   args[2].index = 10;
-  ASSERT_FALSE(backend.begin(nullptr, 0, nullptr));
+  ASSERT_FALSE(backend.beginCall(nullptr, 0, nullptr));
   Status e = backend.launch(false, false, args, 10);
-  backend.end();
+  backend.endCall();
   ASSERT_TRUE(e);
   EXPECT_NE(e.message().find("c_fwd: argument input x is f32, given bf16"), std::string::npos);
 }
@@ -267,15 +267,15 @@ TEST(CudaBackendTest, AMixedGemmConvertsItsSecondOperandIntoTheWorkspace) {
   View vc = viewOf({c.data(), -1, Element::F32}, {6, 5});
   backend.beginDry();
   ASSERT_FALSE(backend.gemm(false, false, 6, 5, 8, va, 8, vb, 5, 0.0, vc, 5));
-  ASSERT_FALSE(backend.end());
+  ASSERT_FALSE(backend.endCall());
   int64_t needed = backend.used();
   // The GEMM library's workspace, then b in bf16.
   EXPECT_EQ(needed, CudaBackend::kGemmWorkspaceBytes + 256);
   EXPECT_TRUE(device->gemms.empty());
   std::vector<char> workspace(static_cast<size_t>(needed));
-  ASSERT_FALSE(backend.begin(workspace.data(), needed, nullptr));
+  ASSERT_FALSE(backend.beginCall(workspace.data(), needed, nullptr));
   ASSERT_FALSE(backend.gemm(false, false, 6, 5, 8, va, 8, vb, 5, 0.0, vc, 5));
-  ASSERT_FALSE(backend.end());
+  ASSERT_FALSE(backend.endCall());
   ASSERT_EQ(device->gemms.size(), 1u);
   EXPECT_EQ(device->gemms[0].ab, Element::BF16);
   EXPECT_EQ(device->gemms[0].ce, Element::F32);
@@ -291,10 +291,10 @@ TEST(CudaBackendTest, ColumnSumsRunInPartsOfRows) {
   CudaBackend backend(device, "c", cell);
   std::vector<float> m(10000 * 3), acc(3);
   std::vector<char> workspace(1 << 16);
-  ASSERT_FALSE(backend.begin(workspace.data(), int64_t(workspace.size()), nullptr));
+  ASSERT_FALSE(backend.beginCall(workspace.data(), int64_t(workspace.size()), nullptr));
   ASSERT_FALSE(backend.columnSums(viewOf({m.data(), -1, Element::F32}, {10000, 3}), 10000, 3,
                                   viewOf({acc.data(), -1, Element::F32}, {3})));
-  ASSERT_FALSE(backend.end());
+  ASSERT_FALSE(backend.endCall());
   // 10000 rows: 5 parts of 2000.
   ASSERT_EQ(device->columnParts.size(), 1u);
   EXPECT_EQ(device->columnParts[0], std::make_pair(int64_t(5), int64_t(2000)));
@@ -345,7 +345,7 @@ TEST(CudaBackendTest, ACallWhoseSizesOverflowIsAnErrorBeforeAnythingRuns) {
   backend->beginDry();
   Status e = driver.forward(seq, {view({T, B, 4})}, {view({B, 4})},
                             driver::Recompute{}, nullptr);
-  backend->end();
+  backend->endCall();
   ASSERT_TRUE(e);
   // h's history, start and gradients (4 x 4), x and its gradient (2 x 3),
   // the output and its gradient (2 x 4).
@@ -375,7 +375,7 @@ TEST(CudaBackendTest, WhatTheGpuRefusesIsRefusedEverywhere) {
   Status e = backend.gemm(false, false, 2, 2, 2, viewOf({a.data(), -1, Element::F32}, {2, 2}), 2,
                           viewOf({b.data(), -1, Element::F32}, {2, 2}), 2, 0.0,
                           viewOf({c.data(), -1, Element::BF16}, {2, 2}), 2);
-  backend.end();
+  backend.endCall();
   ASSERT_TRUE(e);
   EXPECT_NE(e.message().find("a GEMM of f32 and f32 into bf16"), std::string::npos);
   // A persistent grid's tiles along y: at most 65535 of them.
@@ -386,9 +386,9 @@ TEST(CudaBackendTest, WhatTheGpuRefusesIsRefusedEverywhere) {
   args[0].view = viewOf({x.data(), -1, Element::F32}, {1, 1, 4});
   args[1].index = 0;
   args[2].index = 4 * 65536;
-  ASSERT_FALSE(tiled.begin(nullptr, 0, nullptr));
+  ASSERT_FALSE(tiled.beginCall(nullptr, 0, nullptr));
   e = tiled.launch(false, false, args, 4 * 65536);
-  tiled.end();
+  tiled.endCall();
   ASSERT_TRUE(e);
   EXPECT_NE(e.message().find("262144 rows make 65536 batch tiles of 4, past the 65535"),
             std::string::npos);

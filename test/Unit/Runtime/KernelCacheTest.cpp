@@ -153,7 +153,7 @@ TEST(KernelCacheTest, KeysChangeWithEveryInput) {
   // The same cell again adds nothing.
   EXPECT_TRUE(compileWith(tmp.dir)->loadedFromCache());
   EXPECT_EQ(KernelCache(tmp.dir).list().size(), 3u);
-  auto removed = KernelCache(tmp.dir).clear();
+  auto removed = KernelCache(tmp.dir).removeAll();
   ASSERT_TRUE(static_cast<bool>(removed));
   EXPECT_EQ(*removed, 3u);
   EXPECT_TRUE(KernelCache(tmp.dir).list().empty());
