@@ -187,19 +187,6 @@ def shaped_states(final, dims):
     return {n: t.reshape(t.shape[0], *dims[n]) if n in dims else t for n, t in final.items()}
 
 
-def is_mode(mode):
-    """Whether `mode` is a recompute mode the runtime takes (None: the
-    default), without asking it: a call that runs no kernel of the mode
-    (a one-step call under no_grad, which runs the step) checks it here,
-    and leaves the message to the runtime where it is not."""
-    if mode is None or mode in ("none", "full"):
-        return True
-    if not isinstance(mode, str) or not mode.startswith("chunk:"):
-        return False
-    k = mode[len("chunk:"):]
-    return k.isdigit() and int(k) > 0
-
-
 def one_step(x, batch_first, dims=3):
     """The step of a one-step sequence `x` ([1, B, n], [B, 1, n] batch-first;
     a dict of them; with `dims` 2, unbatched [1, n]) as a step takes it
@@ -218,7 +205,7 @@ def one_step(x, batch_first, dims=3):
 #: `states` None or a dict of [B, n], `resets` uint8 [T, B] or None,
 #: `lengths` an int64 CPU tensor [B] (values unread) or None.
 Call = collections.namedtuple(
-    "Call", "inputs params states resets lengths mode sizes T B batch_first cuda")
+    "Call", "inputs params states resets lengths mode sizes B batch_first cuda")
 
 
 def check(front, x, params, states=None, *, save_gates=True, resets=None, recompute=None,
@@ -291,7 +278,7 @@ def check(front, x, params, states=None, *, save_gates=True, resets=None, recomp
         inputs = [t.transpose(0, 1) for t in inputs]
         resets = resets.transpose(0, 1).contiguous() if resets is not None else None
     return Call(inputs, [params[n] for n in names_par], _flat_states(states, B), resets,
-                lengths, mode, sizes, T, B, batch_first, cuda)
+                lengths, mode, sizes, B, batch_first, cuda)
 
 
 class Fixed(Sizes):

@@ -9,7 +9,7 @@ import warnings
 import torch
 
 from . import _cellc, _cellc_runtime, _ops
-from ._front import _DTYPES, _compiling, is_mode, one_step
+from ._front import _DTYPES, _compiling, one_step, recompute_mode
 from ._sizes import Sizes, _size_text
 from ._stream import Steps
 from ._targets import _CUDA_OPTIONS, EMULATED, CudaTargets
@@ -200,12 +200,15 @@ class Cell(Sizes, Steps, CudaTargets):
     def __call__(self, x, params, states=None, *, save_gates=True, resets=None,
                  recompute=None, batch_first=False, lengths=None):
         if (not torch.is_grad_enabled() and resets is None and lengths is None
-                and not _compiling() and is_mode(recompute)):
+                and not _compiling()):
             # A one-step call under no_grad is a step: the step kernels,
             # their packed weights and short path (Cell.step), and the same
-            # results as the sequence's.
+            # results as the sequence's. It runs no kernel of the mode, but
+            # a mode the driver refuses is the same error.
             step = one_step(x, batch_first)
             if step is not None:
+                if recompute is not None:
+                    _cellc_runtime.check_mode(recompute_mode(save_gates, recompute))
                 out, news = self.step(step, params, states)
                 at = 1 if batch_first else 0
                 one = lambda t: t.unsqueeze(at)

@@ -325,6 +325,10 @@ PYBIND11_MODULE(_cellc_runtime, m) {
         "both use the same OpenMP runtime) rather than a pool of its own");
   m.def("set_tasks_on_openmp", &setTasksOnOpenMP, py::arg("on"),
         "Runs the runtime's threads on OpenMP's (True) or on its own pool");
+  m.def(
+      "check_mode", [](const std::string &mode) { PyCell::parseMode(mode); }, py::arg("mode"),
+      "Raises ValueError, with the driver's one message, unless mode is a "
+      "recompute mode the driver takes");
   m.def("empty_cache", &releaseCachedBuffers,
         "Unmaps the buffers that calls released and the runtime keeps for the "
         "next call of the same sizes");
