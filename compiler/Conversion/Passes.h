@@ -4,6 +4,7 @@
 #define CELLC_COMPILER_CONVERSION_PASSES_H
 
 #include "dialects/Cell/IR/CellOps.h"
+#include "dialects/Cell/IR/Knobs.h"
 
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -23,6 +24,16 @@ namespace mlir::cell {
 
 #define GEN_PASS_DECL
 #include "compiler/Conversion/Passes.h.inc"
+
+/// The kernel passes with their knobs (Knobs.def) set from `knobs`, and
+/// their other options from `options`.
+std::unique_ptr<Pass> createConvertCellToKernels(const cellc::Knobs &knobs);
+std::unique_ptr<Pass>
+createConvertCellToBatchedKernels(const cellc::Knobs &knobs,
+                                  ConvertCellToBatchedKernelsOptions options);
+std::unique_ptr<Pass>
+createConvertCellToTiledKernels(const cellc::Knobs &knobs,
+                                ConvertCellToTiledKernelsOptions options);
 
 #define GEN_PASS_REGISTRATION
 #include "compiler/Conversion/Passes.h.inc"

@@ -47,18 +47,13 @@ def ConvertCellToKernels : Pass<"convert-cell-to-kernels", "::mlir::ModuleOp"> {
 
     The recurrent matvec runs `matvec-unroll` weight rows per iteration, each
     row in pieces of `matvec-width` lanes (0: the whole row) accumulated with
-    FMAs and reduced once; both must divide the weight's dimensions. They are
-    autotuning knobs (cellc-tune).
+    FMAs and reduced once; both must divide the weight's dimensions. Both are knobs
+    of cellc-tune, and the pass's options are declared from
+    `dialects/Cell/IR/Knobs.def` (KnobOptions.h).
 
     Expects `cell-split-projections`, `cell-autodiff` and `cell-plan-saves` to
     have run.
   }];
-  let options = [
-    Option<"matvecWidth", "matvec-width", "int64_t", "0",
-           "Lanes per FMA of the recurrent matvec (0: the whole row)">,
-    Option<"matvecUnroll", "matvec-unroll", "int64_t", "1",
-           "Weight rows per iteration of the recurrent matvec">,
-  ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
     "::mlir::math::MathDialect", "::mlir::memref::MemRefDialect",
@@ -129,34 +124,17 @@ def ConvertCellToTiledKernels
     backward tiles may differ. A CUDA kernel that does not fit with one row
     is an error.
 
+    Its knob options, `strategy` (batch-tiled when none is named),
+    `precision`, `storage`, `batch-tile`, `ctas`, `shared-limit`,
+    `cta-threads` and `max-registers`, are declared from
+    `dialects/Cell/IR/Knobs.def` (KnobOptions.h).
+
     Expects `cell-split-projections`, `cell-autodiff` and `cell-plan-saves` to
     have run.
   }];
   let options = [
     Option<"target", "target", "std::string", "\"cuda\"",
            "cuda (gpu.func kernels) or cpu (func.func kernels, for testing)">,
-    Option<"batchTile", "batch-tile", "int64_t", "0",
-           "At most this many batch rows per program (0: 4), fewer where "
-           "workgroup memory is short">,
-    Option<"threads", "threads", "int64_t", "256", "Threads per CTA">,
-    Option<"sharedLimit", "shared-limit", "int64_t", "49152",
-           "Workgroup memory per CTA, in bytes">,
-    Option<"maxRegisters", "max-registers", "int64_t", "0",
-           "CUDA: registers per thread that ptxas may use (nvvm.maxnreg; "
-           "0: no cap)">,
-    Option<"strategy", "strategy", "std::string", "\"batch-tiled\"",
-           "batch-tiled (a CTA per tile runs all steps) or persistent (CTAs "
-           "split each step of a tile, weights kept on chip, grid barriers)">,
-    Option<"ctas", "ctas", "int64_t", "0",
-           "Persistent: CTAs per tile (0: the fewest whose weight slices fit "
-           "in shared-limit)">,
-    Option<"storage", "storage", "std::string", "\"f32\"",
-           "CUDA: the element type in memory of the per-step sequences "
-           "(inputs, projections, outputs, state history, gates and their "
-           "gradients): f32, or bf16 (computed in f32)">,
-    Option<"precision", "precision", "std::string", "\"ieee\"",
-           "CUDA: the recurrent matvecs' multiplies: ieee (fp32 FMAs), tf32 "
-           "or bf16 (tensor cores, mma.sync, fp32 accumulation)">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
@@ -205,23 +183,17 @@ def ConvertCellToBatchedKernels
     counters follow the group's barrier words (`cell.barrier_words` counts
     both); `cell.profile_sites` names the sites in order.
 
+    Its knob options, `batch-tile` (0: 64), `product-rows`,
+    `product-vectors` and `vector-width`, are declared from
+    `dialects/Cell/IR/Knobs.def` (KnobOptions.h).
+
     Expects `cell-split-projections`, `cell-autodiff` and `cell-plan-saves` to
     have run.
   }];
   let options = [
-    Option<"batchTile", "batch-tile", "int64_t", "64",
-           "Batch rows per tile where the step has a recurrent product (one "
-           "row where it has none): each tile runs all the steps">,
-    Option<"vectorWidth", "vector-width", "int64_t", "0",
-           "Lanes of the element loops and of the products' vectors (0: "
-           "vector-bits of the element type)">,
     Option<"vectorBits", "vector-bits", "int64_t", "256",
            "Bits of a vector where vector-width is 0: 256 (8 f32 or 4 f64) or "
            "512 (AVX-512's)">,
-    Option<"productRows", "product-rows", "int64_t", "6",
-           "Rows of a product's register block">,
-    Option<"productVectors", "product-vectors", "int64_t", "2",
-           "Output vectors per row of a product's register block">,
     Option<"profilePhases", "profile-phases", "bool", "false",
            "Each barrier adds the cycles its slice worked since the last one "
            "and waited in it to counters after the group's barrier words "

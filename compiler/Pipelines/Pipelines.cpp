@@ -26,34 +26,22 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
   if (stage >= Stage::Plan)
     pm.addPass(cell::createCellPlanSaves());
   if (stage >= Stage::Kernels) {
+    const Knobs &knobs = options;
     if (options.strategy == KernelStrategy::Batched) {
       cell::ConvertCellToBatchedKernelsOptions batched;
-      if (options.batchTile > 0)
-        batched.batchTile = options.batchTile;
-      batched.vectorWidth = options.vectorWidth;
       batched.vectorBits = options.vectorBits;
-      batched.productRows = options.productRows;
-      batched.productVectors = options.productVectors;
       batched.profilePhases = options.profilePhases;
-      pm.addPass(cell::createConvertCellToBatchedKernels(batched));
+      pm.addPass(cell::createConvertCellToBatchedKernels(knobs, batched));
     } else if (options.strategy != KernelStrategy::PerRow) {
       cell::ConvertCellToTiledKernelsOptions tiled;
-      tiled.strategy = name(options.strategy);
-      tiled.ctas = options.ctas;
-      if (options.strategy == KernelStrategy::Persistent)
-        tiled.sharedLimit = options.sharedLimit;
       tiled.target = name(options.target);
-      tiled.batchTile = options.batchTile;
-      tiled.threads = options.threads;
-      tiled.maxRegisters = options.maxRegisters;
-      tiled.precision = name(options.precision);
-      tiled.storage = name(options.storage);
-      pm.addPass(cell::createConvertCellToTiledKernels(tiled));
+      Knobs tiledKnobs = knobs;
+      // The batch-tiled kernels keep their 48 KiB of static shared memory.
+      if (options.strategy != KernelStrategy::Persistent)
+        tiledKnobs.sharedLimit = Knobs().sharedLimit;
+      pm.addPass(cell::createConvertCellToTiledKernels(tiledKnobs, tiled));
     } else {
-      cell::ConvertCellToKernelsOptions perRow;
-      perRow.matvecWidth = options.matvecWidth;
-      perRow.matvecUnroll = options.matvecUnroll;
-      pm.addPass(cell::createConvertCellToKernels(perRow));
+      pm.addPass(cell::createConvertCellToKernels(knobs));
     }
     std::optional<bool> saveGates = options.saveGates;
     if (stage >= Stage::LLVM && !saveGates)

@@ -59,21 +59,19 @@ inline bool isCudaStrategy(Strategy strategy) {
   return strategy == Strategy::BatchTiled || strategy == Strategy::Persistent;
 }
 
-struct PipelineOptions {
+/// What the pipeline builds: the kernel knobs of Knobs.def (strategy,
+/// precision, storage, batchTile, ctas, sharedLimit, threads per CTA,
+/// maxRegisters, productRows, productVectors, vectorWidth, matvecWidth and
+/// matvecUnroll), which the kernel passes take, and the rest. Persistent
+/// kernels: 0 CTAs is the fewest that fit, and sharedLimit the dynamic
+/// shared memory a CTA may use for its slice of the weights.
+struct PipelineOptions : Knobs {
   /// When set, the kernels are specialized for SAVE_GATES and canonicalized.
   std::optional<bool> saveGates;
   /// Whether products of inputs leave the step as projections (a GEMM over
   /// the whole sequence). A streaming step's kernels keep them: one step has
   /// no sequence to batch, and a GEMM of B rows packs its weight each call.
   bool splitProjections = true;
-  /// The kernel knobs of Knobs.def: strategy, precision, storage,
-  /// batchTile, ctas, sharedLimit, threads (per CTA), maxRegisters,
-  /// productRows, productVectors and vectorWidth. Persistent kernels: 0 CTAs
-  /// is the fewest that fit, and sharedLimit the dynamic shared memory a CTA
-  /// may use for its slice of the weights.
-#define CELLC_INT_KNOB(Name, Member, Default, Uses, Help) int64_t Member = Default;
-#define CELLC_WORD_KNOB(Name, Member, Enum, Default, Uses, Help) Enum Member = Enum::Default;
-#include "dialects/Cell/IR/Knobs.def"
   /// For batch-tiled kernels: the target (CUDA, or the CPU for their
   /// emulation).
   Target target = Target::Cpu;
@@ -84,10 +82,6 @@ struct PipelineOptions {
   /// For batched kernels: counters of the cycles each thread works and
   /// waits between barriers (convert-cell-to-batched-kernels' profile-phases).
   bool profilePhases = false;
-  /// For per-row kernels: the recurrent matvec's lanes per FMA (0: whole
-  /// rows) and rows per iteration.
-  int64_t matvecWidth = 0;
-  int64_t matvecUnroll = 1;
   /// For --emit=plan: the sequence whose training step's memory it predicts.
   int64_t planSteps = 100;
   int64_t planBatch = 64;

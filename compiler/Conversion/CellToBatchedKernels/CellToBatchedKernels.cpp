@@ -21,6 +21,7 @@
 #include "compiler/Conversion/CellToBatchedKernels/BatchedBuilder.h"
 #include "compiler/Conversion/CellToBatchedKernels/Products.h"
 #include "compiler/Conversion/Common/KernelABI.h"
+#include "compiler/Conversion/KnobOptions.h"
 #include "compiler/Conversion/Common/StepEmitter.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
@@ -37,13 +38,23 @@ using batched::BatchedBuilder;
 struct ConvertCellToBatchedKernels
     : public impl::ConvertCellToBatchedKernelsBase<ConvertCellToBatchedKernels> {
   using ConvertCellToBatchedKernelsBase::ConvertCellToBatchedKernelsBase;
+  ConvertCellToBatchedKernels(const ConvertCellToBatchedKernels &other)
+      : ConvertCellToBatchedKernelsBase(other) {}
+  ConvertCellToBatchedKernels(const cellc::Knobs &knobs,
+                              ConvertCellToBatchedKernelsOptions options)
+      : ConvertCellToBatchedKernelsBase(std::move(options)) {
+    setKnobs(knobs);
+  }
+
+#define CELLC_KNOB_PASS ::cellc::KnobBatched
+#include "compiler/Conversion/KnobOptions.inc"
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (batchTile < 1 || vectorWidth < 0 || productRows < 1 || productVectors < 1 ||
+    if (batchTile < 0 || vectorWidth < 0 || productRows < 1 || productVectors < 1 ||
         (vectorBits != 256 && vectorBits != 512)) {
-      module.emitError("convert-cell-to-batched-kernels: batch-tile, "
-                       "product-rows and product-vectors must be >= 1, "
+      module.emitError("convert-cell-to-batched-kernels: product-rows and "
+                       "product-vectors must be >= 1, batch-tile and "
                        "vector-width >= 0 and vector-bits 256 or 512");
       return signalPassFailure();
     }
@@ -63,7 +74,7 @@ struct ConvertCellToBatchedKernels
     return shape;
   }
 
-  /// The rows of a tile: `batch-tile`, or one where the step has no
+  /// The rows of a tile: `batch-tile` (0: 64), or one where the step has no
   /// product. A tile's rows share the products' packed weights and nothing
   /// else; without products a row runs alone, and its buffers stay in cache
   /// through the step (gated DeltaNet at K = V = 64 keeps 64 KiB of state per
@@ -75,7 +86,7 @@ struct ConvertCellToBatchedKernels
                                                           : WalkResult::advance();
                         })
                         .wasInterrupted();
-    return products ? int64_t(batchTile) : 1;
+    return !products ? 1 : batchTile > 0 ? int64_t(batchTile) : 64;
   }
 
   LogicalResult buildForward(DefOp def);
@@ -441,4 +452,11 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
 }
 
 } // namespace
+
+std::unique_ptr<Pass>
+createConvertCellToBatchedKernels(const cellc::Knobs &knobs,
+                                  ConvertCellToBatchedKernelsOptions options) {
+  return std::make_unique<ConvertCellToBatchedKernels>(knobs, std::move(options));
+}
+
 } // namespace mlir::cell

@@ -3,6 +3,7 @@
 #include "compiler/Conversion/Passes.h"
 
 #include "compiler/Conversion/Common/KernelABI.h"
+#include "compiler/Conversion/KnobOptions.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -400,7 +401,13 @@ Value StepLowering::lowerVecmat(OpBuilder &builder, Location loc, Value weight, 
 
 struct ConvertCellToKernels
     : public impl::ConvertCellToKernelsBase<ConvertCellToKernels> {
-  using ConvertCellToKernelsBase::ConvertCellToKernelsBase;
+  ConvertCellToKernels() = default;
+  ConvertCellToKernels(const ConvertCellToKernels &other)
+      : ConvertCellToKernelsBase(other) {}
+  explicit ConvertCellToKernels(const cellc::Knobs &knobs) { setKnobs(knobs); }
+
+#define CELLC_KNOB_PASS ::cellc::KnobPerRow
+#include "compiler/Conversion/KnobOptions.inc"
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -746,4 +753,9 @@ LogicalResult ConvertCellToKernels::buildBackward(DefOp def, func::FuncOp grad) 
 }
 
 } // namespace
+
+std::unique_ptr<Pass> createConvertCellToKernels(const cellc::Knobs &knobs) {
+  return std::make_unique<ConvertCellToKernels>(knobs);
+}
+
 } // namespace mlir::cell

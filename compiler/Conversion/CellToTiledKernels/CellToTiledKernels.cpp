@@ -25,6 +25,7 @@
 #include "compiler/Conversion/Passes.h"
 
 #include "compiler/Conversion/CellToTiledKernels/TiledBuilder.h"
+#include "compiler/Conversion/KnobOptions.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
@@ -245,6 +246,16 @@ LogicalResult buildBackwardSteps(TileLoop &tl) {
 struct ConvertCellToTiledKernels
     : public impl::ConvertCellToTiledKernelsBase<ConvertCellToTiledKernels> {
   using ConvertCellToTiledKernelsBase::ConvertCellToTiledKernelsBase;
+  ConvertCellToTiledKernels(const ConvertCellToTiledKernels &other)
+      : ConvertCellToTiledKernelsBase(other) {}
+  ConvertCellToTiledKernels(const cellc::Knobs &knobs,
+                            ConvertCellToTiledKernelsOptions options)
+      : ConvertCellToTiledKernelsBase(std::move(options)) {
+    setKnobs(knobs);
+  }
+
+#define CELLC_KNOB_PASS ::cellc::KnobCuda
+#include "compiler/Conversion/KnobOptions.inc"
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -256,12 +267,17 @@ struct ConvertCellToTiledKernels
             << option << " '" << value << "'; expected " << expected;
       return parsed.has_value();
     };
+    // A knob's word where none is named: the pass's default.
+    auto parse = [](StringRef value, auto fallback) {
+      return value.empty() ? std::optional(fallback)
+                           : cellc::parse<decltype(fallback)>(value);
+    };
     std::optional<cellc::Target> parsedTarget = cellc::parse<cellc::Target>(target);
     std::optional<cellc::Precision> parsedPrecision =
-        cellc::parse<cellc::Precision>(precision);
-    std::optional<cellc::Storage> parsedStorage = cellc::parse<cellc::Storage>(storage);
+        parse(precision, cellc::Precision::Ieee);
+    std::optional<cellc::Storage> parsedStorage = parse(storage, cellc::Storage::F32);
     std::optional<cellc::Strategy> parsedStrategy =
-        cellc::parse<cellc::Strategy>(strategy);
+        parse(strategy, cellc::Strategy::BatchTiled);
     if (!word(parsedTarget, "target", target, cellc::Words<cellc::Target>::expected()) ||
         !word(parsedPrecision, "precision", precision,
               cellc::Words<cellc::Precision>::expected()) ||
@@ -296,7 +312,7 @@ struct ConvertCellToTiledKernels
       return signalPassFailure();
     }
     if (gpu && threads % 32 != 0) {
-      module.emitError("convert-cell-to-tiled-kernels: threads=")
+      module.emitError("convert-cell-to-tiled-kernels: cta-threads=")
           << int64_t(threads) << " is not a whole number of warps";
       return signalPassFailure();
     }
@@ -561,4 +577,11 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
 }
 
 } // namespace
+
+std::unique_ptr<Pass>
+createConvertCellToTiledKernels(const cellc::Knobs &knobs,
+                                ConvertCellToTiledKernelsOptions options) {
+  return std::make_unique<ConvertCellToTiledKernels>(knobs, std::move(options));
+}
+
 } // namespace mlir::cell

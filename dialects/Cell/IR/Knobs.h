@@ -20,14 +20,27 @@
 
 namespace cellc {
 
-/// What takes a knob: bits of KnobInfo::uses.
+/// What takes a knob: bits of KnobInfo::uses. Each kernel pass takes its
+/// knobs as options (compiler/Conversion/KnobOptions.h).
 enum KnobUse : unsigned {
-  /// The CPU kernels' options.
-  KnobCpu = 1,
-  /// The CUDA kernels' options.
+  /// The CPU's batched kernels (convert-cell-to-batched-kernels).
+  KnobBatched = 1,
+  /// The CUDA kernels and their emulation (convert-cell-to-tiled-kernels).
   KnobCuda = 2,
   /// Python's Cell.cuda_package.
   KnobPython = 4,
+  /// The CPU's per-row kernels (convert-cell-to-kernels).
+  KnobPerRow = 8,
+  /// The CPU's kernels, batched or per-row.
+  KnobCpu = KnobBatched | KnobPerRow,
+};
+
+/// The knobs' values, one member a knob with its default: PipelineOptions
+/// holds them, and the kernel passes take them.
+struct Knobs {
+#define CELLC_INT_KNOB(Name, Member, Default, Uses, Help) int64_t Member = Default;
+#define CELLC_WORD_KNOB(Name, Member, Enum, Default, Uses, Help) Enum Member = Enum::Default;
+#include "dialects/Cell/IR/Knobs.def"
 };
 
 /// One knob of Knobs.def.
@@ -81,6 +94,22 @@ inline const KnobInfo *findKnob(std::string_view name) {
   for (const KnobInfo &knob : kKnobs)
     if (name == knob.name)
       return &knob;
+  return nullptr;
+}
+
+/// The command line's flag of the knob called `name` (batch_tile:
+/// "batch-tile"), kept for the life of the process, as a pass option's
+/// name must be.
+inline const char *knobFlag(std::string_view name) {
+  static const std::vector<std::string> flags = [] {
+    std::vector<std::string> all;
+    for (const KnobInfo &knob : kKnobs)
+      all.push_back(knob.flag());
+    return all;
+  }();
+  for (size_t i = 0; i < flags.size(); ++i)
+    if (name == kKnobs[i].name)
+      return flags[i].c_str();
   return nullptr;
 }
 

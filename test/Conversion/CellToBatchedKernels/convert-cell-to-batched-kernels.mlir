@@ -14,8 +14,12 @@
 // RUN:   | FileCheck %s --check-prefix=WIDE
 // RUN: cellc %examples/lstm.cell -D H=12 -D I=4 --emit=mlir \
 // RUN:   | not cellc-opt --cell-split-projections --cell-autodiff --cell-plan-saves \
-// RUN:       --convert-cell-to-batched-kernels="batch-tile=0" 2>&1 \
+// RUN:       --convert-cell-to-batched-kernels="batch-tile=-1" 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=ERR
+// RUN: cellc %examples/lstm.cell -D H=12 -D I=4 --emit=mlir \
+// RUN:   | cellc-opt --cell-split-projections --cell-autodiff --cell-plan-saves \
+// RUN:       --convert-cell-to-batched-kernels="batch-tile=0" \
+// RUN:   | FileCheck %s --check-prefix=TILE0
 // RUN: cellc %examples/lstm.cell -D H=12 -D I=4 --emit=mlir \
 // RUN:   | not cellc-opt --cell-split-projections --cell-autodiff --cell-plan-saves \
 // RUN:       --convert-cell-to-batched-kernels="vector-bits=384" 2>&1 \
@@ -146,7 +150,11 @@
 // WIDE:         memref.reinterpret_cast {{.*}} sizes: [3, 12, 16]
 // WIDE:         vector.store %{{.*}} : memref<3x12x16xf32, {{.*}}>, vector<16xf32>
 
-// ERR: convert-cell-to-batched-kernels: batch-tile, product-rows and product-vectors must be >= 1, vector-width >= 0 and vector-bits 256 or 512
+// ERR: convert-cell-to-batched-kernels: product-rows and product-vectors must be >= 1, batch-tile and vector-width >= 0 and vector-bits 256 or 512
+
+// batch-tile=0, the knob's default, is 64 rows a tile.
+// TILE0-LABEL: func.func @lstm_fwd
+// TILE0-SAME:    cell.batch_tile = 64
 
 // cellc's CPU kernels are the batched ones: 64 rows per tile.
 // CPU-LABEL: func.func @lstm_fwd

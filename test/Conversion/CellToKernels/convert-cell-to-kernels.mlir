@@ -2,6 +2,9 @@
 // RUN: cellc-opt %s --convert-cell-to-kernels --cell-specialize --canonicalize | FileCheck %s --check-prefix=CANON
 // RUN: cellc-opt %s --convert-cell-to-kernels="matvec-width=2 matvec-unroll=2" --cell-specialize --canonicalize | FileCheck %s --check-prefix=TUNED
 // RUN: not cellc-opt %s --convert-cell-to-kernels="matvec-width=3" 2>&1 | FileCheck %s --check-prefix=BADWIDTH
+// The knobs reach the pass from cellc's command line (Knobs.def).
+// RUN: not cellc %examples/lstm.cell -D H=12 -D I=4 --emit=kernels --strategy=per-row \
+// RUN:   --matvec-width=5 2>&1 | FileCheck %s --check-prefix=CLIWIDTH
 // RUN: cellc %examples/block_gru.cell -D G=2 -D D=4 --emit=kernels --strategy=per-row | FileCheck %s --check-prefix=NOSNAKE
 // A cell whose products are all block-diagonal has no matvec to turn
 // around: no call counter, no atomic per call.
@@ -161,4 +164,5 @@ func.func @elman_grad(%arg0: tensor<3xf32>, %arg1: tensor<4xf32>, %arg2: tensor<
 // TUNED:           vector.reduction <add>, %{{.*}} : vector<2xf32> into f32
 // TUNED:           vector.reduction <add>, %{{.*}} : vector<2xf32> into f32
 
+// CLIWIDTH: lstm.cell:7:45: error: matvec-width=5 and matvec-unroll=1 must divide the weight's columns (12) and rows (48)
 // BADWIDTH: error: matvec-width=3 and matvec-unroll=1 must divide the weight's columns (4) and rows (4)

@@ -4,7 +4,7 @@
 //
 // RUN: cellc %examples/lstm.cell -D H=8 -D I=4 --emit=mlir \
 // RUN:   | cellc-opt --cell-split-projections --cell-autodiff --cell-plan-saves \
-// RUN:       --convert-cell-to-tiled-kernels="batch-tile=2 threads=64" \
+// RUN:       --convert-cell-to-tiled-kernels="batch-tile=2 cta-threads=64" \
 // RUN:   | FileCheck %s
 //
 // CHECK: module attributes {gpu.container_module}

@@ -5,7 +5,7 @@
 // RUN: cellc %examples/lstm.cell -D H=16 -D I=8 --emit=mlir \
 // RUN:   | cellc-opt --cell-split-projections --cell-autodiff --cell-plan-saves -o %t.mlir
 //
-// RUN: cellc-opt %t.mlir --convert-cell-to-tiled-kernels="strategy=persistent threads=64 batch-tile=2" \
+// RUN: cellc-opt %t.mlir --convert-cell-to-tiled-kernels="strategy=persistent cta-threads=64 batch-tile=2" \
 // RUN:   | FileCheck %s --check-prefix=PERSISTENT
 // The CTAs of a tile along x, the tiles along y; the weights' slices and the
 // partial products in dynamic shared memory; a global workspace and the
@@ -29,20 +29,20 @@
 // PERSISTENT: memref.atomic_rmw addi %{{.*}}, %[[BAR]]
 // PERSISTENT: gpu.func @lstm_bwd(
 //
-// RUN: cellc-opt %t.mlir --convert-cell-to-tiled-kernels="precision=tf32 threads=64 batch-tile=2" \
+// RUN: cellc-opt %t.mlir --convert-cell-to-tiled-kernels="precision=tf32 cta-threads=64 batch-tile=2" \
 // RUN:   | FileCheck %s --check-prefix=TF32
 // TF32: gpu.func @lstm_fwd(
 // TF32: nvvm.mma.sync {{.*}}multiplicandAPtxType = #nvvm.mma_type<tf32>{{.*}}shape = #nvvm.shape<m = 16, n = 8, k = 8>
 // TF32: gpu.func @lstm_bwd(
 // TF32: nvvm.mma.sync
 //
-// RUN: cellc-opt %t.mlir --convert-cell-to-tiled-kernels="precision=bf16 threads=64 batch-tile=2" \
+// RUN: cellc-opt %t.mlir --convert-cell-to-tiled-kernels="precision=bf16 cta-threads=64 batch-tile=2" \
 // RUN:   | FileCheck %s --check-prefix=BF16 --implicit-check-not=nvvm.mma.sync
 // BF16: gpu.func @lstm_fwd(
 // BF16: arith.truncf %{{.*}} : vector<2xf32> to vector<2xbf16>
 // BF16: llvm.inline_asm "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
 //
-// RUN: cellc-opt %t.mlir --convert-cell-to-tiled-kernels="storage=bf16 threads=64 batch-tile=2" \
+// RUN: cellc-opt %t.mlir --convert-cell-to-tiled-kernels="storage=bf16 cta-threads=64 batch-tile=2" \
 // RUN:   | FileCheck %s --check-prefix=STORAGE
 // The per-step sequences are bf16 in memory, the states and params f32.
 // STORAGE: gpu.func @lstm_fwd(%{{.*}}: memref<?x?x8xbf16>, %{{.*}}: memref<?x?x64xbf16>, %{{.*}}: memref<?x?xi8>, %{{.*}}: memref<?x16xf32>
@@ -50,7 +50,7 @@
 // STORAGE: arith.extf %{{.*}} : bf16 to f32
 // STORAGE: arith.truncf %{{.*}} : f32 to bf16
 //
-// RUN: cellc-opt %t.mlir --convert-cell-to-tiled-kernels="max-registers=128 threads=64" \
+// RUN: cellc-opt %t.mlir --convert-cell-to-tiled-kernels="max-registers=128 cta-threads=64" \
 // RUN:   | FileCheck %s --check-prefix=MAXREG
 // MAXREG: gpu.func @lstm_fwd({{.*}} kernel attributes {{{.*}}nvvm.maxnreg = 128 : i32
 //
@@ -74,9 +74,9 @@
 // RUN:   | FileCheck %s --check-prefix=ERR-CPU-STORAGE
 // ERR-CPU-STORAGE: error: convert-cell-to-tiled-kernels: storage=bf16 is for target=cuda
 //
-// RUN: not cellc-opt %t.mlir --convert-cell-to-tiled-kernels="threads=48" 2>&1 \
+// RUN: not cellc-opt %t.mlir --convert-cell-to-tiled-kernels="cta-threads=48" 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=ERR-THREADS
-// ERR-THREADS: error: convert-cell-to-tiled-kernels: threads=48 is not a whole number of warps
+// ERR-THREADS: error: convert-cell-to-tiled-kernels: cta-threads=48 is not a whole number of warps
 //
 // RUN: not cellc-opt %t.mlir --convert-cell-to-tiled-kernels="shared-limit=128" 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=ERR-SHARED

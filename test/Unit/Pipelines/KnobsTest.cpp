@@ -1,8 +1,11 @@
 //===- KnobsTest.cpp - The knobs of Knobs.def, set by name ----------------===//
 
+#include "compiler/Conversion/Passes.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialects/Cell/IR/Knobs.h"
 #include "jit/CpuJit.h"
+
+#include "llvm/Support/raw_ostream.h"
 
 #include <gtest/gtest.h>
 
@@ -84,6 +87,51 @@ TEST(KnobsTest, aCpuConfigWithoutAKeySetsItsUnset) {
   EXPECT_EQ(options.kernels, jit::CpuOptions::Kernels::Batched);
   EXPECT_EQ(options.batchTile, 0);
   EXPECT_EQ(options.matvecUnroll, 1);
+}
+
+/// A pass's options as its textual pipeline prints them, each after a
+/// space: " batch-tile=0 cta-threads=256 ...}".
+std::string optionsOf(mlir::Pass &pass) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  pass.printAsTextualPipeline(os);
+  return " " + text.substr(text.find('{') + 1);
+}
+
+TEST(KnobsTest, eachKernelPassTakesItsKnobsFromTheList) {
+  PipelineOptions knobs;
+  knobs.batchTile = 3;
+  knobs.threads = 64;
+  knobs.precision = Precision::Tf32;
+  knobs.productRows = 4;
+  knobs.matvecUnroll = 2;
+  std::string tiled =
+      optionsOf(*mlir::cell::createConvertCellToTiledKernels(knobs, {}));
+  std::string batched =
+      optionsOf(*mlir::cell::createConvertCellToBatchedKernels(knobs, {}));
+  std::string perRow = optionsOf(*mlir::cell::createConvertCellToKernels(knobs));
+  // Each pass has an option for each knob it takes, under the knob's flag,
+  // and none for the others; the CPU's passes take no words.
+  for (const KnobInfo &knob : kKnobs) {
+    auto has = [&](const std::string &options) {
+      return options.find(" " + knob.flag() + "=") != std::string::npos;
+    };
+    EXPECT_EQ(has(tiled), (knob.uses & KnobCuda) != 0) << knob.name << tiled;
+    EXPECT_EQ(has(batched), (knob.uses & KnobBatched) && !knob.isWord())
+        << knob.name << batched;
+    EXPECT_EQ(has(perRow), (knob.uses & KnobPerRow) && !knob.isWord())
+        << knob.name << perRow;
+  }
+  // The values set come through, the others keep the knobs' defaults.
+  EXPECT_NE(tiled.find("batch-tile=3"), std::string::npos) << tiled;
+  EXPECT_NE(tiled.find("cta-threads=64"), std::string::npos) << tiled;
+  EXPECT_NE(tiled.find("precision=tf32"), std::string::npos) << tiled;
+  EXPECT_NE(tiled.find("shared-limit=49152"), std::string::npos) << tiled;
+  EXPECT_NE(batched.find("product-rows=4"), std::string::npos) << batched;
+  EXPECT_NE(batched.find("product-vectors=2"), std::string::npos) << batched;
+  EXPECT_NE(perRow.find("matvec-unroll=2"), std::string::npos) << perRow;
+  EXPECT_NE(perRow.find("matvec-width=0"), std::string::npos) << perRow;
+  EXPECT_EQ(perRow, " matvec-unroll=2 matvec-width=0}");
 }
 
 } // namespace
