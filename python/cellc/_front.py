@@ -162,9 +162,14 @@ def _autocast_cpu_of_torch():
 _autocast_cpu = _autocast_cpu_of_torch()
 
 
-def _compiling():
+def _compiling_of_torch():
+    """Whether torch.compile or torch.export is tracing: torch.compiler's
+    is_compiling, looked up once (a torch without it never compiles)."""
     compiler = getattr(torch, "compiler", None)
-    return compiler is not None and compiler.is_compiling()
+    return getattr(compiler, "is_compiling", None) or (lambda: False)
+
+
+_compiling = _compiling_of_torch()
 
 
 def recompute_mode(save_gates, recompute):

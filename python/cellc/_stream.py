@@ -49,7 +49,14 @@ def _stream_function(plan, signature, guard, fetch, result, tensors, new_shapes,
                       f"or not {t}.is_cpu or not {t}.is_contiguous()")
     B = tensors[0].shape[0]
     out_shape = out_shape or (lambda w: (B, w))
-    allocs = [f"o{i} = t0.new_empty({tuple(out_shape(w))})"
+    # An output shaped as an input or a state (an nn module's one-step call:
+    # [1, B, H] as h) is made as its empty_like, torch's cheapest.
+    like = {}
+    for j, t in enumerate(tensors):
+        if j < len(plan.names_in) or j >= first_state:
+            like.setdefault(tuple(t.shape), j)
+    allocs = [f"o{i} = empty_like(t{like[tuple(out_shape(w))]})"
+              if tuple(out_shape(w)) in like else f"o{i} = t0.new_empty({tuple(out_shape(w))})"
               for i, w in enumerate(plan.widths_out)]
     for i, shape in enumerate(new_shapes):
         old = tensors[first_state + i]
