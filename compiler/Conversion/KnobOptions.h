@@ -1,4 +1,4 @@
-//===- KnobOptions.h - The kernel passes' options from Knobs.def -*- C++ -*-===//
+//===- KnobOptions.h - Kernel pass options from Knobs.def -------*- C++ -*-===//
 //
 // A kernel pass's options for the knobs it takes, declared from
 // dialects/Cell/IR/Knobs.def rather than in Passes.td (TableGen cannot

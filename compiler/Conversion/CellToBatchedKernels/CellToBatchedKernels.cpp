@@ -21,8 +21,8 @@
 #include "compiler/Conversion/CellToBatchedKernels/BatchedBuilder.h"
 #include "compiler/Conversion/CellToBatchedKernels/Products.h"
 #include "compiler/Conversion/Common/KernelABI.h"
-#include "compiler/Conversion/KnobOptions.h"
 #include "compiler/Conversion/Common/StepEmitter.h"
+#include "compiler/Conversion/KnobOptions.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "llvm/Support/FormatVariadic.h"
