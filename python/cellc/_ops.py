@@ -136,8 +136,7 @@ class CpuRunner:
         T, B = inputs[0].shape[:2]
         self.compiled.forward(_buffers(inputs), _buffers(params), _buffers(states),
                               resets.data_ptr() if resets is not None else 0, T, B, False,
-                              _buffers(outputs), _buffers(finals), mode, kept is not None,
-                              lengths, outputs_outlive_saved=True,
+                              _buffers(outputs), _buffers(finals), mode, lengths,
                               kept=_buffers(kept) if kept is not None else None)
 
     def backward_kept(self, mode, inputs, params, states, resets, lengths, outputs, kept,

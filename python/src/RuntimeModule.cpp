@@ -38,11 +38,6 @@ void check(const Status &status) {
     throw py::value_error(status.message());
 }
 
-struct PySaved {
-  SavedPtr saved;
-  int64_t nbytes() const { return saved ? CpuCell::savedBytes(*saved) : 0; }
-};
-
 struct PyCell {
   std::unique_ptr<CpuCell> cell;
 
@@ -69,28 +64,27 @@ struct PyCell {
     return seq;
   }
 
-  std::shared_ptr<PySaved> forward(const Buffers &inputs, const Buffers &params,
-                                   const Buffers &states, uintptr_t resets,
-                                   int64_t steps, int64_t batch, bool batchFirst,
-                                   const Buffers &outputs, const Buffers &finals,
-                                   const std::string &mode, bool training,
-                                   const std::vector<int64_t> &lengths,
-                                   bool outputsOutliveSaved,
-                                   const std::optional<Buffers> &kept) {
-    auto saved = std::make_shared<PySaved>();
+  /// The forward. With `kept` (buffers laid out as kept_layout says), a
+  /// training forward that leaves in them what backward_kept reads: Python
+  /// keeps them as torch tensors, and the driver's own Saved goes with the
+  /// call.
+  void forward(const Buffers &inputs, const Buffers &params, const Buffers &states,
+               uintptr_t resets, int64_t steps, int64_t batch, bool batchFirst,
+               const Buffers &outputs, const Buffers &finals, const std::string &mode,
+               const std::vector<int64_t> &lengths, const std::optional<Buffers> &kept) {
     CpuCell::Sequence seq =
         sequence(inputs, params, states, resets, steps, batch, batchFirst, lengths);
-    seq.outputsOutliveSaved = outputsOutliveSaved;
+    seq.outputsOutliveSaved = true;
     Recompute parsed = parseMode(mode);
     std::vector<Array> keptArrays = kept ? arrays(*kept) : std::vector<Array>();
+    SavedPtr saved;
     Status status;
     {
       py::gil_scoped_release release;
       status = cell->forward(seq, arrays(outputs), arrays(finals), parsed,
-                             training ? &saved->saved : nullptr, kept ? &keptArrays : nullptr);
+                             kept ? &saved : nullptr, kept ? &keptArrays : nullptr);
     }
     check(status);
-    return training ? saved : nullptr;
   }
 
   /// The one-step sequence of a step's [B, n] inputs, params and states.
@@ -180,25 +174,6 @@ struct PyCell {
     }
     check(status);
   }
-
-  void backward(const Buffers &inputs, const Buffers &params,
-                const Buffers &states, uintptr_t resets, int64_t steps,
-                int64_t batch, bool batchFirst, const PySaved &saved,
-                const Buffers &gradOutputs, const Buffers &gradFinals,
-                const Buffers &gradInputs, const Buffers &gradParams,
-                const Buffers &gradStates, const std::vector<int64_t> &lengths) {
-    if (!saved.saved)
-      throw py::value_error("backward needs a forward run with training=True");
-    CpuCell::Sequence seq =
-        sequence(inputs, params, states, resets, steps, batch, batchFirst, lengths);
-    Status status;
-    {
-      py::gil_scoped_release release;
-      status = cell->backward(seq, *saved.saved, arrays(gradOutputs), arrays(gradFinals),
-                              arrays(gradInputs), arrays(gradParams), arrays(gradStates));
-    }
-    check(status);
-  }
 };
 
 /// A memory plan as Python sees it: bytes by name.
@@ -219,14 +194,6 @@ py::dict planDict(const driver::MemoryPlan &plan) {
 
 PYBIND11_MODULE(_cellc_runtime, m) {
   m.doc() = "cellc's CPU runtime: loads and runs CPU packages (use the cellc package)";
-
-  py::class_<PySaved, std::shared_ptr<PySaved>>(m, "Saved")
-      .def_property_readonly("nbytes", &PySaved::nbytes,
-                             "Bytes kept between forward and backward")
-      .def_property_readonly(
-          "outputs_read",
-          [](const PySaved &s) { return driver::savedOutputsRead(*s.saved); },
-          "The outputs (indices) that the backward reads as states' histories");
 
   py::class_<CpuCell::BoundStep, std::shared_ptr<CpuCell::BoundStep>>(m, "BoundStep")
       .def(
@@ -283,9 +250,9 @@ PYBIND11_MODULE(_cellc_runtime, m) {
       .def("forward", &PyCell::forward, py::arg("inputs"), py::arg("params"),
            py::arg("states"), py::arg("resets"), py::arg("steps"), py::arg("batch"),
            py::arg("batch_first"), py::arg("outputs"), py::arg("finals"),
-           py::arg("mode"), py::arg("training"), py::arg("lengths"),
-           py::arg("outputs_outlive_saved") = false, py::arg("kept") = py::none())
-      .def("backward", &PyCell::backward)
+           py::arg("mode"), py::arg("lengths"), py::arg("kept") = py::none(),
+           "The forward; with `kept` (laid out as kept_layout says), a training "
+           "forward that leaves there what backward_kept reads")
       .def("step", &PyCell::step, py::arg("inputs"), py::arg("params"), py::arg("states"),
            py::arg("outputs"), py::arg("new_states"), py::arg("param_versions") = py::none(),
            "One step of inference: [B, n] inputs, states stepped from, outputs and "
