@@ -70,7 +70,7 @@ def ConvertCellToTiledKernels
     `@c_fwd` and `@c_bwd` that take the same arguments, in the same order and
     with the same `cell.kernel_args`, as `convert-cell-to-kernels`' kernels.
     They are organized for a GPU: one program per tile of `batch-tile` batch
-    rows runs all the steps, and its `threads` threads split the elements of
+    rows runs all the steps, and its `cta-threads` threads split the elements of
     every vector. Each element is computed as a `vector<BT>` across the rows
     of the tile, so a recurrent weight is loaded once for the tile.
 
