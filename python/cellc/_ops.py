@@ -26,6 +26,7 @@ from typing import List, Optional
 
 import torch
 from torch import Tensor
+from torch.utils.dlpack import from_dlpack
 
 # Fixed: the front of a package, for cellc.cuda.
 from ._front import Fixed, _check_lengths, _compiling, check, shaped_states  # noqa: F401
@@ -91,16 +92,20 @@ def _lead(mode, T):
     return T
 
 
-def _empty_outputs(cell, sizes, mode, training, x0, has_lengths):
+def _empty_outputs(cell, sizes, mode, training, x0, has_lengths, runner=None):
     """The op's results, allocated (fake or real): outputs [T, B, n], final
-    states [B, n], and the kept buffers when training."""
+    states [B, n], and the kept buffers when training (the `runner`'s own
+    where it lends them: CpuRunner.empty)."""
     T, B = x0.shape[0], x0.shape[1]
     layout = cell.layout(sizes, x0.dtype, mode, has_lengths, x0.device)
     results = [x0.new_empty(T, B, n, dtype=dtype) for n, dtype in layout["outputs"]]
     results += [x0.new_empty(B, n, dtype=dtype) for n, dtype in layout["states"]]
     if training:
-        results += [x0.new_empty(_lead(mode, T) if per_chunk else T, B, n, dtype=dtype)
-                    for per_chunk, n, dtype in layout["kept"]]
+        empty = getattr(runner, "empty", None)
+        for per_chunk, n, dtype in layout["kept"]:
+            shape = (_lead(mode, T) if per_chunk else T, B, n)
+            results.append(empty(shape, dtype) if empty is not None
+                           else x0.new_empty(*shape, dtype=dtype))
     return results
 
 
@@ -116,10 +121,20 @@ def _buffers(tensors):
 
 class CpuRunner:
     """The JIT-compiled cell as the operators run it (CudaCell has the same
-    three methods)."""
+    three methods), with `lend` (_cellc_runtime.buffer) for its kept
+    buffers."""
 
-    def __init__(self, compiled):
+    def __init__(self, compiled, lend):
         self.compiled = compiled
+        self.lend = lend
+
+    def empty(self, shape, dtype):
+        """A kept buffer on the runtime's pages, which go back to its cache
+        when autograd frees the tensor: the next training call of these sizes
+        runs on them instead of faulting in fresh pages (a glibc block over
+        32 MiB is fresh pages every call: an LSTM 256 x 50's gates)."""
+        return from_dlpack(
+            self.lend(list(shape), "f64" if dtype == torch.float64 else "f32"))
 
     def memory_stats(self):
         return self.compiled.memory_stats()
@@ -162,7 +177,7 @@ def _sequence(cell: str, mode: str, sizes: List[int], training: bool,
     values = _check_lengths(lengths, T, B)
     bound = _sizes(c, sizes)
     runner = c._runner(bound, x0.dtype, x0.device, batch=B, seq_len=T)
-    results = _empty_outputs(c, bound, mode, training, x0, lengths is not None)
+    results = _empty_outputs(c, bound, mode, training, x0, lengths is not None, runner)
     n_out, n_st = len(c.outputs), len(c.states)
     runner.forward_kept(mode, inputs, params, states, resets, values, results[:n_out],
                         results[n_out:n_out + n_st],

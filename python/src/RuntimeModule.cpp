@@ -15,6 +15,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <memory>
+#include <new>
 #include <optional>
 
 namespace py = pybind11;
@@ -176,6 +179,100 @@ struct PyCell {
   }
 };
 
+/// DLPack's tensor as torch.utils.dlpack reads it (dlpack.h, version 0.x:
+/// a capsule named "dltensor", renamed "used_dltensor" by the consumer).
+struct DLDevice {
+  int32_t deviceType; // kDLCPU = 1
+  int32_t deviceId;
+};
+struct DLDataType {
+  uint8_t code; // kDLFloat = 2
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void *data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t *shape;
+  int64_t *strides;
+  uint64_t byteOffset;
+};
+struct DLManagedTensor {
+  DLTensor tensor;
+  void *context;
+  void (*deleter)(DLManagedTensor *);
+};
+
+/// A dense buffer of the runtime's (allocateBuffer) lent to torch.
+struct LentBuffer {
+  DLManagedTensor managed;
+  std::vector<int64_t> shape, strides;
+  int64_t bytes;
+};
+
+/// The bytes of lent buffers that torch holds.
+std::atomic<int64_t> lentBytes{0};
+
+void returnLent(DLManagedTensor *managed) {
+  auto *lent = static_cast<LentBuffer *>(managed->context);
+  releaseBuffer(managed->tensor.data, lent->bytes);
+  lentBytes -= lent->bytes;
+  delete lent;
+}
+
+void dropUnusedCapsule(PyObject *capsule) {
+  if (PyCapsule_IsValid(capsule, "used_dltensor"))
+    return;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  auto *managed = static_cast<DLManagedTensor *>(PyCapsule_GetPointer(capsule, "dltensor"));
+  if (managed)
+    managed->deleter(managed);
+  else
+    PyErr_WriteUnraisable(capsule);
+  PyErr_Restore(type, value, traceback);
+}
+
+/// A DLPack capsule of a dense `shape` buffer of f32 or f64 from the
+/// runtime's buffers: torch.utils.dlpack.from_dlpack makes it a tensor whose
+/// pages go back to the runtime's cache when torch frees it, so that the
+/// next call of the same sizes runs on pages it had instead of faulting in
+/// fresh ones.
+py::object lendBuffer(const std::vector<int64_t> &shape, const std::string &element) {
+  if (element != "f32" && element != "f64")
+    throw py::value_error("buffer: element must be 'f32' or 'f64', got '" + element + "'");
+  int64_t width = element == "f64" ? 8 : 4, count = 1;
+  for (int64_t d : shape) {
+    if (d < 0)
+      throw py::value_error("buffer: a negative dimension");
+    count *= d;
+  }
+  auto lent = std::make_unique<LentBuffer>();
+  lent->shape = shape;
+  lent->strides.assign(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;)
+    lent->strides[i - 1] = lent->strides[i] * shape[i];
+  lent->bytes = count * width;
+  void *data = allocateBuffer(lent->bytes, false);
+  if (!data)
+    throw std::bad_alloc();
+  DLManagedTensor &m = lent->managed;
+  m.tensor = {data, {1, 0}, int32_t(shape.size()), {2, uint8_t(width * 8), 1},
+              lent->shape.data(), lent->strides.data(), 0};
+  m.context = lent.get();
+  m.deleter = returnLent;
+  PyObject *capsule = PyCapsule_New(&m, "dltensor", dropUnusedCapsule);
+  if (!capsule) {
+    releaseBuffer(data, lent->bytes);
+    throw py::error_already_set();
+  }
+  lentBytes += lent->bytes;
+  lent.release();
+  return py::reinterpret_steal<py::object>(capsule);
+}
+
 /// A memory plan as Python sees it: bytes by name.
 py::dict planDict(const driver::MemoryPlan &plan) {
   py::dict d;
@@ -296,6 +393,15 @@ PYBIND11_MODULE(_cellc_runtime, m) {
       "check_mode", [](const std::string &mode) { PyCell::parseMode(mode); }, py::arg("mode"),
       "Raises ValueError, with the driver's one message, unless mode is a "
       "recompute mode the driver takes");
+  m.def("buffer", &lendBuffer, py::arg("shape"), py::arg("element"),
+        "A DLPack capsule of a dense buffer of 'f32' or 'f64' from the runtime's "
+        "buffers, for torch.utils.dlpack.from_dlpack: its pages go back to the "
+        "runtime's cache when the tensor is freed");
+  m.def(
+      "lent_bytes", [] { return lentBytes.load(); },
+      "The bytes of the runtime's buffers (`buffer`) that are not given back yet");
+  m.def("cached_bytes", &cachedBufferBytes,
+        "The bytes of the buffers that calls released and the runtime keeps");
   m.def("empty_cache", &releaseCachedBuffers,
         "Unmaps the buffers that calls released and the runtime keeps for the "
         "next call of the same sizes");

@@ -183,8 +183,9 @@ def test_a_training_loop_holds_one_steps_buffers():
 
 # A call runs through the operator cellc::sequence (torch >= 2.4) or the
 # same code under an autograd.Function (cellc._ops._Shim): its kept buffers
-# are torch tensors that autograd saves and frees, and the runtime's ledger
-# and buffer cache hold none of them.
+# are torch tensors that autograd saves and frees. On the CPU the runtime
+# lends their pages (CpuRunner.empty), which go back to its buffer cache
+# when autograd frees them; the runtime's ledger holds none of them.
 
 
 @pytest.mark.parametrize("mode", ["none", "full"])
@@ -203,12 +204,15 @@ def test_the_buffer_cache_holds_at_most_one_steps_peak(mode):
 def test_what_forward_kept_goes_with_the_backward(mode):
     # What forward kept is held through a backward that retains the graph,
     # and freed by the last one, while the output (and the graph behind it)
-    # still lives; the runtime itself holds none of it.
+    # still lives; the runtime itself holds none of it. Its pages are lent
+    # by the runtime, and given back by the last backward.
     import weakref
+    from cellc import _cellc_runtime
     torch.manual_seed(4)
     lstm = cellc.nn.LSTM(16, 24, recompute=mode)
     x = torch.randn(30, 8, 16, requires_grad=True)
     saved = []
+    lent = _cellc_runtime.lent_bytes()
 
     def pack(t):
         saved.append(weakref.ref(t))
@@ -223,12 +227,44 @@ def test_what_forward_kept_goes_with_the_backward(mode):
     held = lambda: sum(r().numel() * r().element_size() for r in saved
                        if r() is not None and r().data_ptr() not in theirs)
     assert held() >= kept
+    assert _cellc_runtime.lent_bytes() == lent + kept
     g = torch.randn_like(out)
     out.backward(g, retain_graph=True)
-    assert held() >= kept
+    assert held() >= kept and _cellc_runtime.lent_bytes() == lent + kept
     out.backward(g)
-    assert held() == 0
+    assert held() == 0 and _cellc_runtime.lent_bytes() == lent
     assert out.grad_fn is not None
+
+
+def test_a_lent_buffer_goes_back_to_the_runtimes_cache():
+    # CpuRunner.empty's buffers: a tensor on the runtime's pages, which go
+    # back to its cache when torch frees it, so the next of its size runs on
+    # the same pages; a capsule no tensor took gives its pages back as well.
+    from torch.utils.dlpack import from_dlpack
+    from cellc import _cellc_runtime as runtime
+    cellc.empty_cache()
+    lent, shape = runtime.lent_bytes(), [64, 128, 32]
+    t = from_dlpack(runtime.buffer(shape, "f32"))
+    assert t.shape == tuple(shape) and t.dtype == torch.float32 and t.is_contiguous()
+    assert runtime.lent_bytes() == lent + t.numel() * 4
+    t.fill_(1.5)
+    assert t.sum().item() == 1.5 * t.numel()
+    where = t.data_ptr()
+    del t
+    assert runtime.lent_bytes() == lent and runtime.cached_bytes() >= 64 * 128 * 32 * 4
+    u = from_dlpack(runtime.buffer(shape, "f32"))
+    assert u.data_ptr() == where and u.sum().item() == 1.5 * u.numel()
+    del u
+    capsule = runtime.buffer(shape, "f64")
+    assert runtime.lent_bytes() == lent + 64 * 128 * 32 * 8
+    del capsule
+    assert runtime.lent_bytes() == lent and runtime.cached_bytes() >= 64 * 128 * 32 * 8
+    v = from_dlpack(runtime.buffer([3, 0, 2], "f64"))
+    assert v.shape == (3, 0, 2) and v.dtype == torch.float64
+    with pytest.raises(ValueError, match="'f32' or 'f64'"):
+        runtime.buffer([2], "f16")
+    with pytest.raises(ValueError, match="negative"):
+        runtime.buffer([-1, 2], "f32")
 
 
 @pytest.mark.parametrize("mode", ["none", "full", "chunk:3"])
@@ -269,22 +305,26 @@ def test_a_second_backward_through_the_graph_gives_the_same_gradients():
     torch.testing.assert_close(x.grad, 2 * first)
 
 
+@pytest.mark.parametrize("lent", [False, True])
 @pytest.mark.parametrize("mode", ["none", "full", "chunk:4"])
-def test_the_operators_kept_buffers_may_be_empty(mode):
-    # What torch >= 2.4 runs (cellc::sequence): the caller allocates the kept
-    # buffers as torch tensors. A cell that saves no gates keeps a [T, B, 0]
-    # buffer in none, and torch gives an empty tensor no address. Run here
-    # through the operators' runner directly, on any torch, in float64.
-    from cellc import _ops
+def test_the_operators_kept_buffers_may_be_empty(mode, lent):
+    # What cellc::sequence runs: the caller allocates the kept buffers as
+    # torch tensors, torch's own or lent by the runtime (CpuRunner.empty, what
+    # the op does). A cell that saves no gates keeps a [T, B, 0] buffer in
+    # none, and torch gives an empty tensor no address. Run here through the
+    # operators' runner directly, on any torch, in float64.
+    from cellc import _cellc_runtime, _ops
     cell = cellc.compile("cell t {\n  input x: [H]\n  state h: [H]\n  h = logsigmoid(x) + h\n"
                          "  output h\n}\n")
     T, B, H = 6, 3, 5
     torch.manual_seed(5)
     x = 3 * torch.randn(T, B, H, dtype=torch.float64)
-    runner = _ops.CpuRunner(cell.jit({"H": H}, torch.float64, batch=B))
+    runner = _ops.CpuRunner(cell.jit({"H": H}, torch.float64, batch=B),
+                            _cellc_runtime.buffer)
     layout = runner.layout(mode, False)
     out, final = torch.empty(T, B, H, dtype=torch.float64), torch.empty(B, H, dtype=torch.float64)
-    kept = [torch.empty(_ops._lead(mode, T) if per_chunk else T, B, n, dtype=torch.float64)
+    empty = runner.empty if lent else lambda shape, dtype: torch.empty(shape, dtype=dtype)
+    kept = [empty((_ops._lead(mode, T) if per_chunk else T, B, n), torch.float64)
             for per_chunk, n, _ in layout["kept"]]
     assert any(t.numel() == 0 for t in kept) or mode != "none"
     runner.forward_kept(mode, [x], [], [], None, [], [out], [final], kept)
