@@ -133,8 +133,8 @@ class CpuRunner:
         when autograd frees the tensor: the next training call of these sizes
         runs on them instead of faulting in fresh pages (a glibc block over
         32 MiB is fresh pages every call: an LSTM 256 x 50's gates)."""
-        return from_dlpack(
-            self.lend(list(shape), "f64" if dtype == torch.float64 else "f32"))
+        element = {torch.float32: "f32", torch.float64: "f64"}[dtype]
+        return from_dlpack(self.lend(list(shape), element))
 
     def memory_stats(self):
         return self.compiled.memory_stats()

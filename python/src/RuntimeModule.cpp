@@ -243,18 +243,20 @@ void dropUnusedCapsule(PyObject *capsule) {
 py::object lendBuffer(const std::vector<int64_t> &shape, const std::string &element) {
   if (element != "f32" && element != "f64")
     throw py::value_error("buffer: element must be 'f32' or 'f64', got '" + element + "'");
-  int64_t width = element == "f64" ? 8 : 4, count = 1;
+  int64_t width = element == "f64" ? 8 : 4, count = 1, bytes = 0;
   for (int64_t d : shape) {
     if (d < 0)
       throw py::value_error("buffer: a negative dimension");
-    count *= d;
+    if (__builtin_mul_overflow(count, d, &count) ||
+        __builtin_mul_overflow(count, width, &bytes))
+      throw py::value_error("buffer: more bytes than an int64 counts");
   }
   auto lent = std::make_unique<LentBuffer>();
   lent->shape = shape;
   lent->strides.assign(shape.size(), 1);
   for (size_t i = shape.size(); i-- > 1;)
     lent->strides[i - 1] = lent->strides[i] * shape[i];
-  lent->bytes = count * width;
+  lent->bytes = count * width; // checked above
   void *data = allocateBuffer(lent->bytes, false);
   if (!data)
     throw std::bad_alloc();

@@ -265,6 +265,9 @@ def test_a_lent_buffer_goes_back_to_the_runtimes_cache():
         runtime.buffer([2], "f16")
     with pytest.raises(ValueError, match="negative"):
         runtime.buffer([-1, 2], "f32")
+    with pytest.raises(ValueError, match="int64"):
+        runtime.buffer([2**31, 2**31, 4], "f32")
+    assert runtime.lent_bytes() == lent  # v holds no bytes; the failed calls lent none
 
 
 @pytest.mark.parametrize("mode", ["none", "full", "chunk:3"])
