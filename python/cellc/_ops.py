@@ -35,6 +35,7 @@ from ._front import Fixed, _check_lengths, _compiling, check, shaped_states  # n
 AVAILABLE = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
 
 _ELEMENTS = {"f32": torch.float32, "f64": torch.float64}
+_ELEMENT_OF = {dtype: e for e, dtype in _ELEMENTS.items()}
 
 # The cells that ops name, by key (cell_key), while they live. A key whose
 # cell is gone (an exported program loaded in another process) makes its
@@ -121,20 +122,17 @@ def _buffers(tensors):
 
 class CpuRunner:
     """The JIT-compiled cell as the operators run it (CudaCell has the same
-    three methods), with `lend` (_cellc_runtime.buffer) for its kept
-    buffers."""
+    three methods)."""
 
-    def __init__(self, compiled, lend):
+    def __init__(self, compiled):
         self.compiled = compiled
-        self.lend = lend
 
     def empty(self, shape, dtype):
         """A kept buffer on the runtime's pages, which go back to its cache
         when autograd frees the tensor: the next training call of these sizes
         runs on them instead of faulting in fresh pages (a glibc block over
         32 MiB is fresh pages every call: an LSTM 256 x 50's gates)."""
-        element = {torch.float32: "f32", torch.float64: "f64"}[dtype]
-        return from_dlpack(self.lend(list(shape), element))
+        return from_dlpack(self.compiled.buffer(list(shape), _ELEMENT_OF[dtype]))
 
     def memory_stats(self):
         return self.compiled.memory_stats()

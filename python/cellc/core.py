@@ -181,8 +181,7 @@ class Cell(Sizes, Steps, CudaTargets):
                 if s == tuple(sorted(sizes.items())) and d == dtype and not step
                 ] if not batch else []
         return _ops.CpuRunner(same[0] if same
-                              else self.jit(sizes, dtype, batch=batch, seq_len=seq_len),
-                              _cellc_runtime.buffer)
+                              else self.jit(sizes, dtype, batch=batch, seq_len=seq_len))
 
     def emit(self, stage, sizes=None, dtype=torch.float32, save_gates=None):
         """The IR at `stage`: "mlir", "split", "grad", "saves", "plan", "phases",

@@ -29,9 +29,9 @@ class Package:
         self.outputs = list(self._compiled.outputs)
         # What a call is checked against (cellc._front), and its name in the
         # operators.
-        self._front = Fixed(_ops.CpuRunner(self._compiled, _cellc_runtime.buffer),
-                            "this package", self.inputs, self.params, self.states,
-                            [n for n, _ in self.outputs], "cpu", dtype=self.dtype)
+        self._front = Fixed(_ops.CpuRunner(self._compiled), "this package", self.inputs,
+                            self.params, self.states, [n for n, _ in self.outputs], "cpu",
+                            dtype=self.dtype)
         self._front._key = _ops.front_key(self._front, {"package": self.path})
 
     @property

@@ -243,12 +243,11 @@ void dropUnusedCapsule(PyObject *capsule) {
 py::object lendBuffer(const std::vector<int64_t> &shape, const std::string &element) {
   if (element != "f32" && element != "f64")
     throw py::value_error("buffer: element must be 'f32' or 'f64', got '" + element + "'");
-  int64_t width = element == "f64" ? 8 : 4, count = 1, bytes = 0;
+  int64_t width = element == "f64" ? 8 : 4, bytes = width;
   for (int64_t d : shape) {
     if (d < 0)
       throw py::value_error("buffer: a negative dimension");
-    if (__builtin_mul_overflow(count, d, &count) ||
-        __builtin_mul_overflow(count, width, &bytes))
+    if (__builtin_mul_overflow(bytes, d, &bytes))
       throw py::value_error("buffer: more bytes than an int64 counts");
   }
   auto lent = std::make_unique<LentBuffer>();
@@ -256,7 +255,7 @@ py::object lendBuffer(const std::vector<int64_t> &shape, const std::string &elem
   lent->strides.assign(shape.size(), 1);
   for (size_t i = shape.size(); i-- > 1;)
     lent->strides[i - 1] = lent->strides[i] * shape[i];
-  lent->bytes = count * width; // checked above
+  lent->bytes = bytes;
   void *data = allocateBuffer(lent->bytes, false);
   if (!data)
     throw std::bad_alloc();
@@ -363,6 +362,11 @@ PYBIND11_MODULE(_cellc_runtime, m) {
            "`step`, then the step bound to these tensors' shapes (a BoundStep that "
            "keeps this cell alive), or None")
       .def("kept_layout", &PyCell::keptLayout, py::arg("mode"), py::arg("has_lengths"))
+      .def_static("buffer", &lendBuffer, py::arg("shape"), py::arg("element"),
+                  "A DLPack capsule of a dense buffer of 'f32' or 'f64' from the "
+                  "runtime's buffers, for a kept buffer (torch.utils.dlpack."
+                  "from_dlpack): its pages go back to the runtime's cache when the "
+                  "tensor is freed")
       .def("backward_kept", &PyCell::backwardKept)
       .def(
           "memory_stats",
@@ -395,10 +399,6 @@ PYBIND11_MODULE(_cellc_runtime, m) {
       "check_mode", [](const std::string &mode) { PyCell::parseMode(mode); }, py::arg("mode"),
       "Raises ValueError, with the driver's one message, unless mode is a "
       "recompute mode the driver takes");
-  m.def("buffer", &lendBuffer, py::arg("shape"), py::arg("element"),
-        "A DLPack capsule of a dense buffer of 'f32' or 'f64' from the runtime's "
-        "buffers, for torch.utils.dlpack.from_dlpack: its pages go back to the "
-        "runtime's cache when the tensor is freed");
   m.def(
       "lent_bytes", [] { return lentBytes.load(); },
       "The bytes of the runtime's buffers (`buffer`) that are not given back yet");

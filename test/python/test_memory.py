@@ -242,9 +242,10 @@ def test_a_lent_buffer_goes_back_to_the_runtimes_cache():
     # the same pages; a capsule no tensor took gives its pages back as well.
     from torch.utils.dlpack import from_dlpack
     from cellc import _cellc_runtime as runtime
+    buffer = runtime.CompiledCell.buffer
     cellc.empty_cache()
     lent, shape = runtime.lent_bytes(), [64, 128, 32]
-    t = from_dlpack(runtime.buffer(shape, "f32"))
+    t = from_dlpack(buffer(shape, "f32"))
     assert t.shape == tuple(shape) and t.dtype == torch.float32 and t.is_contiguous()
     assert runtime.lent_bytes() == lent + t.numel() * 4
     t.fill_(1.5)
@@ -252,21 +253,21 @@ def test_a_lent_buffer_goes_back_to_the_runtimes_cache():
     where = t.data_ptr()
     del t
     assert runtime.lent_bytes() == lent and runtime.cached_bytes() >= 64 * 128 * 32 * 4
-    u = from_dlpack(runtime.buffer(shape, "f32"))
+    u = from_dlpack(buffer(shape, "f32"))
     assert u.data_ptr() == where and u.sum().item() == 1.5 * u.numel()
     del u
-    capsule = runtime.buffer(shape, "f64")
+    capsule = buffer(shape, "f64")
     assert runtime.lent_bytes() == lent + 64 * 128 * 32 * 8
     del capsule
     assert runtime.lent_bytes() == lent and runtime.cached_bytes() >= 64 * 128 * 32 * 8
-    v = from_dlpack(runtime.buffer([3, 0, 2], "f64"))
+    v = from_dlpack(buffer([3, 0, 2], "f64"))
     assert v.shape == (3, 0, 2) and v.dtype == torch.float64
     with pytest.raises(ValueError, match="'f32' or 'f64'"):
-        runtime.buffer([2], "f16")
+        buffer([2], "f16")
     with pytest.raises(ValueError, match="negative"):
-        runtime.buffer([-1, 2], "f32")
+        buffer([-1, 2], "f32")
     with pytest.raises(ValueError, match="int64"):
-        runtime.buffer([2**31, 2**31, 4], "f32")
+        buffer([2**31, 2**31, 4], "f32")
     assert runtime.lent_bytes() == lent  # v holds no bytes; the failed calls lent none
 
 
@@ -316,14 +317,13 @@ def test_the_operators_kept_buffers_may_be_empty(mode, lent):
     # the op does). A cell that saves no gates keeps a [T, B, 0] buffer in
     # none, and torch gives an empty tensor no address. Run here through the
     # operators' runner directly, on any torch, in float64.
-    from cellc import _cellc_runtime, _ops
+    from cellc import _ops
     cell = cellc.compile("cell t {\n  input x: [H]\n  state h: [H]\n  h = logsigmoid(x) + h\n"
                          "  output h\n}\n")
     T, B, H = 6, 3, 5
     torch.manual_seed(5)
     x = 3 * torch.randn(T, B, H, dtype=torch.float64)
-    runner = _ops.CpuRunner(cell.jit({"H": H}, torch.float64, batch=B),
-                            _cellc_runtime.buffer)
+    runner = _ops.CpuRunner(cell.jit({"H": H}, torch.float64, batch=B))
     layout = runner.layout(mode, False)
     out, final = torch.empty(T, B, H, dtype=torch.float64), torch.empty(B, H, dtype=torch.float64)
     empty = runner.empty if lent else lambda shape, dtype: torch.empty(shape, dtype=dtype)
