@@ -1,6 +1,7 @@
 //===- HostBlas.cpp - The CPU backend's GEMMs and host loops --------------===//
 
 #include "runtime/cpu/HostBlas.h"
+#include "runtime/cpu/Sgemm.h"
 #include "runtime/cpu/ThreadPool.h"
 
 #include <cblas.h>
@@ -12,6 +13,10 @@
 using namespace cellc::runtime;
 
 namespace cellc::runtime::host {
+
+/// Whether C's `n` columns fill cellc's kernel's 64-column panels to 80% or
+/// more; narrower products waste less on OpenBLAS.
+static bool ownSgemmFits(int64_t n) { return (n + 63) / 64 * 64 * 4 <= n * 5; }
 
 /// Row-major C = alpha op(A) op(B) + beta C.
 void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
@@ -33,6 +38,12 @@ void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
     else
       cblas_dgemv(CblasRowMajor, tv, rows, cols, 1.0, static_cast<const double *>(b), ldb,
                   static_cast<const double *>(a), inc, beta, static_cast<double *>(c), 1);
+    return;
+  }
+  if (dtype == DType::F32 && ownSgemm() && ownSgemmFits(n)) {
+    sgemm(transA, transB, m, n, k, static_cast<const float *>(a), lda,
+          static_cast<const float *>(b), ldb, static_cast<float>(beta), static_cast<float *>(c),
+          ldc);
     return;
   }
   if (dtype == DType::F32)

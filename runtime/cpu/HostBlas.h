@@ -1,8 +1,9 @@
 //===- HostBlas.h - The CPU backend's GEMMs and host loops ------*- C++ -*-===//
 //
 // What the CPU backend does besides the kernels: the whole-sequence GEMMs
-// on OpenBLAS, split over the runtime's threads, and the host loops of the
-// driver's backend interface (column sums, rows filled from vectors).
+// on cellc's own AVX-512 kernel or OpenBLAS, split over the runtime's
+// threads, and the host loops of the driver's backend interface (column
+// sums, rows filled from vectors).
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,7 +17,8 @@
 
 namespace cellc::runtime::host {
 
-/// Row-major `c = op(a) op(b) + beta c` on OpenBLAS (a GEMV for one row).
+/// Row-major `c = op(a) op(b) + beta c`: f32 on cellc's own AVX-512 kernel
+/// where the CPU has it (Sgemm.h), else on OpenBLAS; a GEMV for one row.
 void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
           const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
           int64_t ldc);

@@ -1,0 +1,119 @@
+//===- SgemmTest.cpp - cellc's own AVX-512 GEMM against a float64 product -===//
+
+#include "runtime/cpu/HostBlas.h"
+#include "runtime/cpu/Sgemm.h"
+
+#include "gtest/gtest.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+using namespace cellc::runtime;
+
+namespace {
+
+struct Case {
+  bool transA, transB;
+  int64_t m, n, k;
+  float beta;
+};
+
+/// Runs `product` on random operands stored with leading dimensions wider
+/// than the matrices, and checks every element of C against a float64
+/// product, and that C's padding columns are untouched.
+template <typename Product> void check(const Case &t, Product product) {
+  std::mt19937 gen(int(t.m * 131 + t.n * 17 + t.k + t.transA * 2 + t.transB));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  int64_t aRows = t.transA ? t.k : t.m, aCols = t.transA ? t.m : t.k;
+  int64_t bRows = t.transB ? t.n : t.k, bCols = t.transB ? t.k : t.n;
+  int64_t lda = aCols + 3, ldb = bCols + 5, ldc = t.n + 7;
+  std::vector<float> a(aRows * lda), b(bRows * ldb), c(t.m * ldc);
+  for (float &x : a)
+    x = u(gen);
+  for (float &x : b)
+    x = u(gen);
+  for (float &x : c)
+    x = u(gen);
+  // beta 0 must not read C: NaNs in it stay out of the result.
+  if (t.beta == 0.0f)
+    for (int64_t i = 0; i < t.m; ++i)
+      for (int64_t j = 0; j < t.n; ++j)
+        c[i * ldc + j] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> before = c;
+  product(t.transA, t.transB, t.m, t.n, t.k, a.data(), lda, b.data(), ldb, t.beta, c.data(),
+          ldc);
+  double tolerance = 4e-6 * double(t.k) + 1e-6;
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < t.m; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      float got = c[i * ldc + j];
+      if (j >= t.n) {
+        wrong += got != before[i * ldc + j];
+        continue;
+      }
+      double want = t.beta == 0.0f ? 0.0 : double(t.beta) * before[i * ldc + j];
+      for (int64_t p = 0; p < t.k; ++p)
+        want += double(t.transA ? a[p * lda + i] : a[i * lda + p]) *
+                double(t.transB ? b[j * ldb + p] : b[p * ldb + j]);
+      if (!(std::fabs(got - want) <= tolerance) && wrong++ < 3)
+        ADD_FAILURE() << "C[" << i << ", " << j << "] = " << got << ", want " << want;
+    }
+  EXPECT_EQ(wrong, 0) << "transA " << t.transA << " transB " << t.transB << " m " << t.m
+                      << " n " << t.n << " k " << t.k << " beta " << t.beta;
+}
+
+/// Shapes around the kernel's 6 x 64 tile, its 384-deep, 1024-wide blocks
+/// of B and its 96-row blocks of a transposed A, with every transpose and
+/// beta 0, 1 and 0.5.
+std::vector<Case> cases() {
+  std::vector<Case> all;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      all.push_back({ta, tb, 6, 64, 384, 0.0f});
+      all.push_back({ta, tb, 13, 65, 385, 1.0f});
+      all.push_back({ta, tb, 7, 130, 800, 0.5f});
+      all.push_back({ta, tb, 1, 1, 1, 0.0f});
+      all.push_back({ta, tb, 5, 1100, 17, 0.5f});
+      all.push_back({ta, tb, 37, 256, 1, 0.0f});
+      all.push_back({ta, tb, 200, 70, 390, 0.5f});
+    }
+  return all;
+}
+
+TEST(Sgemm, MatchesAFloat64ProductAtEveryEdge) {
+  if (!host::ownSgemm())
+    GTEST_SKIP() << "no AVX-512F here, or CELLC_CPU_GEMM=openblas";
+  for (const Case &t : cases())
+    check(t, [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+      host::sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    });
+}
+
+TEST(Sgemm, ZeroDepthScalesC) {
+  if (!host::ownSgemm())
+    GTEST_SKIP() << "no AVX-512F here, or CELLC_CPU_GEMM=openblas";
+  std::vector<float> c = {1, 2, 3, 4, 5, 6};
+  host::sgemm(false, false, 2, 3, 0, nullptr, 1, nullptr, 3, 0.5f, c.data(), 3);
+  EXPECT_EQ(c, (std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3}));
+  c.assign(6, std::numeric_limits<float>::quiet_NaN());
+  host::sgemm(false, false, 2, 3, 0, nullptr, 1, nullptr, 3, 0.0f, c.data(), 3);
+  EXPECT_EQ(c, std::vector<float>(6, 0.0f));
+}
+
+/// The backend's `gemm`, on whichever library it chose, split over two
+/// threads by rows and by columns.
+TEST(Sgemm, TheBackendsGemmMatchesOnEitherLibraryAndSplit) {
+  for (const Case &t : cases())
+    for (int threads : {1, 2})
+      check(t, [threads](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+                         int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                         int64_t ldc) {
+        host::parallelGemm(DType::F32, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc,
+                           threads);
+      });
+}
+
+} // namespace
