@@ -12,8 +12,10 @@ B = 64 at a time, the projection and the input gradient 1024 rows, the
 weight gradient 1024 deep, adding to C (beta 1).
 
 On more than one thread each OpenBLAS and BLIS GEMM is split by rows of C
-into single-threaded calls, one a thread, as cellc's runtime splits it
-(parallelGemm); oneDNN's sgemm runs on its own threads. Each run starts
+into single-threaded calls, one a thread, as cellc's runtime splits an
+OpenBLAS GEMM (parallelGemm); cellc's kernel runs on the runtime's threads,
+which share B's packed blocks (parallelSgemm); oneDNN's sgemm runs on its
+own threads. Each run starts
 after the OpenMP threads of the one before have parked (shape.settle).
 
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 taskset -c 0 \\
@@ -59,7 +61,7 @@ def libraries():
         i64 = ctypes.c_int64
         cellc.cellc_sgemm.argtypes = ([ctypes.c_int, ctypes.c_int, i64, i64, i64,
                                        ctypes.c_void_p, i64, ctypes.c_void_p, i64,
-                                       ctypes.c_float, ctypes.c_void_p, i64])
+                                       ctypes.c_float, ctypes.c_void_p, i64, ctypes.c_int])
         if not cellc.cellc_own_sgemm():
             cellc = None
     except OSError:
@@ -99,10 +101,6 @@ def main():
         def split(lib):
             def rows(r0, r1):
                 at = A.data_ptr() + 4 * (r0 if ta else r0 * lda)
-                if lib is cellc:
-                    cellc.cellc_sgemm(int(ta), int(tb), r1 - r0, N, K, at, lda, B.data_ptr(),
-                                      ldb, beta, C.data_ptr() + 4 * r0 * N, N)
-                    return
                 lib.cblas_sgemm(ROW_MAJOR, TRANS if ta else NO_TRANS,
                                 TRANS if tb else NO_TRANS, r1 - r0, N, K, 1.0, at, lda,
                                 B.data_ptr(), ldb, beta, C.data_ptr() + 4 * r0 * N, N)
@@ -120,7 +118,9 @@ def main():
 
         runs = {"OpenBLAS": split(openblas)}
         if cellc:
-            runs["cellc"] = split(cellc)
+            runs["cellc"] = lambda: cellc.cellc_sgemm(
+                int(ta), int(tb), M, N, K, A.data_ptr(), lda, B.data_ptr(), ldb, beta,
+                C.data_ptr(), N, a.threads)
         if blis:
             runs["BLIS"] = split(blis)
         if onednn:

@@ -80,9 +80,10 @@ void addColumnSums(DType dtype, const void *m, int64_t rows, int64_t cols, void 
 /// A GEMM's multiply-adds below which it runs on the calling thread.
 constexpr int64_t kGemmGrain = int64_t(1) << 21;
 
-/// `gemm` split over `threads` of the pool: by the rows of C, or by its
-/// columns when it has fewer rows than threads, each part a single-threaded
-/// BLAS call. OpenBLAS's own threads are set to 1 for the call and back
+/// `gemm` split over `threads` of the pool. On cellc's kernel, the threads
+/// share B's packed blocks (`parallelSgemm`). On OpenBLAS, by the rows of C,
+/// or by its columns when it has fewer rows than threads, each part a
+/// single-threaded BLAS call. OpenBLAS's own threads are set to 1 for the call and back
 /// after: left on, they spin after each GEMM on the cores that the kernels'
 /// threads run on next.
 void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
@@ -90,6 +91,12 @@ void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, i
                   void *c, int64_t ldc, int threads) {
   if (threads <= 1 || m * n * k < kGemmGrain || m == 1) {
     gemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if (dtype == DType::F32 && ownSgemm() && ownSgemmFits(n) && m >= 12 * threads) {
+    parallelSgemm(transA, transB, m, n, k, static_cast<const float *>(a), lda,
+                  static_cast<const float *>(b), ldb, static_cast<float>(beta),
+                  static_cast<float *>(c), ldc, threads);
     return;
   }
   int64_t bytes = dtype == DType::F32 ? 4 : 8;

@@ -32,8 +32,9 @@ inline constexpr int64_t kHostGrain = int64_t(1) << 15;
 void addColumnSums(DType dtype, const void *m, int64_t rows, int64_t cols, void *acc,
                    int threads = 1);
 
-/// `gemm` split over `threads` of the pool, by the rows of C or, with fewer
-/// rows than threads, its columns; each part a single-threaded BLAS call.
+/// `gemm` split over `threads` of the pool: on cellc's kernel, rows of C
+/// against B's blocks packed once; on OpenBLAS, by the rows of C or, with
+/// fewer rows than threads, its columns, each part a single-threaded call.
 void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                   const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
                   void *c, int64_t ldc, int threads);

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cpu/Sgemm.h"
+#include "runtime/cpu/ThreadPool.h"
 
 #include <immintrin.h>
 
@@ -90,113 +91,171 @@ bool ownSgemm() {
   return own;
 }
 
-void sgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const float *a,
-           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-  if (m <= 0 || n <= 0)
-    return;
-  if (k <= 0) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j)
-        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
-    return;
-  }
-  // Each thread packs into its own buffers, kept for its next call: at most
-  // kKC x kNC floats of B (1.5 MiB) and kMC x kKC of A (144 KiB).
-  thread_local std::vector<float> bStore, aStore;
-  float *packedB = aligned(bStore, std::min(k, kKC) * ((std::min(n, kNC) + kNR - 1) / kNR * kNR));
-  float *packedA =
-      aligned(aStore, std::max(kMR * (std::min(k, kKC) + kPad), kMC * std::min(k, kKC)));
-  alignas(64) float edge[kMR * kNR];
+namespace {
 
-  for (int64_t jc = 0; jc < n; jc += kNC) {
-    int64_t nc = std::min(kNC, n - jc);
-    for (int64_t pc = 0; pc < k; pc += kKC) {
-      int64_t kc = std::min(kKC, k - pc);
-      // B's block in panels of kNR columns, zeros past its last column.
-      for (int64_t jr = 0; jr < nc; jr += kNR) {
-        float *to = packedB + jr * kc;
-        int64_t width = std::min<int64_t>(kNR, nc - jr);
-        for (int64_t p = 0; p < kc; ++p) {
-          float *line = to + p * kNR;
-          if (!transB) {
-            std::memcpy(line, b + (pc + p) * ldb + jc + jr, width * sizeof(float));
-          } else {
-            const float *from = b + (jc + jr) * ldb + pc + p;
-            for (int64_t j = 0; j < width; ++j)
-              line[j] = from[j * ldb];
-          }
-          std::fill(line + width, line + kNR, 0.0f);
-        }
+/// One GEMM's operands, and the block of B in hand.
+struct Product {
+  bool transA, transB;
+  int64_t m, n, k;
+  const float *a;
+  int64_t lda;
+  const float *b;
+  int64_t ldb;
+  float beta;
+  float *c;
+  int64_t ldc;
+};
+
+/// Packs panels [first, last) of B's block (rows pc..pc+kc, columns
+/// jc..jc+nc) into `packedB`, kNR columns a panel, zeros past the last.
+void packB(const Product &t, int64_t pc, int64_t kc, int64_t jc, int64_t nc, float *packedB,
+           int64_t first, int64_t last) {
+  for (int64_t panel = first; panel < last; ++panel) {
+    int64_t jr = panel * kNR;
+    float *to = packedB + jr * kc;
+    int64_t width = std::min<int64_t>(kNR, nc - jr);
+    for (int64_t p = 0; p < kc; ++p) {
+      float *line = to + p * kNR;
+      if (!t.transB) {
+        std::memcpy(line, t.b + (pc + p) * t.ldb + jc + jr, width * sizeof(float));
+      } else {
+        const float *from = t.b + (jc + jr) * t.ldb + pc + p;
+        for (int64_t j = 0; j < width; ++j)
+          line[j] = from[j * t.ldb];
       }
-      // The first block of depth applies beta; the rest add to it.
-      float blockBeta = pc == 0 ? beta : 1.0f;
-      for (int64_t ir = 0; ir < m; ir += kMR) {
-        int64_t rows = std::min<int64_t>(kMR, m - ir);
-        // A's rows: as kc x kMR when op(A)'s rows run along memory, else
-        // as kMR rows of kc apart by kc + kPad floats, so that they do not
-        // share L1 sets as rows of a power-of-two stride would.
-        int64_t ld;
-        const float *panelA = packedA;
-        if (transA) {
-          // kMC rows at a time: each line of A read once and whole, in
-          // order, where a panel alone would read kc lines kc apart.
-          ld = kMR;
-          if (ir % kMC == 0) {
-            int64_t blockRows = std::min(kMC, m - ir);
-            for (int64_t p = 0; p < kc; ++p) {
-              const float *from = a + (pc + p) * lda + ir;
-              for (int64_t i = 0; i < blockRows; i += kMR) {
-                float *to = packedA + i * kc + p * kMR;
-                int64_t have = std::min<int64_t>(kMR, blockRows - i);
-                if (have == kMR) {
-                  std::memcpy(to, from + i, kMR * sizeof(float));
-                } else {
-                  std::memcpy(to, from + i, have * sizeof(float));
-                  std::fill(to + have, to + kMR, 0.0f);
-                }
-              }
-            }
-          }
-          panelA = packedA + ir % kMC * kc;
-        } else {
-          ld = kc + kPad;
-          for (int64_t i = 0; i < kMR; ++i) {
-            if (i < rows)
-              std::memcpy(packedA + i * ld, a + (ir + i) * lda + pc, kc * sizeof(float));
-            else
-              std::fill(packedA + i * ld, packedA + i * ld + kc, 0.0f);
-          }
-        }
-        // The next rows of A, not transposed, come from memory while these
-        // run: a share of their lines a panel of B.
-        int64_t next = ir + kMR, lines = (kc + 15) / 16 + 1;
-        int64_t toFetch = !transA && next < m ? std::min<int64_t>(kMR, m - next) * lines : 0;
-        int64_t panels = (nc + kNR - 1) / kNR, fetched = 0;
-        for (int64_t jr = 0; jr < nc; jr += kNR) {
-          for (int64_t end = toFetch * (jr / kNR + 1) / panels; fetched < end; ++fetched)
-            _mm_prefetch(reinterpret_cast<const char *>(a + (next + fetched / lines) * lda + pc +
-                                                        fetched % lines * 16),
-                         _MM_HINT_T0);
-          int64_t width = std::min<int64_t>(kNR, nc - jr);
-          float *to = c + ir * ldc + jc + jr;
-          bool whole = rows == kMR && width == kNR;
-          float *out = whole ? to : edge;
-          int64_t ldOut = whole ? ldc : kNR;
-          float outBeta = whole ? blockBeta : 0.0f;
-          if (transA)
-            kernel<true>(kc, panelA, ld, packedB + jr * kc, out, ldOut, outBeta);
-          else
-            kernel<false>(kc, packedA, ld, packedB + jr * kc, out, ldOut, outBeta);
-          if (!whole)
-            for (int64_t i = 0; i < rows; ++i)
-              for (int64_t j = 0; j < width; ++j) {
-                float &into = to[i * ldc + j];
-                into = edge[i * kNR + j] + (blockBeta == 0.0f ? 0.0f : blockBeta * into);
-              }
-        }
-      }
+      std::fill(line + width, line + kNR, 0.0f);
     }
   }
+}
+
+/// Rows [r0, r1) of C (r0 a multiple of kMR) for B's packed block: A's rows
+/// packed into this thread's buffer, the kernel over B's panels.
+void computeRows(const Product &t, int64_t pc, int64_t kc, int64_t jc, int64_t nc,
+                 const float *packedB, int64_t r0, int64_t r1) {
+  // Each thread keeps its A buffer for its next call: kMC x kKC floats
+  // (144 KiB) at most.
+  thread_local std::vector<float> aStore;
+  float *packedA = aligned(aStore, std::max(kMR * (kc + kPad), kMC * kc));
+  alignas(64) float edge[kMR * kNR];
+  // The first block of depth applies beta; the rest add to it.
+  float blockBeta = pc == 0 ? t.beta : 1.0f;
+  const float *a = t.a;
+  int64_t lda = t.lda;
+  for (int64_t ir = r0; ir < r1; ir += kMR) {
+    int64_t rows = std::min<int64_t>(kMR, r1 - ir);
+    // A's rows: as kc x kMR when op(A)'s rows run along memory, else as
+    // kMR rows of kc apart by kc + kPad floats, so that they do not share
+    // L1 sets as rows of a power-of-two stride would.
+    int64_t ld;
+    const float *panelA = packedA;
+    if (t.transA) {
+      // kMC rows at a time: each line of A read once and whole, in order,
+      // where a panel alone would read kc lines kc apart.
+      ld = kMR;
+      if ((ir - r0) % kMC == 0) {
+        int64_t blockRows = std::min(kMC, r1 - ir);
+        for (int64_t p = 0; p < kc; ++p) {
+          const float *from = a + (pc + p) * lda + ir;
+          for (int64_t i = 0; i < blockRows; i += kMR) {
+            float *to = packedA + i * kc + p * kMR;
+            int64_t have = std::min<int64_t>(kMR, blockRows - i);
+            if (have == kMR) {
+              std::memcpy(to, from + i, kMR * sizeof(float));
+            } else {
+              std::memcpy(to, from + i, have * sizeof(float));
+              std::fill(to + have, to + kMR, 0.0f);
+            }
+          }
+        }
+      }
+      panelA = packedA + (ir - r0) % kMC * kc;
+    } else {
+      ld = kc + kPad;
+      for (int64_t i = 0; i < kMR; ++i) {
+        if (i < rows)
+          std::memcpy(packedA + i * ld, a + (ir + i) * lda + pc, kc * sizeof(float));
+        else
+          std::fill(packedA + i * ld, packedA + i * ld + kc, 0.0f);
+      }
+    }
+    // The next rows of A, not transposed, come from memory while these
+    // run: a share of their lines a panel of B.
+    int64_t next = ir + kMR, lines = (kc + 15) / 16 + 1;
+    int64_t toFetch = !t.transA && next < r1 ? std::min<int64_t>(kMR, r1 - next) * lines : 0;
+    int64_t panels = (nc + kNR - 1) / kNR, fetched = 0;
+    for (int64_t jr = 0; jr < nc; jr += kNR) {
+      for (int64_t end = toFetch * (jr / kNR + 1) / panels; fetched < end; ++fetched)
+        _mm_prefetch(reinterpret_cast<const char *>(a + (next + fetched / lines) * lda + pc +
+                                                    fetched % lines * 16),
+                     _MM_HINT_T0);
+      int64_t width = std::min<int64_t>(kNR, nc - jr);
+      float *to = t.c + ir * t.ldc + jc + jr;
+      bool whole = rows == kMR && width == kNR;
+      float *out = whole ? to : edge;
+      int64_t ldOut = whole ? t.ldc : kNR;
+      float outBeta = whole ? blockBeta : 0.0f;
+      if (t.transA)
+        kernel<true>(kc, panelA, ld, packedB + jr * kc, out, ldOut, outBeta);
+      else
+        kernel<false>(kc, panelA, ld, packedB + jr * kc, out, ldOut, outBeta);
+      if (!whole)
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < width; ++j) {
+            float &into = to[i * t.ldc + j];
+            into = edge[i * kNR + j] + (blockBeta == 0.0f ? 0.0f : blockBeta * into);
+          }
+    }
+  }
+}
+
+/// The product, B's blocks packed once and shared: `packPanels(count, f)`
+/// and `splitRows(count, f)` run f over ranges of B's panels and of A's
+/// kMR-row panels, on one thread or more.
+template <typename Split>
+void run(const Product &t, Split split) {
+  if (t.m <= 0 || t.n <= 0)
+    return;
+  if (t.k <= 0) {
+    for (int64_t i = 0; i < t.m; ++i)
+      for (int64_t j = 0; j < t.n; ++j)
+        t.c[i * t.ldc + j] = t.beta == 0.0f ? 0.0f : t.beta * t.c[i * t.ldc + j];
+    return;
+  }
+  // The caller's thread keeps B's buffer for its next call: kKC x kNC
+  // floats (1.5 MiB) at most.
+  thread_local std::vector<float> bStore;
+  float *packedB =
+      aligned(bStore, std::min(t.k, kKC) * ((std::min(t.n, kNC) + kNR - 1) / kNR * kNR));
+  int64_t rowPanels = (t.m + kMR - 1) / kMR;
+  for (int64_t jc = 0; jc < t.n; jc += kNC) {
+    int64_t nc = std::min(kNC, t.n - jc);
+    for (int64_t pc = 0; pc < t.k; pc += kKC) {
+      int64_t kc = std::min(kKC, t.k - pc);
+      split((nc + kNR - 1) / kNR, [&](int64_t first, int64_t last) {
+        packB(t, pc, kc, jc, nc, packedB, first, last);
+      });
+      split(rowPanels, [&](int64_t first, int64_t last) {
+        computeRows(t, pc, kc, jc, nc, packedB, first * kMR, std::min(t.m, last * kMR));
+      });
+    }
+  }
+}
+
+} // namespace
+
+void sgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const float *a,
+           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  run({transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc},
+      [](int64_t count, auto body) { body(0, count); });
+}
+
+void parallelSgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const float *a,
+                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
+                   int threads) {
+  run({transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc},
+      [threads](int64_t count, auto body) {
+        parallelRanges(count, threads, 1, [&](int64_t first, int64_t last) { body(first, last); });
+      });
 }
 
 } // namespace cellc::runtime::host

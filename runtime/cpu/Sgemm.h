@@ -26,6 +26,12 @@ bool ownSgemm();
 void sgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const float *a,
            int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
+/// `sgemm` on `threads` of the runtime's pool: they pack each block of B
+/// once between them, then each computes a share of C's rows against it.
+void parallelSgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const float *a,
+                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
+                   int threads);
+
 } // namespace cellc::runtime::host
 
 #endif // CELLC_RUNTIME_CPU_SGEMM_H

@@ -103,11 +103,12 @@ TEST(Sgemm, ZeroDepthScalesC) {
   EXPECT_EQ(c, std::vector<float>(6, 0.0f));
 }
 
-/// The backend's `gemm`, on whichever library it chose, split over two
-/// threads by rows and by columns.
+/// The backend's `gemm`, on whichever library it chose, on one thread and
+/// split over two and three: on cellc's kernel, threads sharing B's packed
+/// blocks; on OpenBLAS, by rows, or by columns where rows are few.
 TEST(Sgemm, TheBackendsGemmMatchesOnEitherLibraryAndSplit) {
   for (const Case &t : cases())
-    for (int threads : {1, 2})
+    for (int threads : {1, 2, 3})
       check(t, [threads](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
                          int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                          int64_t ldc) {
