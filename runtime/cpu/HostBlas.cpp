@@ -22,8 +22,22 @@ static bool ownSgemmFits(int64_t n) { return (n + 63) / 64 * 64 * 4 <= n * 5; }
 void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
           int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb,
           double beta, void *c, int64_t ldc) {
-  if (m == 0 || n == 0 || k == 0)
+  if (m == 0 || n == 0)
     return;
+  if (k == 0) {
+    // An empty product: C = beta C, and zeros where beta is 0 (whatever C
+    // held), as a BLAS leaves it.
+    auto scale = [&](auto *x) {
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          x[i * ldc + j] = beta == 0.0 ? 0 : beta * x[i * ldc + j];
+    };
+    if (dtype == DType::F32)
+      scale(static_cast<float *>(c));
+    else
+      scale(static_cast<double *>(c));
+    return;
+  }
   auto ta = transA ? CblasTrans : CblasNoTrans;
   auto tb = transB ? CblasTrans : CblasNoTrans;
   if (m == 1) {

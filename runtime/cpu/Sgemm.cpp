@@ -13,12 +13,13 @@
 #include "runtime/cpu/Sgemm.h"
 #include "runtime/cpu/ThreadPool.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 
 namespace cellc::runtime::host {
 namespace {
@@ -135,7 +136,7 @@ void computeRows(const Product &t, int64_t pc, int64_t kc, int64_t jc, int64_t n
   // Each thread keeps its A buffer for its next call: kMC x kKC floats
   // (144 KiB) at most.
   thread_local std::vector<float> aStore;
-  float *packedA = aligned(aStore, std::max(kMR * (kc + kPad), kMC * kc));
+  float *packedA = aligned(aStore, t.transA ? kMC * kc : kMR * (kc + kPad));
   alignas(64) float edge[kMR * kNR];
   // The first block of depth applies beta; the rest add to it.
   float blockBeta = pc == 0 ? t.beta : 1.0f;
@@ -208,6 +209,13 @@ void computeRows(const Product &t, int64_t pc, int64_t kc, int64_t jc, int64_t n
   }
 }
 
+/// The calling thread's buffer for B's packed blocks, kept for its next
+/// call: kKC x kNC floats (1.5 MiB) at most.
+float *packedBBuffer(int64_t floats) {
+  thread_local std::vector<float> store;
+  return aligned(store, floats);
+}
+
 /// The product, B's blocks packed once and shared: `packPanels(count, f)`
 /// and `splitRows(count, f)` run f over ranges of B's panels and of A's
 /// kMR-row panels, on one thread or more.
@@ -221,11 +229,8 @@ void run(const Product &t, Split split) {
         t.c[i * t.ldc + j] = t.beta == 0.0f ? 0.0f : t.beta * t.c[i * t.ldc + j];
     return;
   }
-  // The caller's thread keeps B's buffer for its next call: kKC x kNC
-  // floats (1.5 MiB) at most.
-  thread_local std::vector<float> bStore;
   float *packedB =
-      aligned(bStore, std::min(t.k, kKC) * ((std::min(t.n, kNC) + kNR - 1) / kNR * kNR));
+      packedBBuffer(std::min(t.k, kKC) * ((std::min(t.n, kNC) + kNR - 1) / kNR * kNR));
   int64_t rowPanels = (t.m + kMR - 1) / kMR;
   for (int64_t jc = 0; jc < t.n; jc += kNC) {
     int64_t nc = std::min(kNC, t.n - jc);
@@ -259,3 +264,23 @@ void parallelSgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, co
 }
 
 } // namespace cellc::runtime::host
+
+#else // Not x86-64: OpenBLAS runs every GEMM.
+
+namespace cellc::runtime::host {
+
+bool ownSgemm() { return false; }
+
+void sgemm(bool, bool, int64_t, int64_t, int64_t, const float *, int64_t, const float *,
+           int64_t, float, float *, int64_t) {
+  std::abort(); // Callers ask ownSgemm() first.
+}
+
+void parallelSgemm(bool, bool, int64_t, int64_t, int64_t, const float *, int64_t, const float *,
+                   int64_t, float, float *, int64_t, int) {
+  std::abort();
+}
+
+} // namespace cellc::runtime::host
+
+#endif

@@ -18,18 +18,30 @@ struct Case {
   bool transA, transB;
   int64_t m, n, k;
   float beta;
+  /// A's and B's rows a power of two apart (where rows of A share L1 sets).
+  bool powerOfTwo = false;
 };
 
+int64_t powerOfTwoAbove(int64_t x) {
+  int64_t p = 1;
+  while (p <= x)
+    p *= 2;
+  return p;
+}
+
 /// Runs `product` on random operands stored with leading dimensions wider
-/// than the matrices, and checks every element of C against a float64
-/// product, and that C's padding columns are untouched.
+/// than the matrices, in buffers that end with their last row's last
+/// element, and checks every element of C against a float64 product, and
+/// that C's padding columns are untouched.
 template <typename Product> void check(const Case &t, Product product) {
   std::mt19937 gen(int(t.m * 131 + t.n * 17 + t.k + t.transA * 2 + t.transB));
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   int64_t aRows = t.transA ? t.k : t.m, aCols = t.transA ? t.m : t.k;
   int64_t bRows = t.transB ? t.n : t.k, bCols = t.transB ? t.k : t.n;
-  int64_t lda = aCols + 3, ldb = bCols + 5, ldc = t.n + 7;
-  std::vector<float> a(aRows * lda), b(bRows * ldb), c(t.m * ldc);
+  int64_t lda = t.powerOfTwo ? powerOfTwoAbove(aCols) : aCols + 3;
+  int64_t ldb = t.powerOfTwo ? powerOfTwoAbove(bCols) : bCols + 5, ldc = t.n + 7;
+  std::vector<float> a((aRows - 1) * lda + aCols), b((bRows - 1) * ldb + bCols),
+      c(t.m * ldc);
   for (float &x : a)
     x = u(gen);
   for (float &x : b)
@@ -78,6 +90,12 @@ std::vector<Case> cases() {
       all.push_back({ta, tb, 5, 1100, 17, 0.5f});
       all.push_back({ta, tb, 37, 256, 1, 0.0f});
       all.push_back({ta, tb, 200, 70, 390, 0.5f});
+      // Large enough for parallelGemm to share B between threads
+      // (parallelSgemm), with row ranges that do not start on a 96-row
+      // block, beta 0 over several depth blocks, and strides of 1024.
+      all.push_back({ta, tb, 200, 256, 390, 0.0f});
+      all.push_back({ta, tb, 197, 1100, 400, 0.5f});
+      all.push_back({ta, tb, 100, 256, 1000, 1.0f, true});
     }
   return all;
 }
@@ -90,6 +108,21 @@ TEST(Sgemm, MatchesAFloat64ProductAtEveryEdge) {
                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
       host::sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
     });
+}
+
+/// An empty product (k = 0) leaves beta C, zeros where beta is 0, on
+/// either library and precision.
+TEST(Sgemm, TheBackendsGemmOfZeroDepthScalesC) {
+  std::vector<float> c = {1, 2, 3, 4, 5, 6};
+  host::gemm(DType::F32, false, false, 2, 3, 0, nullptr, 1, nullptr, 3, 0.5, c.data(), 3);
+  EXPECT_EQ(c, (std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3}));
+  c.assign(6, std::numeric_limits<float>::quiet_NaN());
+  host::gemm(DType::F32, true, true, 2, 3, 0, nullptr, 2, nullptr, 1, 0.0, c.data(), 3);
+  EXPECT_EQ(c, std::vector<float>(6, 0.0f));
+  std::vector<double> d = {1, 2, 3, 4};
+  host::parallelGemm(DType::F64, false, false, 2, 2, 0, nullptr, 1, nullptr, 2, 2.0, d.data(),
+                     2, 2);
+  EXPECT_EQ(d, (std::vector<double>{2, 4, 6, 8}));
 }
 
 TEST(Sgemm, ZeroDepthScalesC) {
