@@ -118,7 +118,8 @@ def main():
     # The ceiling: OpenBLAS's sgemm on as many threads, measured in this run.
     ceiling, core = sgemm_gflops(a.repeats)
     print(f"ceiling: sgemm 1024^3 {ceiling:.1f} GFLOP/s on {a.threads} thread(s) "
-          f"(OpenBLAS's {core} kernels); 'of sgemm' is cellc's GFLOP/s (none) over it")
+          f"(OpenBLAS's {core} kernels); 'of sgemm' is cellc's GFLOP/s (none) over it; "
+          f"cellc's f32 GEMMs on {cellc._cellc_runtime.gemm_library()}")
     print(f"{'cell':<6} {'B x T':>9} {'torch':>8} {'oneDNN':>8} {'none':>8} {'full':>8} "
           f"{'chunk:16':>9} {'vs torch':>9} {'vs oneDNN':>9} {'GFLOP/s':>8} {'of sgemm':>9} "
           f"{'full/none':>9}")

@@ -171,6 +171,48 @@ print(json.dumps(_cellc_runtime.tasks_on_openmp()))
 """
 
 
+GEMMS = r"""
+import json, sys
+import torch
+import cellc
+torch.manual_seed(0)
+ref = torch.nn.LSTM(128, 128).double()
+mine = cellc.nn.LSTM(128, 128)
+mine.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
+for m in mine.modules():
+    if hasattr(m, "cell"):
+        m.cell.threads = int(sys.argv[1])
+x = torch.randn(40, 24, 128, dtype=torch.float64)
+w = torch.randn(40, 24, 128, dtype=torch.float64)
+errors = []
+xr = x.clone().requires_grad_(True)
+(ref(xr)[0] * w).sum().backward()
+want = [xr.grad] + [p.grad for p in ref.parameters()]
+xm = x.float().requires_grad_(True)
+(mine(xm)[0] * w.float()).sum().backward()
+got = [xm.grad] + [p.grad for p in mine.parameters()]
+errors = [float((g.double() - v).abs().max() / v.abs().max()) for g, v in zip(got, want)]
+print(json.dumps({"library": cellc._cellc_runtime.gemm_library(), "errors": errors}))
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_each_gemm_library_trains_as_torch_does(monkeypatch, threads):
+    """The f32 GEMMs run on cellc's own AVX-512 kernel where the CPU has
+    AVX-512F, unless $CELLC_CPU_GEMM=openblas; either way an LSTM's input
+    and weight gradients match torch's float64 ones (B = 24, so that two
+    threads share B's packed blocks)."""
+    flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    monkeypatch.delenv("CELLC_CPU_GEMM", raising=False)
+    mine = run_fresh(GEMMS, threads)
+    assert mine["library"] == ("cellc-avx512" if "avx512f" in flags else "openblas"), mine
+    monkeypatch.setenv("CELLC_CPU_GEMM", "openblas")
+    theirs = run_fresh(GEMMS, threads)
+    assert theirs["library"] == "openblas", theirs
+    for result in (mine, theirs):
+        assert len(result["errors"]) == 5 and max(result["errors"]) < 1e-4, result
+
+
 def test_the_runtime_shares_torchs_openmp_threads_and_computes_the_same(lstm64_package,
                                                                          monkeypatch):
     """Where torch runs its ops on the OpenMP runtime the runtime links (one
