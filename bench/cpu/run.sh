@@ -13,8 +13,10 @@ py=/usr/bin/python3
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 # Debian's OpenBLAS 0.3.21 does not know AMD's AVX-512 cores (Zen 4 and
 # later) and runs its AVX2 kernels on them, at half the speed of its AVX-512
-# ones. Where the core has AVX-512, everyone here gets those (torch's BLAS and
-# cellc's are OpenBLAS, and both read OPENBLAS_CORETYPE), unless it is set.
+# ones. Where the core has AVX-512, everyone here gets those (torch's BLAS,
+# the sgemm ceiling and cellc's f64 GEMMs are OpenBLAS and read
+# OPENBLAS_CORETYPE; cellc's f32 GEMMs run on its own AVX-512 kernel there),
+# unless it is set.
 has_avx512() {
   local f
   for f in avx512f avx512bw avx512dq avx512vl avx512cd; do

@@ -97,9 +97,9 @@ constexpr int64_t kGemmGrain = int64_t(1) << 21;
 /// `gemm` split over `threads` of the pool. On cellc's kernel, the threads
 /// share B's packed blocks (`parallelSgemm`). On OpenBLAS, by the rows of C,
 /// or by its columns when it has fewer rows than threads, each part a
-/// single-threaded BLAS call. OpenBLAS's own threads are set to 1 for the call and back
-/// after: left on, they spin after each GEMM on the cores that the kernels'
-/// threads run on next.
+/// single-threaded BLAS call. OpenBLAS's own threads are set to 1 for the
+/// call and back after: left on, they spin after each GEMM on the cores that
+/// the kernels' threads run on next.
 void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                   const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
                   void *c, int64_t ldc, int threads) {

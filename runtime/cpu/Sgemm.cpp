@@ -67,7 +67,8 @@ __attribute__((target("avx512f,fma"))) void kernel(int64_t kc, const float *a, i
 #pragma GCC unroll 4
     for (int v = 0; v < kVectors; ++v) {
       float *to = c + i * ldc + 16 * v;
-      __m512 sum = beta == 0.0f ? acc[i][v] : _mm512_fmadd_ps(scale, _mm512_loadu_ps(to), acc[i][v]);
+      __m512 sum = beta == 0.0f ? acc[i][v]
+                                : _mm512_fmadd_ps(scale, _mm512_loadu_ps(to), acc[i][v]);
       _mm512_storeu_ps(to, sum);
     }
 }
