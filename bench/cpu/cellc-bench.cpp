@@ -13,6 +13,7 @@
 #include "compiler/Frontend/IRGen.h"
 #include "tuner/Workload.h"
 #include "tools/ToolOptions.h"
+#include "runtime/cpu/HostBlas.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -81,6 +82,12 @@ static cl::opt<bool> profilePhases(
              "between barriers, per step of one forward plus backward"),
     cl::init(false));
 
+static cl::opt<bool> profileGemms(
+    cl::cat(cellc::toolOptions()), "profile-gemms",
+    cl::desc("print the whole-sequence GEMMs of one forward plus backward: "
+             "each shape's calls, time and GFLOP/s, and the library"),
+    cl::init(false));
+
 /// Cycles of the counter the kernels read (`llvm.readcyclecounter`: the
 /// TSC on x86) per microsecond, measured against the steady clock; 0 where
 /// it is not known.
@@ -95,6 +102,28 @@ static double cyclesPerMicrosecond() {
 #else
   return 0;
 #endif
+}
+
+/// A table of the GEMMs of one forward plus backward, a row a shape
+/// (op(A) transposed or not, op(B), M x N x K), with their total.
+static void printGemms(llvm::raw_ostream &os,
+                       const std::vector<cellc::runtime::host::GemmProfileRow> &rows) {
+  os << "  GEMMs of one forward + backward:\n";
+  os << llvm::formatv("  {0,-6} {1,22} {2,13} {3,6} {4,10} {5,9}\n", "op", "M x N x K",
+                      "library", "calls", "ms", "GFLOP/s");
+  double seconds = 0, flops = 0;
+  for (const auto &row : rows) {
+    double f = 2.0 * row.m * row.n * row.k * row.calls;
+    os << llvm::formatv("  {0,-6} {1,22} {2,13} {3,6} {4,10:F2} {5,9:F1}\n",
+                        std::string(row.transA ? "T" : "N") + (row.transB ? "T" : "N"),
+                        llvm::formatv("{0} x {1} x {2}", row.m, row.n, row.k).str(),
+                        row.library, row.calls, row.seconds * 1e3,
+                        row.seconds > 0 ? f / row.seconds / 1e9 : 0);
+    seconds += row.seconds;
+    flops += f;
+  }
+  os << llvm::formatv("  {0,-6} {1,22} {2,13} {3,6} {4,10:F2} {5,9:F1}\n", "total", "", "",
+                      "", seconds * 1e3, seconds > 0 ? flops / seconds / 1e9 : 0);
 }
 
 /// A table of what each thread of `profile` worked and waited before each
@@ -232,6 +261,16 @@ int main(int argc, char **argv) {
                                   median(fwd), median(both), kept / (1024.0 * 1024.0),
                                   std::max(held.forwardPeak, held.backwardPeak) /
                                       (1024.0 * 1024.0));
+    if (profileGemms) {
+      cellc::runtime::host::setGemmProfile(true);
+      if (auto e = work.run(cell, *mode, true); !e) {
+        llvm::errs() << llvm::toString(e.takeError()) << "\n";
+        return 1;
+      }
+      auto rows = cellc::runtime::host::gemmProfile();
+      cellc::runtime::host::setGemmProfile(false);
+      printGemms(llvm::outs(), rows);
+    }
     if (profilePhases) {
       cell.resetPhaseProfile();
       if (auto e = work.run(cell, *mode, true); !e) {

@@ -10,7 +10,7 @@
 
 #include "runtime/cpu/Buffers.h"
 #include "runtime/cpu/CpuCell.h"
-#include "runtime/cpu/Sgemm.h"
+#include "runtime/cpu/HostBlas.h"
 #include "runtime/cpu/ThreadPool.h"
 
 #include <pybind11/pybind11.h>
@@ -396,7 +396,7 @@ PYBIND11_MODULE(_cellc_runtime, m) {
         "both use the same OpenMP runtime) rather than a pool of its own");
   m.def("set_tasks_on_openmp", &setTasksOnOpenMP, py::arg("on"),
         "Runs the runtime's threads on OpenMP's (True) or on its own pool");
-  m.def("gemm_library", [] { return host::ownSgemm() ? "cellc-avx512" : "openblas"; },
+  m.def("gemm_library", &host::gemmLibrary,
         "What runs the CPU's f32 GEMMs: 'cellc-avx512' (cellc's own kernel, on "
         "a CPU with AVX-512F unless CELLC_CPU_GEMM=openblas) or 'openblas'");
   m.def(

@@ -7,16 +7,22 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 
 using namespace cellc::runtime;
 
 namespace cellc::runtime::host {
 
-/// Whether C's `n` columns fill cellc's kernel's 64-column panels to 80% or
-/// more; narrower products waste less on OpenBLAS.
-static bool ownSgemmFits(int64_t n) { return (n + 63) / 64 * 64 * 4 <= n * 5; }
+/// Whether a GEMM runs on cellc's kernel: f32 of more than one row, on a
+/// CPU that has it (`ownSgemm`), C's `n` columns filling its 64-column
+/// panels to 80% or more (narrower products waste less on OpenBLAS).
+static bool onOwnKernel(DType dtype, int64_t m, int64_t n) {
+  return dtype == DType::F32 && m > 1 && ownSgemm() && (n + 63) / 64 * 64 * 4 <= n * 5;
+}
 
 /// Row-major C = alpha op(A) op(B) + beta C.
 void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
@@ -54,7 +60,7 @@ void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
                   static_cast<const double *>(a), inc, beta, static_cast<double *>(c), 1);
     return;
   }
-  if (dtype == DType::F32 && ownSgemm() && ownSgemmFits(n)) {
+  if (onOwnKernel(dtype, m, n)) {
     sgemm(transA, transB, m, n, k, static_cast<const float *>(a), lda,
           static_cast<const float *>(b), ldb, static_cast<float>(beta), static_cast<float *>(c),
           ldc);
@@ -94,20 +100,85 @@ void addColumnSums(DType dtype, const void *m, int64_t rows, int64_t cols, void 
 /// A GEMM's multiply-adds below which it runs on the calling thread.
 constexpr int64_t kGemmGrain = int64_t(1) << 21;
 
+namespace {
+
+/// The GEMM profile: off unless a tool turns it on.
+struct GemmProfile {
+  std::atomic<bool> on{false};
+  std::mutex lock;
+  std::vector<GemmProfileRow> rows;
+};
+
+GemmProfile &gemmProfileState() {
+  static GemmProfile profile;
+  return profile;
+}
+
+void addToGemmProfile(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                      const char *library, double seconds) {
+  GemmProfile &profile = gemmProfileState();
+  std::lock_guard<std::mutex> hold(profile.lock);
+  for (GemmProfileRow &row : profile.rows)
+    if (row.transA == transA && row.transB == transB && row.m == m && row.n == n &&
+        row.k == k && row.library == library) {
+      ++row.calls;
+      row.seconds += seconds;
+      return;
+    }
+  profile.rows.push_back({transA, transB, m, n, k, library, 1, seconds});
+}
+
+} // namespace
+
+void setGemmProfile(bool on) {
+  GemmProfile &profile = gemmProfileState();
+  std::lock_guard<std::mutex> hold(profile.lock);
+  if (on)
+    profile.rows.clear();
+  profile.on = on;
+}
+
+std::vector<GemmProfileRow> gemmProfile() {
+  GemmProfile &profile = gemmProfileState();
+  std::lock_guard<std::mutex> hold(profile.lock);
+  return profile.rows;
+}
+
+const char *gemmLibrary() { return ownSgemm() ? "cellc-avx512" : "openblas"; }
+
+static void runParallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
+                            int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb,
+                            double beta, void *c, int64_t ldc, int threads);
+
+void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                  void *c, int64_t ldc, int threads) {
+  if (!gemmProfileState().on.load(std::memory_order_relaxed)) {
+    runParallelGemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc, threads);
+    return;
+  }
+  auto start = std::chrono::steady_clock::now();
+  runParallelGemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc, threads);
+  addToGemmProfile(transA, transB, m, n, k,
+                   onOwnKernel(dtype, m, n) ? "cellc-avx512" : "openblas",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                       .count());
+}
+
 /// `gemm` split over `threads` of the pool. On cellc's kernel, the threads
 /// share B's packed blocks (`parallelSgemm`). On OpenBLAS, by the rows of C,
 /// or by its columns when it has fewer rows than threads, each part a
 /// single-threaded BLAS call. OpenBLAS's own threads are set to 1 for the
 /// call and back after: left on, they spin after each GEMM on the cores that
 /// the kernels' threads run on next.
-void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
-                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
-                  void *c, int64_t ldc, int threads) {
+static void runParallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
+                            int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb,
+                            double beta, void *c, int64_t ldc, int threads) {
   if (threads <= 1 || m * n * k < kGemmGrain || m == 1) {
     gemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  if (dtype == DType::F32 && ownSgemm() && ownSgemmFits(n) && m >= 12 * threads) {
+  if (onOwnKernel(dtype, m, n) && m >= 12 * threads) {
     parallelSgemm(transA, transB, m, n, k, static_cast<const float *>(a), lda,
                   static_cast<const float *>(b), ldb, static_cast<float>(beta),
                   static_cast<float *>(c), ldc, threads);

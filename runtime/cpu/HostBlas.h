@@ -39,6 +39,27 @@ void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, i
                   const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
                   void *c, int64_t ldc, int threads);
 
+/// The GEMMs `parallelGemm` ran while the profile was on, a row a shape.
+struct GemmProfileRow {
+  bool transA, transB;
+  int64_t m, n, k;
+  /// "cellc-avx512" or "openblas": what ran it.
+  const char *library;
+  int64_t calls;
+  double seconds;
+};
+
+/// Turns the GEMM profile on (emptied) or off. While on, each
+/// `parallelGemm` call's wall time is added to its shape's row.
+void setGemmProfile(bool on);
+
+/// The profile's rows, in the order their shapes first ran.
+std::vector<GemmProfileRow> gemmProfile();
+
+/// What runs the f32 GEMMs whose C fills cellc's kernel's panels:
+/// "cellc-avx512" or "openblas".
+const char *gemmLibrary();
+
 /// `m[row, :]` = the sum of `vectors` for every row, each thread a range of
 /// rows.
 void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,

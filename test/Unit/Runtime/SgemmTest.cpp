@@ -151,3 +151,38 @@ TEST(Sgemm, TheBackendsGemmMatchesOnEitherLibraryAndSplit) {
 }
 
 } // namespace
+
+namespace {
+
+/// The GEMM profile counts parallelGemm's calls by shape and library while
+/// it is on, and only then; turning it on empties it.
+TEST(Sgemm, TheProfileCountsCallsByShapeWhileOn) {
+  std::vector<float> a(64 * 32, 0.5f), b(32 * 128, 0.25f), c(64 * 128);
+  auto call = [&](int64_t m) {
+    host::parallelGemm(DType::F32, false, false, m, 128, 32, a.data(), 32, b.data(), 128, 0.0,
+                       c.data(), 128, 1);
+  };
+  host::setGemmProfile(true);
+  call(64);
+  call(64);
+  call(8);
+  auto rows = host::gemmProfile();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].m, 64);
+  EXPECT_EQ(rows[0].n, 128);
+  EXPECT_EQ(rows[0].k, 32);
+  EXPECT_EQ(rows[0].calls, 2);
+  EXPECT_EQ(rows[1].m, 8);
+  EXPECT_EQ(rows[1].calls, 1);
+  EXPECT_STREQ(rows[0].library, host::ownSgemm() ? "cellc-avx512" : "openblas");
+  EXPECT_GT(rows[0].seconds, 0.0);
+  EXPECT_FLOAT_EQ(c[0], 32 * 0.5f * 0.25f);
+  host::setGemmProfile(false);
+  call(64);
+  EXPECT_EQ(host::gemmProfile().size(), 2u);
+  host::setGemmProfile(true);
+  EXPECT_TRUE(host::gemmProfile().empty());
+  host::setGemmProfile(false);
+}
+
+} // namespace
