@@ -36,7 +36,7 @@ from shape import settle, side_by_side  # noqa: E402
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
 
-def libraries():
+def libraries(build):
     openblas = ctypes.CDLL("libopenblas.so.0")
     openblas.cblas_sgemm.argtypes = ([ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p,
                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
@@ -55,9 +55,7 @@ def libraries():
     except OSError:
         blis = None
     try:
-        here = os.environ.get("CELLC_BUILD_DIR", os.path.join(os.path.dirname(__file__),
-                                                                "..", "..", "build"))
-        cellc = ctypes.CDLL(os.path.join(here, "lib", "libcellc_sgemm_bench.so"))
+        cellc = ctypes.CDLL(os.path.join(build, "lib", "libcellc_sgemm_bench.so"))
         i64 = ctypes.c_int64
         cellc.cellc_sgemm.argtypes = ([ctypes.c_int, ctypes.c_int, i64, i64, i64,
                                        ctypes.c_void_p, i64, ctypes.c_void_p, i64,
@@ -76,11 +74,14 @@ def main():
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "..", "..",
+                                                   "build"),
+                   help="cellc's build directory (for lib/libcellc_sgemm_bench.so)")
     p.add_argument("--rows", type=int, default=0,
                    help="rows of a chunk (the driver's: 1024), each GEMM adding to C; "
                         "0: the whole sequence at once")
     a = p.parse_args()
-    openblas, onednn, blis, cellc = libraries()
+    openblas, onednn, blis, cellc = libraries(a.build)
     TB, H, G = a.rows or a.batch * a.steps, a.size, 4 * a.size
     beta = 1.0 if a.rows else 0.0
     # C = op(A) op(B), row-major: (name, transA, transB, M, N, K, A, B).

@@ -24,6 +24,9 @@ static bool onOwnKernel(DType dtype, int64_t m, int64_t n) {
   return dtype == DType::F32 && m > 1 && ownSgemm() && (n + 63) / 64 * 64 * 4 <= n * 5;
 }
 
+/// The name of the library a GEMM runs on.
+static const char *libraryName(bool own) { return own ? "cellc-avx512" : "openblas"; }
+
 /// Row-major C = alpha op(A) op(B) + beta C.
 void gemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
           int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb,
@@ -144,26 +147,7 @@ std::vector<GemmProfileRow> gemmProfile() {
   return profile.rows;
 }
 
-const char *gemmLibrary() { return ownSgemm() ? "cellc-avx512" : "openblas"; }
-
-static void runParallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
-                            int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb,
-                            double beta, void *c, int64_t ldc, int threads);
-
-void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
-                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
-                  void *c, int64_t ldc, int threads) {
-  if (!gemmProfileState().on.load(std::memory_order_relaxed)) {
-    runParallelGemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc, threads);
-    return;
-  }
-  auto start = std::chrono::steady_clock::now();
-  runParallelGemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc, threads);
-  addToGemmProfile(transA, transB, m, n, k,
-                   onOwnKernel(dtype, m, n) ? "cellc-avx512" : "openblas",
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                       .count());
-}
+const char *gemmLibrary() { return libraryName(ownSgemm()); }
 
 /// `gemm` split over `threads` of the pool. On cellc's kernel, the threads
 /// share B's packed blocks (`parallelSgemm`). On OpenBLAS, by the rows of C,
@@ -204,6 +188,22 @@ static void runParallelGemm(DType dtype, bool transA, bool transB, int64_t m, in
     });
   }
   openblas_set_num_threads(before);
+}
+
+/// `gemm` split over `threads`, timed into the GEMM profile while it is on.
+void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                  void *c, int64_t ldc, int threads) {
+  if (!gemmProfileState().on.load(std::memory_order_relaxed)) {
+    runParallelGemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc, threads);
+    return;
+  }
+  auto start = std::chrono::steady_clock::now();
+  runParallelGemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc, threads);
+  addToGemmProfile(transA, transB, m, n, k,
+                   libraryName(onOwnKernel(dtype, m, n)),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                       .count());
 }
 
 /// m[row, :] = the sum of `vectors` for every row, each thread a range of

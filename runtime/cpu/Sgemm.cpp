@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cpu/Sgemm.h"
+#include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/ThreadPool.h"
 
 #include <algorithm>
@@ -87,8 +88,7 @@ bool ownSgemm() {
     const char *env = std::getenv("CELLC_CPU_GEMM");
     if (env && std::strcmp(env, "openblas") == 0)
       return false;
-    __builtin_cpu_init();
-    return bool(__builtin_cpu_supports("avx512f"));
+    return hostHas("avx512f");
   }();
   return own;
 }
@@ -217,19 +217,13 @@ float *packedBBuffer(int64_t floats) {
   return aligned(store, floats);
 }
 
-/// The product, B's blocks packed once and shared: `packPanels(count, f)`
-/// and `splitRows(count, f)` run f over ranges of B's panels and of A's
-/// kMR-row panels, on one thread or more.
+/// The product, B's blocks packed once and shared: `split(count, f)` runs
+/// f over ranges of [0, count), B's panels and then A's kMR-row panels, on
+/// one thread or more.
 template <typename Split>
 void run(const Product &t, Split split) {
-  if (t.m <= 0 || t.n <= 0)
-    return;
-  if (t.k <= 0) {
-    for (int64_t i = 0; i < t.m; ++i)
-      for (int64_t j = 0; j < t.n; ++j)
-        t.c[i * t.ldc + j] = t.beta == 0.0f ? 0.0f : t.beta * t.c[i * t.ldc + j];
-    return;
-  }
+  if (t.m <= 0 || t.n <= 0 || t.k <= 0)
+    return; // HostBlas's gemm takes the empty products.
   float *packedB =
       packedBBuffer(std::min(t.k, kKC) * ((std::min(t.n, kNC) + kNR - 1) / kNR * kNR));
   int64_t rowPanels = (t.m + kMR - 1) / kMR;

@@ -21,8 +21,10 @@ namespace cellc::runtime::host {
 /// AVX-512F and CELLC_CPU_GEMM is not "openblas". Read once.
 bool ownSgemm();
 
-/// Row-major `c = op(a) op(b) + beta c`, one thread. With `beta` 0, `c` is
-/// only written (NaNs in it stay out). Needs AVX-512F (`ownSgemm`).
+/// Row-major `c = op(a) op(b) + beta c`, one thread, for m, n and k of 1 or
+/// more (HostBlas's `gemm` takes the empty products; this returns at once).
+/// With `beta` 0, `c` is only written (NaNs in it stay out). Needs AVX-512F
+/// (`ownSgemm`).
 void sgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const float *a,
            int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 

@@ -125,17 +125,6 @@ TEST(Sgemm, TheBackendsGemmOfZeroDepthScalesC) {
   EXPECT_EQ(d, (std::vector<double>{2, 4, 6, 8}));
 }
 
-TEST(Sgemm, ZeroDepthScalesC) {
-  if (!host::ownSgemm())
-    GTEST_SKIP() << "no AVX-512F here, or CELLC_CPU_GEMM=openblas";
-  std::vector<float> c = {1, 2, 3, 4, 5, 6};
-  host::sgemm(false, false, 2, 3, 0, nullptr, 1, nullptr, 3, 0.5f, c.data(), 3);
-  EXPECT_EQ(c, (std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3}));
-  c.assign(6, std::numeric_limits<float>::quiet_NaN());
-  host::sgemm(false, false, 2, 3, 0, nullptr, 1, nullptr, 3, 0.0f, c.data(), 3);
-  EXPECT_EQ(c, std::vector<float>(6, 0.0f));
-}
-
 /// The backend's `gemm`, on whichever library it chose, on one thread and
 /// split over two and three: on cellc's kernel, threads sharing B's packed
 /// blocks; on OpenBLAS, by rows, or by columns where rows are few.
