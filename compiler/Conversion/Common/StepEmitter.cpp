@@ -354,6 +354,18 @@ SmallVector<Item> backwardItems(StepEmitter &e, const BackwardArgs &args, Operat
            },
            0});
     } else {
+      // A per-step result that repeats an earlier one is that result's
+      // buffer (its argument says same_as, and the driver passes one
+      // buffer): writing it again stored the values twice. An LSTM's
+      // gate gradients are both results; past the caches, the second
+      // write doubled the backward's largest stream to memory.
+      bool repeats = llvm::any_of(llvm::seq<unsigned>(0, r), [&](unsigned earlier) {
+        return ret->getOperand(earlier) == value &&
+               args.kinds[earlier] != cellc::GradKind::State &&
+               args.kinds[earlier] != cellc::GradKind::Param;
+      });
+      if (repeats)
+        continue;
       item.sinks.push_back({perStep(r), 0});
     }
     items.push_back(item);

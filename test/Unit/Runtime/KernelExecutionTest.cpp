@@ -62,6 +62,8 @@ struct Signature {
   std::vector<cellc::ArgKind> kinds;
   std::vector<std::string> names;
   std::vector<std::vector<int64_t>> shapes;
+  /// The earlier argument whose buffer a result shares (same_as), or -1.
+  std::vector<int64_t> sameAs;
   /// The batched kernels' workspace and barrier words, for one group.
   int64_t workspaceBytes = 0, barrierWords = 0;
 };
@@ -73,6 +75,7 @@ Signature signatureOf(ModuleOp kernels, StringRef name) {
        llvm::zip(mlir::cell::kernelArgsOf(func), func.getArgumentTypes())) {
     sig.kinds.push_back(attr.getKind());
     sig.names.push_back(attr.getName().str());
+    sig.sameAs.push_back(attr.getSameAs());
     std::vector<int64_t> shape;
     if (auto memref = dyn_cast<MemRefType>(type)) {
       bool perStep = memref.getRank() == 3 || sig.kinds.back() == cellc::ArgKind::Resets;
@@ -189,8 +192,16 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
   for (int t = 0; t < kSteps; ++t)
     for (int b = 0; b < kBatch; ++b)
       resetBytes[t * kBatch + b] = resets[b][t];
+  // Results passed as an earlier result's buffer (same_as): that key.
+  std::map<std::pair<cellc::ArgKind, std::string>, std::pair<cellc::ArgKind, std::string>>
+      aliases;
+  auto bufferAt = [&](const std::pair<cellc::ArgKind, std::string> &key) -> Buffer & {
+    auto alias = aliases.find(key);
+    return *buffers.at(alias == aliases.end() ? key : alias->second);
+  };
   auto makeArgs = [&](const Signature &sig) {
     std::vector<KernelArg> args;
+    std::vector<std::pair<cellc::ArgKind, std::string>> keys(sig.kinds.size());
     unsigned projection = 0;
     for (size_t i = 0; i < sig.kinds.size(); ++i) {
       cellc::ArgKind kind = sig.kinds[i];
@@ -224,6 +235,14 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
       }
       auto key = std::make_pair(kind, n + "#" + std::to_string(
                                               kind == cellc::ArgKind::Projection ? projection : 0));
+      keys[i] = key;
+      // A result the same as an earlier one is its buffer, as the driver
+      // passes it: the kernel writes it once.
+      if (sig.sameAs[i] >= 0) {
+        aliases[key] = keys[size_t(sig.sameAs[i])];
+        args.push_back(args[size_t(sig.sameAs[i])]);
+        continue;
+      }
       auto &slot = buffers[key];
       if (!slot) {
         slot = std::make_unique<Buffer>(sig.shapes[i], f32);
@@ -306,7 +325,7 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
         state[s] = results[s];
         std::string stateName =
             cast<StringAttr>(ref->def.getStateNames()[s]).str();
-        Buffer &hist = *buffers.at({cellc::ArgKind::StateHistory, stateName + "#0"});
+        Buffer &hist = bufferAt({cellc::ArgKind::StateHistory, stateName + "#0"});
         int64_t width = hist.shape.back();
         for (int64_t j = 0; j < width; ++j)
           near(hist.get((t * kBatch + b) * width + j), state[s][j],
@@ -315,7 +334,7 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
       for (size_t o = state.size(); o < results.size(); ++o) {
         std::string outName = cast<StringAttr>(
             ref->def.getOutputNames()[o - state.size()]).str();
-        Buffer &out = *buffers.at({cellc::ArgKind::Output, outName + "#0"});
+        Buffer &out = bufferAt({cellc::ArgKind::Output, outName + "#0"});
         int64_t width = out.shape.back();
         for (int64_t j = 0; j < width; ++j)
           near(out.get((t * kBatch + b) * width + j), results[o][j],
@@ -331,8 +350,8 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
     for (size_t s = 0; s < want.states.size(); ++s) {
       std::string stateName = cast<StringAttr>(ref->def.getStateNames()[s]).str();
       // The sequence started from its initial state: both gradients are its.
-      Buffer &g = *buffers.at({cellc::ArgKind::InitialStateGrad, stateName + "#0"});
-      Buffer &gs = *buffers.at({cellc::ArgKind::StartStateGrad, stateName + "#0"});
+      Buffer &g = bufferAt({cellc::ArgKind::InitialStateGrad, stateName + "#0"});
+      Buffer &gs = bufferAt({cellc::ArgKind::StartStateGrad, stateName + "#0"});
       int64_t width = g.shape.back();
       for (int64_t j = 0; j < width; ++j)
         near(g.get(b * width + j) + gs.get(b * width + j), want.states[s][j],
@@ -342,7 +361,7 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
     for (int t = 0; t < kSteps; ++t)
       for (size_t k = 0; k < want.inputs[t].size(); ++k) {
         std::string inName = cast<StringAttr>(ref->def.getInputNames()[k]).str();
-        Buffer &g = *buffers.at({cellc::ArgKind::InputGrad, inName + "#0"});
+        Buffer &g = bufferAt({cellc::ArgKind::InputGrad, inName + "#0"});
         int64_t width = g.shape.back();
         for (int64_t j = 0; j < width; ++j) {
           double total = g.get((t * kBatch + b) * width + j);
@@ -350,7 +369,7 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
           for (GradResultAttr p : projections) {
             if (p.getInput() == inName) {
               const Tensor &w = params.at(p.getName().str());
-              Buffer &dp = *buffers.at({cellc::ArgKind::ProjectionGrad,
+              Buffer &dp = bufferAt({cellc::ArgKind::ProjectionGrad,
                                         p.getName().str() + "#0"});
               int64_t rows = dp.shape.back();
               for (int64_t r = 0; r < rows; ++r)
@@ -374,14 +393,14 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
     cellc::GradKind kind = a.getKind();
     if (kind == cellc::GradKind::Param) {
       std::string n = a.getName().str();
-      Buffer &g = *buffers.at({cellc::ArgKind::ParamGrad, n + "#0"});
+      Buffer &g = bufferAt({cellc::ArgKind::ParamGrad, n + "#0"});
       int64_t width = g.shape.back();
       for (int b = 0; b < kBatch; ++b)
         for (int64_t j = 0; j < width; ++j)
           got[n][j] += g.get(b * width + j);
     } else if (kind == cellc::GradKind::Projection || kind == cellc::GradKind::WeightRows) {
       std::string w = a.getName().str();
-      Buffer &rows = *buffers.at({cellc::argKindOf(kind), w + "#0"});
+      Buffer &rows = bufferAt({cellc::argKindOf(kind), w + "#0"});
       int64_t m = rows.shape.back();
       int64_t cols = params.at(w).size() / m;
       for (int t = 0; t < kSteps; ++t)
@@ -390,7 +409,7 @@ void checkKernels(const std::string &source, bool f32, bool saveGates,
           if (kind == cellc::GradKind::Projection) {
             vec = samples[b]->point.inputs[t][inputIndex(a.getInput())];
           } else {
-            Buffer &vecs = *buffers.at({cellc::ArgKind::WeightVectors, w + "#0"});
+            Buffer &vecs = bufferAt({cellc::ArgKind::WeightVectors, w + "#0"});
             for (int64_t c = 0; c < cols; ++c)
               vec[c] = vecs.get((t * kBatch + b) * cols + c);
           }
