@@ -64,6 +64,16 @@ static cl::opt<int64_t>
                 cl::desc("batched kernels: lanes of the element code "
                          "(0: the host's widest)"),
                 cl::init(0));
+static cl::opt<int64_t>
+    productRows(cl::cat(cellc::toolOptions()), "product-rows",
+                cl::desc("batched kernels: rows of a product's register block (0: the "
+                         "host's)"),
+                cl::init(0));
+static cl::opt<int64_t>
+    productVectors(cl::cat(cellc::toolOptions()), "product-vectors",
+                   cl::desc("batched kernels: output vectors per row of a product's "
+                            "register block (0: the host's)"),
+                   cl::init(0));
 static cl::opt<int> unitSlices(
     cl::cat(cellc::toolOptions()), "unit-slices",
     cl::desc("batched kernels, with fewer tiles than threads: 1, the "
@@ -192,6 +202,8 @@ int main(int argc, char **argv) {
   options.batchTile = batchTile;
   options.unitSlices = unitSlices;
   options.vectorWidth = vectorWidth;
+  options.productRows = productRows;
+  options.productVectors = productVectors;
   options.profilePhases = profilePhases;
   if (kernels == "batched")
     options.kernels = CpuOptions::Kernels::Batched;
