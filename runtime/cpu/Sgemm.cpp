@@ -185,10 +185,28 @@ void computeRows(const Product &t, int64_t pc, int64_t kc, int64_t jc, int64_t n
     int64_t next = ir + kMR, lines = (kc + 15) / 16 + 1;
     int64_t toFetch = !t.transA && next < r1 ? std::min<int64_t>(kMR, r1 - next) * lines : 0;
     int64_t panels = (nc + kNR - 1) / kNR, fetched = 0;
+    // Transposed, the next block of kMC rows: kc runs of up to kMC floats,
+    // lda apart, a share of them each kernel call of this block. Packed
+    // as it came, a block waited on memory for every run (the weight
+    // gradients read a chunk of dG that the backward kernel streamed past
+    // the caches).
+    int64_t blockStart = r0 + (ir - r0) / kMC * kMC, nextBlock = blockStart + kMC;
+    int64_t runLines = 0, runFetch = 0, calls = 1, call = 0;
+    if (t.transA && nextBlock < r1) {
+      runLines = (std::min(kMC, r1 - nextBlock) + 15) / 16 + 1;
+      runFetch = kc * runLines;
+      calls = (std::min(kMC, r1 - blockStart) + kMR - 1) / kMR * panels;
+      call = (ir - blockStart) / kMR * panels;
+    }
+    int64_t runFetched = runFetch * call / calls;
     for (int64_t jr = 0; jr < nc; jr += kNR) {
       for (int64_t end = toFetch * (jr / kNR + 1) / panels; fetched < end; ++fetched)
         _mm_prefetch(reinterpret_cast<const char *>(a + (next + fetched / lines) * lda + pc +
                                                     fetched % lines * 16),
+                     _MM_HINT_T0);
+      for (int64_t end = runFetch * (++call) / calls; runFetched < end; ++runFetched)
+        _mm_prefetch(reinterpret_cast<const char *>(a + (pc + runFetched / runLines) * lda +
+                                                    nextBlock + runFetched % runLines * 16),
                      _MM_HINT_T0);
       int64_t width = std::min<int64_t>(kNR, nc - jr);
       float *to = t.c + ir * t.ldc + jc + jr;
