@@ -565,7 +565,8 @@ SmallVector<Value> KernelFrame::routeBackwardResults(OpBuilder &tb, Location l2,
       nextDState.push_back(route.carried);
     } else if (kind == cellc::GradKind::Param) {
       nextDParam.push_back(tb.create<arith::AddFOp>(l2, acc[3 * numStates + p++], lowered));
-    } else {
+    } else if (args.sameAs[r] < 0) {
+      // A result the same as an earlier one is in that one's buffer.
       tb.create<vector::StoreOp>(l2, lowered, entry.getArgument(args.firstResult + r),
                                  ValueRange{t, b, c0});
     }

@@ -176,6 +176,7 @@ FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
     return grad.emitOpError("expects cell.grad_results for every result");
   args.firstResult = sig.types.size();
   args.kinds.clear();
+  args.sameAs.clear();
   Operation *ret = grad.getBody().front().getTerminator();
   for (auto [r, result, type] : llvm::enumerate(resultInfo, resultTypes)) {
     cellc::GradKind kind = result.getKind();
@@ -191,14 +192,15 @@ FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
       if (ret->getOperand(earlier) == value &&
           args.kinds[earlier] != cellc::GradKind::State &&
           args.kinds[earlier] != cellc::GradKind::Param) {
-        sameAs = args.firstResult + earlier;
+        sameAs = earlier;
         break;
       }
+    args.sameAs.push_back(sameAs);
     auto c = value.getDefiningOp<ConstantOp>();
     bool zero = c && c.getValue().isZero();
     sig.add(sequenceType(type, perStep),
             KernelArgAttr::get(ctx, cellc::argKindOf(kind), result.getName(), "", {},
-                               sameAs, zero));
+                               sameAs < 0 ? -1 : args.firstResult + sameAs, zero));
   }
   args.firstStartGrad = sig.addPerState(def, cellc::ArgKind::StartStateGrad, false);
   sig.addBatchRange(ctx);

@@ -58,6 +58,9 @@ struct ForwardArgs {
 struct BackwardArgs : ForwardArgs {
   unsigned firstDOut = 0, firstDFinal = 0, firstResult = 0, firstStartGrad = 0;
   SmallVector<cellc::GradKind> kinds;
+  /// Each result's earlier per-step result with the same values (its
+  /// argument's `same_as`, one buffer), or -1.
+  SmallVector<int64_t> sameAs;
 };
 
 /// The arguments of a kernel, from its `cell.kernel_args`.

@@ -360,12 +360,7 @@ SmallVector<Item> backwardItems(StepEmitter &e, const BackwardArgs &args, Operat
       // gate gradients are both results: its CUDA backward had 56 global
       // stores at H = 32 where it has 40. On the CPU the second streaming
       // store merged with the first, at no measurable cost.
-      bool repeats = llvm::any_of(llvm::seq<unsigned>(0, r), [&](unsigned earlier) {
-        return ret->getOperand(earlier) == value &&
-               args.kinds[earlier] != cellc::GradKind::State &&
-               args.kinds[earlier] != cellc::GradKind::Param;
-      });
-      if (repeats)
+      if (args.sameAs[r] >= 0)
         continue;
       item.sinks.push_back({perStep(r), 0});
     }
