@@ -227,6 +227,15 @@ public:
                  c.pointer(), ldc, threads);
     return driver::Status();
   }
+  driver::Status gemmPair(bool transA, bool transB, int64_t m, int64_t n1, int64_t n2,
+                          int64_t k, const View &a, int64_t lda, const View &b1, int64_t ldb1,
+                          const View &b2, int64_t ldb2, double beta, const View &c1,
+                          int64_t ldc1, const View &c2, int64_t ldc2) override {
+    host::parallelGemmPair(dtype, transA, transB, m, n1, n2, k, a.pointer(), lda, b1.pointer(),
+                           ldb1, b2.pointer(), ldb2, beta, c1.pointer(), ldc1, c2.pointer(),
+                           ldc2, threads);
+    return driver::Status();
+  }
   driver::Status columnSums(const View &m, int64_t rows, int64_t cols,
                             const View &acc) override {
     host::addColumnSums(dtype, m.pointer(), rows, cols, acc.pointer(), threads);

@@ -206,6 +206,30 @@ void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, i
                        .count());
 }
 
+void parallelGemmPair(DType dtype, bool transA, bool transB, int64_t m, int64_t n1, int64_t n2,
+                      int64_t k, const void *a, int64_t lda, const void *b1, int64_t ldb1,
+                      const void *b2, int64_t ldb2, double beta, void *c1, int64_t ldc1,
+                      void *c2, int64_t ldc2, int threads) {
+  int64_t n = n1 + n2;
+  // One product where cellc's kernel runs it, as parallelGemm would run
+  // one of n1 + n2 columns; two calls of parallelGemm otherwise.
+  if (k == 0 || n2 == 0 || !sgemmPairFits(n1) || !onOwnKernel(dtype, m, n)) {
+    parallelGemm(dtype, transA, transB, m, n1, k, a, lda, b1, ldb1, beta, c1, ldc1, threads);
+    parallelGemm(dtype, transA, transB, m, n2, k, a, lda, b2, ldb2, beta, c2, ldc2, threads);
+    return;
+  }
+  bool split = threads > 1 && m * n * k >= kGemmGrain && m >= 12 * threads;
+  auto start = std::chrono::steady_clock::now();
+  parallelSgemmPair(transA, transB, m, n1, n2, k, static_cast<const float *>(a), lda,
+                    static_cast<const float *>(b1), ldb1, static_cast<const float *>(b2), ldb2,
+                    static_cast<float>(beta), static_cast<float *>(c1), ldc1,
+                    static_cast<float *>(c2), ldc2, split ? threads : 1);
+  if (gemmProfileState().on.load(std::memory_order_relaxed))
+    addToGemmProfile(transA, transB, m, n, k, libraryName(true),
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                         .count());
+}
+
 /// m[row, :] = the sum of `vectors` for every row, each thread a range of
 /// rows.
 void fillRows(DType dtype, void *m, int64_t rows, int64_t cols,

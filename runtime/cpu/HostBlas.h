@@ -39,6 +39,16 @@ void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, i
                   const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
                   void *c, int64_t ldc, int threads);
 
+/// Two products that share op(a): `c1 = op(a) op(b1) + beta c1` (n1
+/// columns) and `c2 = op(a) op(b2) + beta c2` (n2). On cellc's kernel, one
+/// product over n1 + n2 columns that packs op(a) once (`parallelSgemmPair`;
+/// profiled as that shape); elsewhere, or where n1 does not fill whole
+/// panels, two `parallelGemm` calls.
+void parallelGemmPair(DType dtype, bool transA, bool transB, int64_t m, int64_t n1, int64_t n2,
+                      int64_t k, const void *a, int64_t lda, const void *b1, int64_t ldb1,
+                      const void *b2, int64_t ldb2, double beta, void *c1, int64_t ldc1,
+                      void *c2, int64_t ldc2, int threads);
+
 /// The GEMMs `parallelGemm` ran while the profile was on, a row a shape.
 struct GemmProfileRow {
   bool transA, transB;

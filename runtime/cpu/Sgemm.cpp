@@ -95,7 +95,9 @@ bool ownSgemm() {
 
 namespace {
 
-/// One GEMM's operands, and the block of B in hand.
+/// One GEMM's operands, and the block of B in hand. Columns from `split`
+/// on are a second product's that shares op(A) (`parallelSgemmPair`): B's
+/// and C's columns j >= split are b2's and c2's columns j - split.
 struct Product {
   bool transA, transB;
   int64_t m, n, k;
@@ -106,6 +108,24 @@ struct Product {
   float beta;
   float *c;
   int64_t ldc;
+  int64_t split;
+  const float *b2 = nullptr;
+  int64_t ldb2 = 0;
+  float *c2 = nullptr;
+  int64_t ldc2 = 0;
+
+  /// B's column `j`, and its leading dimension, from either product.
+  const float *bColumn(int64_t j, int64_t &ld) const {
+    ld = j < split ? ldb : ldb2;
+    const float *from = j < split ? b : b2;
+    int64_t at = j < split ? j : j - split;
+    return transB ? from + at * ld : from + at;
+  }
+  /// C's element (i, j), and its leading dimension, from either product.
+  float *cAt(int64_t i, int64_t j, int64_t &ld) const {
+    ld = j < split ? ldc : ldc2;
+    return j < split ? c + i * ld + j : c2 + i * ld + (j - split);
+  }
 };
 
 /// Packs panels [first, last) of B's block (rows pc..pc+kc, columns
@@ -116,14 +136,17 @@ void packB(const Product &t, int64_t pc, int64_t kc, int64_t jc, int64_t nc, flo
     int64_t jr = panel * kNR;
     float *to = packedB + jr * kc;
     int64_t width = std::min<int64_t>(kNR, nc - jr);
+    // A panel is one product's: `split` is a multiple of kNR.
+    int64_t ldb;
+    const float *column = t.bColumn(jc + jr, ldb);
     for (int64_t p = 0; p < kc; ++p) {
       float *line = to + p * kNR;
       if (!t.transB) {
-        std::memcpy(line, t.b + (pc + p) * t.ldb + jc + jr, width * sizeof(float));
+        std::memcpy(line, column + (pc + p) * ldb, width * sizeof(float));
       } else {
-        const float *from = t.b + (jc + jr) * t.ldb + pc + p;
+        const float *from = column + pc + p;
         for (int64_t j = 0; j < width; ++j)
-          line[j] = from[j * t.ldb];
+          line[j] = from[j * ldb];
       }
       std::fill(line + width, line + kNR, 0.0f);
     }
@@ -209,10 +232,11 @@ void computeRows(const Product &t, int64_t pc, int64_t kc, int64_t jc, int64_t n
                                                     nextBlock + runFetched % runLines * 16),
                      _MM_HINT_T0);
       int64_t width = std::min<int64_t>(kNR, nc - jr);
-      float *to = t.c + ir * t.ldc + jc + jr;
+      int64_t ldc;
+      float *to = t.cAt(ir, jc + jr, ldc);
       bool whole = rows == kMR && width == kNR;
       float *out = whole ? to : edge;
-      int64_t ldOut = whole ? t.ldc : kNR;
+      int64_t ldOut = whole ? ldc : kNR;
       float outBeta = whole ? blockBeta : 0.0f;
       if (t.transA)
         kernel<true>(kc, panelA, ld, packedB + jr * kc, out, ldOut, outBeta);
@@ -221,7 +245,7 @@ void computeRows(const Product &t, int64_t pc, int64_t kc, int64_t jc, int64_t n
       if (!whole)
         for (int64_t i = 0; i < rows; ++i)
           for (int64_t j = 0; j < width; ++j) {
-            float &into = to[i * t.ldc + j];
+            float &into = to[i * ldc + j];
             into = edge[i * kNR + j] + (blockBeta == 0.0f ? 0.0f : blockBeta * into);
           }
     }
@@ -261,19 +285,42 @@ void run(const Product &t, Split split) {
 
 } // namespace
 
+namespace {
+
+/// `run` on the calling thread (`threads` 1) or on the pool's.
+void runOn(const Product &t, int threads) {
+  if (threads <= 1)
+    run(t, [](int64_t count, auto body) { body(0, count); });
+  else
+    run(t, [threads](int64_t count, auto body) {
+      parallelRanges(count, threads, 1, [&](int64_t first, int64_t last) { body(first, last); });
+    });
+}
+
+} // namespace
+
 void sgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const float *a,
            int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-  run({transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc},
-      [](int64_t count, auto body) { body(0, count); });
+  runOn({transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc, n}, 1);
 }
 
 void parallelSgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const float *a,
                    int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
                    int threads) {
-  run({transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc},
-      [threads](int64_t count, auto body) {
-        parallelRanges(count, threads, 1, [&](int64_t first, int64_t last) { body(first, last); });
-      });
+  runOn({transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc, n}, threads);
+}
+
+bool sgemmPairFits(int64_t n1) { return n1 > 0 && n1 % kNR == 0; }
+
+void parallelSgemmPair(bool transA, bool transB, int64_t m, int64_t n1, int64_t n2, int64_t k,
+                       const float *a, int64_t lda, const float *b1, int64_t ldb1,
+                       const float *b2, int64_t ldb2, float beta, float *c1, int64_t ldc1,
+                       float *c2, int64_t ldc2, int threads) {
+  if (!sgemmPairFits(n1))
+    std::abort(); // Callers ask sgemmPairFits first.
+  runOn({transA, transB, m, n1 + n2, k, a, lda, b1, ldb1, beta, c1, ldc1, n1, b2, ldb2, c2,
+         ldc2},
+        threads);
 }
 
 } // namespace cellc::runtime::host
@@ -291,6 +338,14 @@ void sgemm(bool, bool, int64_t, int64_t, int64_t, const float *, int64_t, const 
 
 void parallelSgemm(bool, bool, int64_t, int64_t, int64_t, const float *, int64_t, const float *,
                    int64_t, float, float *, int64_t, int) {
+  std::abort();
+}
+
+bool sgemmPairFits(int64_t) { return false; }
+
+void parallelSgemmPair(bool, bool, int64_t, int64_t, int64_t, int64_t, const float *, int64_t,
+                       const float *, int64_t, const float *, int64_t, float, float *, int64_t,
+                       float *, int64_t, int) {
   std::abort();
 }
 

@@ -34,6 +34,22 @@ void parallelSgemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, co
                    int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
                    int threads);
 
+/// Whether `parallelSgemmPair` takes a first product of `n1` columns: a
+/// whole number of the kernel's 64-column panels, so that no panel
+/// straddles the two.
+bool sgemmPairFits(int64_t n1);
+
+/// Two products that share op(a), as one over n1 + n2 columns:
+/// `c1 = op(a) op(b1) + beta c1` (n1 columns) and `c2 = op(a) op(b2) +
+/// beta c2` (n2), op(a) packed once for both where two calls would pack it
+/// twice (an LSTM's weight gradients dW_ih and dW_hh: dG^T against x and
+/// against h). n1 as `sgemmPairFits` says; `threads` as `parallelSgemm`'s
+/// (1: the calling thread).
+void parallelSgemmPair(bool transA, bool transB, int64_t m, int64_t n1, int64_t n2, int64_t k,
+                       const float *a, int64_t lda, const float *b1, int64_t ldb1,
+                       const float *b2, int64_t ldb2, float beta, float *c1, int64_t ldc1,
+                       float *c2, int64_t ldc2, int threads);
+
 } // namespace cellc::runtime::host
 
 #endif // CELLC_RUNTIME_CPU_SGEMM_H

@@ -442,14 +442,58 @@ Status SequenceDriver::backwardPiece(const Sequence &seq, const Chunk &piece,
   return fold(seq, piece.t0, count, written, w, g);
 }
 
+/// Whether two written buffers are one: a result the kernel writes once for
+/// two (`same_as`), which the driver passes as one buffer.
+static bool sameData(const View &a, const View &b) {
+  return a.buffer.data == b.buffer.data && a.buffer.id == b.buffer.id && a.offset == b.offset;
+}
+
+/// The weight rows in `written` (with their vectors after them) that are
+/// the projection `p`'s gradient rows at `rows` again, for a dense weight of
+/// as many rows: an LSTM's W_hh beside W_ih, both dG. Their two weight
+/// gradients are one product (Backend::gemmPair). written.size() where
+/// there are none.
+size_t SequenceDriver::pairedWeightRows(const std::vector<Written> &written, const View &rows,
+                                        const Interface::Projection &p) const {
+  if (p.blocks != 1)
+    return written.size();
+  for (size_t w = 0; w + 1 < written.size(); ++w) {
+    if (written[w].kind != ArgKind::WeightRows ||
+        written[w + 1].kind != ArgKind::WeightVectors || !sameData(written[w].view, rows))
+      continue;
+    size_t i = indexOf(cell.params, written[w].name);
+    if (i < cell.params.size() && cell.params[i].shape.size() == 2 &&
+        cell.params[i].shape[0] == p.rows)
+      return w;
+  }
+  return written.size();
+}
+
 Status SequenceDriver::fold(const Sequence &seq, int64_t first, int64_t count,
                             const std::vector<Written> &written, Workspace &work,
                             Gradients &g) {
   int64_t B = seq.batch;
   // Fold what the kernel wrote into the gradients, with the GEMMs for the
-  // weight, bias and input gradients.
+  // weight, bias and input gradients. Weight rows that a projection's
+  // gradient already folded (paired) are skipped.
   size_t projectionGrad = 0;
+  // Each projection gradient's paired weight rows, found before either is
+  // folded (the rows may come first).
+  std::vector<size_t> pairOf(written.size(), written.size());
+  std::vector<bool> paired(written.size(), false);
+  for (size_t w = 0, index = 0; w < written.size(); ++w)
+    if (written[w].kind == ArgKind::ProjectionGrad) {
+      size_t pair = pairedWeightRows(written, written[w].view, cell.projections[index++]);
+      if (pair < written.size() && !paired[pair]) {
+        pairOf[w] = pair;
+        paired[pair] = true;
+      }
+    }
   for (size_t w = 0; w < written.size(); ++w) {
+    if (paired[w]) {
+      ++w; // and the vectors after them
+      continue;
+    }
     const Written &out = written[w];
     const View &r = out.view;
     switch (out.kind) {
@@ -480,10 +524,21 @@ Status SequenceDriver::fold(const Sequence &seq, int64_t first, int64_t count,
       View rows = r.at(0, {count * B, p.rows});
       View x = seq.inputs[p.input].at(first * B * p.cols, {count * B, p.cols});
       int64_t m = p.rows / p.blocks, n = p.cols / p.blocks;
-      if (Status e = blockGemm(*backend, p.blocks, true, false, m, n, count * B, rows,
-                               p.rows, m, x, p.cols, n, 1.0, g.params[p.weight], n,
-                               m * n))
+      size_t pair = pairOf[w];
+      if (pair < written.size()) {
+        // dW = dG^T x and dW' = dG^T v: dG read once for both.
+        size_t i = indexOf(cell.params, written[pair].name);
+        int64_t cols = cell.params[i].shape[1];
+        if (Status e = backend->gemmPair(
+                true, false, p.rows, p.cols, cols, count * B, rows, p.rows, x, p.cols,
+                written[pair + 1].view.at(0, {count * B, cols}), cols, 1.0,
+                g.params[p.weight], p.cols, g.params[i], cols))
+          return e;
+      } else if (Status e = blockGemm(*backend, p.blocks, true, false, m, n, count * B, rows,
+                                      p.rows, m, x, p.cols, n, 1.0, g.params[p.weight], n,
+                                      m * n)) {
         return e;
+      }
       if (g.inputs[p.input].valid())
         if (Status e = blockGemm(
                 *backend, p.blocks, false, false, count * B, n, m, rows, p.rows, m,

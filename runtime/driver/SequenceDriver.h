@@ -107,6 +107,18 @@ public:
   virtual Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                       const View &a, int64_t lda, const View &b, int64_t ldb,
                       double beta, const View &c, int64_t ldc) = 0;
+  /// Two products that share op(a): `c1 = op(a) op(b1) + beta c1` (n1
+  /// columns) and `c2 = op(a) op(b2) + beta c2` (n2), as an LSTM's weight
+  /// gradients dW_ih and dW_hh share dG. A backend may run them as one
+  /// product that reads op(a) once; by default, two `gemm` calls.
+  virtual Status gemmPair(bool transA, bool transB, int64_t m, int64_t n1, int64_t n2,
+                          int64_t k, const View &a, int64_t lda, const View &b1, int64_t ldb1,
+                          const View &b2, int64_t ldb2, double beta, const View &c1,
+                          int64_t ldc1, const View &c2, int64_t ldc2) {
+    if (Status e = gemm(transA, transB, m, n1, k, a, lda, b1, ldb1, beta, c1, ldc1))
+      return e;
+    return gemm(transA, transB, m, n2, k, a, lda, b2, ldb2, beta, c2, ldc2);
+  }
   /// `acc[j] += sum over the rows of m[row, j]`.
   virtual Status columnSums(const View &m, int64_t rows, int64_t cols,
                             const View &acc) = 0;
@@ -446,6 +458,10 @@ private:
     std::string name;
     View view;
   };
+  /// The weight rows in `written` whose gradient rows are the projection
+  /// `p`'s at `rows`, so that one product folds both (Backend::gemmPair).
+  size_t pairedWeightRows(const std::vector<Written> &written, const View &rows,
+                          const Interface::Projection &p) const;
   /// The backward over `chunk` (its steps, resets and initial states set):
   /// its states and gates (saved, or replayed), then its pieces, latest
   /// first.

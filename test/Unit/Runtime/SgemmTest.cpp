@@ -139,6 +139,110 @@ TEST(Sgemm, TheBackendsGemmMatchesOnEitherLibraryAndSplit) {
       });
 }
 
+/// Two products that share op(A), C1 = op(A) op(B1) + beta C1 and C2 =
+/// op(A) op(B2) + beta C2, as the backend's gemmPair runs them (one
+/// product on cellc's kernel where B1 fills whole 64-column panels, two
+/// calls otherwise), each against a float64 product and with the padding
+/// of C1 and C2 untouched: every transpose, beta 0 (C's NaNs stay out), 1
+/// and 0.5, across depth blocks and a second 1024-column block, one
+/// thread and two.
+TEST(Sgemm, APairSharingAMatchesTwoFloat64Products) {
+  struct Pair {
+    int64_t m, n1, n2, k;
+    float beta;
+  };
+  std::vector<Pair> pairs = {{6, 64, 64, 384, 0.0f},   {13, 64, 65, 385, 1.0f},
+                             {200, 256, 256, 390, 0.5f}, {97, 128, 1000, 200, 1.0f},
+                             {37, 1088, 30, 50, 0.0f},  {50, 100, 64, 30, 0.5f},
+                             {1, 64, 64, 8, 1.0f}};
+  int64_t wrong = 0;
+  for (const Pair &t : pairs)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (int threads : {1, 2}) {
+          std::mt19937 gen(int(t.m * 7 + t.n1 + t.n2 * 3 + t.k + ta * 2 + tb + threads));
+          std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+          int64_t lda = (ta ? t.m : t.k) + 3, rowsA = ta ? t.k : t.m;
+          std::vector<float> a(rowsA * lda);
+          for (float &x : a)
+            x = u(gen);
+          struct Part {
+            int64_t n, ldb, ldc;
+            std::vector<float> b, c, before;
+          } parts[2];
+          for (int q = 0; q < 2; ++q) {
+            Part &part = parts[q];
+            part.n = q == 0 ? t.n1 : t.n2;
+            part.ldb = (tb ? t.k : part.n) + 5 + q;
+            part.ldc = part.n + 7 - q;
+            part.b.resize((tb ? part.n : t.k) * part.ldb);
+            part.c.resize(t.m * part.ldc);
+            for (float &x : part.b)
+              x = u(gen);
+            for (int64_t i = 0; i < t.m; ++i)
+              for (int64_t j = 0; j < part.ldc; ++j)
+                part.c[i * part.ldc + j] = t.beta == 0.0f && j < part.n
+                                               ? std::numeric_limits<float>::quiet_NaN()
+                                               : u(gen);
+            part.before = part.c;
+          }
+          host::parallelGemmPair(DType::F32, ta, tb, t.m, t.n1, t.n2, t.k, a.data(), lda,
+                                 parts[0].b.data(), parts[0].ldb, parts[1].b.data(),
+                                 parts[1].ldb, t.beta, parts[0].c.data(), parts[0].ldc,
+                                 parts[1].c.data(), parts[1].ldc, threads);
+          double tolerance = 4e-6 * double(t.k) + 1e-6;
+          for (const Part &part : parts)
+            for (int64_t i = 0; i < t.m; ++i)
+              for (int64_t j = 0; j < part.ldc; ++j) {
+                float got = part.c[i * part.ldc + j];
+                if (j >= part.n) {
+                  wrong += got != part.before[i * part.ldc + j];
+                  continue;
+                }
+                double want = t.beta == 0.0f ? 0.0 : double(t.beta) * part.before[i * part.ldc + j];
+                for (int64_t p = 0; p < t.k; ++p)
+                  want += double(ta ? a[p * lda + i] : a[i * lda + p]) *
+                          double(tb ? part.b[j * part.ldb + p] : part.b[p * part.ldb + j]);
+                if (!(std::fabs(got - want) <= tolerance) && wrong++ < 3)
+                  ADD_FAILURE() << "m " << t.m << " n1 " << t.n1 << " n2 " << t.n2 << " k "
+                                << t.k << " transA " << ta << " transB " << tb << " threads "
+                                << threads << ": C" << (&part == parts ? 1 : 2) << "[" << i
+                                << ", " << j << "] = " << got << ", want " << want;
+              }
+        }
+  EXPECT_EQ(wrong, 0);
+}
+
+/// The pair runs as one product, profiled as its n1 + n2 columns, only
+/// where cellc's kernel runs f32 and n1 fills whole panels; otherwise as
+/// two.
+TEST(Sgemm, APairIsOneProductOnlyWhereItsFirstFillsWholePanels) {
+  std::vector<float> a(64 * 32, 0.5f), b1(32 * 128, 0.25f), b2(32 * 64, 1.0f),
+      c1(64 * 128), c2(64 * 64);
+  auto pair = [&](int64_t n1) {
+    host::parallelGemmPair(DType::F32, false, false, 64, n1, 64, 32, a.data(), 32, b1.data(),
+                           n1, b2.data(), 64, 0.0, c1.data(), n1, c2.data(), 64, 1);
+  };
+  host::setGemmProfile(true);
+  pair(128);
+  pair(100);
+  auto rows = host::gemmProfile();
+  host::setGemmProfile(false);
+  if (host::ownSgemm()) {
+    ASSERT_EQ(rows.size(), 3u);
+    EXPECT_EQ(rows[0].n, 192);
+    EXPECT_EQ(rows[1].n, 100);
+    EXPECT_EQ(rows[2].n, 64);
+  } else {
+    ASSERT_EQ(rows.size(), 3u);
+    EXPECT_EQ(rows[0].n, 128);
+    EXPECT_EQ(rows[1].n, 64);
+    EXPECT_EQ(rows[2].n, 100);
+  }
+  EXPECT_FLOAT_EQ(c1[0], 32 * 0.5f * 0.25f);
+  EXPECT_FLOAT_EQ(c2[63 * 64 + 63], 32 * 0.5f);
+}
+
 } // namespace
 
 namespace {
