@@ -11,6 +11,11 @@ writes its own).
 Before anything is timed, oneDNN's outputs and gradients are checked against
 torch's, and cellc's against torch's.
 
+The ceilings, measured in the same run: OpenBLAS's sgemm at 1024^3, and the
+cores' peak of f32 multiply-adds (chains of FMAs with nothing from memory);
+'oneDNN %' and 'cellc %' are each one's rate over the peak, which says how
+much faster any implementation of the same products could be.
+
 Run it through bench/cpu/run.sh, which pins the process and the BLAS threads:
 one core means `taskset -c 0`, OPENBLAS_NUM_THREADS=1 and OMP_NUM_THREADS=1
 for torch, oneDNN and cellc alike.
@@ -97,6 +102,23 @@ def flops(name, T, B, I, H):
     return 3 * 2 * T * B * G * H * (I + H)
 
 
+def fma_peak(build, threads, repeats):
+    """The cores' f32 FMA peak in GFLOP/s on `threads` threads, measured in
+    this run (bench/cpu/sgemm_bench.cpp's cellc_fma_peak), or 0: the ceiling
+    that no product passes, where sgemm's is one library's."""
+    path = os.path.join(build, "lib", "libcellc_sgemm_bench.so")
+    if not os.path.exists(path):
+        return 0.0
+    f = ctypes.CDLL(path).cellc_fma_peak
+    f.argtypes, f.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_double
+    return f(threads, repeats)
+
+
+def of_peak(flop, ms, peak):
+    """`flop` in `ms` as a share of `peak` GFLOP/s."""
+    return f"{100 * flop / ms / 1e6 / peak:.0f}%" if peak and ms == ms else "-"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=1)
@@ -120,9 +142,13 @@ def main():
     print(f"ceiling: sgemm 1024^3 {ceiling:.1f} GFLOP/s on {a.threads} thread(s) "
           f"(OpenBLAS's {core} kernels); 'of sgemm' is cellc's GFLOP/s (none) over it; "
           f"cellc's f32 GEMMs on {cellc._cellc_runtime.gemm_library()}")
+    peak = fma_peak(a.build, a.threads, a.repeats)
+    print(f"peak: f32 FMAs {peak:.1f} GFLOP/s on {a.threads} thread(s) (chains of FMAs, nothing "
+          f"from memory); 'oneDNN %' and 'cellc %' are their GFLOP/s (cellc's none) over it"
+          if peak else "peak: not measured (no lib/libcellc_sgemm_bench.so, or no FMA)")
     print(f"{'cell':<6} {'B x T':>9} {'torch':>8} {'oneDNN':>8} {'none':>8} {'full':>8} "
           f"{'chunk:16':>9} {'vs torch':>9} {'vs oneDNN':>9} {'GFLOP/s':>8} {'of sgemm':>9} "
-          f"{'full/none':>9}")
+          f"{'full/none':>9} {'oneDNN %':>8} {'cellc %':>8}")
     for name in a.cells:
         for shape in a.shapes:
             B, T = map(int, shape.split("x"))
@@ -176,7 +202,9 @@ def main():
                   f"{med['none']:8.1f} {med['full']:8.1f} {med['chunk:16']:9.1f} "
                   f"{med['torch'] / med['none']:8.2f}x {med['oneDNN'] / med['none']:8.2f}x "
                   f"{gflops:8.1f} {100 * gflops / ceiling:8.0f}% "
-                  f"{med['full'] / med['none']:8.2f}x", flush=True)
+                  f"{med['full'] / med['none']:8.2f}x "
+                  f"{of_peak(flops(name, T, B, I, H), med['oneDNN'], peak):>8} "
+                  f"{of_peak(flops(name, T, B, I, H), med['none'], peak):>8}", flush=True)
     if a.peephole:
         Hp = a.peephole
         torch.manual_seed(0)
