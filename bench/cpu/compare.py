@@ -109,7 +109,9 @@ def fma_peak(build, threads, repeats):
     path = os.path.join(build, "lib", "libcellc_sgemm_bench.so")
     if not os.path.exists(path):
         return 0.0
-    f = ctypes.CDLL(path).cellc_fma_peak
+    f = getattr(ctypes.CDLL(path), "cellc_fma_peak", None)
+    if f is None:
+        return 0.0  # a library built before the probe
     f.argtypes, f.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_double
     return f(threads, repeats)
 

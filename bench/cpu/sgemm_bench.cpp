@@ -40,19 +40,20 @@ __attribute__((target("avx512f,fma"))) float chains512(int64_t n) {
   return sum;
 }
 
-/// The same on 8-lane vectors, for CPUs with FMA and no AVX-512.
+/// The same on 8-lane vectors, for CPUs with FMA and no AVX-512: 12 chains,
+/// which AVX2's 16 registers hold (24 would spill), twice as many rounds.
 __attribute__((target("avx2,fma"))) float chains256(int64_t n) {
-  __m256 acc[24];
+  __m256 acc[12];
   __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
-  for (int i = 0; i < 24; ++i)
+  for (int i = 0; i < 12; ++i)
     acc[i] = _mm256_set1_ps(float(i));
-  for (int64_t r = 0; r < n; ++r)
-#pragma GCC unroll 24
-    for (int i = 0; i < 24; ++i)
+  for (int64_t r = 0; r < 2 * n; ++r)
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i)
       acc[i] = _mm256_fmadd_ps(acc[i], x, y);
   alignas(32) float lanes[8];
   float sum = 0;
-  for (int i = 0; i < 24; ++i) {
+  for (int i = 0; i < 12; ++i) {
     _mm256_store_ps(lanes, acc[i]);
     for (float v : lanes)
       sum += v;

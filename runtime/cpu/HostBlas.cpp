@@ -211,14 +211,18 @@ void parallelGemmPair(DType dtype, bool transA, bool transB, int64_t m, int64_t 
                       const void *b2, int64_t ldb2, double beta, void *c1, int64_t ldc1,
                       void *c2, int64_t ldc2, int threads) {
   int64_t n = n1 + n2;
-  // One product where cellc's kernel runs it, as parallelGemm would run
-  // one of n1 + n2 columns; two calls of parallelGemm otherwise.
-  if (k == 0 || n2 == 0 || !sgemmPairFits(n1) || !onOwnKernel(dtype, m, n)) {
+  // One product where cellc's kernel runs it as parallelGemm would run one
+  // of n1 + n2 columns: on the calling thread, or split by rows of C where
+  // there are enough; two calls of parallelGemm otherwise (OpenBLAS's, or
+  // a product worth threads with too few rows to split by them).
+  bool worthThreads = threads > 1 && m * n * k >= kGemmGrain;
+  bool split = worthThreads && m >= 12 * threads;
+  if (k == 0 || n2 == 0 || !sgemmPairFits(n1) || !onOwnKernel(dtype, m, n) ||
+      (worthThreads && !split)) {
     parallelGemm(dtype, transA, transB, m, n1, k, a, lda, b1, ldb1, beta, c1, ldc1, threads);
     parallelGemm(dtype, transA, transB, m, n2, k, a, lda, b2, ldb2, beta, c2, ldc2, threads);
     return;
   }
-  bool split = threads > 1 && m * n * k >= kGemmGrain && m >= 12 * threads;
   auto start = std::chrono::steady_clock::now();
   parallelSgemmPair(transA, transB, m, n1, n2, k, static_cast<const float *>(a), lda,
                     static_cast<const float *>(b1), ldb1, static_cast<const float *>(b2), ldb2,

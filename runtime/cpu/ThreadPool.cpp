@@ -20,8 +20,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CELLC_PAUSE() _mm_pause()
+static inline void storeFence() { _mm_sfence(); }
 #else
 #define CELLC_PAUSE() std::this_thread::yield()
+static inline void storeFence() { std::atomic_thread_fence(std::memory_order_release); }
 #endif
 
 using namespace cellc::runtime;
@@ -235,6 +237,10 @@ void cellc::runtime::runTasks(int count, const std::function<void(int)> &task) {
     else
       sched_yield(); // to a thread just woken beside the caller, if any
     task(i);
+    // The kernels' streaming stores (histories, saved gates) are weakly
+    // ordered: fenced before the job's end publishes them to the threads
+    // that read them next.
+    storeFence();
   };
   if (tasksOnOpenMP() && runOnOpenMP(count, spread))
     return;

@@ -154,7 +154,8 @@ TEST(Sgemm, APairSharingAMatchesTwoFloat64Products) {
   std::vector<Pair> pairs = {{6, 64, 64, 384, 0.0f},   {13, 64, 65, 385, 1.0f},
                              {200, 256, 256, 390, 0.5f}, {97, 128, 1000, 200, 1.0f},
                              {37, 1088, 30, 50, 0.0f},  {50, 100, 64, 30, 0.5f},
-                             {1, 64, 64, 8, 1.0f}};
+                             {1, 64, 64, 8, 1.0f},      {13, 64, 64, 800, 1.0f},
+                             {200, 128, 128, 1000, 1.0f}};
   int64_t wrong = 0;
   for (const Pair &t : pairs)
     for (bool ta : {false, true})
@@ -214,8 +215,8 @@ TEST(Sgemm, APairSharingAMatchesTwoFloat64Products) {
 }
 
 /// The pair runs as one product, profiled as its n1 + n2 columns, only
-/// where cellc's kernel runs f32 and n1 fills whole panels; otherwise as
-/// two.
+/// where cellc's kernel runs f32, n1 fills whole panels and the product
+/// does not want threads it cannot split by rows; otherwise as two.
 TEST(Sgemm, APairIsOneProductOnlyWhereItsFirstFillsWholePanels) {
   std::vector<float> a(64 * 32, 0.5f), b1(32 * 128, 0.25f), b2(32 * 64, 1.0f),
       c1(64 * 128), c2(64 * 64);
@@ -241,6 +242,21 @@ TEST(Sgemm, APairIsOneProductOnlyWhereItsFirstFillsWholePanels) {
   }
   EXPECT_FLOAT_EQ(c1[0], 32 * 0.5f * 0.25f);
   EXPECT_FLOAT_EQ(c2[63 * 64 + 63], 32 * 0.5f);
+  // Worth two threads, with too few rows of C to split by: two calls, each
+  // of which parallelGemm splits as it would alone.
+  int64_t m = 13, k = 1300;
+  std::vector<float> wa(m * k, 0.5f), wb1(k * 64, 0.25f), wb2(k * 64, 1.0f), wc1(m * 64),
+      wc2(m * 64);
+  host::setGemmProfile(true);
+  host::parallelGemmPair(DType::F32, false, false, m, 64, 64, k, wa.data(), k, wb1.data(), 64,
+                         wb2.data(), 64, 0.0, wc1.data(), 64, wc2.data(), 64, 2);
+  rows = host::gemmProfile();
+  host::setGemmProfile(false);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].n, 64);
+  EXPECT_EQ(rows[0].calls, 2);
+  EXPECT_FLOAT_EQ(wc1[12 * 64 + 63], k * 0.5f * 0.25f);
+  EXPECT_FLOAT_EQ(wc2[0], k * 0.5f);
 }
 
 } // namespace
