@@ -155,14 +155,29 @@ const char *gemmLibrary() { return libraryName(ownSgemm()); }
 /// single-threaded BLAS call. OpenBLAS's own threads are set to 1 for the
 /// call and back after: left on, they spin after each GEMM on the cores that
 /// the kernels' threads run on next.
+/// Whether `threads` are worth a GEMM's multiply-adds.
+static bool worthThreads(int64_t m, int64_t n, int64_t k, int threads) {
+  return threads > 1 && m * n * k >= kGemmGrain && m > 1;
+}
+
+/// The threads parallelGemm runs a GEMM on with cellc's kernel (1: the
+/// calling thread's `gemm`), or 0 where it runs it on OpenBLAS.
+static int ownKernelThreads(DType dtype, int64_t m, int64_t n, int64_t k, int threads) {
+  if (!onOwnKernel(dtype, m, n))
+    return 0;
+  if (!worthThreads(m, n, k, threads))
+    return 1;
+  return m >= 12 * threads ? threads : 0;
+}
+
 static void runParallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n,
                             int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb,
                             double beta, void *c, int64_t ldc, int threads) {
-  if (threads <= 1 || m * n * k < kGemmGrain || m == 1) {
+  if (!worthThreads(m, n, k, threads)) {
     gemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  if (onOwnKernel(dtype, m, n) && m >= 12 * threads) {
+  if (ownKernelThreads(dtype, m, n, k, threads) > 1) {
     parallelSgemm(transA, transB, m, n, k, static_cast<const float *>(a), lda,
                   static_cast<const float *>(b), ldb, static_cast<float>(beta),
                   static_cast<float *>(c), ldc, threads);
@@ -201,7 +216,7 @@ void parallelGemm(DType dtype, bool transA, bool transB, int64_t m, int64_t n, i
   auto start = std::chrono::steady_clock::now();
   runParallelGemm(dtype, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc, threads);
   addToGemmProfile(transA, transB, m, n, k,
-                   libraryName(onOwnKernel(dtype, m, n)),
+                   libraryName(ownKernelThreads(dtype, m, n, k, threads) > 0),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
                        .count());
 }
@@ -211,14 +226,10 @@ void parallelGemmPair(DType dtype, bool transA, bool transB, int64_t m, int64_t 
                       const void *b2, int64_t ldb2, double beta, void *c1, int64_t ldc1,
                       void *c2, int64_t ldc2, int threads) {
   int64_t n = n1 + n2;
-  // One product where cellc's kernel runs it as parallelGemm would run one
-  // of n1 + n2 columns: on the calling thread, or split by rows of C where
-  // there are enough; two calls of parallelGemm otherwise (OpenBLAS's, or
-  // a product worth threads with too few rows to split by them).
-  bool worthThreads = threads > 1 && m * n * k >= kGemmGrain;
-  bool split = worthThreads && m >= 12 * threads;
-  if (k == 0 || n2 == 0 || !sgemmPairFits(n1) || !onOwnKernel(dtype, m, n) ||
-      (worthThreads && !split)) {
+  // One product where parallelGemm would run one of n1 + n2 columns on
+  // cellc's kernel; two calls of parallelGemm otherwise.
+  int own = k > 0 && n2 > 0 && sgemmPairFits(n1) ? ownKernelThreads(dtype, m, n, k, threads) : 0;
+  if (own == 0) {
     parallelGemm(dtype, transA, transB, m, n1, k, a, lda, b1, ldb1, beta, c1, ldc1, threads);
     parallelGemm(dtype, transA, transB, m, n2, k, a, lda, b2, ldb2, beta, c2, ldc2, threads);
     return;
@@ -227,7 +238,7 @@ void parallelGemmPair(DType dtype, bool transA, bool transB, int64_t m, int64_t 
   parallelSgemmPair(transA, transB, m, n1, n2, k, static_cast<const float *>(a), lda,
                     static_cast<const float *>(b1), ldb1, static_cast<const float *>(b2), ldb2,
                     static_cast<float>(beta), static_cast<float *>(c1), ldc1,
-                    static_cast<float *>(c2), ldc2, split ? threads : 1);
+                    static_cast<float *>(c2), ldc2, own);
   if (gemmProfileState().on.load(std::memory_order_relaxed))
     addToGemmProfile(transA, transB, m, n, k, libraryName(true),
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)

@@ -434,7 +434,7 @@ Status SequenceDriver::backwardPiece(const Sequence &seq, const Chunk &piece,
     // and vectors go in pairs, so they stay).
     if (!arg.zero || arg.kind == ArgKind::WeightRows ||
         arg.kind == ArgKind::WeightVectors)
-      written.push_back({arg.kind, arg.name, v});
+      written.push_back({arg.kind, arg.name, v, a, arg.sameAs});
   }
   if (Status e = launchOn(kernel, /*backward=*/true, /*saveGates=*/!w.replay, args,
                           piece.rows, w.backwardKernel))
@@ -442,24 +442,20 @@ Status SequenceDriver::backwardPiece(const Sequence &seq, const Chunk &piece,
   return fold(seq, piece.t0, count, written, w, g);
 }
 
-/// Whether two written buffers are one: a result the kernel writes once for
-/// two (`same_as`), which the driver passes as one buffer.
-static bool sameData(const View &a, const View &b) {
-  return a.buffer.data == b.buffer.data && a.buffer.id == b.buffer.id && a.offset == b.offset;
-}
-
-/// The weight rows in `written` (with their vectors after them) that are
-/// the projection `p`'s gradient rows at `rows` again, for a dense weight of
-/// as many rows: an LSTM's W_hh beside W_ih, both dG. Their two weight
-/// gradients are one product (Backend::gemmPair). written.size() where
-/// there are none.
-size_t SequenceDriver::pairedWeightRows(const std::vector<Written> &written, const View &rows,
+/// The weight rows in `written` (with their vectors after them) that
+/// repeat the projection gradient at `projectionGrad` (`same_as`: one
+/// buffer), for a dense weight of as many rows: an LSTM's W_hh beside W_ih,
+/// both dG. Their two weight gradients are one product
+/// (Backend::gemmPair). written.size() where there are none.
+size_t SequenceDriver::pairedWeightRows(const std::vector<Written> &written,
+                                        size_t projectionGrad,
                                         const Interface::Projection &p) const {
   if (p.blocks != 1)
     return written.size();
   for (size_t w = 0; w + 1 < written.size(); ++w) {
     if (written[w].kind != ArgKind::WeightRows ||
-        written[w + 1].kind != ArgKind::WeightVectors || !sameData(written[w].view, rows))
+        written[w + 1].kind != ArgKind::WeightVectors ||
+        written[w].sameAs != int64_t(written[projectionGrad].arg))
       continue;
     size_t i = indexOf(cell.params, written[w].name);
     if (i < cell.params.size() && cell.params[i].shape.size() == 2 &&
@@ -483,7 +479,7 @@ Status SequenceDriver::fold(const Sequence &seq, int64_t first, int64_t count,
   std::vector<bool> paired(written.size(), false);
   for (size_t w = 0, index = 0; w < written.size(); ++w)
     if (written[w].kind == ArgKind::ProjectionGrad) {
-      size_t pair = pairedWeightRows(written, written[w].view, cell.projections[index++]);
+      size_t pair = pairedWeightRows(written, w, cell.projections[index++]);
       if (pair < written.size() && !paired[pair]) {
         pairOf[w] = pair;
         paired[pair] = true;

@@ -457,10 +457,14 @@ private:
     ArgKind kind;
     std::string name;
     View view;
+    /// The kernel argument it is, and the earlier one whose values (and
+    /// buffer) it repeats (`same_as`), or -1.
+    size_t arg;
+    int64_t sameAs;
   };
-  /// The weight rows in `written` whose gradient rows are the projection
-  /// `p`'s at `rows`, so that one product folds both (Backend::gemmPair).
-  size_t pairedWeightRows(const std::vector<Written> &written, const View &rows,
+  /// The weight rows in `written` that repeat the projection gradient at
+  /// `projectionGrad`, so that one product folds both (Backend::gemmPair).
+  size_t pairedWeightRows(const std::vector<Written> &written, size_t projectionGrad,
                           const Interface::Projection &p) const;
   /// The backward over `chunk` (its steps, resets and initial states set):
   /// its states and gates (saved, or replayed), then its pieces, latest

@@ -257,6 +257,17 @@ TEST(Sgemm, APairIsOneProductOnlyWhereItsFirstFillsWholePanels) {
   EXPECT_EQ(rows[0].calls, 2);
   EXPECT_FLOAT_EQ(wc1[12 * 64 + 63], k * 0.5f * 0.25f);
   EXPECT_FLOAT_EQ(wc2[0], k * 0.5f);
+  // The pair's twice-as-wide product alone is split by OpenBLAS, and the
+  // profile says so (it said cellc's kernel, whose columns C would fill).
+  std::vector<float> wide(k * 128, 0.25f), wc(m * 128);
+  host::setGemmProfile(true);
+  host::parallelGemm(DType::F32, false, false, m, 128, k, wa.data(), k, wide.data(), 128, 0.0,
+                     wc.data(), 128, 2);
+  rows = host::gemmProfile();
+  host::setGemmProfile(false);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_STREQ(rows[0].library, "openblas");
+  EXPECT_FLOAT_EQ(wc[12 * 128 + 127], k * 0.5f * 0.25f);
 }
 
 } // namespace
