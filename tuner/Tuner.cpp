@@ -378,51 +378,22 @@ void compileCudaCandidate(const TuneProblem &problem, Candidate &candidate) {
     return;
   }
   // ptxas -v: registers, spills and shared memory of each kernel.
-  const char *env = std::getenv("CELLC_PTXAS");
-  std::string ptxas = env ? env : "/usr/local/cuda/bin/ptxas";
-  if (!llvm::sys::fs::can_execute(ptxas)) {
-    candidate.note = "compiled to PTX; ptxas not found, budgets not checked";
-    return;
-  }
-  llvm::SmallString<128> in, out, log;
-  llvm::sys::fs::createTemporaryFile("cellc-tune", "ptx", in);
-  llvm::sys::fs::createTemporaryFile("cellc-tune", "cubin", out);
-  llvm::sys::fs::createTemporaryFile("cellc-tune", "log", log);
-  {
-    std::error_code ec;
-    llvm::raw_fd_ostream os(in, ec);
-    os << *ptx;
-  }
-  std::optional<llvm::StringRef> redirects[] = {std::nullopt, log.str(), log.str()};
-  int rc = llvm::sys::ExecuteAndWait(
-      ptxas, {ptxas, "-v", "-arch=" + problem.chip, in.str(), "-o", out.str()}, std::nullopt,
-      redirects);
-  auto text = llvm::MemoryBuffer::getFile(log);
-  llvm::sys::fs::remove(in);
-  llvm::sys::fs::remove(out);
-  llvm::sys::fs::remove(log);
-  if (rc != 0 || !text) {
+  auto report = ptxasReport(*ptx, problem.chip);
+  if (!report) {
+    llvm::consumeError(report.takeError());
     candidate.status = Candidate::Status::CompileError;
     candidate.note = "ptxas rejected the PTX";
     return;
   }
+  if (!*report) {
+    candidate.note = "compiled to PTX; ptxas not found, budgets not checked";
+    return;
+  }
   int registers = 0, spills = 0, shared = 0;
-  llvm::SmallVector<llvm::StringRef> lines;
-  (*text)->getBuffer().split(lines, '\n');
-  for (llvm::StringRef line : lines) {
-    auto number = [&](llvm::StringRef before) {
-      size_t at = line.find(before);
-      if (at == llvm::StringRef::npos)
-        return 0;
-      llvm::StringRef head = line.substr(0, at).rtrim();
-      llvm::StringRef digits = head.substr(head.find_last_of(' ') + 1);
-      int v = 0;
-      digits.getAsInteger(10, v);
-      return v;
-    };
-    registers = std::max(registers, number("registers"));
-    spills = std::max(spills, number("bytes spill stores"));
-    shared = std::max(shared, number("bytes smem"));
+  for (const auto &[kernel, figures] : **report) {
+    registers = std::max(registers, figures.registers);
+    spills = std::max(spills, figures.spillBytes);
+    shared = std::max(shared, figures.sharedBytes);
   }
   candidate.registers = registers;
   candidate.spillBytes = spills;

@@ -172,6 +172,8 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
   meta["strategy"] = name(cuda.strategy);
   meta["storage"] = name(cuda.storage);
   llvm::json::Object variants, simtObjects, kernels;
+  /// ptxas's registers of each kernel, by variant.
+  std::map<std::string, llvm::json::Object> registers;
   for (bool saveGates : {true, false}) {
     auto built = buildVariant(cell, cuda, saveGates, "CUDA");
     if (!built)
@@ -190,6 +192,10 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
         k["heads"] = n.getInt();
       if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.workspace_bytes"))
         k["workspace_bytes"] = n.getInt();
+      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.barrier_words"))
+        k["barrier_words"] = n.getInt();
+      if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.global_weights"))
+        k["global_weights"] = n.getInt();
       if (auto n = func->getAttrOfType<mlir::IntegerAttr>("cell.dynamic_shared_bytes"))
         k["dynamic_shared_bytes"] = n.getInt();
       k["args"] = argsOf(func, func.getArgumentTypes());
@@ -229,6 +235,17 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
     auto ptx = serializeToPTX(*module, arch);
     if (!ptx)
       return ptx.takeError();
+    // Registers bound what a cooperative grid keeps resident: a persistent
+    // package records ptxas's figure, where ptxas is, for the emulator's
+    // device model (a GPU's driver knows its own).
+    if (cuda.strategy == KernelStrategy::Persistent) {
+      auto report = ptxasReport(*ptx, arch);
+      if (!report)
+        return report.takeError();
+      if (*report)
+        for (auto &[kernel, figures] : **report)
+          registers[kernel][saveGates ? "save" : "replay"] = figures.registers;
+    }
     std::string name = saveGates ? "save.ptx" : "replay.ptx";
     std::error_code ec;
     llvm::raw_fd_ostream out((dir + "/" + name).str(), ec);
@@ -240,6 +257,9 @@ llvm::Error cellc::writePackage(mlir::ModuleOp cell, llvm::StringRef dir,
   meta["ptx"] = std::move(variants);
   if (simt)
     meta["simt"] = std::move(simtObjects);
+  for (auto &[kernel, figures] : registers)
+    if (llvm::json::Object *k = kernels.getObject(kernel))
+      (*k)["registers"] = std::move(figures);
   meta["kernels"] = std::move(kernels);
   return writeJson(dir, std::move(meta));
 }

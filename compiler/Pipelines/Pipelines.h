@@ -11,7 +11,9 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/JSON.h"
 
+#include <map>
 #include <optional>
+#include <string>
 
 namespace llvm {
 class Function;
@@ -114,6 +116,17 @@ PipelineOptions chooseCudaStrategy(mlir::ModuleOp cell, PipelineOptions options,
 /// and returns their PTX for `chip` (sm_80, sm_90, ...).
 llvm::Expected<std::string> serializeToPTX(mlir::ModuleOp module,
                                            llvm::StringRef chip);
+
+/// What ptxas -v says of one kernel.
+struct PtxasKernel {
+  int registers = 0, spillBytes = 0, sharedBytes = 0;
+};
+/// Assembles `ptx` for `chip` with ptxas -v ($CELLC_PTXAS, else the
+/// toolkit's at /usr/local/cuda/bin/ptxas) and reads each kernel's
+/// registers, spills and static shared memory. std::nullopt where there is
+/// no ptxas; an error where ptxas rejects the PTX.
+llvm::Expected<std::optional<std::map<std::string, PtxasKernel>>>
+ptxasReport(llvm::StringRef ptx, llvm::StringRef chip);
 
 /// Writes an AOT package of `cell` (front-end cell IR, sizes bound) to `dir`:
 /// the PTX for `arch` of both SAVE_GATES variants built with the CUDA

@@ -8,7 +8,9 @@
 //   - the special registers (llvm.nvvm.read.ptx.sreg.*);
 //   - bar.sync (llvm.nvvm.barrier0), shfl.sync (llvm.nvvm.shfl.sync.*) and
 //     mma.sync (the tf32 intrinsic and the bf16 inline PTX);
-//   - fence.acq_rel.gpu (inline PTX), and a hook after each atomic;
+//   - fence.acq_rel.gpu and the grid barrier's inline PTX (ld.acquire,
+//     atom.acq_rel, st.relaxed, red.release, nanosleep), and a hook after
+//     each atomic (before the barrier's);
 //   - shared memory (address space 3): each variable at its offset in the
 //     calling CTA's arena, and a hook before each access (the race check);
 //   - global memory: a hook before each access (the bounds check);
@@ -79,6 +81,10 @@ private:
   llvm::Error rewriteCall(llvm::CallInst *call);
   llvm::Error rewriteIntrinsic(llvm::CallInst *call, llvm::StringRef name);
   llvm::Error rewriteInlineAsm(llvm::CallInst *call, llvm::StringRef text);
+  /// The grid barrier's inline PTX (Persistent.cpp) as host atomics, each
+  /// after the atomic hook; `call` itself where the PTX has no result, null
+  /// where `text` is not one of them.
+  llvm::Value *emitBarrierPtx(llvm::CallInst *call, llvm::StringRef text);
   llvm::Value *emitShuffle(llvm::CallInst *call, ShuffleMode mode, bool predicate);
   llvm::Value *emitMma(llvm::CallInst *call, MmaShape shape);
   void checkAccess(llvm::Instruction *inst, llvm::Value *address, llvm::Type *type,
@@ -337,10 +343,63 @@ llvm::Error SimtToHost::rewriteIntrinsic(llvm::CallInst *call, llvm::StringRef n
   return llvm::Error::success();
 }
 
+llvm::Value *SimtToHost::emitBarrierPtx(llvm::CallInst *call, llvm::StringRef text) {
+  enum Kind { LoadAcquire, AddAcqRel, StoreRelaxed, AddRelease, Sleep };
+  std::optional<Kind> kind = llvm::StringSwitch<std::optional<Kind>>(text)
+                                 .Case("ld.acquire.gpu.u32 $0, [$1];", LoadAcquire)
+                                 .Case("atom.add.acq_rel.gpu.u32 $0, [$1], $2;", AddAcqRel)
+                                 .Case("st.relaxed.gpu.u32 [$0], $1;", StoreRelaxed)
+                                 .Case("red.release.gpu.add.u32 [$0], $1;", AddRelease)
+                                 .Case("nanosleep.u32 32;", Sleep)
+                                 .Default(std::nullopt);
+  if (!kind)
+    return nullptr;
+  llvm::IRBuilder<> b(call);
+  if (*kind == Sleep) {
+    // Another thread runs, as after a fence.
+    b.CreateCall(hook(Hook::fence));
+    return call;
+  }
+  // The word's address: checked, and another thread may run, before the
+  // access; the access is the host's atomic of the PTX's order.
+  llvm::Value *address = b.CreateIntToPtr(call->getArgOperand(0), ptr);
+  b.CreateCall(hook(Hook::atomic), {address, b.getInt64(4)});
+  switch (*kind) {
+  case LoadAcquire: {
+    llvm::LoadInst *load = b.CreateAlignedLoad(i32, address, llvm::Align(4));
+    load->setAtomic(llvm::AtomicOrdering::Acquire);
+    return load;
+  }
+  case AddAcqRel:
+    return b.CreateAtomicRMW(llvm::AtomicRMWInst::Add, address, call->getArgOperand(1),
+                             llvm::Align(4), llvm::AtomicOrdering::AcquireRelease);
+  case StoreRelaxed: {
+    llvm::StoreInst *store = b.CreateAlignedStore(call->getArgOperand(1), address,
+                                                  llvm::Align(4));
+    store->setAtomic(llvm::AtomicOrdering::Monotonic);
+    return call;
+  }
+  case AddRelease:
+    b.CreateAtomicRMW(llvm::AtomicRMWInst::Add, address, call->getArgOperand(1),
+                      llvm::Align(4), llvm::AtomicOrdering::Release);
+    return call;
+  case Sleep:
+    break;
+  }
+  return call;
+}
+
 llvm::Error SimtToHost::rewriteInlineAsm(llvm::CallInst *call, llvm::StringRef text) {
   llvm::Value *replacement = nullptr;
   if (text.trim() == "fence.acq_rel.gpu;") {
     llvm::IRBuilder<>(call).CreateCall(hook(Hook::fence));
+    call->eraseFromParent();
+    return llvm::Error::success();
+  }
+  if (llvm::Value *atomic = emitBarrierPtx(call, text.trim())) {
+    if (atomic != call) {
+      call->replaceAllUsesWith(atomic);
+    }
     call->eraseFromParent();
     return llvm::Error::success();
   }

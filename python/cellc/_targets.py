@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 
 import torch
 
@@ -70,17 +71,46 @@ class CudaTargets:
                 shutil.rmtree(tmp, ignore_errors=True)
         return path
 
-    def _device_package(self, sizes, arch, storage, shared_optin, simt=False):
-        """The package for a device of `arch` whose CTAs may opt in to
-        `shared_optin` bytes of shared memory: the cell's CUDA options; when
-        they name no strategy, chosen as `cuda_package` chooses it, a
+    def _device_package(self, sizes, arch, storage, shared_optin, sms, simt=False):
+        """The package for a device of `arch` with `sms` SMs whose CTAs may opt
+        in to `shared_optin` bytes of shared memory: the cell's CUDA options;
+        when they name no strategy, chosen as `cuda_package` chooses it, a
         persistent CTA using the device's opt-in shared memory (a LayerNorm
-        LSTM's backward at H = 256 does not fit a batch-tiled CTA)."""
+        LSTM's backward at H = 256 does not fit a batch-tiled CTA). A
+        persistent tile takes at most the device's SMs (`max_ctas`, unless
+        the options name `ctas` or `max_ctas`), so that its cooperative grid
+        launches there; where that many CTAs cannot keep every recurrent
+        weight on chip, the rest are read from global memory, and a warning
+        says so once."""
         options = dict(self.cuda_options)
         options.pop("storage", None)  # `storage`, which follows it
         if "strategy" not in options:
             options["shared_limit"] = options.get("shared_limit") or shared_optin
-        return self.cuda_package(sizes, arch=arch, storage=storage, simt=simt, **options)
+        if options.get("strategy") in (None, "persistent") and not options.get("ctas"):
+            options["max_ctas"] = options.get("max_ctas") or sms
+        path = self.cuda_package(sizes, arch=arch, storage=storage, simt=simt, **options)
+        self._warn_global_weights(path, sizes, sms)
+        return path
+
+    def _warn_global_weights(self, path, sizes, sms):
+        """Warns once per package whose persistent kernels read recurrent
+        weights from global memory."""
+        with open(os.path.join(path, "kernels.json")) as f:
+            kernels = json.load(f)["kernels"]
+        spilled = {name: k.get("global_weights", 0) for name, k in kernels.items()
+                   if k.get("global_weights", 0)}
+        warned = self.__dict__.setdefault("_warned_packages", set())
+        if not spilled or path in warned:
+            return
+        warned.add(path)
+        which = ", ".join(f"{n} {name}" for name, n in sorted(spilled.items()))
+        warnings.warn(
+            f"{self.file_name}: at {dict(sorted(sizes.items()))} the persistent strategy's "
+            f"CTAs (at most the GPU's {sms} SMs a batch tile, so that the grid is "
+            f"resident at once) cannot keep every recurrent weight in shared memory: "
+            f"products of {which} read their weights from global memory (L2) at every "
+            "step, which is slower. precision='bf16' halves the weights on chip.",
+            stacklevel=4)
 
     def _storage_dtype(self):
         """The torch dtype of the CUDA option `storage`, or None where the
@@ -105,7 +135,10 @@ class CudaTargets:
         if self.emulated:
             key = (tuple(sorted(sizes.items())), storage, EMULATED)
             if key not in self._cuda:
-                path = self._device_package(sizes, "sm_90", storage, 232448, simt=True)
+                # The emulator's device model: an H100/H200 (132 SMs), or
+                # $CELLC_EMU_SMS of them.
+                sms = int(os.environ.get("CELLC_EMU_SMS") or 132)
+                path = self._device_package(sizes, "sm_90", storage, 232448, sms, simt=True)
                 self._cuda[key] = cuda.CudaCell(cuda.Package(path), emulate=True,
                                                 shuffle_seed=self.shuffle_seed)
             return self._cuda[key]
@@ -116,7 +149,8 @@ class CudaTargets:
             major, minor = torch.cuda.get_device_capability(index)
             props = torch.cuda.get_device_properties(index)
             optin = getattr(props, "shared_memory_per_block_optin", 0) or 49152
-            path = self._device_package(sizes, f"sm_{major}{minor}", storage, optin)
+            path = self._device_package(sizes, f"sm_{major}{minor}", storage, optin,
+                                        props.multi_processor_count)
             cell = cuda.CudaCell(cuda.Package(path), device=index)
             self._cuda[key] = cell
         return cell

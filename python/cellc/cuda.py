@@ -103,6 +103,8 @@ def _library():
     lib.cellc_cuda_launch.argtypes = [P, ctypes.c_int32, ctypes.c_int32,
                                       ctypes.POINTER(_Tensor), ctypes.c_int64, ctypes.c_int64,
                                       P] + err
+    lib.cellc_cuda_launch_plan.argtypes = [P, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64,
+                                           I64] + err
     lib.cellc_cuda_registers.argtypes = [P, ctypes.c_char_p, ctypes.c_int32,
                                          ctypes.POINTER(ctypes.c_int32)] + err
     _LIB = lib
@@ -222,6 +224,18 @@ def _list(tensors):
     return _Tensors(items=items, count=len(tensors)), items
 
 
+def _poison(tensors):
+    """Fills freshly allocated buffers with all-ones bytes (NaN in f32 and
+    bf16): the SIMT emulator's buffers come from the CPU allocator, fresh
+    zero pages or the last call's identical data, where a GPU's caching
+    allocator hands back whatever its blocks last held. A kernel or driver
+    step that reads what it never wrote then reads NaN, in every test."""
+    import torch
+    for t in tensors:
+        if t is not None and t.numel():
+            t.view(torch.uint8).fill_(0xFF) if t.is_contiguous() else t.fill_(float("nan"))
+
+
 def _find_cublas():
     """Tells the runtime where torch's cuBLAS wheel is, when torch has one and
     the process has not loaded cuBLAS already."""
@@ -335,6 +349,19 @@ class CudaCell:
                          "grad_outputs", "grad_inputs", "grad_params", "kept_outputs",
                          "piece_steps", "peak", "floor"], out))
 
+    def launch_plan(self, kernel, batch, variant="save"):
+        """The launch a call makes of `kernel` ("<cell>_fwd" or "_bwd") over
+        `batch` rows, checked as the device would check it and not run: a dict
+        of grid (x, y), block, shared_bytes (dynamic), cooperative and
+        resident_per_sm (CTAs an SM keeps at once). A launch the device would
+        refuse raises CudaError with the driver's words; in the emulator, the
+        device is its model of an H100/H200."""
+        out = (ctypes.c_int64 * 6)()
+        self._check_call(self._lib.cellc_cuda_launch_plan, self._handle,
+                         int(kernel.endswith("_bwd")), int(variant == "save"), batch, out)
+        return {"grid": (out[0], out[1]), "block": out[2], "shared_bytes": out[3],
+                "cooperative": bool(out[4]), "resident_per_sm": out[5]}
+
     def registers(self, kernel, variant="save"):
         n = ctypes.c_int32()
         self._check_call(self._lib.cellc_cuda_registers, self._handle, kernel.encode(),
@@ -406,6 +433,8 @@ class CudaCell:
         size = self._needed.get(key, 0)
         for _ in range(2):
             workspace = torch.empty(size, dtype=torch.uint8, device=device)
+            if self.emulate:
+                _poison([workspace])
             call.workspace = workspace.data_ptr() or None
             call.workspace_bytes = size
             status = fn(self._handle, ctypes.byref(call), buf, len(buf))
@@ -446,6 +475,8 @@ class CudaCell:
         tensor is contiguous; `states` may be empty (zeros), `lengths` a
         list."""
         T, B = inputs[0].shape[:2]
+        if self.emulate:
+            _poison([*outputs, *finals, *(kept or [])])
         call, keep = self._call(mode, inputs, params, states, resets, lengths, T, B)
         call.outputs = self._tensors(outputs, keep)
         call.finals = self._tensors(finals, keep)
@@ -461,6 +492,8 @@ class CudaCell:
         outputs it reads (None where not read): gradients written into the
         caller's (None: not wanted): one C call."""
         T, B = inputs[0].shape[:2]
+        if self.emulate:
+            _poison([*grad_inputs, *grad_params, *(grad_states or [])])
         call, keep = self._call(mode, inputs, params, states, resets, lengths, T, B)
         call.outputs = self._tensors(outputs, keep)
         call.kept = self._tensors(kept, keep)

@@ -93,7 +93,7 @@ Status internal(const std::string &what) {
 
 CudaBackend::CudaBackend(std::shared_ptr<Device> device, std::string name,
                          const driver::Interface &cell)
-    : dev(std::move(device)), cellName(std::move(name)), cell(cell) {}
+    : dev(std::move(device)), names{name + "_fwd", name + "_bwd"}, cell(cell) {}
 
 void CudaBackend::beginDry() {
   dry = true;
@@ -109,7 +109,9 @@ Status CudaBackend::beginCall(void *workspace, int64_t bytes, void *stream) {
   base = static_cast<char *>(workspace);
   arena.reset(workspace ? bytes : 0);
   gemmWorkspace = -1;
-  return dev->begin(stream);
+  Status begun = dev->begin(stream);
+  onDevice = !begun;
+  return begun;
 }
 
 Status CudaBackend::endCall() {
@@ -117,6 +119,9 @@ Status CudaBackend::endCall() {
     arena.release(gemmWorkspace);
   gemmWorkspace = -1;
   inCall = false;
+  if (onDevice)
+    dev->end();
+  onDevice = false;
   if (arena.live())
     return internal(std::to_string(arena.live()) +
                     " buffers outlive the call that placed them");
@@ -158,12 +163,12 @@ void CudaBackend::release(const Buffer &buffer) {
 Status CudaBackend::launch(bool backward, bool saveGates, const std::vector<driver::Arg> &args,
                            int64_t batch) {
   const driver::Kernel &kernel = backward ? cell.backward : cell.forward;
-  std::string kernelName = cellName + (backward ? "_bwd" : "_fwd");
+  const std::string &kernelName = names[backward];
   if (args.size() != kernel.args.size())
     return internal(kernelName + " takes " + std::to_string(kernel.args.size()) +
                     " arguments, not " + std::to_string(args.size()));
   std::vector<runtime::KernelArg> words;
-  LaunchSpec spec;
+  std::vector<std::pair<const void *, int64_t>> buffers;
   for (size_t i = 0; i < args.size(); ++i) {
     const driver::KernelArg &declared = kernel.args[i];
     const driver::Arg &arg = args[i];
@@ -174,56 +179,88 @@ Status CudaBackend::launch(bool backward, bool saveGates, const std::vector<driv
       continue;
     }
     const View &v = arg.view;
-    std::string what = kernelName + ": argument " + std::string(cellc::name(declared.kind)) + " " +
-                       declared.name;
+    // Named only on failure: a launch has tens of arguments.
+    auto what = [&] {
+      return kernelName + ": argument " + std::string(cellc::name(declared.kind)) + " " +
+             declared.name;
+    };
     if (arg.index || !v.valid())
-      return internal(what + " is not given a buffer");
+      return internal(what() + " is not given a buffer");
     if (v.element() != *declared.element)
-      return internal(what + " is " + elementName(*declared.element) + ", given " +
+      return internal(what() + " is " + elementName(*declared.element) + ", given " +
                       elementName(v.element()));
     bool fits = v.shape.size() == declared.shape.size();
     for (size_t d = 0; fits && d < v.shape.size(); ++d)
       fits = declared.shape[d] < 0 || declared.shape[d] == v.shape[d];
     if (!fits)
-      return internal(what + " needs shape " + driver::shapeString(declared.shape) +
+      return internal(what() + " needs shape " + driver::shapeString(declared.shape) +
                       ", given " + driver::shapeString(v.shape));
     words.push_back(runtime::KernelArg::buffer(v.pointer(), v.shape));
     // A view of no elements grants no access (and may start where another
     // argument's buffer does: chunk:K's dead projections).
     if (v.size())
-      spec.buffers.push_back({v.pointer(), v.size() * driver::bytesOf(v.element())});
-  }
-  int64_t tiles = std::max<int64_t>(1, (batch + kernel.batchTile - 1) /
-                                           std::max<int64_t>(kernel.batchTile, 1));
-  if (kernel.ctas > 0) {
-    // Persistent: a tile's CTAs along x, the tiles along y. Split by heads,
-    // a tile's CTAs do not wait for each other.
-    if (tiles > 65535)
-      return Status::error(kernelName + ": " + std::to_string(batch) + " rows make " +
-                           std::to_string(tiles) + " batch tiles of " +
-                           std::to_string(kernel.batchTile) +
-                           ", past the 65535 a grid's y holds; use larger tiles or the "
-                           "batch-tiled strategy");
-    spec.gridX = unsigned(kernel.ctas);
-    spec.gridY = unsigned(tiles);
-    spec.cooperative = kernel.heads == 0;
-  } else {
-    if (tiles > INT32_MAX)
-      return Status::error(kernelName + ": " + std::to_string(tiles) +
-                           " batch tiles, past the 2^31 - 1 a grid's x holds");
-    spec.gridX = unsigned(tiles);
+      buffers.push_back({v.pointer(), v.size() * driver::bytesOf(v.element())});
   }
   if (dry)
     return Status();
-  spec.kernel = std::move(kernelName);
-  spec.saveGates = saveGates;
-  spec.block = unsigned(kernel.threads);
-  spec.sharedBytes = unsigned(kernel.dynamicSharedBytes);
+  LaunchSpec spec;
+  if (Status e = plan(backward, saveGates, batch, spec))
+    return e;
+  spec.buffers = std::move(buffers);
   runtime::PackedArgs packed(words);
   std::vector<void *> params = packed.eachWord();
   spec.params = params.data();
   spec.numParams = params.size();
   return dev->launch(spec);
+}
+
+Status CudaBackend::plan(bool backward, bool saveGates, int64_t batch, LaunchSpec &spec) {
+  const driver::Kernel &kernel = backward ? cell.backward : cell.forward;
+  spec.kernel = names[backward];
+  spec.saveGates = saveGates;
+  spec.block = unsigned(kernel.threads);
+  spec.sharedBytes = unsigned(kernel.dynamicSharedBytes);
+  spec.registers = int(kernel.registers[saveGates]);
+  // Persistent kernels loop over batch tiles by the grid's rows (CTAs per
+  // tile along x): a grid of fewer rows than tiles runs every tile.
+  int64_t tiles = std::max<int64_t>(1, (batch + kernel.batchTile - 1) /
+                                           std::max<int64_t>(kernel.batchTile, 1));
+  if (kernel.ctas == 0) {
+    // Batch-tiled: a CTA a tile.
+    if (tiles > INT32_MAX)
+      return Status::error(spec.kernel + ": " + std::to_string(tiles) +
+                           " batch tiles, past the 2^31 - 1 a grid's x holds");
+    spec.gridX = unsigned(tiles);
+    return Status();
+  }
+  spec.gridX = unsigned(kernel.ctas);
+  spec.cooperative = kernel.heads == 0;
+  // Split by heads, a tile's CTAs do not wait for each other: any grid.
+  int64_t rows = 65535;
+  if (spec.cooperative) {
+    // Every CTA of a grid barrier resident at once: as many tiles at a time
+    // as the device holds, at least one.
+    Residency fits;
+    if (Status e = dev->residency(spec, fits))
+      return e;
+    rows = fits.total() / std::max<int64_t>(kernel.ctas, 1);
+    if (rows == 0) {
+      // Not one tile's CTAs: the device's own refusal where it has a more
+      // particular one (shared memory past what a CTA may have).
+      if (Status e = dev->admit(spec))
+        return e;
+      return cooperativeTooLarge(spec, fits);
+    }
+  }
+  spec.gridY = unsigned(std::min(tiles, rows));
+  return Status();
+}
+
+Status CudaBackend::admitLaunch(bool backward, bool saveGates, int64_t batch,
+                                LaunchSpec &spec) {
+  if (Status e = plan(backward, saveGates, batch, spec))
+    return e;
+  return dev->admit(spec);
 }
 
 Status CudaBackend::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,

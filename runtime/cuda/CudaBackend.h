@@ -78,6 +78,12 @@ public:
   void release(const driver::Buffer &buffer) override;
   Status launch(bool backward, bool saveGates, const std::vector<driver::Arg> &args,
                 int64_t batch) override;
+  /// The launch of the forward (or backward) kernel over `batch` rows, as
+  /// `launch` makes it: its grid (the tiles, or for a cooperative grid as
+  /// many tiles at a time as the device keeps resident), block and shared
+  /// memory, without arguments; and whether the device admits it. Nothing
+  /// runs.
+  Status admitLaunch(bool backward, bool saveGates, int64_t batch, LaunchSpec &spec);
   Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
               const driver::View &a, int64_t lda, const driver::View &b, int64_t ldb,
               double beta, const driver::View &c, int64_t ldc) override;
@@ -89,15 +95,20 @@ public:
   Status add(const driver::View &from, const driver::View &to) override;
 
 private:
+  /// A launch's grid and sizes (`admitLaunch`).
+  Status plan(bool backward, bool saveGates, int64_t batch, LaunchSpec &spec);
   /// A buffer of `bytes` in the workspace, for the backend's own use.
   Status place(int64_t bytes, void *&data, int64_t &offset);
 
   std::shared_ptr<Device> dev;
-  std::string cellName;
+  /// The forward and backward kernels' names.
+  std::string names[2];
   const driver::Interface &cell;
   Arena arena;
   char *base = nullptr;
   bool dry = false, inCall = false;
+  /// Whether the call made the device current (`Device::begin`).
+  bool onDevice = false;
   /// The GEMM library's workspace, placed at the call's first GEMM (-1:
   /// none yet).
   int64_t gemmWorkspace = -1;

@@ -5,6 +5,7 @@
 #include "runtime/cuda/CudaCell.h"
 #include "runtime/driver/CErrors.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -142,9 +143,14 @@ std::string kernelOf(const driver::Kernel &k) {
   if (k.strategy)
     out << ", \"strategy\": " << quoted(name(*k.strategy));
   if (k.ctas)
-    out << ", \"ctas\": " << k.ctas;
+    out << ", \"ctas\": " << k.ctas << ", \"barrier_words\": " << k.barrierWords;
   if (k.heads)
     out << ", \"heads\": " << k.heads;
+  if (k.globalWeights)
+    out << ", \"global_weights\": " << k.globalWeights;
+  if (k.registers[0] >= 0 || k.registers[1] >= 0)
+    out << ", \"registers\": {\"replay\": " << k.registers[0]
+        << ", \"save\": " << k.registers[1] << "}";
   out << ", \"args\": [";
   for (size_t i = 0; i < k.args.size(); ++i) {
     const driver::KernelArg &a = k.args[i];
@@ -306,6 +312,19 @@ int cellc_cuda_launch(void *cell, int32_t backward, int32_t save_gates,
     }
     check(static_cast<cuda::CudaCell *>(cell)->launch(backward != 0, save_gates != 0, list,
                                                        batch, stream));
+  });
+}
+
+int cellc_cuda_launch_plan(void *cell, int32_t backward, int32_t save_gates, int64_t batch,
+                           int64_t *out, char *error, size_t size) {
+  return catchErrors(error, size, [&] {
+    cuda::LaunchSpec spec;
+    cuda::Residency fits;
+    check(static_cast<cuda::CudaCell *>(cell)->admitLaunch(backward != 0, save_gates != 0,
+                                                            batch, spec, fits));
+    int64_t values[6] = {spec.gridX, spec.gridY, spec.block, spec.sharedBytes,
+                         spec.cooperative ? 1 : 0, fits.perSm};
+    std::copy(values, values + 6, out);
   });
 }
 

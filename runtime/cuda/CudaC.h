@@ -119,6 +119,14 @@ int cellc_cuda_launch(void *cell, int32_t backward, int32_t save_gates,
                       const cellc_tensor *args, int64_t num_args, int64_t batch, void *stream,
                       char *error, size_t size);
 
+/* The launch of the package's forward (or backward) kernel over `batch`
+ * rows, as a call makes it, into out[6]: grid x, grid y, threads per CTA,
+ * dynamic shared bytes, cooperative (1 or 0) and the CTAs per SM the device
+ * keeps resident; an error, in the driver's words, where the device would
+ * refuse it (the emulator: under its device model). Nothing runs. */
+int cellc_cuda_launch_plan(void *cell, int32_t backward, int32_t save_gates, int64_t batch,
+                           int64_t *out, char *error, size_t size);
+
 /* Registers per thread of `kernel` in a variant, from the driver (GPU). */
 int cellc_cuda_registers(void *cell, const char *kernel, int32_t save_gates,
                          int32_t *registers, char *error, size_t size);

@@ -75,15 +75,16 @@ Status CudaCell::open(const driver::PackageInfo &package, int deviceIndex, uint6
         if (readText(package.directory + "/" + package.objects[v] + ".cubin", cubin[v]))
           cubin[v].clear();
       }
+      std::vector<std::string> kernels = {package.cell + "_fwd", package.cell + "_bwd"};
       if (!cubin[0].empty() && !cubin[1].empty()) {
         try {
-          cell->device = std::make_shared<GpuDevice>(deviceIndex, cubin[0], cubin[1]);
+          cell->device = std::make_shared<GpuDevice>(deviceIndex, cubin[0], cubin[1], kernels);
         } catch (const CudaError &) {
           cell->device = nullptr; // another GPU's: the PTX, below
         }
       }
       if (!cell->device)
-        cell->device = std::make_shared<GpuDevice>(deviceIndex, ptx[0], ptx[1]);
+        cell->device = std::make_shared<GpuDevice>(deviceIndex, ptx[0], ptx[1], kernels);
     }
   } catch (const std::exception &e) {
     return Status::error(e.what());
@@ -315,6 +316,16 @@ Status CudaCell::launch(bool backward, bool saveGates, const std::vector<driver:
     s = backend->launch(backward, saveGates, args, batch);
   Status ended = backend->endCall();
   return s ? s : ended;
+}
+
+Status CudaCell::admitLaunch(bool backward, bool saveGates, int64_t batch, LaunchSpec &spec,
+                             Residency &fits) {
+  if (batch < 1)
+    return Status::error("a launch needs B >= 1 rows");
+  std::lock_guard<std::mutex> guard(lock);
+  if (Status e = backend->admitLaunch(backward, saveGates, batch, spec))
+    return e;
+  return device->residency(spec, fits);
 }
 
 Status CudaCell::registers(const std::string &kernel, bool saveGates, int &out) {

@@ -79,6 +79,11 @@ public:
   /// (tests of the emulator's checks): a stream's launch, nothing placed.
   Status launch(bool backward, bool saveGates, const std::vector<driver::Arg> &args,
                 int64_t batch, void *stream);
+  /// The launch a call makes of the forward (or backward) kernel over
+  /// `batch` rows, and what the device keeps resident of it; an error where
+  /// the device would refuse it. Nothing runs.
+  Status admitLaunch(bool backward, bool saveGates, int64_t batch, LaunchSpec &spec,
+                     Residency &fits);
   /// Registers per thread of `kernel` in a variant (GPU only).
   Status registers(const std::string &kernel, bool saveGates, int &out);
 

@@ -28,7 +28,9 @@ struct Driver::Api {
   CUresult (*cuDeviceGetCount)(int *);
   CUresult (*cuDeviceGet)(CUdevice *, int);
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxPushCurrent)(CUcontext);
+  CUresult (*cuCtxPopCurrent)(CUcontext *);
+  CUresult (*cuStreamSynchronize)(CUstream);
   CUresult (*cuModuleLoadDataEx)(CUmodule *, const void *, unsigned, int *,
                                  void **);
   CUresult (*cuModuleUnload)(CUmodule);
@@ -42,7 +44,6 @@ struct Driver::Api {
                                         unsigned, CUstream, void **);
   CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *, CUfunction,
                                                           int, size_t);
-  CUresult (*cuCtxGetDevice)(CUdevice *);
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
   CUresult (*cuGetErrorName)(CUresult, const char **);
@@ -67,7 +68,9 @@ Driver::Driver() : table(std::make_unique<Api>()) {
   resolve(a.cuDeviceGetCount, "cuDeviceGetCount");
   resolve(a.cuDeviceGet, "cuDeviceGet");
   resolve(a.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-  resolve(a.cuCtxSetCurrent, "cuCtxSetCurrent");
+  resolve(a.cuCtxPushCurrent, "cuCtxPushCurrent_v2");
+  resolve(a.cuCtxPopCurrent, "cuCtxPopCurrent_v2");
+  resolve(a.cuStreamSynchronize, "cuStreamSynchronize");
   resolve(a.cuModuleLoadDataEx, "cuModuleLoadDataEx");
   resolve(a.cuModuleUnload, "cuModuleUnload");
   resolve(a.cuModuleGetFunction, "cuModuleGetFunction");
@@ -76,7 +79,6 @@ Driver::Driver() : table(std::make_unique<Api>()) {
   resolve(a.cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel");
   resolve(a.cuOccupancyMaxActiveBlocksPerMultiprocessor,
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-  resolve(a.cuCtxGetDevice, "cuCtxGetDevice");
   resolve(a.cuFuncSetAttribute, "cuFuncSetAttribute");
   resolve(a.cuDeviceGetAttribute, "cuDeviceGetAttribute");
   resolve(a.cuGetErrorName, "cuGetErrorName");
@@ -108,9 +110,9 @@ void Driver::check(int result, const std::string &what) const {
   throw CudaError(what + ": " + name + " (" + message + ")");
 }
 
-void Driver::useDevice(int device) {
-  // The primary context is retained once a device and kept: a call makes it
-  // current, which costs no more than a look-up.
+void *Driver::primaryContext(int device) {
+  // Retained once a device and kept: an entry pushes it, which costs no
+  // more than a look-up.
   std::lock_guard<std::mutex> guard(contextsLock);
   auto it = contexts.find(device);
   if (it == contexts.end()) {
@@ -120,22 +122,62 @@ void Driver::useDevice(int device) {
     check(table->cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
     it = contexts.emplace(device, ctx).first;
   }
-  check(table->cuCtxSetCurrent(it->second), "cuCtxSetCurrent");
+  return it->second;
+}
+
+void Driver::push(void *context) {
+  check(table->cuCtxPushCurrent(context), "cuCtxPushCurrent");
+}
+
+void Driver::pop() {
+  CUcontext popped = nullptr;
+  check(table->cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
+}
+
+void Driver::synchronize(void *stream) {
+  check(table->cuStreamSynchronize(stream), "cuStreamSynchronize");
+}
+
+ContextScope::ContextScope(int device) {
+  Driver &d = Driver::get();
+  d.push(d.primaryContext(device));
+}
+
+ContextScope::~ContextScope() {
+  // A failed pop leaves nothing to restore; a destructor must not throw.
+  try {
+    Driver::get().pop();
+  } catch (const CudaError &) {
+  }
+}
+
+std::vector<std::string> ptxEntries(const std::string &ptx) {
+  std::vector<std::string> names;
+  for (size_t at = ptx.find(".entry "); at != std::string::npos;
+       at = ptx.find(".entry ", at + 1)) {
+    size_t begin = at + 7, end = ptx.find_first_of("( \n", begin);
+    if (end != std::string::npos && end > begin)
+      names.push_back(ptx.substr(begin, end - begin));
+  }
+  return names;
 }
 
 void Driver::zero(void *data, size_t bytes, void *stream) const {
-  check(table->cuMemsetD8Async(reinterpret_cast<uintptr_t>(data), 0, bytes, stream),
-        "zeroing " + std::to_string(bytes) + " bytes (cuMemsetD8Async)");
+  if (int r = table->cuMemsetD8Async(reinterpret_cast<uintptr_t>(data), 0, bytes, stream))
+    check(r, "zeroing " + std::to_string(bytes) + " bytes (cuMemsetD8Async)");
 }
 
 void Driver::copy(const void *from, void *to, size_t bytes, void *stream) const {
-  check(table->cuMemcpyDtoDAsync(reinterpret_cast<uintptr_t>(to),
-                                 reinterpret_cast<uintptr_t>(from), bytes, stream),
-        "copying " + std::to_string(bytes) + " bytes (cuMemcpyDtoDAsync)");
+  if (int r = table->cuMemcpyDtoDAsync(reinterpret_cast<uintptr_t>(to),
+                                       reinterpret_cast<uintptr_t>(from), bytes, stream))
+    check(r, "copying " + std::to_string(bytes) + " bytes (cuMemcpyDtoDAsync)");
 }
 
-Module::Module(const std::string &image) {
+Module::Module(int device, const std::string &image, const std::vector<std::string> &kernels)
+    : device(device) {
   Driver &d = Driver::get();
+  context = d.primaryContext(device);
+  ContextScope scope(device);
   // CU_JIT_ERROR_LOG_BUFFER (5) and its size (6).
   std::vector<char> log(8192, '\0');
   int options[] = {5, 6};
@@ -148,81 +190,104 @@ Module::Module(const std::string &image) {
       throw CudaError(std::string(e.what()) + "\n" + log.data());
     }
   }
+  try {
+    for (const std::string &kernel : kernels) {
+      CUfunction fn = nullptr;
+      d.check(d.api().cuModuleGetFunction(&fn, module, kernel.c_str()),
+              "kernel " + kernel + ": cuModuleGetFunction");
+      functions[kernel] = fn;
+    }
+  } catch (...) {
+    d.api().cuModuleUnload(module);
+    module = nullptr;
+    throw;
+  }
 }
 
 Module::~Module() {
-  if (module)
-    Driver::get().api().cuModuleUnload(module);
+  if (!module)
+    return;
+  // From whatever thread drops the last reference (Python's collector):
+  // the module's own context, and none of its kernels still to run.
+  try {
+    Driver &d = Driver::get();
+    d.push(context);
+    if (launched)
+      d.api().cuStreamSynchronize(lastStream);
+    d.api().cuModuleUnload(module);
+    d.pop();
+  } catch (const CudaError &) {
+  }
 }
 
 void *Module::function(const std::string &kernel) {
   std::lock_guard<std::mutex> guard(lock);
   auto it = functions.find(kernel);
-  if (it != functions.end())
-    return it->second;
+  if (it == functions.end())
+    throw CudaError("kernel " + kernel + ": not in the module (its package names no such "
+                    "kernel)");
+  return it->second;
+}
+
+void Module::grantShared(void *fn, const std::string &kernel, unsigned sharedBytes) {
+  // Past 48 KiB, dynamic shared memory must be asked for per kernel:
+  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8). Asked once for the
+  // most a launch has wanted.
+  if (sharedBytes <= 48 * 1024)
+    return;
+  std::lock_guard<std::mutex> guard(lock);
+  int &granted = sharedGranted[fn];
+  if (int(sharedBytes) > granted) {
+    Driver &d = Driver::get();
+    d.check(d.api().cuFuncSetAttribute(fn, 8, static_cast<int>(sharedBytes)),
+            "kernel " + kernel + ": asking for " + std::to_string(sharedBytes) +
+                " bytes of shared memory (cuFuncSetAttribute)");
+    granted = int(sharedBytes);
+  }
+}
+
+std::pair<int, int> Module::residency(const std::string &kernel, unsigned block,
+                                      unsigned sharedBytes) {
+  void *fn = function(kernel);
+  grantShared(fn, kernel, sharedBytes);
+  auto key = std::make_tuple(fn, block, sharedBytes);
+  std::lock_guard<std::mutex> guard(lock);
+  auto known = residents.find(key);
+  if (known != residents.end())
+    return known->second;
   Driver &d = Driver::get();
-  CUfunction fn = nullptr;
-  d.check(d.api().cuModuleGetFunction(&fn, module, kernel.c_str()),
-          "kernel " + kernel + ": cuModuleGetFunction");
-  return functions[kernel] = fn;
+  CUdevice dev;
+  d.check(d.api().cuDeviceGet(&dev, device), "cuDeviceGet");
+  int sms = 0, perSm = 0;
+  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT (16).
+  d.check(d.api().cuDeviceGetAttribute(&sms, 16, dev), "cuDeviceGetAttribute");
+  d.check(d.api().cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, block,
+                                                              sharedBytes),
+          "kernel " + kernel + ": cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  return residents[key] = std::make_pair(perSm, sms);
 }
 
 void Module::launch(const std::string &kernel, unsigned gridX, unsigned gridY,
                     unsigned block, unsigned sharedBytes, bool cooperative,
                     void *stream, void **params) {
   void *fn = function(kernel);
+  grantShared(fn, kernel, sharedBytes);
   Driver &d = Driver::get();
-  // Past 48 KiB, dynamic shared memory must be asked for per kernel:
-  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8). Asked once for the
-  // most a launch has wanted.
-  if (sharedBytes > 48 * 1024) {
+  {
     std::lock_guard<std::mutex> guard(lock);
-    int &granted = sharedGranted[fn];
-    if (int(sharedBytes) > granted) {
-      d.check(d.api().cuFuncSetAttribute(fn, 8, static_cast<int>(sharedBytes)),
-              "kernel " + kernel + ": asking for " + std::to_string(sharedBytes) +
-                  " bytes of shared memory (cuFuncSetAttribute)");
-      granted = int(sharedBytes);
-    }
+    lastStream = stream;
+    launched = true;
   }
+  // The message is built only on failure: a call launches many kernels.
   if (!cooperative) {
-    d.check(d.api().cuLaunchKernel(fn, gridX, gridY, 1, block, 1, 1, sharedBytes,
-                                   stream, params, nullptr),
-            "kernel " + kernel + ": cuLaunchKernel");
+    if (int r = d.api().cuLaunchKernel(fn, gridX, gridY, 1, block, 1, 1, sharedBytes, stream,
+                                       params, nullptr))
+      d.check(r, "kernel " + kernel + ": cuLaunchKernel");
     return;
   }
-  // Every CTA of a grid barrier must be resident at once; say so plainly
-  // rather than pass on the driver's "cooperative launch too large".
-  // What fits is asked once per kernel, block and shared memory.
-  auto key = std::make_tuple(fn, block, sharedBytes);
-  std::unique_lock<std::mutex> guard(lock);
-  auto known = residents.find(key);
-  if (known == residents.end()) {
-    CUdevice dev;
-    d.check(d.api().cuCtxGetDevice(&dev), "cuCtxGetDevice");
-    int sms = 0, perSm = 0;
-    // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT (16).
-    d.check(d.api().cuDeviceGetAttribute(&sms, 16, dev), "cuDeviceGetAttribute");
-    d.check(d.api().cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, block,
-                                                                sharedBytes),
-            "kernel " + kernel + ": cuOccupancyMaxActiveBlocksPerMultiprocessor");
-    known = residents.emplace(key, std::make_pair(perSm, sms)).first;
-  }
-  auto [perSm, sms] = known->second;
-  guard.unlock();
-  long long resident = static_cast<long long>(perSm) * sms;
-  long long wanted = static_cast<long long>(gridX) * gridY;
-  if (wanted > resident)
-    throw CudaError("kernel " + kernel + ": the persistent strategy needs all " +
-                    std::to_string(wanted) + " CTAs (" + std::to_string(gridX) +
-                    " per batch tile x " + std::to_string(gridY) +
-                    " tiles) resident at once, and this GPU holds " +
-                    std::to_string(resident) + " (" + std::to_string(perSm) +
-                    " per SM x " + std::to_string(sms) +
-                    " SMs); use a smaller batch or the batch-tiled strategy");
-  d.check(d.api().cuLaunchCooperativeKernel(fn, gridX, gridY, 1, block, 1, 1,
-                                            sharedBytes, stream, params),
-          "kernel " + kernel + ": cuLaunchCooperativeKernel");
+  if (int r = d.api().cuLaunchCooperativeKernel(fn, gridX, gridY, 1, block, 1, 1, sharedBytes,
+                                                stream, params))
+    d.check(r, "kernel " + kernel + ": cuLaunchCooperativeKernel");
 }
 
 int Module::registers(const std::string &kernel) {

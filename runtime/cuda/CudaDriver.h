@@ -35,8 +35,16 @@ public:
   /// when libcuda cannot be opened or has no device.
   static Driver &get();
 
-  /// Makes the primary context of `device` current (the one PyTorch uses).
-  void useDevice(int device);
+  /// The primary context of `device` (the one PyTorch uses), retained once
+  /// and kept.
+  void *primaryContext(int device);
+  /// Pushes `context` onto the calling thread's stack of current contexts,
+  /// and pops it: cellc's calls leave the thread's current context (torch's
+  /// current device) as they found it.
+  void push(void *context);
+  void pop();
+  /// Waits for the work enqueued on `stream` so far.
+  void synchronize(void *stream);
 
   /// Throws a CudaError for a non-zero CUresult.
   void check(int result, const std::string &what) const;
@@ -57,31 +65,62 @@ private:
   std::map<int, void *> contexts;
 };
 
-/// A loaded PTX module and its kernels.
+/// The primary context of a device made current for a scope, and the
+/// thread's previous one current again at its end.
+class ContextScope {
+public:
+  explicit ContextScope(int device);
+  ~ContextScope();
+  ContextScope(const ContextScope &) = delete;
+  ContextScope &operator=(const ContextScope &) = delete;
+};
+
+/// The `.entry` kernels of a PTX text, by name.
+std::vector<std::string> ptxEntries(const std::string &ptx);
+
+/// A loaded PTX module and its kernels, on one device.
 class Module {
 public:
-  /// Loads `image` on the current device (cuModuleLoadDataEx): PTX, which
-  /// the driver JIT-compiles (its log goes into errors), or a cubin.
-  explicit Module(const std::string &image);
+  /// Loads `image` on `device` (cuModuleLoadDataEx, in the device's primary
+  /// context): PTX, which the driver JIT-compiles (its log goes into
+  /// errors), or a cubin; and resolves `kernels` there and then, so that no
+  /// call loads code (CUDA 12.2+ loads a module's functions lazily, at
+  /// their first look-up, which may allocate outside the caller's pool).
+  Module(int device, const std::string &image, const std::vector<std::string> &kernels);
+  /// Unloads in the module's context, after the work of the last stream it
+  /// launched on.
   ~Module();
   Module(const Module &) = delete;
   Module &operator=(const Module &) = delete;
 
   /// Launches `kernel` on `stream` with `params` (pointers to each argument's
-  /// value, as cuLaunchKernel takes them). A `cooperative` launch (the
-  /// persistent strategy's grid barriers) first checks that the whole grid
-  /// fits on the GPU at once.
+  /// value, as cuLaunchKernel takes them); `cooperative`, every CTA
+  /// resident at once (the caller admitted the grid: `residency`). The
+  /// device's context is current.
   void launch(const std::string &kernel, unsigned gridX, unsigned gridY,
               unsigned block, unsigned sharedBytes, bool cooperative,
               void *stream, void **params);
+
+  /// How many CTAs of `kernel` with `block` threads and `sharedBytes` of
+  /// dynamic shared memory the GPU keeps resident at once (the occupancy
+  /// query, times the SMs), asked once per (kernel, block, shared bytes).
+  std::pair<int, int> residency(const std::string &kernel, unsigned block,
+                                unsigned sharedBytes);
 
   /// Registers used by `kernel`, from the driver.
   int registers(const std::string &kernel);
 
 private:
-  /// The kernel's handle, looked up once and kept: launches do not search.
+  /// The kernel's handle, resolved when the module loaded.
   void *function(const std::string &kernel);
+  /// Grants `fn` `sharedBytes` of dynamic shared memory past 48 KiB.
+  void grantShared(void *fn, const std::string &kernel, unsigned sharedBytes);
+  int device;
+  void *context = nullptr;
   void *module = nullptr;
+  /// The stream of the last launch, which the unload waits for.
+  void *lastStream = nullptr;
+  bool launched = false;
   /// Guards the maps below: cells on one device share a module (the
   /// runtime's own kernels), and calls come from several threads.
   std::mutex lock;

@@ -34,6 +34,10 @@ struct LaunchSpec {
   unsigned gridX = 1, gridY = 1, block = 1, sharedBytes = 0;
   /// All CTAs resident together (the persistent strategy's grid barriers).
   bool cooperative = false;
+  /// Registers per thread, where the package knows them (ptxas's figure;
+  /// -1: not known). A GPU's driver knows its own; the SIMT emulator's
+  /// device model counts these.
+  int registers = -1;
   /// A pointer to each kernel parameter's value (a memref's descriptor
   /// words one by one, as NVPTX expands it).
   void **params = nullptr;
@@ -42,6 +46,30 @@ struct LaunchSpec {
   /// emulator lets the kernel touch.
   std::vector<std::pair<const void *, int64_t>> buffers;
 };
+
+/// How many CTAs of one kernel a device keeps resident at once: what a
+/// cooperative launch may hold.
+struct Residency {
+  int64_t perSm = 0, sms = 0;
+  int64_t total() const { return perSm * sms; }
+};
+
+/// The refusal of a cooperative grid larger than the device holds, as the
+/// driver gives it (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE), with what
+/// was asked for and what fits: the same words from a GPU and from the
+/// emulator's device model.
+inline Status cooperativeTooLarge(const LaunchSpec &spec, const Residency &fits) {
+  return Status::error(
+      "kernel " + spec.kernel +
+      ": cuLaunchCooperativeKernel: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE (too many "
+      "blocks in cooperative launch): a grid of " +
+      std::to_string(int64_t(spec.gridX) * spec.gridY) + " CTAs (" +
+      std::to_string(spec.gridX) + " x " + std::to_string(spec.gridY) + ") of " +
+      std::to_string(spec.block) + " threads and " + std::to_string(spec.sharedBytes) +
+      " bytes of dynamic shared memory, and this GPU keeps " + std::to_string(fits.total()) +
+      " resident (" + std::to_string(fits.perSm) + " per SM x " + std::to_string(fits.sms) +
+      " SMs)");
+}
 
 /// The leaves of the CUDA backend. Every call is asynchronous on the
 /// stream of the call (`begin`) where the device has streams, and none
@@ -53,9 +81,18 @@ public:
   /// Whether buffers live on the host (the emulator) rather than a GPU.
   virtual bool onHost() const = 0;
   /// Makes the device current for a call on `stream` (a CUstream; null:
-  /// the default stream).
+  /// the default stream), until `end`, which leaves the thread's current
+  /// device as `begin` found it.
   virtual Status begin(void *stream) = 0;
+  virtual void end() {}
 
+  /// How many CTAs of `spec`'s kernel (its block, shared memory and
+  /// registers) the device keeps resident at once.
+  virtual Status residency(const LaunchSpec &spec, Residency &out) = 0;
+  /// Whether the device would launch `spec`: its block, shared memory and
+  /// grid within the device's limits and, cooperative, every CTA resident
+  /// at once. What a refusal says is the driver's. `launch` admits first.
+  virtual Status admit(const LaunchSpec &spec) = 0;
   virtual Status launch(const LaunchSpec &spec) = 0;
   /// Row-major `c = op(a) op(b) + beta c`, with `a` and `b` of the element
   /// type `ab` (F32 or BF16) and `c` of `ce` (F32 or BF16), accumulated in

@@ -18,14 +18,15 @@ const char *const kHostKernels =
 #include "runtime/cuda/HostKernels.ptx.inc"
     ;
 
-/// The runtime's kernels on `device`, loaded on first use and kept.
+/// The runtime's kernels on `device`, loaded with the first cell there and
+/// kept, every kernel resolved.
 Module &hostKernels(int device) {
   static std::mutex lock;
   static std::map<int, std::unique_ptr<Module>> modules;
   std::lock_guard<std::mutex> guard(lock);
   std::unique_ptr<Module> &module = modules[device];
   if (!module)
-    module = std::make_unique<Module>(kHostKernels);
+    module = std::make_unique<Module>(device, kHostKernels, ptxEntries(kHostKernels));
   return *module;
 }
 
@@ -46,25 +47,62 @@ constexpr int64_t kMaxBlocks = 4096;
 
 } // namespace
 
-GpuDevice::GpuDevice(int device, const std::string &replayPtx, const std::string &savePtx)
+GpuDevice::GpuDevice(int device, const std::string &replayPtx, const std::string &savePtx,
+                     const std::vector<std::string> &kernels)
     : device(device) {
-  Driver::get().useDevice(device);
-  variants[0] = std::make_unique<Module>(replayPtx);
-  variants[1] = std::make_unique<Module>(savePtx);
+  variants[0] = std::make_unique<Module>(device, replayPtx, kernels);
+  variants[1] = std::make_unique<Module>(device, savePtx, kernels);
   host = &hostKernels(device);
 }
 
 int GpuDevice::registers(const std::string &kernel, bool saveGates) {
-  Driver::get().useDevice(device);
+  ContextScope scope(device);
   return variants[saveGates]->registers(kernel);
 }
 
 Status GpuDevice::begin(void *callStream) {
   stream = callStream;
-  return guarded([&] { Driver::get().useDevice(device); });
+  return guarded([&] {
+    Driver &d = Driver::get();
+    d.push(d.primaryContext(device));
+    current = true;
+  });
+}
+
+void GpuDevice::end() {
+  if (!current)
+    return;
+  current = false;
+  try {
+    Driver::get().pop();
+  } catch (const CudaError &) {
+  }
+}
+
+Status GpuDevice::residency(const LaunchSpec &spec, Residency &out) {
+  return guarded([&] {
+    ContextScope scope(device);
+    auto [perSm, sms] =
+        variants[spec.saveGates]->residency(spec.kernel, spec.block, spec.sharedBytes);
+    out.perSm = perSm;
+    out.sms = sms;
+  });
+}
+
+Status GpuDevice::admit(const LaunchSpec &spec) {
+  if (!spec.cooperative)
+    return Status();
+  Residency fits;
+  if (Status e = residency(spec, fits))
+    return e;
+  if (int64_t(spec.gridX) * spec.gridY > fits.total())
+    return cooperativeTooLarge(spec, fits);
+  return Status();
 }
 
 Status GpuDevice::launch(const LaunchSpec &spec) {
+  if (Status e = admit(spec))
+    return e;
   return guarded([&] {
     variants[spec.saveGates]->launch(spec.kernel, spec.gridX, spec.gridY, spec.block,
                                      spec.sharedBytes, spec.cooperative, stream, spec.params);

@@ -14,21 +14,27 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace cellc::cuda {
 
 class GpuDevice : public Device {
 public:
   /// Loads the variant that replays and the one that saves gates on
-  /// `device`, each PTX or a cubin image. Throws CudaError (no driver, no
-  /// GPU, bad PTX, a cubin for another GPU).
-  GpuDevice(int device, const std::string &replayPtx, const std::string &savePtx);
+  /// `device`, each PTX or a cubin image, with their `kernels` resolved, and
+  /// the runtime's own kernels. Throws CudaError (no driver, no GPU, bad
+  /// PTX, a cubin for another GPU).
+  GpuDevice(int device, const std::string &replayPtx, const std::string &savePtx,
+            const std::vector<std::string> &kernels);
 
   /// Registers per thread of a package's kernel, from the driver.
   int registers(const std::string &kernel, bool saveGates);
 
   bool onHost() const override { return false; }
   Status begin(void *stream) override;
+  void end() override;
+  Status residency(const LaunchSpec &spec, Residency &out) override;
+  Status admit(const LaunchSpec &spec) override;
   Status launch(const LaunchSpec &spec) override;
   Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const void *a,
               int64_t lda, const void *b, int64_t ldb, Element ab, double beta, void *c,
@@ -50,6 +56,8 @@ private:
                        unsigned gridY = 1);
   int device;
   void *stream = nullptr;
+  /// Whether `begin` made the device's context current.
+  bool current = false;
   std::unique_ptr<Module> variants[2];
   /// The runtime's kernels on this device (shared by every cell on it).
   Module *host = nullptr;

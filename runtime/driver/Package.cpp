@@ -302,6 +302,7 @@ Status readKernel(const Json &kernels, const std::string &name, Kernel &kernel) 
   for (auto [key, field] : {std::pair{"threads", &kernel.threads},
                              {"dynamic_shared_bytes", &kernel.dynamicSharedBytes},
                              {"ctas", &kernel.ctas},
+                             {"global_weights", &kernel.globalWeights},
                              {"heads", &kernel.heads}})
     if (const Json *value = k->get(key))
       *field = value->integer();
@@ -310,6 +311,15 @@ Status readKernel(const Json &kernels, const std::string &name, Kernel &kernel) 
     if (!kernel.strategy)
       return Status::error("kernel '" + name + "' has an unknown strategy '" +
                            stringOf(strategy) + "'; expected " + Words<Strategy>::expected());
+  }
+  if (const Json *registers = k->get("registers")) {
+    if (const Json *replay = registers->get("replay"))
+      kernel.registers[0] = replay->integer();
+    if (const Json *save = registers->get("save"))
+      kernel.registers[1] = save->integer();
+    for (int64_t r : kernel.registers)
+      if (r < -1 || r > 255)
+        return Status::error("kernel '" + name + "' has registers out of range");
   }
   if (const Json *scratch = k->get("scratch_bytes")) {
     if (const Json *replay = scratch->get("replay"))

@@ -182,6 +182,14 @@ struct Kernel {
   /// batch-tiled, one CTA a tile) and the heads they split (0: one grid
   /// whose CTAs meet at grid barriers, launched cooperatively).
   int64_t threads = 0, dynamicSharedBytes = 0, ctas = 0, heads = 0;
+  /// Registers per thread of the kernel in the variant that replays (0) or
+  /// reads saved gates (1), as ptxas reported them when the package was
+  /// built (-1: not known; the SIMT emulator's device model then counts
+  /// none).
+  int64_t registers[2] = {-1, -1};
+  /// Persistent: the products whose weights a tile's CTAs (capped by
+  /// `max-ctas`) cannot hold in shared memory, read from global memory.
+  int64_t globalWeights = 0;
   /// How the kernel is organized, where the package says.
   std::optional<Strategy> strategy;
 };

@@ -7,6 +7,7 @@
 #endif
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -80,9 +81,28 @@ EmuDevice::EmuDevice(const std::string &replayObject, const std::string &saveObj
     : shuffleSeed(shuffleSeed) {
   variants[0] = std::make_unique<Module>(replayObject);
   variants[1] = std::make_unique<Module>(saveObject);
+  // A smaller GPU, for tests of grids that hold fewer CTAs than a batch
+  // has tiles.
+  if (const char *sms = std::getenv("CELLC_EMU_SMS"))
+    if (int64_t n = std::atoll(sms); n > 0)
+      model.sms = n;
+}
+
+Status EmuDevice::residency(const cuda::LaunchSpec &spec, cuda::Residency &out) {
+  out = model.residency(spec.block,
+                        int64_t(variants[spec.saveGates]->staticSharedBytes()) +
+                            spec.sharedBytes,
+                        spec.registers);
+  return Status();
+}
+
+Status EmuDevice::admit(const cuda::LaunchSpec &spec) {
+  return model.admit(spec, int64_t(variants[spec.saveGates]->staticSharedBytes()));
 }
 
 Status EmuDevice::launch(const cuda::LaunchSpec &spec) {
+  if (Status e = admit(spec))
+    return e;
   Launch launch;
   launch.kernel = spec.kernel;
   launch.gridX = spec.gridX;

@@ -5,7 +5,9 @@
 // bounds and deadlock checks), the GEMMs on the host's BLAS where the
 // runtime has one (a loop otherwise), and the sums and copies as loops.
 // bf16 is rounded where the GPU rounds it: a GEMM's operands and results,
-// and every store.
+// and every store. A launch that a GPU would refuse (DeviceModel.h: an
+// H100/H200's limits; $CELLC_EMU_SMS, a GPU of that many SMs) is refused,
+// in the driver's words.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,6 +15,7 @@
 #define CELLC_RUNTIME_EMU_EMUDEVICE_H
 
 #include "runtime/cuda/Device.h"
+#include "runtime/emu/DeviceModel.h"
 #include "runtime/emu/Simt.h"
 
 #include <memory>
@@ -30,6 +33,9 @@ public:
 
   bool onHost() const override { return true; }
   cuda::Status begin(void *) override { return cuda::Status(); }
+  /// Under the device model (an H100/H200 by default).
+  cuda::Status residency(const cuda::LaunchSpec &spec, cuda::Residency &out) override;
+  cuda::Status admit(const cuda::LaunchSpec &spec) override;
   cuda::Status launch(const cuda::LaunchSpec &spec) override;
   cuda::Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const void *a,
                     int64_t lda, const void *b, int64_t ldb, cuda::Element ab, double beta,
@@ -49,6 +55,7 @@ public:
 private:
   std::unique_ptr<Module> variants[2];
   uint64_t shuffleSeed;
+  DeviceModel model = DeviceModel::h100();
 };
 
 } // namespace cellc::emu

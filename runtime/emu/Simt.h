@@ -76,6 +76,8 @@ public:
 
   /// Runs `launch` to the end; throws EmuError with what went wrong.
   LaunchStats launch(const Launch &launch) const;
+  /// The bytes of static shared memory a CTA of the object's kernels takes.
+  uint64_t staticSharedBytes() const { return staticShared; }
 
   /// A shared variable's place in each CTA's arena.
   struct SharedVariable {

@@ -121,9 +121,30 @@ def check(root):
     return failed
 
 
+class strict_fp32:
+    """torch's float32 RNNs and products in strict fp32 for a block: cuDNN
+    runs its fp32 RNNs in TF32 by default (torch.backends.cudnn.allow_tf32),
+    about 1e-3 off at H = 64, which no fair check of an ieee package holds
+    against."""
+
+    def __enter__(self):
+        self.saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.saved
+
+
 def check_against_torch(kind, cell, data, tolerance, label):
     """LSTM and GRU against torch's: float64 on the GPU (no resets: torch's
-    cells have none) and cuDNN in float32, forward and gradients."""
+    cells have none) and cuDNN in strict float32 (TF32 off), forward and
+    gradients."""
+    with strict_fp32():
+        return _check_against_torch(kind, cell, data, tolerance, label)
+
+
+def _check_against_torch(kind, cell, data, tolerance, label):
     params, inputs, states, _, out_w, _ = data
     I, H = inputs["x"].shape[-1], states["h"].shape[-1]
     ok = True
@@ -271,7 +292,12 @@ def lstm_peers(name, x, I, H):
     def cudnn_train(ref=ref, x=x):
         out, _ = ref(x)
         out.sum().backward()
-    row(name, "cuDNN fp32", lambda: ref(x), cudnn_train)
+    # torch's default runs cuDNN's fp32 RNN in TF32; both, named so.
+    tf32 = torch.backends.cudnn.allow_tf32
+    row(name, f"cuDNN fp32 ({'TF32' if tf32 else 'strict'}, torch's default)",
+        lambda: ref(x), cudnn_train)
+    with strict_fp32():
+        row(name, "cuDNN fp32 (strict, allow_tf32=False)", lambda: ref(x), cudnn_train)
     ref16, _ = lstm_params(I, H, torch.bfloat16)
     x16 = x.detach().to(torch.bfloat16).requires_grad_()
 

@@ -77,8 +77,12 @@ def test_persistent_and_tensor_core_packages(tmp_path):
         assert 0 < k["dynamic_shared_bytes"] <= 49152
         kinds = [a["kind"] for a in k["args"]]
         assert kinds[-4:] == ["batch_begin", "batch_end", "workspace", "grid_barrier"]
+        # The grid barrier's words, a count and a generation on their own
+        # 128-byte lines per grid row.
+        assert k["barrier_words"] == 64
     for variant in ("save", "replay"):
-        assert "fence.acq_rel.gpu" in pkg.ptx[variant]
+        assert "ld.acquire.gpu.u32" in pkg.ptx[variant]
+        assert "atom.add.acq_rel.gpu.u32" in pkg.ptx[variant]
     mma = cuda.Package(str(make_package(tmp_path / "mma", "lstm", "--precision=bf16")))
     assert mma.meta["precision"] == "bf16"
     assert mma.kernels["lstm_fwd"]["strategy"] == "batch-tiled"

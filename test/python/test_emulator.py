@@ -20,6 +20,7 @@ precision, every example cell in three configs, and a cell nobody here wrote
 in every strategy and precision.
 """
 
+import ctypes
 import json
 import os
 import shutil
@@ -117,14 +118,14 @@ class _Ones(dict):
         return 1.0
 
 
-def compare(source, options, precision, modes, seed=0, storage=None):
+def compare(source, options, precision, modes, seed=0, storage=None, batch=5):
     """The cell in the emulator against the CPU kernels in float64, in each
     recompute mode: forward, final states and every gradient. `storage` (bf16
     with bf16 products, else f32) is the dtype of the tensors."""
     storage = storage or ("bf16" if precision == "bf16" else "f32")
     tolerance = max(TOLERANCE[precision], TOLERANCE["bf16"] if storage == "bf16" else 0)
     cpu = cellc.compile(source)
-    params, inputs, states, g = problem(cpu, seed=seed)
+    params, inputs, states, g = problem(cpu, B=batch, seed=seed)
     dtype = torch.bfloat16 if storage == "bf16" else torch.float32
     if dtype == torch.bfloat16:
         # The emulator is given the tensors rounded to bf16; the float64
@@ -204,6 +205,32 @@ def test_a_cell_nobody_wrote_matches_float64(strategy, precision):
     compare(MGU, STRATEGIES[strategy], precision, ["none", "full", "chunk:2"], seed=3)
 
 
+@pytest.mark.parametrize("name", ["lstm", "mgu"])
+def test_a_grid_smaller_than_the_batch_with_weights_in_global_memory(name, monkeypatch):
+    # A GPU of 2 SMs, and a persistent tile capped at 2 CTAs whose shared
+    # memory holds only their partial products: every recurrent product
+    # reads its weights from global memory. B = 17 in tiles of 2 is 9 tiles,
+    # more than the grid holds at once (an SM holds at most 8 CTAs of 256
+    # threads): its rows of CTAs run the tiles in turn.
+    monkeypatch.setenv("CELLC_EMU_SMS", "2")
+    source = MGU
+    if name == "lstm":
+        with open(os.path.join(EXAMPLES, "lstm.cell")) as f:
+            source = f.read()
+    # The shared memory: each thread's partial products of a 2-row tile.
+    options = {"strategy": "persistent", "max_ctas": 2, "shared_limit": 256 * 2 * 4,
+               "batch_tile": 2}
+    emu = cellc.compile(source, target="cuda-emu", cuda=options)
+    path = emu.cuda_package(SIZES, simt=True, **options)
+    cell = cuda.CudaCell(path, emulate=True)
+    for kernel, info in cell.package.kernels.items():
+        assert info["ctas"] == 2 and info["global_weights"] >= 1
+        plan = cell.launch_plan(kernel, 17)
+        assert plan["cooperative"] and plan["grid"][0] == 2
+        assert plan["grid"][1] == plan["resident_per_sm"] < 9
+    compare(source, options, "ieee", ["none", "full", "chunk:2"], seed=5, batch=17)
+
+
 #: A diagonal RNN with an RMS norm: no weight to cache, and a reduction.
 DIAG_RMS = """
 cell diag_rms {
@@ -238,7 +265,8 @@ def lstm_package(tmp_path, mutation="", strategy="batch-tiled", precision="ieee"
         source = f.read()
     path = str(tmp_path / f"pkg-{mutation or 'none'}-{strategy}-{precision}")
     _cellc.package(source, "lstm.cell", {"I": SIZES["I"], "H": SIZES["H"]}, path, "sm_90",
-                   strategy, precision, "f32", 4, ctas, 49152, True, mutation)
+                   strategy=strategy, precision=precision, storage="f32", batch_tile=4,
+                   ctas=ctas, shared_limit=49152, simt=True, simt_mutation=mutation)
     return cuda.Package(path)
 
 
@@ -267,6 +295,40 @@ def lstm_call(package, seed=0, **kwargs):
     out, _ = cell({"x": x}, ps)
     out["h"].sum().backward()
     return [out["h"].detach(), x.grad] + [p.grad for p in ps.values()]
+
+
+def test_what_a_call_writes_starts_as_nan_as_a_caching_allocator_may_give_it(tmp_path):
+    # The emulator's buffers come from the CPU allocator (zero pages, or the
+    # last call's same data); a GPU's caching allocator hands back dirty
+    # blocks. So the workspace, outputs, final states and gradients a call
+    # writes start as NaN bytes in the emulator, and every numeric test here
+    # reads only what the kernels and the driver wrote.
+    cell = cuda.CudaCell(lstm_package(tmp_path), emulate=True)
+    real = cell._lib
+    H, I = SIZES["H"], SIZES["I"]
+    outputs, finals = [torch.zeros(5, 5, H)], [torch.zeros(5, H), torch.zeros(5, H)]
+    seen = []
+
+    def forward(handle, call, buf, size):
+        # As the call starts: what it was given.
+        c = call._obj
+        workspace = bytes((ctypes.c_ubyte * c.workspace_bytes).from_address(c.workspace)
+                          if c.workspace_bytes else b"")
+        seen.append((workspace, [t.clone() for t in outputs + finals]))
+        return real.cellc_cuda_forward(handle, call, buf, size)
+
+    class Spy:
+        def __getattr__(self, name):
+            return forward if name == "cellc_cuda_forward" else getattr(real, name)
+
+    cell._lib = Spy()
+    ps = [0.3 * torch.randn(*s) for s in ((4 * H, I), (4 * H, H), (4 * H,), (4 * H,))]
+    x = torch.randn(5, 5, I)
+    cell.forward_kept("none", [x], ps, [], None, [], outputs, finals, None)
+    workspace, given = seen[-1]
+    assert workspace and set(workspace) == {0xFF}
+    assert all(torch.isnan(t).all() for t in given)
+    assert all(torch.isfinite(t).all() for t in outputs + finals)
 
 
 def test_a_missing_barrier_is_a_race(tmp_path):

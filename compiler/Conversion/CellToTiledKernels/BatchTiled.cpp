@@ -22,8 +22,10 @@ public:
     this->entry = entry;
     this->kernel = kernel;
   }
-  Value launchTile() override {
-    return tb.builder.create<gpu::BlockIdOp>(tb.loc, gpu::Dimension::x);
+  /// A CTA a tile: the grid covers the batch (2^31 - 1 tiles along x), and
+  /// a loop over tiles would cost the LSTM's kernels at H = 256 spills.
+  std::pair<Value, Value> launchTiles() override {
+    return {tb.builder.create<gpu::BlockIdOp>(tb.loc, gpu::Dimension::x), Value()};
   }
 
   Value rowBuffer(ArrayRef<int64_t> full) override {

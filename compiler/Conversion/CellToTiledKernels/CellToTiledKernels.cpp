@@ -300,6 +300,7 @@ struct ConvertCellToTiledKernels
     config.threads = threads;
     config.sharedLimit = sharedLimit;
     config.ctas = ctas;
+    config.maxCtas = maxCtas;
     config.maxRegisters = maxRegisters;
     if (config.precision != cellc::Precision::Ieee && !gpu) {
       module.emitError("convert-cell-to-tiled-kernels: precision=")
@@ -399,7 +400,13 @@ TiledKernelOp createTiledKernel(DefOp def, gpu::GPUModuleOp gpuModule, StringRef
                                                          : cellc::Strategy::BatchTiled)));
   if (persistent) {
     op->setAttr("cell.ctas", outer.getI64IntegerAttr(plan.slices));
+    if (!plan.uncached.empty())
+      op->setAttr("cell.global_weights",
+                  outer.getI64IntegerAttr(int64_t(plan.uncached.size())));
     op->setAttr("cell.workspace_bytes", outer.getI64IntegerAttr(plan.workspaceBytes(gpu)));
+    if (gpu)
+      op->setAttr("cell.barrier_words",
+                  outer.getI64IntegerAttr(cellc::kPersistentBarrierWords));
   }
   // Split by heads: the CTAs of a tile do not wait for each other, and
   // launch as any grid does.
@@ -535,7 +542,6 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
           loc, arith::CmpIPredicate::slt, b, bEnd));
       tb.rows.push_back(builder.create<arith::MinSIOp>(loc, b, last));
     }
-    tb.strategy->beginTile(body);
     tl.stateBufs.clear();
     for (Value s : def.getStates())
       tl.stateBufs.push_back(tb.shared({2, sizeOf(s)}));
@@ -546,22 +552,39 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
     return backward ? buildBackwardSteps(tl) : buildForwardSteps(tl);
   };
 
-  // A CTA per tile (or the CTAs of a tile) on the GPU, a loop over tiles on
-  // the CPU.
+  // On the GPU, a CTA (or the CTAs of a tile) loops over the tiles from its
+  // grid's row, by the grid's rows: a grid need not hold a CTA per tile (a
+  // cooperative one holds what the GPU keeps resident at once). A loop over
+  // tiles on the CPU.
   LogicalResult status = success();
   if (gpu) {
     tb.tid = builder.create<gpu::ThreadIdOp>(loc, gpu::Dimension::x);
     tb.ntid = tb.index(config.threads);
     tb.ntidStatic = config.threads;
-    Value bid = tb.strategy->launchTile();
-    Value b0 = builder.create<arith::AddIOp>(
-        loc, bBegin, builder.create<arith::MulIOp>(loc, bid, tb.index(tile)));
-    status = buildTile(b0);
+    auto [first, stride] = tb.strategy->launchTiles();
+    tb.strategy->beforeTiles(body);
+    auto tileAt = [&](Value index) {
+      tb.tileIndex = index;
+      return buildTile(builder.create<arith::AddIOp>(
+          loc, bBegin, builder.create<arith::MulIOp>(loc, index, tb.index(tile))));
+    };
+    if (!stride) {
+      status = tileAt(first);
+    } else {
+      Value rowsGiven = builder.create<arith::SubIOp>(loc, bEnd, bBegin);
+      Value tiles = builder.create<arith::DivUIOp>(
+          loc, tb.shifted(rowsGiven, tile - 1), tb.index(tile));
+      auto loop = builder.create<scf::ForOp>(loc, first, tiles, stride);
+      OpBuilder::InsertionGuard guard(builder);
+      builder.setInsertionPointToStart(loop.getBody());
+      status = tileAt(loop.getInductionVar());
+    }
     builder.create<gpu::ReturnOp>(loc);
   } else {
     tb.tid = tl.c0;
     tb.ntid = tl.c1;
     tb.tileIndex = tl.c0;
+    tb.strategy->beforeTiles(body);
     auto tiles = builder.create<scf::ForOp>(loc, bBegin, bEnd, tb.index(tile));
     {
       OpBuilder::InsertionGuard guard(builder);

@@ -56,18 +56,20 @@ public:
     ownsWorkspace = true;
   }
 
-  Value launchTile() override {
+  /// The tiles of this grid row, in turn: the row's CTAs run each tile
+  /// together and meet at the row's barrier words.
+  std::pair<Value, Value> launchTiles() override {
     OpBuilder &builder = tb.builder;
-    Value bid = builder.create<gpu::BlockIdOp>(tb.loc, gpu::Dimension::y);
+    gridRow = builder.create<gpu::BlockIdOp>(tb.loc, gpu::Dimension::y);
     cta = builder.create<gpu::BlockIdOp>(tb.loc, gpu::Dimension::x);
-    tb.tileIndex = bid;
     // The partial products; a step split by heads has no products.
     if (plan.heads == 0)
       partials = allocDynamic({tb.ntidStatic, tb.tile}, tb.element);
-    return bid;
+    return {gridRow, builder.create<gpu::GridDimOp>(tb.loc, gpu::Dimension::y)};
   }
 
-  void beginTile(Block &step) override { cacheWeights(step); }
+  /// The weights are cached once, for every tile the CTA runs.
+  void beforeTiles(Block &step) override { cacheWeights(step); }
 
   void endKernel() override {
     if (ownsWorkspace)
@@ -201,20 +203,36 @@ private:
   /// A CTA's copy of a weight slice: dynamic shared memory on CUDA, the
   /// heap on the CPU.
   Value allocCache(ArrayRef<int64_t> shape, Type type);
-  /// A barrier across the CTAs of a tile: every CTA arrives at
-  /// `barrierWords[2 * tile]` (a count) and waits until the last one bumps
-  /// `barrierWords[2 * tile + 1]` (a generation). The count goes back to 0,
-  /// so the words need zeroing once, not per launch.
+  /// A barrier across the CTAs of a grid row (a tile's): every CTA arrives
+  /// at the row's count and waits until the last one bumps the row's
+  /// generation (kernelinterface's `kPersistentBarrierWords` a row; the
+  /// count and the generation each on its own 128-byte line). The count
+  /// goes back to 0, so the words need zeroing once, not per launch. The
+  /// PTX memory model's orders are spelled in the PTX itself: the
+  /// generation is read with `ld.acquire.gpu` before the arrival (an
+  /// `atom.acq_rel.gpu`, which publishes this CTA's writes and, for the
+  /// last, acquires the others'), the last bumps the generation with a
+  /// `.release` after resetting the count, and waiters spin on
+  /// `ld.acquire.gpu` with `nanosleep` between reads. (LLVM 19's NVPTX
+  /// emits an atomicrmw's ordering as a relaxed `atom`, with no fence.)
   void gridBarrier();
+  /// The address of the barrier word `word`, as a 64-bit integer for
+  /// inline PTX.
+  Value barrierWordAddress(Value word);
   /// Fills `weightCache` with this CTA's slice of every recurrent weight
   /// the step reads, before the time loop.
   void cacheWeights(Block &step);
   /// Computes this CTA's slice of the rows of `op` into `out` from the
   /// weights in `weightCache`.
   void emitSlicedProduct(Operation *op, Value out);
+  /// The same for a product whose weights stay in global memory
+  /// (`plan.uncached`), read so that a warp's lanes touch adjacent words: a
+  /// matvec's rows a warp at a time, its lanes along the depth and summed
+  /// by shuffles; a vecmat's columns a thread each.
+  void emitGlobalProduct(Operation *op, Value out, Value vecBuffer, Value slot);
 
   Block *entry = nullptr;
-  Value workspace, barrierWords, cta, partials, dynamicShared;
+  Value workspace, barrierWords, cta, gridRow, partials, dynamicShared;
   bool ownsWorkspace = false;
   int64_t workspaceUsed = 0, dynamicUsed = 0;
   DenseMap<Operation *, Value> weightCache;
@@ -251,21 +269,32 @@ Value Persistent::allocCache(ArrayRef<int64_t> shape, Type type) {
   return at.create<memref::AllocOp>(tb.loc, MemRefType::get(shape, type));
 }
 
+Value Persistent::barrierWordAddress(Value word) {
+  OpBuilder &builder = tb.builder;
+  Location loc = tb.loc;
+  auto meta = builder.create<memref::ExtractStridedMetadataOp>(loc, barrierWords);
+  Value base = builder.create<memref::ExtractAlignedPointerAsIndexOp>(loc, barrierWords);
+  Value element = builder.create<arith::AddIOp>(loc, meta.getOffset(), word);
+  Value address = builder.create<arith::AddIOp>(
+      loc, base, builder.create<arith::MulIOp>(loc, element, tb.index(4)));
+  return builder.create<arith::IndexCastUIOp>(loc, builder.getI64Type(), address);
+}
+
 void Persistent::gridBarrier() {
   OpBuilder &builder = tb.builder;
   Location loc = tb.loc;
+  Type i32 = builder.getI32Type();
   builder.create<gpu::BarrierOp>(loc);
-  auto fence = [&] {
-    builder.create<LLVM::InlineAsmOp>(
-        loc, TypeRange(), ValueRange(), "fence.acq_rel.gpu;", "",
-        /*has_side_effects=*/true, /*is_align_stack=*/false,
-        LLVM::AsmDialectAttr(), ArrayAttr());
+  // One PTX instruction, its operands bound by `constraints`.
+  auto ptx = [&](TypeRange results, ValueRange operands, StringRef text,
+                 StringRef constraints) -> Value {
+    auto op = builder.create<LLVM::InlineAsmOp>(
+        loc, results, operands, text, constraints, /*has_side_effects=*/true,
+        /*is_align_stack=*/false, LLVM::AsmDialectAttr(), ArrayAttr());
+    return results.empty() ? Value() : op.getResult(0);
   };
-  auto rmw = [&](arith::AtomicRMWKind kind, int64_t value, Value word) {
-    Value v = builder.create<arith::ConstantIntOp>(loc, value, 32);
-    return builder
-        .create<memref::AtomicRMWOp>(loc, kind, v, barrierWords, ValueRange{word})
-        .getResult();
+  auto constant = [&](int64_t value) {
+    return builder.create<arith::ConstantIntOp>(loc, value, 32).getResult();
   };
   Value first = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
                                               tb.tid, tb.index(0));
@@ -273,32 +302,30 @@ void Persistent::gridBarrier() {
   {
     OpBuilder::InsertionGuard guard(builder);
     builder.setInsertionPoint(leader.thenBlock()->getTerminator());
-    Value count = builder.create<arith::MulIOp>(loc, tb.tileIndex, tb.index(2));
-    Value generation = tb.shifted(count, 1);
-    fence();
-    // An atomic add of 0 reads the word where all CTAs meet, in L2.
-    Value seen = rmw(arith::AtomicRMWKind::addi, 0, generation);
-    Value arrived = rmw(arith::AtomicRMWKind::addi, 1, count);
-    Value last = builder.create<arith::CmpIOp>(
-        loc, arith::CmpIPredicate::eq, arrived,
-        builder.create<arith::ConstantIntOp>(loc, plan.slices - 1, 32));
+    Value row = builder.create<arith::MulIOp>(
+        loc, gridRow, tb.index(cellc::kPersistentBarrierWords));
+    Value count = barrierWordAddress(row);
+    Value generation =
+        barrierWordAddress(tb.shifted(row, cellc::kPersistentBarrierWords / 2));
+    Value seen = ptx(i32, generation, "ld.acquire.gpu.u32 $0, [$1];", "=r,l");
+    Value arrived = ptx(i32, ValueRange{count, constant(1)},
+                        "atom.add.acq_rel.gpu.u32 $0, [$1], $2;", "=r,l,r");
+    Value last = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, arrived,
+                                               constant(plan.slices - 1));
     auto ifLast = builder.create<scf::IfOp>(loc, last, true);
     builder.setInsertionPoint(ifLast.thenBlock()->getTerminator());
-    rmw(arith::AtomicRMWKind::assign, 0, count);
-    fence();
-    rmw(arith::AtomicRMWKind::addi, 1, generation);
+    ptx({}, ValueRange{count, constant(0)}, "st.relaxed.gpu.u32 [$0], $1;", "l,r");
+    ptx({}, ValueRange{generation, constant(1)}, "red.release.gpu.add.u32 [$0], $1;", "l,r");
     builder.setInsertionPoint(ifLast.elseBlock()->getTerminator());
     auto spin = builder.create<scf::WhileOp>(loc, TypeRange(), ValueRange());
     builder.createBlock(&spin.getBefore());
-    Value now = rmw(arith::AtomicRMWKind::addi, 0, generation);
+    Value now = ptx(i32, generation, "ld.acquire.gpu.u32 $0, [$1];", "=r,l");
     builder.create<scf::ConditionOp>(
-        loc,
-        builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, now, seen),
+        loc, builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, now, seen),
         ValueRange());
     builder.createBlock(&spin.getAfter());
+    ptx({}, {}, "nanosleep.u32 32;", "");
     builder.create<scf::YieldOp>(loc);
-    builder.setInsertionPointAfter(ifLast);
-    fence();
   }
   builder.create<gpu::BarrierOp>(loc);
 }
@@ -308,7 +335,8 @@ void Persistent::cacheWeights(Block &step) {
   Location loc = tb.loc;
   bool gpu = tb.gpu;
   step.walk([&](Operation *op) {
-    if (!PhasePlan::isProduct(op) || !tb.computesProduct(op) || weightCache.count(op))
+    if (!PhasePlan::isProduct(op) || !tb.computesProduct(op) || weightCache.count(op) ||
+        plan.uncached.contains(op))
       return;
     bool transposed = isa<VecmatOp>(op);
     int64_t rows = sizeOf(op->getResult(0)), depth = sizeOf(op->getOperand(1));
@@ -366,6 +394,8 @@ void Persistent::emitSlicedProduct(Operation *op, Value out) {
   Value vec = op->getOperand(1), slot;
   int64_t depth = sizeOf(vec);
   Value vecBuffer = tb.bufferOf(vec, slot);
+  if (plan.uncached.contains(op))
+    return emitGlobalProduct(op, out, vecBuffer, slot);
   Value cache = weightCache.lookup(op);
   int64_t slice = productSliceOf(op);
   if (gpu && onTensorCores(op, tb.precision)) {
@@ -444,6 +474,57 @@ void Persistent::emitSlicedProduct(Operation *op, Value out) {
          });
     // The next product of the phase writes the partials again.
     builder.create<gpu::BarrierOp>(loc);
+  });
+}
+
+void Persistent::emitGlobalProduct(Operation *op, Value out, Value vecBuffer, Value slot) {
+  OpBuilder &builder = tb.builder;
+  Location loc = tb.loc;
+  bool transposed = isa<VecmatOp>(op);
+  int64_t rows = sizeOf(op->getResult(0)), depth = sizeOf(op->getOperand(1));
+  int64_t slice = sliceOf(rows);
+  Value weight = tb.params.lookup(op->getOperand(0).getDefiningOp<ParamOp>().getName());
+  Value first = builder.create<arith::MulIOp>(loc, cta, tb.index(slice));
+  auto term = [&](Value row, Value k) -> Value {
+    Value w = builder.create<memref::LoadOp>(
+        loc, weight, transposed ? ValueRange{k, row} : ValueRange{row, k});
+    return builder.create<arith::MulFOp>(
+        loc, builder.create<vector::BroadcastOp>(loc, tb.lane, w),
+        tb.loadShared(vecBuffer, slot, k));
+  };
+  auto inside = [&](Value row) {
+    return builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, row,
+                                         tb.index(rows));
+  };
+  auto when = [&](Value cond, function_ref<void()> body) {
+    auto ifOp = builder.create<scf::IfOp>(loc, cond, false);
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+    body();
+  };
+  if (transposed) {
+    tb.forRange(tb.tid, tb.index(slice), tb.ntid, [&](Value local) {
+      Value row = builder.create<arith::AddIOp>(loc, first, local);
+      when(inside(row), [&] {
+        Value sum = tb.sumRange(tb.index(0), tb.index(depth), tb.index(1),
+                                [&](Value k) { return term(row, k); });
+        tb.storeShared(sum, out, Value(), row);
+      });
+    });
+    return;
+  }
+  Value warp = builder.create<arith::DivUIOp>(loc, tb.tid, tb.index(32));
+  Value lane = builder.create<arith::RemUIOp>(loc, tb.tid, tb.index(32));
+  tb.forRange(warp, tb.index(slice), tb.index(tb.ntidStatic / 32), [&](Value local) {
+    Value row = builder.create<arith::AddIOp>(loc, first, local);
+    // The same for every lane of the warp: its shuffles meet.
+    when(inside(row), [&] {
+      Value partial = tb.sumRange(lane, tb.index(depth), tb.index(32),
+                                  [&](Value k) { return term(row, k); });
+      tb.sinkPartial(tb.index(0), partial, [&](Value, Value sum) {
+        tb.storeShared(sum, out, Value(), row);
+      });
+    });
   });
 }
 

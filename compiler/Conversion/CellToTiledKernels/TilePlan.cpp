@@ -29,40 +29,73 @@ bool onTensorCores(Operation *op, cellc::Precision precision) {
 
 namespace {
 
-/// The fewest CTAs (from `options.ctas`, or 1..4096) whose slices of the
-/// recurrent weights of `matvecs`, with the per-thread partial products,
-/// fit in workgroup memory, each slice with no more rows than threads.
-/// Returns the CTAs and their dynamic shared bytes, or nothing.
-std::optional<std::pair<int64_t, int64_t>>
-fitSlices(ArrayRef<Operation *> matvecs, int64_t tile, int64_t bytes,
-          const TiledOptions &options) {
+/// How a tile's CTAs hold the recurrent weights: how many CTAs, the dynamic
+/// shared memory each takes, and the products whose weights stay in global
+/// memory.
+struct SliceFit {
+  int64_t ctas = 0, sharedBytes = 0;
+  SmallPtrSet<Operation *, 4> uncached;
+};
+
+/// The fewest CTAs (from `options.ctas`, or 1..4096, at most
+/// `options.maxCtas`) whose slices of the recurrent weights of `matvecs`,
+/// with the per-thread partial products, fit in workgroup memory, each
+/// slice with no more rows than threads. Where none fit under `maxCtas`,
+/// `maxCtas` CTAs, caching the products in order while they fit and
+/// leaving the rest in global memory. Nothing where no count fits.
+std::optional<SliceFit> fitSlices(ArrayRef<Operation *> matvecs, int64_t tile,
+                                  int64_t bytes, const TiledOptions &options) {
   auto padded = [](int64_t n) { return (n + 15) / 16 * 16; };
   bool gpu = options.gpu;
   int64_t partialBytes = gpu ? padded(options.threads * tile * bytes) : 0;
+  // The shared bytes of `op`'s slice over `g` CTAs, or nothing where its
+  // slice has more rows than threads.
+  auto sliceBytes = [&](Operation *op, int64_t g) -> std::optional<int64_t> {
+    int64_t slice = (sizeOf(op->getResult(0)) + g - 1) / g;
+    bool mma = gpu && onTensorCores(op, options.precision);
+    if (mma)
+      slice = (slice + 15) / 16 * 16;
+    if (slice > options.threads)
+      return std::nullopt;
+    // bf16 tensor cores keep a bf16 copy (Persistent.cpp, cachedType).
+    int64_t width = mma && options.precision == cellc::Precision::Bf16 ? 2 : bytes;
+    return padded(slice * (sizeOf(op->getOperand(1)) + 1) * width);
+  };
   auto sharedFor = [&](int64_t g) -> std::optional<int64_t> {
     int64_t total = partialBytes;
     for (Operation *op : matvecs) {
-      int64_t slice = (sizeOf(op->getResult(0)) + g - 1) / g;
-      bool mma = gpu && onTensorCores(op, options.precision);
-      if (mma)
-        slice = (slice + 15) / 16 * 16;
-      if (slice > options.threads)
+      std::optional<int64_t> b = sliceBytes(op, g);
+      if (!b)
         return std::nullopt;
-      // bf16 tensor cores keep a bf16 copy (Persistent.cpp, cachedType).
-      int64_t width = mma && options.precision == cellc::Precision::Bf16 ? 2 : bytes;
-      total += padded(slice * (sizeOf(op->getOperand(1)) + 1) * width);
+      total += *b;
     }
     if (total > options.sharedLimit)
       return std::nullopt;
     return total;
   };
-  for (int64_t g = options.ctas > 0 ? options.ctas : 1; g <= 4096; ++g) {
+  int64_t most = options.maxCtas > 0 ? std::min<int64_t>(options.maxCtas, 4096) : 4096;
+  for (int64_t g = options.ctas > 0 ? options.ctas : 1; g <= most; ++g) {
     if (auto fit = sharedFor(g))
-      return std::make_pair(g, *fit);
+      return SliceFit{g, *fit, {}};
     if (options.ctas > 0)
       break;
   }
-  return std::nullopt;
+  if (options.maxCtas <= 0 || options.ctas > 0 || !gpu)
+    return std::nullopt;
+  // Capped: what fits of `most` CTAs' slices stays on chip; the rest of
+  // the products read their weights from global memory.
+  SliceFit fit{most, partialBytes, {}};
+  for (Operation *op : matvecs) {
+    std::optional<int64_t> b = sliceBytes(op, most);
+    if (b && !onTensorCores(op, options.precision) &&
+        fit.sharedBytes + *b <= options.sharedLimit)
+      fit.sharedBytes += *b;
+    else if (!onTensorCores(op, options.precision))
+      fit.uncached.insert(op);
+    else
+      return std::nullopt;
+  }
+  return fit;
 }
 
 /// The leading dim that all the states of `def` share, when one of them is
@@ -257,8 +290,9 @@ FailureOr<TilePlan> planTile(DefOp def, Block &body, const PhasePlan &phases,
            << (options.ctas > 0 ? llvm::Twine(options.ctas).str() + " CTAs"
                                 : std::string("4096 CTAs or fewer"))
            << " of " << limit << " bytes of workgroup memory each";
-  plan.slices = fit->first;
-  plan.dynamicSharedBytes = fit->second;
+  plan.slices = fit->ctas;
+  plan.dynamicSharedBytes = fit->sharedBytes;
+  plan.uncached = std::move(fit->uncached);
   if (sums)
     plan.rowElements += 2 * plan.slices * partialsPerCta;
   return plan;

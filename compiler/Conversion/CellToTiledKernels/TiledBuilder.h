@@ -35,7 +35,8 @@ struct TiledOptions {
   bool persistent = false;
   cellc::Precision precision = cellc::Precision::Ieee;
   cellc::Storage storage = cellc::Storage::F32;
-  int64_t batchTile = 0, threads = 128, sharedLimit = 0, ctas = 0, maxRegisters = 0;
+  int64_t batchTile = 0, threads = 128, sharedLimit = 0, ctas = 0, maxCtas = 0,
+          maxRegisters = 0;
 };
 
 /// Whether `op` (a matvec or vecmat) runs on tensor cores at `precision`:
@@ -63,6 +64,10 @@ struct TilePlan {
   /// ends with the CTA's own barrier. 1 for a step with no weights to cache
   /// whose heads mix: one CTA owns the tile's rows whole. 0 otherwise.
   int64_t heads = 0;
+  /// The persistent strategy's products whose weights stay in global memory
+  /// (read from L2 at every step) because `slices` CTAs capped by
+  /// `max-ctas` cannot hold their slices in shared memory.
+  SmallPtrSet<Operation *, 4> uncached;
 
   /// Elements of the step's row buffers for a whole tile.
   int64_t tileElements() const { return rowElements * tile; }
@@ -190,8 +195,8 @@ public:
 
 /// What differs between the strategies. The kernel calls, in order:
 /// `addArguments` while building the signature, `beginKernel` in the entry
-/// block, `launchTile` (CUDA) once or `forEachTile` (CPU), `beginTile`
-/// before a tile's time loop, and `endKernel`.
+/// block, `launchTiles` (CUDA), `beforeTiles`, then builds each tile's time
+/// loop inside a loop over tiles, and `endKernel`.
 class TileStrategy {
 public:
   TileStrategy(TiledBuilder &tb, const TilePlan &plan) : tb(tb), plan(plan) {}
@@ -203,10 +208,12 @@ public:
   /// added; `kernel` is the gpu.func on CUDA.
   virtual void beginKernel(Block *entry, unsigned extraArgs,
                            gpu::GPUFuncOp kernel) = 0;
-  /// CUDA: the index of this CTA's tile (and the strategy's own ids).
-  virtual Value launchTile() = 0;
-  /// Before a tile's time loop.
-  virtual void beginTile(Block &step) {}
+  /// CUDA: the first tile this CTA runs and the stride to its next (a grid
+  /// may hold fewer CTAs than the batch has tiles: each loops over tiles),
+  /// or no stride where the CTA runs one tile; and the strategy's own ids.
+  virtual std::pair<Value, Value> launchTiles() = 0;
+  /// Once, before the loop over tiles.
+  virtual void beforeTiles(Block &step) {}
   /// The CPU: after the loop over tiles.
   virtual void endKernel() {}
   /// The dynamic shared memory the kernel used (checked against the plan's).

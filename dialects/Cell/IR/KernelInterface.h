@@ -109,6 +109,12 @@ inline ArgKind argKindOf(GradKind kind) {
   return ArgKind::Input;
 }
 
+/// The 32-bit words of a persistent CUDA kernel's grid barrier, a grid row
+/// (a batch tile's CTAs): its count and its generation, each on its own
+/// 128-byte line, so that one row's spinning waiters share no line with
+/// the arrivals or with another row's (kernels.json's `barrier_words`).
+inline constexpr long kPersistentBarrierWords = 64;
+
 } // namespace cellc
 
 #endif // CELLC_DIALECTS_CELL_IR_KERNELINTERFACE_H

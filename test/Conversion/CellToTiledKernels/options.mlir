@@ -12,6 +12,7 @@
 // grid barrier's words as the last two arguments.
 // PERSISTENT: gpu.func @lstm_fwd(
 // PERSISTENT-SAME: %[[WS:[a-z0-9]+]]: memref<?xf32>, %[[BAR:[a-z0-9]+]]: memref<?xi32>) kernel
+// PERSISTENT-SAME: cell.barrier_words = 64 : i64
 // PERSISTENT-SAME: cell.ctas = 1 : i64
 // PERSISTENT-SAME: cell.dynamic_shared_bytes = 4864 : i64
 // PERSISTENT-SAME: #cell.arg<workspace "workspace">, #cell.arg<grid_barrier "grid_barrier">
@@ -21,12 +22,17 @@
 // PERSISTENT: %[[DYN:.*]] = gpu.dynamic_shared_memory
 // The weight slice: 64 rows of 16 columns, padded by one against bank conflicts.
 // PERSISTENT: memref.view %[[DYN]][%{{.*}}][] : {{.*}} to memref<64x17xf32, #gpu.address_space<workgroup>>
-// PERSISTENT: gpu.block_id y
+// A CTA loops over the tiles of its grid row, by the grid's rows.
+// PERSISTENT: %[[ROW:.*]] = gpu.block_id y
 // PERSISTENT: gpu.block_id x
+// PERSISTENT: %[[ROWS:.*]] = gpu.grid_dim y
+// PERSISTENT: scf.for %{{.*}} = %[[ROW]] to %{{.*}} step %[[ROWS]]
 // PERSISTENT: memref.reinterpret_cast %[[WS]]
-// The grid barrier: a fence, the arrival count and the generation word.
-// PERSISTENT: llvm.inline_asm has_side_effects "fence.acq_rel.gpu;"
-// PERSISTENT: memref.atomic_rmw addi %{{.*}}, %[[BAR]]
+// The grid barrier: the generation word read with acquire, then the
+// arrival at the count, both words of the barrier's buffer.
+// PERSISTENT: memref.extract_aligned_pointer_as_index %[[BAR]]
+// PERSISTENT: llvm.inline_asm has_side_effects "ld.acquire.gpu.u32 $0, [$1];"
+// PERSISTENT: llvm.inline_asm has_side_effects "atom.add.acq_rel.gpu.u32 $0, [$1], $2;"
 // PERSISTENT: gpu.func @lstm_bwd(
 //
 // RUN: cellc-opt %t.mlir --convert-cell-to-tiled-kernels="precision=tf32 cta-threads=64 batch-tile=2" \
