@@ -105,6 +105,8 @@ def _library():
                                       P] + err
     lib.cellc_cuda_launch_plan.argtypes = [P, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64,
                                            I64] + err
+    lib.cellc_cuda_device_calls.argtypes = [P, ctypes.c_int32]
+    lib.cellc_cuda_device_calls.restype = P
     lib.cellc_cuda_registers.argtypes = [P, ctypes.c_char_p, ctypes.c_int32,
                                          ctypes.POINTER(ctypes.c_int32)] + err
     _LIB = lib
@@ -361,6 +363,19 @@ class CudaCell:
                          int(kernel.endswith("_bwd")), int(variant == "save"), batch, out)
         return {"grid": (out[0], out[1]), "block": out[2], "shared_bytes": out[3],
                 "cooperative": bool(out[4]), "resident_per_sm": out[5]}
+
+    def device_calls(self, reset=False):
+        """What the device was asked since the last reset, by kind ("launch",
+        "gemm", "copy", "zero", "fill_rows", "mask_past_lengths", ...): in the
+        SIMT emulator, every call a GPU's driver and cuBLAS would get; {} on a
+        GPU, which counts nothing. `reset` starts the count again."""
+        text = self._lib.cellc_cuda_device_calls(self._handle, int(bool(reset)))
+        if not text:
+            raise MemoryError("cellc_cuda_device_calls: out of memory")
+        try:
+            return json.loads(ctypes.string_at(text).decode())
+        finally:
+            self._lib.cellc_cuda_free_text(text)
 
     def registers(self, kernel, variant="save"):
         n = ctypes.c_int32()

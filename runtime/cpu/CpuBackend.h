@@ -13,6 +13,7 @@
 #include "runtime/cpu/Buffers.h"
 #include "runtime/cpu/CpuCell.h"
 #include "runtime/cpu/HostBlas.h"
+#include "runtime/cpu/HostPasses.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/ThreadPool.h"
 
@@ -261,6 +262,26 @@ public:
   driver::Status add(const View &from, const View &to) override {
     host::addColumnSums(dtype, from.pointer(), 1, from.size(), to.pointer());
     return driver::Status();
+  }
+  driver::Status transpose(const View &from, const View &to) override {
+    return runtime::transpose(from, to);
+  }
+  driver::Status upload(const void *from, int64_t bytes, const View &to) override {
+    std::memcpy(to.pointer(), from, size_t(bytes));
+    return driver::Status();
+  }
+  driver::Status maskPastLengths(const View &v, const View &lengths, int64_t first) override {
+    runtime::maskPastLengths(v, static_cast<const int32_t *>(lengths.pointer()), first);
+    return driver::Status();
+  }
+  driver::Status gatherAtLengths(const View &from, int64_t t0, const View &lengths,
+                                 const View &to) override {
+    return runtime::gatherAtLengths(from, t0, static_cast<const int32_t *>(lengths.pointer()),
+                                 to);
+  }
+  driver::Status addAtLengths(const View &from, const View &lengths, int64_t step,
+                              const View &to) override {
+    return runtime::addAtLengths(from, static_cast<const int32_t *>(lengths.pointer()), step, to);
   }
 
 private:

@@ -18,7 +18,7 @@ namespace cellc::cuda {
 using cublasHandle_t = void *;
 using cublasStatus = int;
 constexpr int kOpN = 0, kOpT = 1, kR32F = 0, kR16BF = 14, kCompute32F = 68,
-              kGemmDefault = -1;
+              kCompute32FFastTf32 = 77, kGemmDefault = -1;
 
 struct Cublas::Api {
   cublasStatus (*create)(cublasHandle_t *);
@@ -101,7 +101,7 @@ Cublas &Cublas::get() {
 
 void Cublas::gemm(int device, void *stream, bool transA, bool transB, int64_t m, int64_t n,
                   int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb, bool bf16,
-                  double beta, void *c, int64_t ldc, bool bf16C, void *workspace,
+                  double beta, void *c, int64_t ldc, bool bf16C, bool tf32, void *workspace,
                   int64_t bytes) {
   Api &api = *table;
   auto check = [&](cublasStatus status, const std::string &what) {
@@ -133,21 +133,27 @@ void Cublas::gemm(int device, void *stream, bool transA, bool transB, int64_t m,
   float alpha32 = 1.0f, beta32 = float(beta);
   int ab = bf16 ? kR16BF : kR32F, cType = bf16C ? kR16BF : kR32F;
   int opA = transA ? kOpT : kOpN, opB = transB ? kOpT : kOpN;
-  std::string what = "a GEMM of " + std::to_string(m) + " x " + std::to_string(n) + " x " +
-                     std::to_string(k);
+  // TF32 multiplies f32 operands only; bf16 operands are bf16 products.
+  int compute = tf32 && !bf16 ? kCompute32FFastTf32 : kCompute32F;
+  auto what = [&] {
+    return "a GEMM of " + std::to_string(m) + " x " + std::to_string(n) + " x " +
+           std::to_string(k);
+  };
   if (api.gemmEx64) {
-    check(api.gemmEx64(h->handle, opB, opA, n, m, k, &alpha32, b, ab, ldb, a, ab, lda,
-                       &beta32, c, cType, ldc, kCompute32F, kGemmDefault),
-          what);
+    if (cublasStatus status = api.gemmEx64(h->handle, opB, opA, n, m, k, &alpha32, b, ab,
+                                           ldb, a, ab, lda, &beta32, c, cType, ldc, compute,
+                                           kGemmDefault))
+      check(status, what());
     return;
   }
   for (int64_t v : {m, n, k, lda, ldb, ldc})
     if (v > INT_MAX)
-      throw CudaError(what + " has a size past 2^31, and this cuBLAS (" + path +
+      throw CudaError(what() + " has a size past 2^31, and this cuBLAS (" + path +
                       ") has no cublasGemmEx_64");
-  check(api.gemmEx(h->handle, opB, opA, int(n), int(m), int(k), &alpha32, b, ab, int(ldb), a,
-                   ab, int(lda), &beta32, c, cType, int(ldc), kCompute32F, kGemmDefault),
-        what);
+  if (cublasStatus status = api.gemmEx(h->handle, opB, opA, int(n), int(m), int(k), &alpha32, b,
+                                       ab, int(ldb), a, ab, int(lda), &beta32, c, cType,
+                                       int(ldc), compute, kGemmDefault))
+    check(status, what());
 }
 
 } // namespace cellc::cuda

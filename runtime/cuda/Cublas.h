@@ -26,11 +26,13 @@ public:
 
   /// Row-major `c = op(a) op(b) + beta c` on `stream`, on the current
   /// device: `a` and `b` f32 (`bf16` false) or bf16, `c` f32 or bf16
-  /// (`bf16C`), accumulated in f32 (CUBLAS_COMPUTE_32F: no TF32). The
-  /// handle works in `workspace` (`bytes`).
+  /// (`bf16C`), accumulated in f32: CUBLAS_COMPUTE_32F (strict), or with
+  /// `tf32` CUBLAS_COMPUTE_32F_FAST_TF32 (f32 operands on the tensor cores
+  /// in TF32). The handle works in `workspace` (`bytes`).
   void gemm(int device, void *stream, bool transA, bool transB, int64_t m, int64_t n,
             int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb, bool bf16,
-            double beta, void *c, int64_t ldc, bool bf16C, void *workspace, int64_t bytes);
+            double beta, void *c, int64_t ldc, bool bf16C, bool tf32, void *workspace,
+            int64_t bytes);
 
   struct Api;
 

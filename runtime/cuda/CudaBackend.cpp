@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 using namespace cellc;
 using namespace cellc::cuda;
@@ -92,8 +93,18 @@ Status internal(const std::string &what) {
 } // namespace
 
 CudaBackend::CudaBackend(std::shared_ptr<Device> device, std::string name,
-                         const driver::Interface &cell)
-    : dev(std::move(device)), names{name + "_fwd", name + "_bwd"}, cell(cell) {}
+                         const driver::Interface &cell, Gemms gemms)
+    : dev(std::move(device)), names{name + "_fwd", name + "_bwd"}, cell(cell), gemms(gemms) {}
+
+CudaBackend::Gemms CudaBackend::gemmsFor(const std::string &arch, const std::string &precision) {
+  Gemms g;
+  int sm = 0;
+  if (arch.rfind("sm_", 0) == 0)
+    sm = std::atoi(arch.c_str() + 3);
+  g.workspaceBytes = sm >= 90 ? kHopperGemmWorkspaceBytes : kGemmWorkspaceBytes;
+  g.tf32 = precision == "tf32";
+  return g;
+}
 
 void CudaBackend::beginDry() {
   dry = true;
@@ -101,6 +112,7 @@ void CudaBackend::beginDry() {
   base = kDryBase;
   arena.reset(-1);
   gemmWorkspace = -1;
+  converted.clear();
 }
 
 Status CudaBackend::beginCall(void *workspace, int64_t bytes, void *stream) {
@@ -109,6 +121,7 @@ Status CudaBackend::beginCall(void *workspace, int64_t bytes, void *stream) {
   base = static_cast<char *>(workspace);
   arena.reset(workspace ? bytes : 0);
   gemmWorkspace = -1;
+  converted.clear();
   Status begun = dev->begin(stream);
   onDevice = !begun;
   return begun;
@@ -118,6 +131,9 @@ Status CudaBackend::endCall() {
   if (gemmWorkspace >= 0)
     arena.release(gemmWorkspace);
   gemmWorkspace = -1;
+  for (const auto &[key, offset] : converted)
+    arena.release(offset);
+  converted.clear();
   inCall = false;
   if (onDevice)
     dev->end();
@@ -277,32 +293,34 @@ Status CudaBackend::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t
                     " into " + elementName(ec));
   if (gemmWorkspace < 0) {
     void *unused;
-    if (Status e = place(kGemmWorkspaceBytes, unused, gemmWorkspace))
+    if (Status e = place(gemms.workspaceBytes, unused, gemmWorkspace))
       return e;
   }
   // Both operands in a's type, as the products of torch's mixed-precision
   // GEMMs are: b converted into the workspace, its rows `ldb` apart as they
-  // were.
+  // were, once a call (b is a weight, the same in every GEMM that reads it).
   const void *pb = b.pointer();
-  int64_t converted = -1;
   if (eb != ea) {
     int64_t rowsB = transB ? n : k, colsB = transB ? k : n;
     int64_t span = (rowsB - 1) * ldb + colsB;
-    void *to = nullptr;
-    if (Status e = place(span * driver::bytesOf(ea), to, converted))
-      return e;
-    if (!dry)
-      if (Status e = dev->convert(pb, eb, to, ea, span))
+    auto key = std::make_tuple(pb, int(ea), span);
+    auto known = converted.find(key);
+    if (known == converted.end()) {
+      void *to = nullptr;
+      int64_t offset = -1;
+      if (Status e = place(span * driver::bytesOf(ea), to, offset))
         return e;
-    pb = to;
+      if (!dry)
+        if (Status e = dev->convert(pb, eb, to, ea, span))
+          return e;
+      known = converted.emplace(key, offset).first;
+    }
+    pb = base + known->second;
   }
-  Status status;
-  if (!dry)
-    status = dev->gemm(transA, transB, m, n, k, a.pointer(), lda, pb, ldb, ea, beta,
-                       c.pointer(), ldc, ec, base + gemmWorkspace, kGemmWorkspaceBytes);
-  if (converted >= 0)
-    arena.release(converted);
-  return status;
+  if (dry)
+    return Status();
+  return dev->gemm(transA, transB, m, n, k, a.pointer(), lda, pb, ldb, ea, beta, c.pointer(),
+                   ldc, ec, gemms.tf32, base + gemmWorkspace, gemms.workspaceBytes);
 }
 
 Status CudaBackend::columnSums(const View &m, int64_t rows, int64_t cols, const View &acc) {
@@ -371,4 +389,60 @@ Status CudaBackend::add(const View &from, const View &to) {
     return Status();
   return dev->accumulate(from.pointer(), from.element(), to.pointer(), to.element(),
                          from.size());
+}
+
+Status CudaBackend::upload(const void *host, int64_t bytes, const View &to) {
+  if (dry || bytes == 0)
+    return Status();
+  return dev->upload(host, to.pointer(), bytes);
+}
+
+Status CudaBackend::maskPastLengths(const View &v, const View &lengths, int64_t first) {
+  if (v.shape.size() != 3 || lengths.element() != Element::I32)
+    return internal("rows masked past lengths in a view of " + driver::shapeString(v.shape));
+  if (dry || v.size() == 0)
+    return Status();
+  return dev->maskPastLengths(v.pointer(), v.element(), v.shape[0], v.shape[1], v.shape[2],
+                              static_cast<const int32_t *>(lengths.pointer()), first);
+}
+
+Status CudaBackend::gatherAtLengths(const View &from, int64_t t0, const View &lengths,
+                                    const View &to) {
+  bool steps = from.shape.size() == 3;
+  if (to.shape.size() != 2 || from.shape.size() < 2 || lengths.element() != Element::I32 ||
+      from.shape[steps ? 1 : 0] != to.shape[0] || from.shape.back() != to.shape[1] ||
+      !floating(from.element()) || !floating(to.element()))
+    return internal("rows gathered from " + driver::shapeString(from.shape) + " into " +
+                    driver::shapeString(to.shape));
+  if (dry || to.size() == 0)
+    return Status();
+  return dev->gatherAtLengths(from.pointer(), from.element(), steps ? from.shape[0] : 1,
+                              to.shape[0], to.shape[1], t0,
+                              static_cast<const int32_t *>(lengths.pointer()), to.pointer(),
+                              to.element());
+}
+
+Status CudaBackend::addAtLengths(const View &from, const View &lengths, int64_t step,
+                                 const View &to) {
+  if (from.shape != to.shape || to.shape.size() != 2 || from.element() != Element::F32 ||
+      to.element() != Element::F32 || lengths.element() != Element::I32)
+    return internal("rows added at lengths from " + driver::shapeString(from.shape) + " " +
+                    elementName(from.element()) + " into " + driver::shapeString(to.shape));
+  if (dry || to.size() == 0)
+    return Status();
+  return dev->addAtLengths(static_cast<const float *>(from.pointer()), to.shape[0],
+                           to.shape[1], static_cast<const int32_t *>(lengths.pointer()), step,
+                           static_cast<float *>(to.pointer()));
+}
+
+Status CudaBackend::transpose(const View &from, const View &to) {
+  if (from.shape.size() != 2 || to.shape.size() != 2 || from.shape[0] != to.shape[1] ||
+      from.shape[1] != to.shape[0] || from.element() != to.element() ||
+      !floating(from.element()))
+    return internal("a transpose of " + driver::shapeString(from.shape) + " into " +
+                    driver::shapeString(to.shape));
+  if (dry || from.size() == 0)
+    return Status();
+  return dev->transpose(from.pointer(), to.pointer(), from.shape[0], from.shape[1],
+                        from.element());
 }

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace cellc::cuda {
@@ -47,17 +48,30 @@ private:
   std::map<int64_t, int64_t> free, used;
 };
 
+/// How a call's GEMMs run: the bytes of its workspace that the GEMM
+/// library gets (cuBLAS's workspace, set for each call, so that it
+/// allocates none of its own and a call can be captured in a CUDA graph),
+/// and whether f32 products run in TF32 (a tf32 package's).
+struct GemmSetup {
+  static constexpr int64_t kWorkspaceBytes = int64_t(4) << 20;
+  int64_t workspaceBytes = kWorkspaceBytes;
+  bool tf32 = false;
+};
+
 /// The sequence driver's backend over a Device.
 class CudaBackend : public driver::Backend {
 public:
+  using Gemms = GemmSetup;
+  /// cuBLAS's guidance: 32 MiB on Hopper (sm_90) and later, 4 MiB before.
+  static constexpr int64_t kGemmWorkspaceBytes = GemmSetup::kWorkspaceBytes;
+  static constexpr int64_t kHopperGemmWorkspaceBytes = int64_t(32) << 20;
+  /// The GEMMs of a package for `arch` ("sm_90") at `precision` ("tf32").
+  static Gemms gemmsFor(const std::string &arch, const std::string &precision);
+
   /// Runs the kernels of `cell` (named `<name>_fwd` and `_bwd`, with the
   /// launch facts in its Kernels) on `device`.
-  CudaBackend(std::shared_ptr<Device> device, std::string name, const driver::Interface &cell);
-
-  /// Bytes of a call's workspace that the GEMM library gets (cuBLAS's
-  /// workspace, set for each call, so that it allocates none of its own and
-  /// a call can be captured in a CUDA graph).
-  static constexpr int64_t kGemmWorkspaceBytes = int64_t(4) << 20;
+  CudaBackend(std::shared_ptr<Device> device, std::string name, const driver::Interface &cell,
+              Gemms gemms = Gemms());
   /// Rows per part of the first pass of column sums (at most kMaxParts).
   static constexpr int64_t kRowsPerPart = 2048, kMaxParts = 64;
 
@@ -93,6 +107,14 @@ public:
                   const std::vector<driver::View> &vectors) override;
   Status copy(const driver::View &from, const driver::View &to) override;
   Status add(const driver::View &from, const driver::View &to) override;
+  Status upload(const void *host, int64_t bytes, const driver::View &to) override;
+  Status transpose(const driver::View &from, const driver::View &to) override;
+  Status maskPastLengths(const driver::View &v, const driver::View &lengths,
+                         int64_t first) override;
+  Status gatherAtLengths(const driver::View &from, int64_t t0, const driver::View &lengths,
+                         const driver::View &to) override;
+  Status addAtLengths(const driver::View &from, const driver::View &lengths, int64_t step,
+                      const driver::View &to) override;
 
 private:
   /// A launch's grid and sizes (`admitLaunch`).
@@ -109,9 +131,14 @@ private:
   bool dry = false, inCall = false;
   /// Whether the call made the device current (`Device::begin`).
   bool onDevice = false;
+  Gemms gemms;
   /// The GEMM library's workspace, placed at the call's first GEMM (-1:
   /// none yet).
   int64_t gemmWorkspace = -1;
+  /// A GEMM operand converted to the other's type (a param, f32, as bf16
+  /// next to bf16 sequences), kept for the call: each weight is converted
+  /// once a call, not once a GEMM. By (data, element, span).
+  std::map<std::tuple<const void *, int, int64_t>, int64_t> converted;
 };
 
 } // namespace cellc::cuda

@@ -328,6 +328,17 @@ int cellc_cuda_launch_plan(void *cell, int32_t backward, int32_t save_gates, int
   });
 }
 
+char *cellc_cuda_device_calls(void *cell, int32_t reset) {
+  std::string text = "{";
+  for (const auto &[kind, count] : static_cast<cuda::CudaCell *>(cell)->deviceCalls(reset != 0))
+    text += (text.size() > 1 ? ", " : "") + quoted(kind) + ": " + std::to_string(count);
+  text += "}";
+  char *out = static_cast<char *>(std::malloc(text.size() + 1));
+  if (out)
+    std::memcpy(out, text.c_str(), text.size() + 1);
+  return out;
+}
+
 int cellc_cuda_registers(void *cell, const char *kernel, int32_t save_gates,
                          int32_t *registers, char *error, size_t size) {
   return catchErrors(error, size, [&] {

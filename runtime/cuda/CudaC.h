@@ -127,6 +127,12 @@ int cellc_cuda_launch(void *cell, int32_t backward, int32_t save_gates,
 int cellc_cuda_launch_plan(void *cell, int32_t backward, int32_t save_gates, int64_t batch,
                            int64_t *out, char *error, size_t size);
 
+/* What the device was asked since the last reset (`reset` nonzero: reset
+ * now), by kind, as JSON text (free it with cellc_cuda_free_text): the
+ * SIMT emulator counts every launch, GEMM, copy, memset and runtime kernel;
+ * a GPU counts nothing ({}). */
+char *cellc_cuda_device_calls(void *cell, int32_t reset);
+
 /* Registers per thread of `kernel` in a variant, from the driver (GPU). */
 int cellc_cuda_registers(void *cell, const char *kernel, int32_t save_gates,
                          int32_t *registers, char *error, size_t size);

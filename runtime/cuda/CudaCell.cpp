@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <sys/stat.h>
 #include <sstream>
 #include <tuple>
 
@@ -44,6 +45,15 @@ Status readText(const std::string &path, std::string &out) {
   return Status();
 }
 
+/// Whether the file at `path` exists and was written no earlier than `than`.
+bool newerOrSame(const std::string &path, const std::string &than) {
+  struct stat a, b;
+  if (stat(path.c_str(), &a) != 0 || stat(than.c_str(), &b) != 0)
+    return false;
+  return std::make_pair(a.st_mtim.tv_sec, a.st_mtim.tv_nsec) >=
+         std::make_pair(b.st_mtim.tv_sec, b.st_mtim.tv_nsec);
+}
+
 /// `a * b`, or false where it passes int64.
 bool multiply(int64_t a, int64_t b, int64_t &out) { return !__builtin_mul_overflow(a, b, &out); }
 
@@ -67,12 +77,15 @@ Status CudaCell::open(const driver::PackageInfo &package, int deviceIndex, uint6
     } else {
       // Each variant's PTX, or the cubin that ptxas made of it beside it
       // (`<variant>.ptx.cubin`, bench/gpu/run.sh): loaded as it is, where
-      // it is for this GPU, instead of the driver compiling the PTX.
+      // it is for this GPU, instead of the driver compiling the PTX. A cubin
+      // older than its PTX is another PTX's (its parameters may differ):
+      // not loaded.
       std::string ptx[2], cubin[2];
       for (int v = 0; v < 2; ++v) {
-        if (Status e = readText(package.directory + "/" + package.objects[v], ptx[v]))
+        std::string path = package.directory + "/" + package.objects[v];
+        if (Status e = readText(path, ptx[v]))
           return e;
-        if (readText(package.directory + "/" + package.objects[v] + ".cubin", cubin[v]))
+        if (!newerOrSame(path + ".cubin", path) || readText(path + ".cubin", cubin[v]))
           cubin[v].clear();
       }
       std::vector<std::string> kernels = {package.cell + "_fwd", package.cell + "_bwd"};
@@ -89,8 +102,9 @@ Status CudaCell::open(const driver::PackageInfo &package, int deviceIndex, uint6
   } catch (const std::exception &e) {
     return Status::error(e.what());
   }
-  cell->backend = std::make_shared<CudaBackend>(cell->device, package.cell,
-                                                cell->info.interface);
+  cell->backend = std::make_shared<CudaBackend>(
+      cell->device, package.cell, cell->info.interface,
+      CudaBackend::gemmsFor(package.arch, package.precision));
   cell->driver = std::make_unique<driver::SequenceDriver>(cell->info.interface, cell->backend);
   out = std::move(cell);
   return Status();
@@ -121,8 +135,15 @@ int64_t CudaCell::pieceRows(Recompute mode, int64_t steps, int64_t batch,
     projected += p.rows * driver::bytesOf(p.element);
   if (projected == 0)
     return all;
-  int64_t pieceSteps = std::clamp<int64_t>(steps * kept / projected, 1, steps);
-  return pieceSteps * std::max<int64_t>(batch, 1);
+  // A floor: a piece of at least kPieceRows rows (GEMMs worth a launch) and
+  // at most kMaxPieces pieces a sequence, so that the launches and GEMMs of
+  // a call do not grow with T, even where full keeps nothing beside the
+  // outputs (a GRU's, whose states are all outputs).
+  int64_t rows = std::max<int64_t>(batch, 1);
+  int64_t floor = std::max((driver::SequenceDriver::kPieceRows + rows - 1) / rows,
+                           (steps + kMaxPieces - 1) / kMaxPieces);
+  int64_t pieceSteps = std::clamp<int64_t>(std::max(steps * kept / projected, floor), 1, steps);
+  return pieceSteps * rows;
 }
 
 Status CudaCell::checkElements(const Call &call, bool backward) const {
@@ -165,6 +186,44 @@ Status CudaCell::checkElements(const Call &call, bool backward) const {
   return Status();
 }
 
+std::string CudaCell::layoutKey(const Call &call, bool backward) {
+  // What decides the buffers a call places and their order: the kind of
+  // call, its extent and lengths, which tensors are given (and their types
+  // and shapes), and which params are the same tensor (a weight converted
+  // once a call, CudaBackend::gemm).
+  std::ostringstream key;
+  key << backward << ' ' << call.mode.str() << ' ' << call.seq.steps << ' ' << call.seq.batch
+      << ' ' << call.training << ' ' << call.seq.resets.valid() << " L";
+  for (int64_t length : call.seq.lengths)
+    key << ' ' << length;
+  auto views = [&](const char *what, const std::vector<View> &list, bool pointers) {
+    key << ' ' << what;
+    for (const View &v : list) {
+      key << ' ' << v.valid();
+      if (!v.valid())
+        continue;
+      key << ':' << int(v.element());
+      for (int64_t d : v.shape)
+        key << 'x' << d;
+      if (pointers)
+        key << '@' << v.pointer();
+    }
+  };
+  views("i", call.seq.inputs, false);
+  views("p", call.seq.params, true);
+  views("s", call.seq.initialStates, false);
+  views("o", call.outputs, false);
+  views("f", call.finals, false);
+  views("k", call.kept, false);
+  views("go", call.gradOutputs, false);
+  views("gf", call.gradFinals, false);
+  views("gi", call.gradInputs, false);
+  views("gp", call.gradParams, false);
+  views("gs", call.gradInitial, false);
+  views("u", call.unreadGrads, false);
+  return key.str();
+}
+
 template <typename F>
 Status CudaCell::twice(Call &call, bool backward, bool &tooSmall, F &&body) {
   tooSmall = false;
@@ -182,21 +241,45 @@ Status CudaCell::twice(Call &call, bool backward, bool &tooSmall, F &&body) {
   std::lock_guard<std::mutex> guard(lock);
   driver->setPieceRows(pieceRows(call.mode, call.seq.steps, call.seq.batch,
                                  !call.seq.lengths.empty()));
-  backend->beginDry();
-  Status dry = body();
-  Status ended = backend->endCall();
-  if (dry)
-    return dry;
-  if (ended)
-    return ended;
-  call.needed = backend->used();
+  // The dry run's measure, once per kind of call: a call like one before it
+  // places the same buffers in the same order, wherever its workspace is.
+  std::string key = layoutKey(call, backward);
+  auto known = layouts.find(key);
+  if (known != layouts.end()) {
+    call.needed = known->second;
+  } else {
+    backend->beginDry();
+    Status dry;
+    try {
+      dry = body();
+    } catch (const std::exception &e) {
+      dry = Status::error(e.what());
+    }
+    Status ended = backend->endCall();
+    if (dry)
+      return dry;
+    if (ended)
+      return ended;
+    call.needed = backend->used();
+    if (layouts.size() >= kLayouts)
+      layouts.clear();
+    layouts.emplace(std::move(key), call.needed);
+  }
   if (call.needed > call.workspaceBytes) {
     tooSmall = true;
     return Status();
   }
+  Status ended;
   Status run = backend->beginCall(call.workspace, call.workspaceBytes, call.stream);
-  if (!run)
-    run = body();
+  // An exception from the host code (out of memory) still ends the call:
+  // the context it pushed is popped.
+  if (!run) {
+    try {
+      run = body();
+    } catch (const std::exception &e) {
+      run = Status::error(e.what());
+    }
+  }
   ended = backend->endCall();
   lastWorkspace[backward] = backend->used();
   return run ? run : ended;
@@ -326,6 +409,11 @@ Status CudaCell::admitLaunch(bool backward, bool saveGates, int64_t batch, Launc
   if (Status e = backend->admitLaunch(backward, saveGates, batch, spec))
     return e;
   return device->residency(spec, fits);
+}
+
+std::vector<std::pair<std::string, int64_t>> CudaCell::deviceCalls(bool reset) {
+  std::lock_guard<std::mutex> guard(lock);
+  return device->calls(reset);
 }
 
 Status CudaCell::registers(const std::string &kernel, bool saveGates, int &out) {

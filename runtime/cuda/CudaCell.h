@@ -15,6 +15,7 @@
 #include "runtime/cuda/CudaBackend.h"
 #include "runtime/driver/Package.h"
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +27,8 @@ class CudaCell {
 public:
   /// The device that runs the kernels in the SIMT emulator.
   static constexpr int kEmulator = -1;
+  /// The most pieces a full call's sequence is cut into.
+  static constexpr int64_t kMaxPieces = 8;
 
   /// Loads `package`'s kernels on GPU `device` (its PTX), or in the
   /// emulator (its SIMT objects; `shuffleSeed` nonzero shuffles the
@@ -71,7 +74,8 @@ public:
 
   /// Rows per piece on the device: the whole sequence in none and chunk:K
   /// (where a chunk bounds the pieces), and in full the longest span whose
-  /// projections take no more than what full keeps of the sequence.
+  /// projections take no more than what full keeps of the sequence, but at
+  /// least kPieceRows rows and a kMaxPieces-th of the sequence.
   int64_t pieceRows(driver::Recompute mode, int64_t steps, int64_t batch,
                     bool hasLengths) const;
 
@@ -84,6 +88,8 @@ public:
   /// the device would refuse it. Nothing runs.
   Status admitLaunch(bool backward, bool saveGates, int64_t batch, LaunchSpec &spec,
                      Residency &fits);
+  /// What the device was asked since the last reset (Device::calls).
+  std::vector<std::pair<std::string, int64_t>> deviceCalls(bool reset);
   /// Registers per thread of `kernel` in a variant (GPU only).
   Status registers(const std::string &kernel, bool saveGates, int &out);
 
@@ -93,8 +99,14 @@ public:
 
 private:
   CudaCell() = default;
-  /// Runs `body` dry, then (where the workspace suffices) for real.
+  /// Runs `body` dry (once per kind of call: `layouts`), then where the
+  /// workspace suffices for real.
   template <typename F> Status twice(Call &call, bool backward, bool &tooSmall, F &&body);
+  /// What makes two calls place the same buffers in the same order.
+  static std::string layoutKey(const Call &call, bool backward);
+  /// The workspace each kind of call needs, from its dry run.
+  std::map<std::string, int64_t> layouts;
+  static constexpr size_t kLayouts = 256;
   /// The element types of the call's tensors, against the cell's.
   Status checkElements(const Call &call, bool backward) const;
 

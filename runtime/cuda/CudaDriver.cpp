@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <dlfcn.h>
 #include <mutex>
 #include <string>
@@ -31,6 +32,7 @@ struct Driver::Api {
   CUresult (*cuCtxPushCurrent)(CUcontext);
   CUresult (*cuCtxPopCurrent)(CUcontext *);
   CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuCtxSynchronize)();
   CUresult (*cuModuleLoadDataEx)(CUmodule *, const void *, unsigned, int *,
                                  void **);
   CUresult (*cuModuleUnload)(CUmodule);
@@ -50,6 +52,7 @@ struct Driver::Api {
   CUresult (*cuGetErrorString)(CUresult, const char **);
   CUresult (*cuMemsetD8Async)(unsigned long long, unsigned char, size_t, CUstream);
   CUresult (*cuMemcpyDtoDAsync)(unsigned long long, unsigned long long, size_t, CUstream);
+  CUresult (*cuMemcpyHtoDAsync)(unsigned long long, const void *, size_t, CUstream);
 };
 
 Driver::Driver() : table(std::make_unique<Api>()) {
@@ -71,6 +74,7 @@ Driver::Driver() : table(std::make_unique<Api>()) {
   resolve(a.cuCtxPushCurrent, "cuCtxPushCurrent_v2");
   resolve(a.cuCtxPopCurrent, "cuCtxPopCurrent_v2");
   resolve(a.cuStreamSynchronize, "cuStreamSynchronize");
+  resolve(a.cuCtxSynchronize, "cuCtxSynchronize");
   resolve(a.cuModuleLoadDataEx, "cuModuleLoadDataEx");
   resolve(a.cuModuleUnload, "cuModuleUnload");
   resolve(a.cuModuleGetFunction, "cuModuleGetFunction");
@@ -85,6 +89,7 @@ Driver::Driver() : table(std::make_unique<Api>()) {
   resolve(a.cuGetErrorString, "cuGetErrorString");
   resolve(a.cuMemsetD8Async, "cuMemsetD8Async");
   resolve(a.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
+  resolve(a.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
   CUresult init = a.cuInit(0);
   int count = 0;
   if (init != 0 || a.cuDeviceGetCount(&count) != 0 || count == 0)
@@ -152,12 +157,24 @@ ContextScope::~ContextScope() {
 }
 
 std::vector<std::string> ptxEntries(const std::string &ptx) {
+  // A line `[.visible|.weak] .entry NAME(` (not a comment's words).
   std::vector<std::string> names;
-  for (size_t at = ptx.find(".entry "); at != std::string::npos;
-       at = ptx.find(".entry ", at + 1)) {
-    size_t begin = at + 7, end = ptx.find_first_of("( \n", begin);
-    if (end != std::string::npos && end > begin)
-      names.push_back(ptx.substr(begin, end - begin));
+  size_t line = 0;
+  while (line < ptx.size()) {
+    size_t end = ptx.find('\n', line);
+    if (end == std::string::npos)
+      end = ptx.size();
+    size_t at = ptx.find_first_not_of(" \t", line);
+    for (const char *linkage : {".visible ", ".weak "})
+      if (at < end && ptx.compare(at, std::strlen(linkage), linkage) == 0)
+        at = ptx.find_first_not_of(" \t", at + std::strlen(linkage));
+    if (at < end && ptx.compare(at, 7, ".entry ") == 0) {
+      size_t begin = ptx.find_first_not_of(" \t", at + 7);
+      size_t stop = ptx.find_first_of("( \t\n", begin);
+      if (begin < end && stop > begin)
+        names.push_back(ptx.substr(begin, std::min(stop, end) - begin));
+    }
+    line = end + 1;
   }
   return names;
 }
@@ -171,6 +188,11 @@ void Driver::copy(const void *from, void *to, size_t bytes, void *stream) const 
   if (int r = table->cuMemcpyDtoDAsync(reinterpret_cast<uintptr_t>(to),
                                        reinterpret_cast<uintptr_t>(from), bytes, stream))
     check(r, "copying " + std::to_string(bytes) + " bytes (cuMemcpyDtoDAsync)");
+}
+
+void Driver::upload(const void *host, void *to, size_t bytes, void *stream) const {
+  if (int r = table->cuMemcpyHtoDAsync(reinterpret_cast<uintptr_t>(to), host, bytes, stream))
+    check(r, "copying " + std::to_string(bytes) + " bytes to the device (cuMemcpyHtoDAsync)");
 }
 
 Module::Module(int device, const std::string &image, const std::vector<std::string> &kernels)
@@ -208,12 +230,14 @@ Module::~Module() {
   if (!module)
     return;
   // From whatever thread drops the last reference (Python's collector):
-  // the module's own context, and none of its kernels still to run.
+  // the module's own context, and none of its kernels still to run (the
+  // context's work, not a stream's: the stream of its last launch may be
+  // gone).
   try {
     Driver &d = Driver::get();
     d.push(context);
     if (launched)
-      d.api().cuStreamSynchronize(lastStream);
+      d.api().cuCtxSynchronize();
     d.api().cuModuleUnload(module);
     d.pop();
   } catch (const CudaError &) {
@@ -275,7 +299,6 @@ void Module::launch(const std::string &kernel, unsigned gridX, unsigned gridY,
   Driver &d = Driver::get();
   {
     std::lock_guard<std::mutex> guard(lock);
-    lastStream = stream;
     launched = true;
   }
   // The message is built only on failure: a call launches many kernels.

@@ -53,6 +53,8 @@ public:
   /// never waited for.
   void zero(void *data, size_t bytes, void *stream) const;
   void copy(const void *from, void *to, size_t bytes, void *stream) const;
+  /// Host memory to the device, on `stream`.
+  void upload(const void *host, void *to, size_t bytes, void *stream) const;
 
   struct Api;
   const Api &api() const { return *table; }
@@ -87,8 +89,7 @@ public:
   /// call loads code (CUDA 12.2+ loads a module's functions lazily, at
   /// their first look-up, which may allocate outside the caller's pool).
   Module(int device, const std::string &image, const std::vector<std::string> &kernels);
-  /// Unloads in the module's context, after the work of the last stream it
-  /// launched on.
+  /// Unloads in the module's context, after the context's work.
   ~Module();
   Module(const Module &) = delete;
   Module &operator=(const Module &) = delete;
@@ -118,8 +119,7 @@ private:
   int device;
   void *context = nullptr;
   void *module = nullptr;
-  /// The stream of the last launch, which the unload waits for.
-  void *lastStream = nullptr;
+  /// Whether a kernel was launched, which the unload waits for.
   bool launched = false;
   /// Guards the maps below: cells on one device share a module (the
   /// runtime's own kernels), and calls come from several threads.

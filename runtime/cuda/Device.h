@@ -96,11 +96,13 @@ public:
   virtual Status launch(const LaunchSpec &spec) = 0;
   /// Row-major `c = op(a) op(b) + beta c`, with `a` and `b` of the element
   /// type `ab` (F32 or BF16) and `c` of `ce` (F32 or BF16), accumulated in
-  /// f32. `workspace` (`workspaceBytes`) is the GEMM library's for the call.
+  /// f32; f32 operands multiplied in TF32 where `tf32` (a tf32 package's:
+  /// CUBLAS_COMPUTE_32F_FAST_TF32), else in strict f32. `workspace`
+  /// (`workspaceBytes`) is the GEMM library's for the call.
   virtual Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                       const void *a, int64_t lda, const void *b, int64_t ldb, Element ab,
-                      double beta, void *c, int64_t ldc, Element ce, void *workspace,
-                      int64_t workspaceBytes) = 0;
+                      double beta, void *c, int64_t ldc, Element ce, bool tf32,
+                      void *workspace, int64_t workspaceBytes) = 0;
   virtual Status zero(void *data, int64_t bytes) = 0;
   virtual Status copyBytes(const void *from, void *to, int64_t bytes) = 0;
   /// `to[i] = from[i]`, converted; F32 and BF16.
@@ -119,6 +121,27 @@ public:
   /// `partials` (`parts x cols` f32), then their sum.
   virtual Status columnSums(const void *m, Element element, int64_t rows, int64_t cols,
                             int64_t parts, int64_t per, float *partials, float *acc) = 0;
+  /// `to` ([cols, rows]) = `from` ([rows, cols]) transposed.
+  virtual Status transpose(const void *from, void *to, int64_t rows, int64_t cols,
+                           Element element) = 0;
+  /// `bytes` of host memory into `to`, on the call's stream.
+  virtual Status upload(const void *host, void *to, int64_t bytes) = 0;
+  /// driver::Backend's passes over per-sample lengths ([B] int32 on the
+  /// device), one launch each: rows of `v` ([len, B, n]) past their length
+  /// zeroed; `to[b] = from[lengths[b] - 1 - t0, b]` where that step is one
+  /// of `from`'s `len` ([B, n] `to`); `to[b] += from[b]` where a sample's
+  /// last step is `step`.
+  virtual Status maskPastLengths(void *v, Element e, int64_t len, int64_t B, int64_t n,
+                                 const int32_t *lengths, int64_t first) = 0;
+  virtual Status gatherAtLengths(const void *from, Element fromElement, int64_t len,
+                                 int64_t B, int64_t n, int64_t t0, const int32_t *lengths,
+                                 void *to, Element toElement) = 0;
+  virtual Status addAtLengths(const float *from, int64_t B, int64_t n, const int32_t *lengths,
+                              int64_t step, float *to) = 0;
+
+  /// What the device was asked since the last reset, by kind (launch, gemm,
+  /// zero, copy, ...), where it counts (the emulator does).
+  virtual std::vector<std::pair<std::string, int64_t>> calls(bool reset) { return {}; }
 };
 
 } // namespace cellc::cuda

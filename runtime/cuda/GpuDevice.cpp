@@ -19,12 +19,13 @@ const char *const kHostKernels =
     ;
 
 /// The runtime's kernels on `device`, loaded with the first cell there and
-/// kept, every kernel resolved.
+/// kept, every kernel resolved. Kept to the end of the process, and not
+/// unloaded then: the driver may be gone before static destructors run.
 Module &hostKernels(int device) {
   static std::mutex lock;
-  static std::map<int, std::unique_ptr<Module>> modules;
+  static auto *modules = new std::map<int, std::unique_ptr<Module>>();
   std::lock_guard<std::mutex> guard(lock);
-  std::unique_ptr<Module> &module = modules[device];
+  std::unique_ptr<Module> &module = (*modules)[device];
   if (!module)
     module = std::make_unique<Module>(device, kHostKernels, ptxEntries(kHostKernels));
   return *module;
@@ -111,12 +112,12 @@ Status GpuDevice::launch(const LaunchSpec &spec) {
 
 Status GpuDevice::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                        const void *a, int64_t lda, const void *b, int64_t ldb, Element ab,
-                       double beta, void *c, int64_t ldc, Element ce, void *workspace,
-                       int64_t workspaceBytes) {
+                       double beta, void *c, int64_t ldc, Element ce, bool tf32,
+                       void *workspace, int64_t workspaceBytes) {
   return guarded([&] {
     Cublas::get().gemm(device, stream, transA, transB, m, n, k, a, lda, b, ldb,
-                       ab == Element::BF16, beta, c, ldc, ce == Element::BF16, workspace,
-                       workspaceBytes);
+                       ab == Element::BF16, beta, c, ldc, ce == Element::BF16, tf32,
+                       workspace, workspaceBytes);
   });
 }
 
@@ -182,4 +183,51 @@ Status GpuDevice::columnSums(const void *m, Element element, int64_t rows, int64
     return e;
   void *second[] = {&partials, &count, &c, &acc};
   return runHostKernel("cellc_rt_column_fold", cols, second);
+}
+
+Status GpuDevice::upload(const void *host, void *to, int64_t bytes) {
+  // From pageable memory: the driver stages it before returning, with no
+  // wait on the device.
+  return guarded([&] { Driver::get().upload(host, to, size_t(bytes), stream); });
+}
+
+Status GpuDevice::maskPastLengths(void *v, Element e, int64_t len, int64_t B, int64_t n,
+                                  const int32_t *lengths, int64_t first) {
+  long long l = len, b = B, c = n, from = first;
+  void *params[] = {&v, &l, &b, &c, &lengths, &from};
+  return runHostKernel(std::string("cellc_rt_mask_past_lengths_") + suffix(e), len * B * n,
+                       params);
+}
+
+Status GpuDevice::gatherAtLengths(const void *from, Element fromElement, int64_t len,
+                                  int64_t B, int64_t n, int64_t t0, const int32_t *lengths,
+                                  void *to, Element toElement) {
+  if (toElement != Element::F32)
+    return Status::error("internal error: final states gathered into bf16");
+  long long l = len, b = B, c = n, first = t0;
+  void *params[] = {&from, &l, &b, &c, &first, &lengths, &to};
+  return runHostKernel(std::string("cellc_rt_gather_at_lengths_") + suffix(fromElement) +
+                           "_f32",
+                       B * n, params);
+}
+
+Status GpuDevice::addAtLengths(const float *from, int64_t B, int64_t n, const int32_t *lengths,
+                               int64_t step, float *to) {
+  long long b = B, c = n, at = step;
+  void *params[] = {&from, &b, &c, &lengths, &at, &to};
+  return runHostKernel("cellc_rt_add_at_lengths", B * n, params);
+}
+
+Status GpuDevice::transpose(const void *from, void *to, int64_t rows, int64_t cols,
+                            Element element) {
+  // 32 x 32 tiles through shared memory: both sides read and written along
+  // rows.
+  long long r = rows, c = cols;
+  void *params[] = {&from, &to, &r, &c};
+  int64_t tiles = (cols + 31) / 32;
+  return guarded([&] {
+    host->launch(std::string("cellc_rt_transpose_") + suffix(element), unsigned(tiles),
+                 unsigned(std::min<int64_t>((rows + 31) / 32, 65535)), kThreads, 0, false,
+                 stream, params);
+  });
 }

@@ -38,7 +38,8 @@ public:
   Status launch(const LaunchSpec &spec) override;
   Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const void *a,
               int64_t lda, const void *b, int64_t ldb, Element ab, double beta, void *c,
-              int64_t ldc, Element ce, void *workspace, int64_t workspaceBytes) override;
+              int64_t ldc, Element ce, bool tf32, void *workspace,
+              int64_t workspaceBytes) override;
   Status zero(void *data, int64_t bytes) override;
   Status copyBytes(const void *from, void *to, int64_t bytes) override;
   Status convert(const void *from, Element fromElement, void *to, Element toElement,
@@ -49,6 +50,16 @@ public:
                   const std::vector<const float *> &vectors) override;
   Status columnSums(const void *m, Element element, int64_t rows, int64_t cols,
                     int64_t parts, int64_t per, float *partials, float *acc) override;
+  Status transpose(const void *from, void *to, int64_t rows, int64_t cols,
+                   Element element) override;
+  Status upload(const void *host, void *to, int64_t bytes) override;
+  Status maskPastLengths(void *v, Element e, int64_t len, int64_t B, int64_t n,
+                         const int32_t *lengths, int64_t first) override;
+  Status gatherAtLengths(const void *from, Element fromElement, int64_t len, int64_t B,
+                         int64_t n, int64_t t0, const int32_t *lengths, void *to,
+                         Element toElement) override;
+  Status addAtLengths(const float *from, int64_t B, int64_t n, const int32_t *lengths,
+                      int64_t step, float *to) override;
 
 private:
   /// Runs one of the runtime's kernels over `n` elements (grid-strided).

@@ -2,7 +2,9 @@
 //
 // What the sequence driver asks of a backend besides the cell's kernels and
 // its GEMMs: converting copies, sums into a buffer, rows filled from the
-// biases, and column sums (the biases' gradients), in f32 and bf16. The
+// biases, column sums (the biases' gradients), and the passes over
+// per-sample lengths (rows past a length zeroed, a sample's row at its last
+// step gathered or added to), in f32 and bf16. The
 // runtime carries their PTX (HostKernels.ptx.inc, which
 // scripts/gen-host-kernels.sh writes from this file with nvcc) and loads it
 // with the driver, so it builds with neither nvcc nor LLVM. Every loop is
@@ -101,6 +103,92 @@ __device__ void columnFoldBody(const float *partials, long long parts, long long
       total += partials[p * cols + j];
     acc[j] += total;
   }
+}
+
+/// v[s, b, :] = 0 where lengths[b] <= from + s, over v's [len, B, n].
+template <typename T>
+__device__ void maskPastLengthsBody(T *v, long long len, long long B, long long n,
+                                    const int *lengths, long long from) {
+  long long total = len * B * n;
+  for (long long i = first(); i < total; i += stride()) {
+    long long row = i / n;
+    if (lengths[row % B] <= from + row / B)
+      store(v, i, 0.0f);
+  }
+}
+
+/// to[b, :] = src[lengths[b] - 1 - t0, b, :] where that step is one of the
+/// `len` of src.
+template <typename From, typename To>
+__device__ void gatherAtLengthsBody(const From *src, long long len, long long B, long long n,
+                                    long long t0, const int *lengths, To *to) {
+  for (long long i = first(); i < B * n; i += stride()) {
+    long long b = i / n, s = static_cast<long long>(lengths[b]) - 1 - t0;
+    if (s >= 0 && s < len)
+      store(to, i, load(src, (s * B + b) * n + i % n));
+  }
+}
+
+extern "C" __global__ void cellc_rt_mask_past_lengths_f32(float *v, long long len, long long B,
+                                                          long long n, const int *lengths,
+                                                          long long from) {
+  maskPastLengthsBody(v, len, B, n, lengths, from);
+}
+extern "C" __global__ void cellc_rt_mask_past_lengths_bf16(__nv_bfloat16 *v, long long len,
+                                                           long long B, long long n,
+                                                           const int *lengths, long long from) {
+  maskPastLengthsBody(v, len, B, n, lengths, from);
+}
+extern "C" __global__ void cellc_rt_gather_at_lengths_f32_f32(const float *src, long long len,
+                                                              long long B, long long n,
+                                                              long long t0, const int *lengths,
+                                                              float *to) {
+  gatherAtLengthsBody(src, len, B, n, t0, lengths, to);
+}
+extern "C" __global__ void cellc_rt_gather_at_lengths_bf16_f32(const __nv_bfloat16 *src,
+                                                               long long len, long long B,
+                                                               long long n, long long t0,
+                                                               const int *lengths, float *to) {
+  gatherAtLengthsBody(src, len, B, n, t0, lengths, to);
+}
+/// to[b, :] += src[b, :] where lengths[b] - 1 == step.
+extern "C" __global__ void cellc_rt_add_at_lengths(const float *src, long long B, long long n,
+                                                   const int *lengths, long long step,
+                                                   float *to) {
+  for (long long i = first(); i < B * n; i += stride())
+    if (lengths[i / n] - 1 == step)
+      to[i] += src[i];
+}
+
+/// to[c, r] = src[r, c] ([rows, cols] into [cols, rows]), a 32 x 32 tile a
+/// block (blockIdx.x along the columns, blockIdx.y along the rows, by
+/// gridDim.y), its 256 threads 8 rows of 32 at a time, through shared memory
+/// so that both the reads and the writes go along rows.
+template <typename T>
+__device__ void transposeBody(const T *src, T *to, long long rows, long long cols) {
+  __shared__ T tile[32][33];
+  unsigned lane = threadIdx.x % 32, row = threadIdx.x / 32;
+  long long c0 = static_cast<long long>(blockIdx.x) * 32;
+  for (long long r0 = static_cast<long long>(blockIdx.y) * 32; r0 < rows;
+       r0 += static_cast<long long>(gridDim.y) * 32) {
+    for (unsigned k = row; k < 32; k += 8)
+      if (r0 + k < rows && c0 + lane < cols)
+        tile[k][lane] = src[(r0 + k) * cols + c0 + lane];
+    __syncthreads();
+    for (unsigned k = row; k < 32; k += 8)
+      if (c0 + k < cols && r0 + lane < rows)
+        to[(c0 + k) * rows + r0 + lane] = tile[lane][k];
+    __syncthreads();
+  }
+}
+
+extern "C" __global__ void cellc_rt_transpose_f32(const float *src, float *to, long long rows,
+                                                  long long cols) {
+  transposeBody(src, to, rows, cols);
+}
+extern "C" __global__ void cellc_rt_transpose_bf16(const __nv_bfloat16 *src, __nv_bfloat16 *to,
+                                                   long long rows, long long cols) {
+  transposeBody(src, to, rows, cols);
 }
 
 #define CELLC_PAIR(NAME, FROM, TO, F, T)                                         \

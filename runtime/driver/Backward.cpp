@@ -27,6 +27,8 @@ struct SequenceDriver::Workspace {
   bool replay = false;
   int64_t pieceMax = 0;
   std::vector<Scratch> projected, history, outputs, outputGrads, results, sums;
+  /// Where chunk:K's replay leaves the states (Interface::endStates).
+  std::vector<Scratch> replayEnd;
   /// A piece's states to start from, where the history holds them in
   /// another type (startsInCompute).
   std::vector<Scratch> starts;
@@ -61,18 +63,13 @@ Status SequenceDriver::injectFinalStateGrads(const std::vector<int64_t> &lengths
                                             int64_t step,
                                             const std::vector<View> &gradFinalStates,
                                             std::vector<Scratch> &carry) {
-  for (size_t b = 0; b < lengths.size(); ++b) {
-    if (lengths[b] - 1 != step)
-      continue;
-    for (size_t i = 0; i < cell.states.size(); ++i) {
-      if (!gradFinalStates[i].valid())
-        continue;
-      int64_t n = cell.states[i].shape[0];
-      if (Status e = backend->add(gradFinalStates[i].at(b * n, {n}),
-                                  carry[i].view().at(b * n, {n})))
+  if (std::find(lengths.begin(), lengths.end(), step + 1) == lengths.end())
+    return Status();
+  for (size_t i = 0; i < cell.states.size(); ++i)
+    if (gradFinalStates[i].valid())
+      if (Status e = backend->addAtLengths(gradFinalStates[i], lengthsOnBackend, step,
+                                           carry[i].view()))
         return e;
-    }
-  }
   return Status();
 }
 
@@ -123,6 +120,9 @@ Status SequenceDriver::backward(const Sequence &seq, const Saved &saved,
     return Status::error("backward must see the forward's lengths");
 
   ledger->restart();
+  CallBuffers call;
+  if (Status e = beginCall(seq, call))
+    return e;
   std::vector<Scratch> defaults;
   View resets;
   std::vector<View> initial;
@@ -221,6 +221,13 @@ Status SequenceDriver::backwardWorkspace(const Sequence &seq, const Saved &saved
       if (Status e = scratch({K, B, cell.states[i].shape[0]}, cell.storage, false,
                              w.history[i]))
         return e;
+    if (cell.endStates) {
+      w.replayEnd.resize(cell.states.size());
+      for (size_t i = 0; i < cell.states.size(); ++i)
+        if (Status e = scratch({B, cell.states[i].shape[0]}, cell.compute, false,
+                               w.replayEnd[i]))
+          return e;
+    }
     w.outputs.resize(cell.outputs.size());
     for (size_t i = 0; i < cell.outputs.size(); ++i)
       if (std::find(cell.stateOutputs.begin(), cell.stateOutputs.end(), int64_t(i)) ==
@@ -318,6 +325,8 @@ Status SequenceDriver::backwardChunk(const Sequence &seq, const Saved &saved,
     // The backward reads the replay's history and gates next: in cache.
     Chunk replay = chunk;
     replay.stream = false;
+    for (Scratch &end : w.replayEnd)
+      replay.end.push_back(end.view());
     if (Status e = runForwardChunk(seq, replay, /*saveGates=*/true, w.forwardKernel))
       return e;
     // The backward reads the gates that the replay saved, not its
@@ -589,9 +598,11 @@ Status SequenceDriver::fold(const Sequence &seq, int64_t first, int64_t count,
     case ArgKind::InitialState:
     case ArgKind::StartState:
     case ArgKind::Param:
+    case ArgKind::ParamTransposed:
     case ArgKind::Output:
     case ArgKind::StateHistory:
     case ArgKind::Gates:
+    case ArgKind::EndState:
     case ArgKind::OutputGrad:
     case ArgKind::FinalStateGrad:
     case ArgKind::BatchBegin:

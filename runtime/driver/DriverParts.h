@@ -184,6 +184,12 @@ struct SequenceDriver::StepBuffers {
   Scratch resets, noGates;
 };
 
+/// A call's buffers that its launches read (SequenceDriver::beginCall).
+struct SequenceDriver::CallBuffers {
+  Scratch lengths;
+  std::vector<Scratch> transposed;
+};
+
 /// The rows that run change in steps of this many: each change splits the
 /// forward into one more launch, and a launch over few steps and rows costs
 /// more than the rows it saves (bench/cpu/lengths.py).

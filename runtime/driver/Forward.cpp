@@ -26,14 +26,22 @@ Status SequenceDriver::runForwardChunk(const Sequence &seq, const Chunk &chunk,
     later = rows;
   }
   std::vector<Scratch> starts;
+  bool first = true;
   for (size_t k = ends.size(); k-- > 0;) {
-    int64_t first = k + 1 < ends.size() ? ends[k + 1] + 1 : chunk.t0;
-    Chunk piece = slice(chunk, seq.batch, first, ends[k] - first + 1);
+    int64_t begin = k + 1 < ends.size() ? ends[k + 1] + 1 : chunk.t0;
+    Chunk piece = slice(chunk, seq.batch, begin, ends[k] - begin + 1);
     piece.rows = rowsRunning(seq.lengths, seq.batch, ends[k]);
     if (piece.rows == 0)
       continue;
-    if (Status e = startsInCompute(piece, starts))
+    if (cell.endStates && !first) {
+      // From where the last piece ended, in the compute type: the end
+      // states, copied aside (this piece writes them again).
+      if (Status e = endsAsStarts(chunk.end, piece, starts))
+        return e;
+    } else if (Status e = startsInCompute(piece, starts)) {
       return e;
+    }
+    first = false;
     std::vector<Arg> args;
     std::vector<size_t> results;
     if (Status e = bind(kernel, seq, piece, /*backward=*/false, args, results))
@@ -44,24 +52,32 @@ Status SequenceDriver::runForwardChunk(const Sequence &seq, const Chunk &chunk,
   return Status();
 }
 
+Status SequenceDriver::endsAsStarts(const std::vector<View> &ends, Chunk &piece,
+                                    std::vector<Scratch> &keep) {
+  keep.resize(cell.states.size());
+  for (size_t i = 0; i < cell.states.size(); ++i) {
+    if (!keep[i].view().valid())
+      if (Status e = scratch(ends[i].shape, cell.compute, false, keep[i]))
+        return e;
+    if (Status e = backend->copy(ends[i], keep[i].view()))
+      return e;
+    piece.start[i] = keep[i].view();
+  }
+  return Status();
+}
+
 Status SequenceDriver::gatherFinalStates(const std::vector<int64_t> &lengths,
                                         int64_t t0, int64_t len,
                                         const std::vector<View> &history,
                                         const std::vector<View> &finalStates) {
-  int64_t B = lengths.size();
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t last = lengths[b] - 1;
-    if (last < t0 || last >= t0 + len)
-      continue;
-    for (size_t i = 0; i < cell.states.size(); ++i) {
-      int64_t n = cell.states[i].shape[0];
-      // A [B, n] view (the initial states, t0 = -1) or [len, B, n].
-      int64_t row = history[i].shape.size() == 2 ? b : (last - t0) * B + b;
-      if (Status e = backend->copy(history[i].at(row * n, {n}),
-                                   finalStates[i].at(b * n, {n})))
-        return e;
-    }
-  }
+  bool any = std::any_of(lengths.begin(), lengths.end(), [&](int64_t length) {
+    return length - 1 >= t0 && length - 1 < t0 + len;
+  });
+  if (!any)
+    return Status();
+  for (size_t i = 0; i < cell.states.size(); ++i)
+    if (Status e = backend->gatherAtLengths(history[i], t0, lengthsOnBackend, finalStates[i]))
+      return e;
   return Status();
 }
 
@@ -128,9 +144,11 @@ struct SequenceDriver::ForwardRun {
   std::vector<View> initial;
   /// Each state's history: what none and full keep, the output that is the
   /// state, or a span's buffer (spanBuffers); chunk:K's states before each
-  /// chunk (boundaries); the state a span starts from (start).
+  /// chunk (boundaries); the state a span starts from (start), and where
+  /// the span's kernel leaves each state, in the compute type (end;
+  /// Interface::endStates).
   std::vector<View> history, boundaries;
-  std::vector<Scratch> spanBuffers, start;
+  std::vector<Scratch> spanBuffers, start, end;
   /// Whether the histories go past the caches: only where each is a whole
   /// sequence's, read after it. A span's buffer is read at the span's end.
   bool stream = true;
@@ -157,6 +175,7 @@ Status SequenceDriver::forwardBuffers(const Sequence &seq, const std::vector<Vie
   run.boundaries.resize(states);
   run.spanBuffers.resize(states);
   run.start.resize(states);
+  run.end.resize(states);
   if (Status e = scratch({0, B, cell.gatesWidth}, cell.storage, false, run.noGates))
     return e;
   run.gates = run.saveGates ? keep->gates : run.noGates.view();
@@ -178,6 +197,9 @@ Status SequenceDriver::forwardBuffers(const Sequence &seq, const std::vector<Vie
       return e;
     if (Status e = backend->copy(run.initial[i], run.start[i].view()))
       return e;
+    if (cell.endStates)
+      if (Status e = scratch({B, n}, cell.compute, false, run.end[i]))
+        return e;
   }
   run.projected.resize(cell.projections.size());
   for (size_t p = 0; p < cell.projections.size(); ++p)
@@ -213,6 +235,8 @@ Status SequenceDriver::forwardSpan(const Sequence &seq, int64_t t0, int64_t len,
   for (size_t i = 0; i < cell.states.size(); ++i) {
     int64_t n = cell.states[i].shape[0];
     chunk.start.push_back(run.start[i].view());
+    if (cell.endStates)
+      chunk.end.push_back(run.end[i].view());
     // A span's buffer, or the steps of a whole sequence's.
     int64_t at = run.history[i].shape[0] == T ? t0 : 0;
     chunk.history.push_back(run.history[i].at(at * B * n, {len, B, n}));
@@ -228,9 +252,14 @@ Status SequenceDriver::forwardSpan(const Sequence &seq, int64_t t0, int64_t len,
     return e;
   if (Status e = gatherFinalStates(seq.lengths, t0, len, chunk.history, finalStates))
     return e;
-  // The next span starts where this one ended.
+  // The next span starts where this one ended: the kernel's end states,
+  // exact, or the history's last step (in the storage type).
   for (size_t i = 0; i < cell.states.size(); ++i) {
     int64_t n = cell.states[i].shape[0];
+    if (cell.endStates) {
+      std::swap(run.start[i], run.end[i]);
+      continue;
+    }
     if (Status e = backend->copy(chunk.history[i].at((len - 1) * B * n, {B, n}),
                                  run.start[i].view()))
       return e;
@@ -245,6 +274,9 @@ Status SequenceDriver::forward(const Sequence &seq, const std::vector<View> &out
   if (Status e = checkForward(seq, outputs, finalStates))
     return e;
   ledger->restart();
+  CallBuffers call;
+  if (Status e = beginCall(seq, call))
+    return e;
   bool training = saved != nullptr;
   SavedPtr keep;
   if (training)

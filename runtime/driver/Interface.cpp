@@ -154,6 +154,8 @@ Status Interface::finish() {
       outputs.push_back({arg.name, {n}});
     else if (arg.kind == ArgKind::Gates)
       gatesWidth = n;
+    else if (arg.kind == ArgKind::EndState)
+      endStates = true;
     if (arg.kind == ArgKind::Input || arg.kind == ArgKind::StateHistory)
       storage = arg.element.value_or(compute);
   }

@@ -142,11 +142,26 @@ Status SequenceDriver::bind(const Kernel &kernel, const Sequence &seq,
     case ArgKind::Param:
       v = seq.params[indexOf(cell.params, arg.name)];
       break;
+    case ArgKind::ParamTransposed: {
+      size_t i = indexOf(cell.params, arg.name);
+      if (i >= transposed.size() || !transposed[i].valid())
+        return Status::error("internal error: no transposed copy of param '" + arg.name + "'");
+      v = transposed[i];
+      break;
+    }
     case ArgKind::StateHistory:
       v = chunk.history[indexOf(cell.states, arg.name)];
       break;
     case ArgKind::Gates:
       v = chunk.gates;
+      break;
+    case ArgKind::EndState:
+      if (backward)
+        return misplaced(arg, backward);
+      if (chunk.end.size() != cell.states.size())
+        return Status::error("internal error: a forward launch with no buffer for its end "
+                             "states");
+      v = chunk.end[indexOf(cell.states, arg.name)];
       break;
     case ArgKind::BatchBegin:
       args[a].index = 0;
@@ -247,26 +262,65 @@ Status SequenceDriver::resetsAndInitial(const Sequence &seq, int64_t longest,
   return Status();
 }
 
+Status SequenceDriver::beginCall(const Sequence &seq, CallBuffers &keep) {
+  if (Status e = uploadLengths(seq.lengths, keep.lengths))
+    return e;
+  return transposeParams(seq, keep.transposed);
+}
+
+Status SequenceDriver::uploadLengths(const std::vector<int64_t> &lengths, Scratch &keep) {
+  lengthsOnBackend = View();
+  if (lengths.empty())
+    return Status();
+  int64_t B = int64_t(lengths.size());
+  if (Status e = scratch({B}, Element::I32, false, keep))
+    return e;
+  // checkLengths bounds each by T, which int32 holds where a call's buffers
+  // fit in memory.
+  std::vector<int32_t> narrow(lengths.begin(), lengths.end());
+  if (Status e = backend->upload(narrow.data(), B * 4, keep.view()))
+    return e;
+  lengthsOnBackend = keep.view();
+  return Status();
+}
+
+Status SequenceDriver::transposeParams(const Sequence &seq, std::vector<Scratch> &keep) {
+  transposed.assign(cell.params.size(), View());
+  keep.clear();
+  for (const Kernel *kernel : {&cell.forward, &cell.backward})
+    for (const KernelArg &arg : kernel->args) {
+      if (arg.kind != ArgKind::ParamTransposed)
+        continue;
+      size_t i = indexOf(cell.params, arg.name);
+      if (i >= cell.params.size() || cell.params[i].shape.size() != 2)
+        return Status::error("a kernel takes param '" + arg.name +
+                             "' transposed, and the cell has no such matrix param");
+      if (transposed[i].valid())
+        continue;
+      const std::vector<int64_t> &shape = cell.params[i].shape;
+      keep.emplace_back();
+      if (Status e = scratch({shape[1], shape[0]}, seq.params[i].element(), false,
+                             keep.back()))
+        return e;
+      if (Status e = backend->transpose(seq.params[i], keep.back().view()))
+        return e;
+      transposed[i] = keep.back().view();
+    }
+  return Status();
+}
+
 Status SequenceDriver::zeroPastLengths(const std::vector<int64_t> &lengths,
                                       int64_t first, const std::vector<View> &views) {
   for (const View &v : views) {
-    if (!v.valid())
+    if (!v.valid() || v.size() == 0)
       continue;
-    int64_t len = v.shape[0], B = v.shape[1], n = v.shape[2];
-    for (int64_t s = 0; s < len; ++s)
-      for (int64_t b = 0; b < B;) {
-        if (lengths[b] > first + s) {
-          ++b;
-          continue;
-        }
-        int64_t end = b;
-        while (end < B && lengths[end] <= first + s)
-          ++end;
-        if (Status e = backend->fillRows(v.at((s * B + b) * n, {end - b, n}), end - b,
-                                         n, {}))
-          return e;
-        b = end;
-      }
+    // Whether any row of these steps is past its length.
+    int64_t len = v.shape[0];
+    bool any = std::any_of(lengths.begin(), lengths.end(),
+                           [&](int64_t length) { return length < first + len; });
+    if (any)
+      if (Status e = backend->maskPastLengths(v, lengthsOnBackend, first))
+        return e;
   }
   return Status();
 }

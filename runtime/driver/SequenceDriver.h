@@ -129,6 +129,25 @@ public:
   /// `to = from`, converting the element type; `to += from`.
   virtual Status copy(const View &from, const View &to) = 0;
   virtual Status add(const View &from, const View &to) = 0;
+  /// `to = from` transposed: `from` [rows, cols], `to` [cols, rows].
+  virtual Status transpose(const View &from, const View &to) = 0;
+
+  // Per-sample lengths, as `lengths` ([B] int32, in a buffer of this
+  // backend: `upload`). Each is one pass over its views, whatever T and B.
+  /// Copies `bytes` of host memory into `to`, a view of this backend's.
+  virtual Status upload(const void *host, int64_t bytes, const View &to) = 0;
+  /// Zeros over the rows of `v` ([len, B, n], from step `first` on) past
+  /// their sample's length: row (s, b) where lengths[b] <= first + s.
+  virtual Status maskPastLengths(const View &v, const View &lengths, int64_t first) = 0;
+  /// `to[b] = from[lengths[b] - 1 - t0, b]` ([B, n] from [len, B, n]) for
+  /// each sample whose last step is in [t0, t0 + len), converting the
+  /// element type; a [B, n] `from` is step t0 = -1 (before the first: the
+  /// samples of length 0).
+  virtual Status gatherAtLengths(const View &from, int64_t t0, const View &lengths,
+                                 const View &to) = 0;
+  /// `to[b] += from[b]` ([B, n]) for each sample whose last step is `step`.
+  virtual Status addAtLengths(const View &from, const View &lengths, int64_t step,
+                              const View &to) = 0;
 };
 
 /// A declared input, state, param or output with its bound shape.
@@ -218,6 +237,10 @@ struct Interface {
   std::vector<Projection> projections;
   int64_t gatesWidth = 0;
   Element storage = Element::F32;
+  /// Whether the forward kernel writes each state after its last step in
+  /// the compute type (ArgKind::EndState): the next launch starts from
+  /// that, not from the history, which may be stored narrower.
+  bool endStates = false;
 
   /// Derives the slots and projections from the forward kernel's
   /// arguments, and checks the two kernels agree.
@@ -449,6 +472,7 @@ private:
     std::vector<View> projections;        // [len, B, rows], in kernel order
     std::vector<View> initial, start;     // [B, n] a state
     std::vector<View> history;            // [len, B, n] a state
+    std::vector<View> end;                // forward: [B, n] a state after the last step
     std::vector<View> outputs;            // forward: [len, B, n] an output
     View gates;                           // [len or 0, B, gates]
     std::vector<View> finalStateGrads;    // backward: [B, n] a state
@@ -574,20 +598,41 @@ private:
   /// A piece's start states in the compute type: those of another type
   /// (from a history in the storage type) converted into `keep`.
   Status startsInCompute(Chunk &piece, std::vector<Scratch> &keep);
+  /// Makes `piece` start from `ends` (the last piece's end states), copied
+  /// into `keep`.
+  Status endsAsStarts(const std::vector<View> &ends, Chunk &piece,
+                      std::vector<Scratch> &keep);
+  /// What a forward or backward call makes first, for its launches to read:
+  /// its lengths on the backend (`lengthsOnBackend`) and the params its
+  /// kernels take transposed (`transposed`).
+  struct CallBuffers;
+  Status beginCall(const Sequence &seq, CallBuffers &keep);
+  /// The call's lengths in a buffer of the backend's (`lengthsOnBackend`),
+  /// uploaded once a call; nothing without lengths.
+  Status uploadLengths(const std::vector<int64_t> &lengths, Scratch &keep);
   /// Adds the final-state gradient of each sample whose last step is `step`
-  /// to the gradient carried into that step.
+  /// to the gradient carried into that step: one pass a state, where a
+  /// sample ends there.
   Status injectFinalStateGrads(const std::vector<int64_t> &lengths, int64_t step,
                                const std::vector<View> &gradFinalStates,
                                std::vector<Scratch> &carry);
   /// Writes zeros over the rows [t, b] of `views` ([len, B, n] each, from
-  /// step `first` on) with t >= lengths[b], in runs of consecutive samples.
+  /// step `first` on) with t >= lengths[b]: one pass a view.
   Status zeroPastLengths(const std::vector<int64_t> &lengths, int64_t first,
                          const std::vector<View> &views);
   /// The final state of each sample whose last step is in [t0, t0 + len):
-  /// from `history` ([len, B, n] a state) into `finalStates`.
+  /// from `history` ([len, B, n] a state) into `finalStates`, one pass a
+  /// state, where a sample ends there.
   Status gatherFinalStates(const std::vector<int64_t> &lengths, int64_t t0,
                            int64_t len, const std::vector<View> &history,
                            const std::vector<View> &finalStates);
+  /// The current call's lengths on the backend ([B] int32), while it runs.
+  View lengthsOnBackend;
+  /// The transposed copies of the params that the kernels take so
+  /// (ArgKind::ParamTransposed), made into `keep` once a call; `transposed`
+  /// holds them by param, while the call runs.
+  Status transposeParams(const Sequence &seq, std::vector<Scratch> &keep);
+  std::vector<View> transposed;
   /// The resets and initial states of `seq`, zeros (kept in `defaults`)
   /// where the caller left them out: resets for the `longest` launch.
   Status resetsAndInitial(const Sequence &seq, int64_t longest,

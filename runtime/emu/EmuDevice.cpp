@@ -2,6 +2,8 @@
 
 #include "runtime/emu/EmuDevice.h"
 
+#include "runtime/cpu/HostPasses.h"
+
 #ifdef CELLC_HAVE_CBLAS
 #include <cblas.h>
 #endif
@@ -18,33 +20,31 @@ using cuda::Status;
 
 namespace {
 
-/// bf16 as the GPU converts it: round to nearest even (NaN stays NaN).
-uint16_t toBf16(float value) {
+/// An f32 as a TF32 tensor core reads it: the 13 low bits of the mantissa
+/// dropped (as the emulator's mma.sync does).
+float toTf32(float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u)
-    return uint16_t((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return uint16_t(bits >> 16);
+  if ((bits & 0x7f800000u) != 0x7f800000u)
+    bits &= ~uint32_t(0x1fff);
+  std::memcpy(&value, &bits, 4);
+  return value;
 }
 
-float fromBf16(uint16_t value) {
-  uint32_t bits = uint32_t(value) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
+/// Element `i` of an f32 or bf16 buffer (bf16 rounded as the GPU rounds).
 float load(const void *p, Element e, int64_t i) {
-  return e == Element::BF16 ? fromBf16(static_cast<const uint16_t *>(p)[i])
-                            : static_cast<const float *>(p)[i];
+  return float(runtime::loadElement(p, e, i));
 }
 
-void store(void *p, Element e, int64_t i, float v) {
-  if (e == Element::BF16)
-    static_cast<uint16_t *>(p)[i] = toBf16(v);
-  else
-    static_cast<float *>(p)[i] = v;
+void store(void *p, Element e, int64_t i, float v) { runtime::storeElement(p, e, i, v); }
+
+/// A view of `shape` at `p`, for the host loops of HostPasses.h.
+driver::View hostView(const void *p, Element e, std::vector<int64_t> shape) {
+  driver::View v;
+  v.buffer.data = const_cast<void *>(p);
+  v.buffer.element = e;
+  v.shape = std::move(shape);
+  return v;
 }
 
 /// `count` elements from `p` as f32.
@@ -101,6 +101,7 @@ Status EmuDevice::admit(const cuda::LaunchSpec &spec) {
 }
 
 Status EmuDevice::launch(const cuda::LaunchSpec &spec) {
+  count("launch");
   if (Status e = admit(spec))
     return e;
   Launch launch;
@@ -124,16 +125,23 @@ Status EmuDevice::launch(const cuda::LaunchSpec &spec) {
 
 Status EmuDevice::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
                        const void *a, int64_t lda, const void *b, int64_t ldb, Element ab,
-                       double beta, void *c, int64_t ldc, Element ce, void *, int64_t) {
-  // The operands as f32 (bf16 widens exactly), the product accumulated in
+                       double beta, void *c, int64_t ldc, Element ce, bool tf32, void *,
+                       int64_t) {
+  count("gemm");
+  // The operands as f32 (bf16 widens exactly; f32 in TF32 keeps 10 bits of
+  // mantissa, as the tensor cores read it), the product accumulated in
   // f32, and stored in c's type.
   int64_t spanA = ((transA ? k : m) - 1) * lda + (transA ? m : k);
   int64_t spanB = ((transB ? n : k) - 1) * ldb + (transB ? k : n);
   std::vector<float> wideA, wideB;
   const float *pa = static_cast<const float *>(a), *pb = static_cast<const float *>(b);
-  if (ab == Element::BF16) {
+  if (ab == Element::BF16 || tf32) {
     wideA = widened(a, ab, spanA);
     wideB = widened(b, ab, spanB);
+    if (ab == Element::F32)
+      for (std::vector<float> *v : {&wideA, &wideB})
+        for (float &x : *v)
+          x = toTf32(x);
     pa = wideA.data();
     pb = wideB.data();
   }
@@ -154,17 +162,20 @@ Status EmuDevice::gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k
 }
 
 Status EmuDevice::zero(void *data, int64_t bytes) {
+  count("zero");
   std::memset(data, 0, size_t(bytes));
   return Status();
 }
 
 Status EmuDevice::copyBytes(const void *from, void *to, int64_t bytes) {
+  count("copy");
   std::memmove(to, from, size_t(bytes));
   return Status();
 }
 
 Status EmuDevice::convert(const void *from, Element fromElement, void *to, Element toElement,
                           int64_t n) {
+  count("convert");
   for (int64_t i = 0; i < n; ++i)
     store(to, toElement, i, load(from, fromElement, i));
   return Status();
@@ -172,6 +183,7 @@ Status EmuDevice::convert(const void *from, Element fromElement, void *to, Eleme
 
 Status EmuDevice::accumulate(const void *from, Element fromElement, void *to,
                              Element toElement, int64_t n) {
+  count("accumulate");
   for (int64_t i = 0; i < n; ++i)
     store(to, toElement, i, load(to, toElement, i) + load(from, fromElement, i));
   return Status();
@@ -179,6 +191,7 @@ Status EmuDevice::accumulate(const void *from, Element fromElement, void *to,
 
 Status EmuDevice::fillRows(void *m, Element element, int64_t rows, int64_t cols,
                            const std::vector<const float *> &vectors) {
+  count("fill_rows");
   for (int64_t j = 0; j < cols; ++j) {
     float sum = 0.0f;
     for (const float *v : vectors)
@@ -191,6 +204,7 @@ Status EmuDevice::fillRows(void *m, Element element, int64_t rows, int64_t cols,
 
 Status EmuDevice::columnSums(const void *m, Element element, int64_t rows, int64_t cols,
                              int64_t parts, int64_t per, float *partials, float *acc) {
+  count("column_sums");
   // The GPU's order: per part, 8 strided row sums added in turn; then the
   // parts in turn.
   for (int64_t p = 0; p < parts; ++p)
@@ -211,4 +225,46 @@ Status EmuDevice::columnSums(const void *m, Element element, int64_t rows, int64
     acc[j] += total;
   }
   return Status();
+}
+
+Status EmuDevice::upload(const void *host, void *to, int64_t bytes) {
+  count("upload");
+  std::memcpy(to, host, size_t(bytes));
+  return Status();
+}
+
+Status EmuDevice::maskPastLengths(void *v, Element e, int64_t len, int64_t B, int64_t n,
+                                  const int32_t *lengths, int64_t first) {
+  count("mask_past_lengths");
+  runtime::maskPastLengths(hostView(v, e, {len, B, n}), lengths, first);
+  return Status();
+}
+
+Status EmuDevice::gatherAtLengths(const void *from, Element fromElement, int64_t len,
+                                  int64_t B, int64_t n, int64_t t0, const int32_t *lengths,
+                                  void *to, Element toElement) {
+  count("gather_at_lengths");
+  return runtime::gatherAtLengths(hostView(from, fromElement, {len, B, n}), t0, lengths,
+                                  hostView(to, toElement, {B, n}));
+}
+
+Status EmuDevice::addAtLengths(const float *from, int64_t B, int64_t n,
+                               const int32_t *lengths, int64_t step, float *to) {
+  count("add_at_lengths");
+  return runtime::addAtLengths(hostView(from, Element::F32, {B, n}), lengths, step,
+                               hostView(to, Element::F32, {B, n}));
+}
+
+std::vector<std::pair<std::string, int64_t>> EmuDevice::calls(bool reset) {
+  std::vector<std::pair<std::string, int64_t>> out(counts.begin(), counts.end());
+  if (reset)
+    counts.clear();
+  return out;
+}
+
+Status EmuDevice::transpose(const void *from, void *to, int64_t rows, int64_t cols,
+                            Element element) {
+  count("transpose");
+  return runtime::transpose(hostView(from, element, {rows, cols}),
+                            hostView(to, element, {cols, rows}));
 }

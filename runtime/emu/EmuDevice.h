@@ -18,6 +18,7 @@
 #include "runtime/emu/DeviceModel.h"
 #include "runtime/emu/Simt.h"
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -39,7 +40,7 @@ public:
   cuda::Status launch(const cuda::LaunchSpec &spec) override;
   cuda::Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k, const void *a,
                     int64_t lda, const void *b, int64_t ldb, cuda::Element ab, double beta,
-                    void *c, int64_t ldc, cuda::Element ce, void *workspace,
+                    void *c, int64_t ldc, cuda::Element ce, bool tf32, void *workspace,
                     int64_t workspaceBytes) override;
   cuda::Status zero(void *data, int64_t bytes) override;
   cuda::Status copyBytes(const void *from, void *to, int64_t bytes) override;
@@ -51,11 +52,27 @@ public:
                         const std::vector<const float *> &vectors) override;
   cuda::Status columnSums(const void *m, cuda::Element element, int64_t rows, int64_t cols,
                           int64_t parts, int64_t per, float *partials, float *acc) override;
+  cuda::Status transpose(const void *from, void *to, int64_t rows, int64_t cols,
+                         cuda::Element element) override;
+  cuda::Status upload(const void *host, void *to, int64_t bytes) override;
+  cuda::Status maskPastLengths(void *v, cuda::Element e, int64_t len, int64_t B, int64_t n,
+                               const int32_t *lengths, int64_t first) override;
+  cuda::Status gatherAtLengths(const void *from, cuda::Element fromElement, int64_t len,
+                               int64_t B, int64_t n, int64_t t0, const int32_t *lengths,
+                               void *to, cuda::Element toElement) override;
+  cuda::Status addAtLengths(const float *from, int64_t B, int64_t n, const int32_t *lengths,
+                            int64_t step, float *to) override;
+  /// Every call since the last reset, by kind: what a GPU's API would be
+  /// asked (the cell's launches, the GEMMs, the runtime's own kernels, the
+  /// copies and memsets).
+  std::vector<std::pair<std::string, int64_t>> calls(bool reset) override;
 
 private:
   std::unique_ptr<Module> variants[2];
   uint64_t shuffleSeed;
   DeviceModel model = DeviceModel::h100();
+  std::map<std::string, int64_t> counts;
+  void count(const char *what) { ++counts[what]; }
 };
 
 } // namespace cellc::emu

@@ -36,7 +36,11 @@ def test_package_round_trip(tmp_path):
     assert 1 <= fwd["batch_tile"] <= 4 and fwd["threads"] == 256
     kinds = [a["kind"] for a in fwd["args"]]
     assert kinds[:3] == ["input", "projection", "resets"]
-    assert kinds[-2:] == ["batch_begin", "batch_end"]
+    # The batch range, then W_hh transposed: batch-tiled threads read its
+    # rows along the lanes.
+    assert kinds[-3:] == ["batch_begin", "batch_end", "param_transposed"]
+    assert fwd["args"][-1]["name"] == "W_hh" and fwd["args"][-1]["shape"] == [32, 128]
+    assert kinds.count("end_state") == 2
     proj = fwd["args"][1]
     assert proj["name"] == "W_ih" and proj["biases"] == ["b_ih", "b_hh"]
     assert proj["shape"] == [-1, -1, 128]
@@ -221,7 +225,9 @@ def test_the_plan_keeps_pieces_within_what_full_keeps(tmp_path):
     # c is H wide, the gates' projection 4 H: a piece of T / 4 steps.
     assert full["piece_steps"] == T // 4
     assert full["kept"] == T * B * H * 4 and full["kept_outputs"] == T * B * H * 4
-    gemm = 4 << 20  # the GEMM library's workspace (CudaBackend::kGemmWorkspaceBytes)
+    # The GEMM library's workspace: cuBLAS's 32 MiB on sm_90
+    # (CudaBackend::kHopperGemmWorkspaceBytes).
+    gemm = 32 << 20
     projection = T * B * 4 * H * 4
     assert none["forward_peak"] - none["kept"] >= projection
     assert full["forward_peak"] - full["kept"] - gemm <= 1.1 * projection / 4
@@ -383,3 +389,48 @@ def test_the_runtimes_own_kernels_assemble_for_sm_90(tmp_path):
     spills = [line for line in done.stderr.splitlines() if "spill" in line]
     assert len(spills) >= len(kernels)
     assert all("0 bytes spill stores, 0 bytes spill loads" in line for line in spills), spills
+
+
+@pytest.mark.parametrize("lengths", [False, True], ids=["no lengths", "lengths"])
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_a_calls_device_api_calls_do_not_grow_with_T(name, lengths):
+    # Every call a GPU's driver and cuBLAS would get, counted by the
+    # emulator's device: launches, GEMMs, copies, memsets and the runtime's
+    # kernels, forward and backward. In none and full they are the same at
+    # T and 2 T: full cuts a sequence into at most 8 pieces (a GRU, whose
+    # states are all outputs, too), and lengths are masks, gathers and adds
+    # on the device, one pass a view, not a call a step or a sample. chunk:K
+    # runs a replay a chunk: more calls at 2 T.
+    # A warp a CTA: the emulator runs fewer threads; the calls are the same.
+    cell = cellc.compile(os.path.join(EXAMPLES, name + ".cell"), target="cuda-emu",
+                         cuda={"cta_threads": 32})
+    sizes = {"I": 8, "H": 16}
+    # B = 128 rows: full's pieces at least 8 steps (1024 rows), at most 8 a
+    # sequence, so 8 at both T = 64 and 128. (With lengths a GRU's states'
+    # histories are kept, and its pieces are a third of T, as an LSTM's a
+    # quarter.)
+    B = 64 if lengths else 128
+    device = cell._cuda_cell(sizes, torch.float32, torch.device("cpu"))
+
+    def calls(T, mode):
+        torch.manual_seed(T)
+        ps = {n: (0.3 * torch.randn(*cell.shape(n, sizes))).requires_grad_()
+              for n, _ in cell.params}
+        x = torch.randn(T, B, 8, requires_grad=True)
+        # Four lengths at any T (sorted: the forward's rows drop out too).
+        given = ([T] * 16 + [T - 5] * 16 + [T // 2] * 16 + [3] * 16) if lengths else None
+        device.device_calls(reset=True)
+        out, _ = cell(x, ps, recompute=mode, lengths=given)
+        out.sum().backward()
+        return device.device_calls(reset=True)
+
+    T = 64
+    for mode in ("none", "full"):
+        short, long = calls(T, mode), calls(2 * T, mode)
+        assert short == long, f"{mode}: {short} at T = {T}, {long} at T = {2 * T}"
+        assert short["launch"] >= 2 and short["gemm"] >= 2
+        if lengths:
+            assert short["mask_past_lengths"] >= 2 and short["gather_at_lengths"] >= 1
+    if name == "gru" and not lengths:
+        short, long = calls(T, f"chunk:{T // 2}"), calls(2 * T, f"chunk:{T // 2}")
+        assert long["launch"] > short["launch"]

@@ -29,6 +29,7 @@
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "llvm/ADT/SetVector.h"
 
 namespace mlir::cell {
 #define GEN_PASS_DEF_CONVERTCELLTOTILEDKERNELS
@@ -136,7 +137,21 @@ LogicalResult buildForwardSteps(TileLoop &tl) {
     for (auto [v, offset] : llvm::zip(save.getValues(), offsets))
       items.push_back({v, {{global(tb.gates, true), offset}}, tb.saveGates});
   }
-  return tb.emitPhases(items);
+  if (failed(tb.emitPhases(items)))
+    return failure();
+
+  // After the last step, each state as the next launch starts from it: in
+  // the cell's type, where the history may be stored narrower (bf16), so
+  // that the state carried from launch to launch is the state carried from
+  // step to step. The last step left it in slot `steps % 2`.
+  builder.setInsertionPointAfter(loop);
+  tb.barrier();
+  Value last = builder.create<arith::RemUIOp>(loc, steps, c2);
+  for (auto [k, s] : llvm::enumerate(def.getStates()))
+    tb.forEachElement(sizeOf(s), [&](Value j) {
+      tb.scatter(tb.loadShared(stateBufs[k], last, j), arg(args.firstEnd + k), false, j);
+    });
+  return success();
 }
 
 /// The backward's time loop, from the last step to the first: the state
@@ -476,7 +491,7 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
       return failure();
     sig = *s;
   } else {
-    sig = forwardSignature(def, args);
+    sig = forwardSignature(def, args, /*endStates=*/true);
   }
   Type element = cast<RankedTensorType>(def.getStates()[0].getType())
                      .getElementType();
@@ -508,6 +523,25 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   if (storage == cellc::Storage::Bf16)
     storeSequencesAsBf16(sig, element);
   unsigned batchBeginArg = sig.types.size() - 2;
+  // Batch-tiled on CUDA, a matvec computed element by element has a thread a
+  // row: read from W, a warp's lanes would be a row apart, 32 lines a load.
+  // The runtime passes a transposed copy instead, made once a call.
+  SmallVector<std::pair<StringRef, unsigned>> transposedArgs;
+  if (gpu && !persistent) {
+    llvm::SetVector<ParamOp> weights;
+    body.walk([&](MatvecOp op) {
+      if (!productBlocks(op).diagonal && !onTensorCores(op, precision))
+        weights.insert(op.getWeight().getDefiningOp<ParamOp>());
+    });
+    for (ParamOp param : weights) {
+      auto type = cast<RankedTensorType>(param.getType());
+      transposedArgs.push_back(
+          {param.getName(),
+           sig.add(ctx, MemRefType::get({type.getDimSize(1), type.getDimSize(0)},
+                                        type.getElementType()),
+                   cellc::ArgKind::ParamTransposed, param.getName())});
+    }
+  }
   unsigned extraArgs = sig.types.size();
   tb.strategy->addArguments(sig, ctx);
 
@@ -520,6 +554,8 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   tb.strategy->beginKernel(entry, extraArgs, gpuFunc);
   auto arg = [&](unsigned i) { return entry->getArgument(i); };
   bindKernelArgs(tb, def, body, args, entry);
+  for (auto [name, index] : transposedArgs)
+    tb.transposedParams[name] = entry->getArgument(index);
   tb.saveGates = builder.create<SaveGatesOp>(loc, builder.getI1Type());
   TileLoop tl{def, body, args, tb, entry, {}, {}, {}, {}, {}, {}, {}};
   tl.c0 = tb.index(0);

@@ -228,7 +228,8 @@ private:
   /// The same for a product whose weights stay in global memory
   /// (`plan.uncached`), read so that a warp's lanes touch adjacent words: a
   /// matvec's rows a warp at a time, its lanes along the depth and summed
-  /// by shuffles; a vecmat's columns a thread each.
+  /// by shuffles; a vecmat's columns 32 at a time, a lane each, the warps
+  /// splitting the depth and their partials summed through shared memory.
   void emitGlobalProduct(Operation *op, Value out, Value vecBuffer, Value slot);
 
   Block *entry = nullptr;
@@ -502,20 +503,44 @@ void Persistent::emitGlobalProduct(Operation *op, Value out, Value vecBuffer, Va
     builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
     body();
   };
+  Value warp = builder.create<arith::DivUIOp>(loc, tb.tid, tb.index(32));
+  Value lane = builder.create<arith::RemUIOp>(loc, tb.tid, tb.index(32));
+  int64_t warps = tb.ntidStatic / 32;
   if (transposed) {
-    tb.forRange(tb.tid, tb.index(slice), tb.ntid, [&](Value local) {
+    // 32 columns at a time, a lane each (adjacent words of W's rows); the
+    // warps split the depth, and the first warp sums their partials.
+    tb.forRange(tb.index(0), tb.index(slice), tb.index(32), [&](Value base) {
+      Value local = builder.create<arith::AddIOp>(loc, base, lane);
       Value row = builder.create<arith::AddIOp>(loc, first, local);
-      when(inside(row), [&] {
-        Value sum = tb.sumRange(tb.index(0), tb.index(depth), tb.index(1),
-                                [&](Value k) { return term(row, k); });
+      Value valid = builder.create<arith::AndIOp>(
+          loc, inside(row),
+          builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, local,
+                                        tb.index(slice)));
+      Value zero = splat(builder, loc, tb.lane, 0.0);
+      Value partial = tb.choose(
+          valid,
+          [&] {
+            return tb.sumRange(warp, tb.index(depth), tb.index(warps),
+                               [&](Value k) { return term(row, k); });
+          },
+          [&] { return zero; });
+      tb.storeShared(partial, partials, Value(), tb.tid);
+      builder.create<gpu::BarrierOp>(loc);
+      Value leader = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, warp,
+                                                   tb.index(0));
+      when(builder.create<arith::AndIOp>(loc, leader, valid), [&] {
+        Value sum = tb.loadShared(partials, Value(), lane);
+        for (int64_t w = 1; w < warps; ++w)
+          sum = builder.create<arith::AddFOp>(
+              loc, sum, tb.loadShared(partials, Value(), tb.shifted(lane, 32 * w)));
         tb.storeShared(sum, out, Value(), row);
       });
+      // The next columns write the partials again.
+      builder.create<gpu::BarrierOp>(loc);
     });
     return;
   }
-  Value warp = builder.create<arith::DivUIOp>(loc, tb.tid, tb.index(32));
-  Value lane = builder.create<arith::RemUIOp>(loc, tb.tid, tb.index(32));
-  tb.forRange(warp, tb.index(slice), tb.index(tb.ntidStatic / 32), [&](Value local) {
+  tb.forRange(warp, tb.index(slice), tb.index(warps), [&](Value local) {
     Value row = builder.create<arith::AddIOp>(loc, first, local);
     // The same for every lane of the warp: its shuffles meet.
     when(inside(row), [&] {

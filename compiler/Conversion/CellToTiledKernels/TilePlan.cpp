@@ -14,6 +14,7 @@
 
 #include "compiler/Conversion/CellToTiledKernels/TiledBuilder.h"
 
+#include <algorithm>
 #include <optional>
 
 namespace mlir::cell {
@@ -83,9 +84,14 @@ std::optional<SliceFit> fitSlices(ArrayRef<Operation *> matvecs, int64_t tile,
   if (options.maxCtas <= 0 || options.ctas > 0 || !gpu)
     return std::nullopt;
   // Capped: what fits of `most` CTAs' slices stays on chip; the rest of
-  // the products read their weights from global memory.
+  // the products read their weights from global memory. The products that
+  // run in both variants first: a replayed product runs only where the
+  // gates were not saved.
   SliceFit fit{most, partialBytes, {}};
-  for (Operation *op : matvecs) {
+  SmallVector<Operation *> order(matvecs.begin(), matvecs.end());
+  std::stable_partition(order.begin(), order.end(),
+                        [](Operation *op) { return !op->getParentOfType<RestoreOp>(); });
+  for (Operation *op : order) {
     std::optional<int64_t> b = sliceBytes(op, most);
     if (b && !onTensorCores(op, options.precision) &&
         fit.sharedBytes + *b <= options.sharedLimit)

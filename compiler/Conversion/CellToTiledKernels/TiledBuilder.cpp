@@ -141,8 +141,14 @@ Value TiledBuilder::evalProduct(Operation *op, const Index &i) {
   if (isa<ExpandOp, ReduceOp>(op))
     return evalExpandOrReduce(op, i);
   bool transposed = isa<VecmatOp>(op);
-  Value weight = params.lookup(
-      op->getOperand(0).getDefiningOp<ParamOp>().getName());
+  StringRef name = op->getOperand(0).getDefiningOp<ParamOp>().getName();
+  Value weight = params.lookup(name);
+  // A matvec whose weight has a transposed copy reads it as a vecmat does.
+  if (!transposed)
+    if (Value copy = transposedParams.lookup(name)) {
+      weight = copy;
+      transposed = true;
+    }
   Value vec = op->getOperand(1), slot;
   Value buffer = bufferOf(vec, slot);
   Value fixed = at(i);

@@ -24,6 +24,7 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "llvm/ADT/StringMap.h"
 
 #include <memory>
 
@@ -127,6 +128,11 @@ public:
   /// CUDA: tf32 or bf16 runs the matvecs that `onTensorCores` accepts with
   /// mma.sync.
   cellc::Precision precision = cellc::Precision::Ieee;
+  /// Batch-tiled CUDA: the transposed copies (`[cols, rows]`) of the
+  /// weights of the matvecs computed element by element, by param name: a
+  /// thread computes a row, and the lanes of a warp read adjacent columns
+  /// of the copy where they would read rows a whole row apart.
+  llvm::StringMap<Value> transposedParams;
 
   /// A `[shape..., BT]` row buffer (TileStrategy::rowBuffer).
   Value buffer(ArrayRef<int64_t> shape) override;

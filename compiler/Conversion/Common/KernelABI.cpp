@@ -148,13 +148,15 @@ static void addCommonArgs(DefOp def, KernelSignature &sig, ForwardArgs &args) {
   }
 }
 
-KernelSignature forwardSignature(DefOp def, ForwardArgs &args) {
+KernelSignature forwardSignature(DefOp def, ForwardArgs &args, bool endStates) {
   MLIRContext *ctx = def.getContext();
   KernelSignature sig;
   addCommonArgs(def, sig, args);
   args.firstOutput = sig.addPerOutput(def, cellc::ArgKind::Output);
   args.firstHistory = sig.addPerState(def, cellc::ArgKind::StateHistory, true);
   args.gates = sig.add(ctx, gatesType(def), cellc::ArgKind::Gates, "gates");
+  if (endStates)
+    args.firstEnd = sig.addPerState(def, cellc::ArgKind::EndState, false);
   sig.addBatchRange(ctx);
   return sig;
 }

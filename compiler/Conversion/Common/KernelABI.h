@@ -51,6 +51,8 @@ struct ForwardArgs {
   unsigned numInputs = 0, numProjections = 0;
   unsigned resets = 0, firstInit = 0, firstStart = 0, firstParam = 0;
   unsigned firstOutput = 0, firstHistory = 0, gates = 0;
+  /// The end states (forwardSignature with `endStates`), or 0: none.
+  unsigned firstEnd = 0;
 };
 
 /// Where the arguments of a backward kernel are. `kinds` has the kind of
@@ -68,8 +70,11 @@ SmallVector<KernelArgAttr> kernelArgsOf(Operation *kernel);
 /// The results of a backward step, from its `cell.grad_results`.
 SmallVector<GradResultAttr> gradResultsOf(func::FuncOp grad);
 
-/// The forward kernel's signature, `b_begin` and `b_end` included.
-KernelSignature forwardSignature(DefOp def, ForwardArgs &args);
+/// The forward kernel's signature, `b_begin` and `b_end` included; with
+/// `endStates`, each state after the launch's last step too (in the cell's
+/// type, where the history may be narrower: the state the next launch
+/// starts from).
+KernelSignature forwardSignature(DefOp def, ForwardArgs &args, bool endStates = false);
 /// The backward kernel's signature, `b_begin` and `b_end` included.
 FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
                                              BackwardArgs &args);

@@ -66,6 +66,8 @@ public:
     Element ab, ce;
     int64_t m, n, k;
     const void *a, *b;
+    bool tf32;
+    int64_t workspaceBytes;
   };
   std::vector<LaunchSpec> launches;
   /// Each launch's parameters' words (each param is a word: a pointer or
@@ -100,8 +102,8 @@ public:
   }
   Status gemm(bool, bool, int64_t m, int64_t n, int64_t k, const void *a, int64_t,
               const void *b, int64_t, Element ab, double, void *, int64_t, Element ce,
-              void *, int64_t) override {
-    gemms.push_back({ab, ce, m, n, k, a, b});
+              bool tf32, void *, int64_t workspaceBytes) override {
+    gemms.push_back({ab, ce, m, n, k, a, b, tf32, workspaceBytes});
     return Status();
   }
   Status zero(void *data, int64_t bytes) override {
@@ -123,6 +125,22 @@ public:
   Status columnSums(const void *, Element, int64_t, int64_t, int64_t parts, int64_t per,
                     float *, float *) override {
     columnParts.push_back({parts, per});
+    return Status();
+  }
+  Status upload(const void *, void *, int64_t) override { return Status(); }
+  Status transpose(const void *, void *, int64_t, int64_t, Element) override {
+    return Status();
+  }
+  Status maskPastLengths(void *, Element, int64_t, int64_t, int64_t, const int32_t *,
+                         int64_t) override {
+    return Status();
+  }
+  Status gatherAtLengths(const void *, Element, int64_t, int64_t, int64_t, int64_t,
+                         const int32_t *, void *, Element) override {
+    return Status();
+  }
+  Status addAtLengths(const float *, int64_t, int64_t, const int32_t *, int64_t,
+                      float *) override {
     return Status();
   }
 };
@@ -271,7 +289,7 @@ TEST(CudaBackendTest, ACooperativeGridHoldsAsManyTilesAsTheDeviceKeepsResident) 
       EXPECT_NE(e.message().find("CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"), std::string::npos)
           << e.message();
       EXPECT_NE(e.message().find("this GPU keeps 2 resident"), std::string::npos);
-      EXPECT_EQ(device->admitted, 0);
+      EXPECT_TRUE(device->launches.empty());
       continue;
     }
     ASSERT_FALSE(e) << e.message();
@@ -326,6 +344,56 @@ TEST(CudaBackendTest, AMixedGemmConvertsItsSecondOperandIntoTheWorkspace) {
   EXPECT_EQ(device->gemms[0].b, workspace.data() + CudaBackend::kGemmWorkspaceBytes);
   ASSERT_EQ(device->conversions.size(), 1u);
   EXPECT_EQ(device->conversions[0], std::make_pair(Element::F32, Element::BF16));
+}
+
+TEST(CudaBackendTest, AWeightIsConvertedOnceACallAndGemmsRunAsThePackageSays) {
+  // A tf32 package for sm_90: cuBLAS's Hopper workspace, f32 products in
+  // TF32, and the f32 weight converted to bf16 once for the call's three
+  // GEMMs that read it beside bf16 sequences.
+  driver::Interface cell = interface(0, 0);
+  auto device = std::make_shared<RecordingDevice>();
+  CudaBackend::Gemms gemms = CudaBackend::gemmsFor("sm_90", "tf32");
+  EXPECT_EQ(gemms.workspaceBytes, int64_t(32) << 20);
+  EXPECT_TRUE(gemms.tf32);
+  EXPECT_EQ(CudaBackend::gemmsFor("sm_80", "ieee").workspaceBytes, int64_t(4) << 20);
+  EXPECT_FALSE(CudaBackend::gemmsFor("sm_90", "ieee").tf32);
+  CudaBackend backend(device, "c", cell, gemms);
+  std::vector<uint16_t> a(6 * 8);
+  std::vector<float> w(8 * 5), other(8 * 5), c(6 * 5);
+  View va = viewOf({a.data(), -1, Element::BF16}, {6, 8});
+  View vw = viewOf({w.data(), -1, Element::F32}, {8, 5});
+  View vo = viewOf({other.data(), -1, Element::F32}, {8, 5});
+  View vc = viewOf({c.data(), -1, Element::F32}, {6, 5});
+  auto calls = [&] {
+    for (const View *b : {&vw, &vo, &vw, &vw})
+      if (Status e = backend.gemm(false, false, 6, 5, 8, va, 8, *b, 5, 0.0, vc, 5))
+        return e;
+    return Status();
+  };
+  backend.beginDry();
+  ASSERT_FALSE(calls());
+  ASSERT_FALSE(backend.endCall());
+  int64_t needed = backend.used();
+  // The workspace and two converted weights, not four.
+  EXPECT_EQ(needed, (int64_t(32) << 20) + 2 * 256);
+  std::vector<char> workspace(static_cast<size_t>(needed));
+  ASSERT_FALSE(backend.beginCall(workspace.data(), needed, nullptr));
+  ASSERT_FALSE(calls());
+  ASSERT_FALSE(backend.endCall());
+  ASSERT_EQ(device->conversions.size(), 2u);
+  ASSERT_EQ(device->gemms.size(), 4u);
+  EXPECT_EQ(device->gemms[0].b, device->gemms[2].b);
+  EXPECT_EQ(device->gemms[0].b, device->gemms[3].b);
+  EXPECT_NE(device->gemms[0].b, device->gemms[1].b);
+  for (const auto &g : device->gemms) {
+    EXPECT_TRUE(g.tf32);
+    EXPECT_EQ(g.workspaceBytes, int64_t(32) << 20);
+  }
+  // A second call converts again: the conversions live for one call.
+  ASSERT_FALSE(backend.beginCall(workspace.data(), needed, nullptr));
+  ASSERT_FALSE(calls());
+  ASSERT_FALSE(backend.endCall());
+  EXPECT_EQ(device->conversions.size(), 4u);
 }
 
 TEST(CudaBackendTest, ColumnSumsRunInPartsOfRows) {
