@@ -144,7 +144,21 @@ cellc::PipelineOptions cellc::chooseCudaStrategy(ModuleOp cell, PipelineOptions 
   }
   options.strategy = Strategy::Persistent;
   options.sharedLimit = persistentLimit;
+  // A tile's CTAs all resident on the smallest GPU of the arch, unless
+  // the CTAs are named (Python gives the device's own SMs).
+  if (options.ctas == 0 && options.maxCtas == 0)
+    options.maxCtas = fewestSms(arch);
   return options;
+}
+
+int64_t cellc::fewestSms(llvm::StringRef arch) {
+  // The data-centre parts: an A100's 108 SMs, an H100 PCIe's 114 (an SXM
+  // H100 and an H200 have 132).
+  if (arch == "sm_80")
+    return 108;
+  if (arch == "sm_90" || arch == "sm_90a")
+    return 114;
+  return 0;
 }
 
 llvm::Error cellc::printStage(ModuleOp module, Emit emit,

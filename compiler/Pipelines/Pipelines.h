@@ -102,6 +102,10 @@ void buildPipeline(mlir::OpPassManager &pm, Stage stage,
 /// The dynamic shared memory a CTA may opt in to on `arch` (sm_80: 166912
 /// bytes, sm_90: 232448, ...; 49152 where unknown).
 int64_t sharedOptIn(llvm::StringRef arch);
+/// The fewest SMs of the architecture's data-centre GPUs (sm_80: 108, sm_90:
+/// 114), which a persistent tile's CTAs are capped at when no strategy is
+/// named and the CTAs are not (0: no cap).
+int64_t fewestSms(llvm::StringRef arch);
 
 /// The CUDA options for a caller that names no strategy (the cellc tool and
 /// Python choose the same way): persistent where the step keeps its heads

@@ -272,6 +272,19 @@ Status CudaBackend::plan(bool backward, bool saveGates, int64_t batch, LaunchSpe
   return Status();
 }
 
+int64_t CudaBackend::tilesAtOnce(bool backward, bool saveGates, int64_t batch,
+                                 int64_t tiles) {
+  const driver::Kernel &kernel = backward ? cell.backward : cell.forward;
+  if (kernel.ctas == 0)
+    return tiles;
+  // The launch's grid rows, as `launch` will make them; where the device
+  // refuses it, every tile (the launch then says why).
+  LaunchSpec spec;
+  if (plan(backward, saveGates, batch, spec))
+    return tiles;
+  return std::min<int64_t>(tiles, spec.gridY);
+}
+
 Status CudaBackend::admitLaunch(bool backward, bool saveGates, int64_t batch,
                                 LaunchSpec &spec) {
   if (Status e = plan(backward, saveGates, batch, spec))

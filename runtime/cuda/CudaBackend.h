@@ -92,6 +92,8 @@ public:
   void release(const driver::Buffer &buffer) override;
   Status launch(bool backward, bool saveGates, const std::vector<driver::Arg> &args,
                 int64_t batch) override;
+  /// A persistent grid's rows: as many tiles as the device keeps resident.
+  int64_t tilesAtOnce(bool backward, bool saveGates, int64_t batch, int64_t tiles) override;
   /// The launch of the forward (or backward) kernel over `batch` rows, as
   /// `launch` makes it: its grid (the tiles, or for a cooperative grid as
   /// many tiles at a time as the device keeps resident), block and shared

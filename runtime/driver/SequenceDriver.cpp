@@ -51,17 +51,17 @@ bool Kernel::perGroup() const {
                      [](const KernelArg &a) { return a.kind == ArgKind::Group; });
 }
 
-Status SequenceDriver::workspace(const Kernel &kernel, int64_t batch,
-                                 std::vector<Arg> &args, std::vector<Scratch> &keep,
-                                 bool *reused) {
-  // The kernels' global buffers: a workspace per tile (CUDA's persistent
-  // strategy) or per group of threads (the CPU's batched kernels), and the
-  // barrier words (zero before the launch; each launch leaves them so).
-  // Buffers that `keep` already holds, of the sizes needed, are used again
-  // (the step keeps them between calls).
-  int64_t parts = kernel.perGroup()
-                      ? backend->instances(batch)
-                      : (batch + kernel.batchTile - 1) / std::max<int64_t>(kernel.batchTile, 1);
+Status SequenceDriver::workspace(const Kernel &kernel, bool backward, bool saveGates,
+                                 int64_t batch, std::vector<Arg> &args,
+                                 std::vector<Scratch> &keep, bool *reused) {
+  // The kernels' global buffers: a workspace per tile that runs at once
+  // (CUDA's persistent strategy: a grid row's) or per group of threads (the
+  // CPU's batched kernels), and the barrier words (zero before the launch;
+  // each launch leaves them so). Buffers that `keep` already holds, of the
+  // sizes needed, are used again (the step keeps them between calls).
+  int64_t tiles = (batch + kernel.batchTile - 1) / std::max<int64_t>(kernel.batchTile, 1);
+  int64_t parts = kernel.perGroup() ? backend->instances(batch)
+                                    : backend->tilesAtOnce(backward, saveGates, batch, tiles);
   struct Wanted {
     size_t arg;
     bool words;
@@ -459,7 +459,7 @@ Status SequenceDriver::launchOn(const Kernel &kernel, bool backward, bool saveGa
                                 std::vector<Arg> &args, int64_t rows,
                                 KernelBuffers &buffers) {
   bool reused = false;
-  if (Status e = workspace(kernel, rows, args, buffers.scratch, &reused))
+  if (Status e = workspace(kernel, backward, saveGates, rows, args, buffers.scratch, &reused))
     return e;
   // The groups' parts hold the weights packed by the last launch in the
   // same groups (as many as these rows make), and that launch packed what

@@ -102,6 +102,13 @@ public:
   /// How many instances of a kernel a launch over `batch` rows runs at once
   /// (each with its own scratch, and its part of a per-group workspace).
   virtual int64_t instances(int64_t batch) const { return 1; }
+  /// How many of a launch's `tiles` batch tiles run at once, each with its
+  /// part of the kernel's workspace and barrier words (CUDA's persistent
+  /// grids hold what the device keeps resident, and run the rest in turn);
+  /// by default all.
+  virtual int64_t tilesAtOnce(bool backward, bool saveGates, int64_t batch, int64_t tiles) {
+    return tiles;
+  }
   /// Row-major `c = op(a) op(b) + beta c`, with leading dimensions; in the
   /// element type of `a`, accumulated and stored in `c`'s.
   virtual Status gemm(bool transA, bool transB, int64_t m, int64_t n, int64_t k,
@@ -560,7 +567,8 @@ private:
                      ForwardRun &run);
   /// The kernel's workspace and barrier words for `batch` rows, in `keep`
   /// (used again where it holds them at the sizes needed: `*reused`).
-  Status workspace(const Kernel &kernel, int64_t batch, std::vector<Arg> &args,
+  Status workspace(const Kernel &kernel, bool backward, bool saveGates, int64_t batch,
+                   std::vector<Arg> &args,
                    std::vector<Scratch> &keep, bool *reused = nullptr);
   /// A buffer of the driver's, counted in its ledger.
   Status scratch(std::vector<int64_t> shape, Element element, bool zero,

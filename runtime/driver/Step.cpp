@@ -73,7 +73,8 @@ Status SequenceDriver::step(const Sequence &seq, const std::vector<View> &output
   // A workspace made anew (another size: another number of groups) may
   // start where the last one did, but holds nothing packed.
   bool reused = false;
-  if (Status e = workspace(cell.forward, B, args, s.workspace, &reused))
+  if (Status e = workspace(cell.forward, /*backward=*/false, /*saveGates=*/false, B, args,
+                           s.workspace, &reused))
     return e;
   if (!reused)
     ++s.epoch;

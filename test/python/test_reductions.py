@@ -264,7 +264,7 @@ def test_a_cell_too_big_for_a_batch_tiled_cta_gets_the_persistent_kernels(tmp_pa
     monkeypatch.setenv("CELLC_CACHE_DIR", str(tmp_path))
     sizes = {"I": 256, "H": 256}
     cell = _example("layernorm_lstm")
-    path = cell._device_package(sizes, "sm_90", "f32", 232448)
+    path = cell._device_package(sizes, "sm_90", "f32", 232448, 132)
     meta = json.load(open(os.path.join(path, "kernels.json")))
     assert meta["kernels"]["layernorm_lstm_bwd"]["strategy"] == "persistent", meta
     # The package Python makes for no strategy named, and the one `cellc
@@ -282,8 +282,8 @@ def test_a_cell_too_big_for_a_batch_tiled_cta_gets_the_persistent_kernels(tmp_pa
     named = cellc.compile(os.path.join(EXAMPLES, "layernorm_lstm.cell"),
                           cuda={"strategy": "batch-tiled"})
     with pytest.raises(ValueError, match="bytes of workgroup memory per CTA"):
-        named._device_package(sizes, "sm_90", "f32", 232448)
+        named._device_package(sizes, "sm_90", "f32", 232448, 132)
     # A cell that fits stays batch-tiled.
-    small = _example("rmsnorm_gru")._device_package({"I": 64, "H": 64}, "sm_90", "f32", 232448)
+    small = _example("rmsnorm_gru")._device_package({"I": 64, "H": 64}, "sm_90", "f32", 232448, 132)
     meta = json.load(open(os.path.join(small, "kernels.json")))
     assert meta["kernels"]["rmsnorm_gru_fwd"]["strategy"] == "batch-tiled"

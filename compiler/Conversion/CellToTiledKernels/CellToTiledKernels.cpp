@@ -614,6 +614,8 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
       OpBuilder::InsertionGuard guard(builder);
       builder.setInsertionPointToStart(loop.getBody());
       status = tileAt(loop.getInductionVar());
+      // The row's next tile writes the buffers this one last read.
+      tb.barrier();
     }
     builder.create<gpu::ReturnOp>(loc);
   } else {

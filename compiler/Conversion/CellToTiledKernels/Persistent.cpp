@@ -104,10 +104,13 @@ public:
     SmallVector<int64_t> strides(full.size(), 1);
     for (int64_t d = int64_t(full.size()) - 2; d >= 0; --d)
       strides[d] = strides[d + 1] * full[d + 1];
+    // On CUDA a grid row's part, which its tiles use in turn (the runtime
+    // gives a part to each row of the grid); on the CPU one for the tiles
+    // in turn.
+    Value part = tb.gpu ? gridRow : tb.tileIndex;
     Value offset = builder.create<arith::AddIOp>(
         tb.loc,
-        builder.create<arith::MulIOp>(tb.loc, tb.tileIndex,
-                                      tb.index(plan.tileElements())),
+        builder.create<arith::MulIOp>(tb.loc, part, tb.index(plan.tileElements())),
         tb.index(workspaceUsed));
     workspaceUsed += strides[0] * full[0];
     auto type = MemRefType::get(
