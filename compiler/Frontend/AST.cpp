@@ -15,7 +15,8 @@ llvm::StringRef cellc::spell(DeclKind kind) {
 }
 
 llvm::StringRef cellc::spell(Expr::BinaryOp op) {
-  static constexpr llvm::StringLiteral words[] = {"+", "-", "*", "/", "@"};
+  static constexpr llvm::StringLiteral words[] = {"+",  "-",  "*",  "/",  "**", "<", "<=",
+                                                  ">",  ">=", "==", "!=", "@"};
   static_assert(std::size(words) == size_t(Expr::BinaryOp::Matvec) + 1);
   return words[size_t(op)];
 }

@@ -52,7 +52,20 @@ struct Decl {
 /// recursively cannot overflow the stack.
 struct Expr {
   enum class Kind { Number, Name, Neg, Binary, Call };
-  enum class BinaryOp { Add, Sub, Mul, Div, Matvec };
+  enum class BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Less,
+    LessEqual,
+    Greater,
+    GreaterEqual,
+    Equal,
+    NotEqual,
+    Matvec
+  };
 
   Kind kind;
   llvm::SMRange range;

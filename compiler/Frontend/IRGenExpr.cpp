@@ -101,7 +101,10 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
   if (lhs.kind == Val::Kind::Scalar && rhs.kind == Val::Kind::Scalar) {
     double a = lhs.scalar, b = rhs.scalar;
     if (isCall) {
-      assert((fn == Fn::Max || fn == Fn::Min) && "binary calls are max and min");
+      assert((fn == Fn::Max || fn == Fn::Min || fn == Fn::Pow) &&
+             "binary calls are max, min and pow");
+      if (fn == Fn::Pow)
+        return Val::ofScalar(std::pow(a, b));
       return Val::ofScalar(fn == Fn::Max ? std::max(a, b) : std::min(a, b));
     }
     // Every operator is listed: a new one is a compile error here, not a
@@ -110,6 +113,9 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
 #define CELLC_BINARY_OP(E, cellOp, value)                                      \
   case Expr::BinaryOp::E:                                                      \
     return Val::ofScalar(value);
+#define CELLC_COMPARISON(E, value)                                             \
+  case Expr::BinaryOp::E:                                                      \
+    return Val::ofScalar((value) ? 1.0 : 0.0);
 #include "compiler/Frontend/Functions.def"
     case Expr::BinaryOp::Matvec:
       break;
@@ -134,18 +140,55 @@ std::optional<Val> IRGen::elementwise(const Expr &expr, const Val &lhs,
   Value b = spread(right, size, rhsExpr.range.Start);
   Location l = loc(expr.opLoc);
   Value result;
+  // An integer power is products: exact for any base, a negative one
+  // included.
+  std::optional<int64_t> whole;
+  if (op == Expr::BinaryOp::Pow && right.kind == Val::Kind::Scalar &&
+      std::fabs(right.scalar) <= 64 && right.scalar == std::trunc(right.scalar))
+    whole = int64_t(right.scalar);
   if (isCall) {
     if (fn == Fn::Max)
       result = builder.create<cell::MaxOp>(l, a, b);
-    else
+    else if (fn == Fn::Min)
       result = builder.create<cell::MinOp>(l, a, b);
+    else if (whole)
+      result = integerPower(a, *whole, expr.opLoc);
+    else
+      result = builder.create<cell::PowOp>(l, a, b);
+  } else if (whole) {
+    result = integerPower(a, *whole, expr.opLoc);
   } else {
+    auto greater = [&](Value x, Value y) -> Value {
+      return builder.create<cell::GreaterOp>(l, x, y);
+    };
+    auto oneMinus = [&](Value x) -> Value {
+      return builder.create<cell::SubOp>(l, spread(Val::ofScalar(1.0), size, expr.opLoc),
+                                         x);
+    };
     switch (op) {
 #define CELLC_BINARY_OP(E, cellOp, value)                                      \
   case Expr::BinaryOp::E:                                                      \
     result = builder.create<cell::cellOp>(l, a, b);                            \
     break;
 #include "compiler/Frontend/Functions.def"
+    case Expr::BinaryOp::Less:
+      result = greater(b, a);
+      break;
+    case Expr::BinaryOp::LessEqual:
+      result = oneMinus(greater(a, b));
+      break;
+    case Expr::BinaryOp::Greater:
+      result = greater(a, b);
+      break;
+    case Expr::BinaryOp::GreaterEqual:
+      result = oneMinus(greater(b, a));
+      break;
+    case Expr::BinaryOp::Equal:
+      result = oneMinus(builder.create<cell::AddOp>(l, greater(a, b), greater(b, a)));
+      break;
+    case Expr::BinaryOp::NotEqual:
+      result = builder.create<cell::AddOp>(l, greater(a, b), greater(b, a));
+      break;
     case Expr::BinaryOp::Matvec:
       llvm_unreachable("'@' is not element-wise");
     }
@@ -443,13 +486,14 @@ Value IRGen::expand(Value small, ArrayRef<int64_t> shape, ArrayRef<int64_t> kept
 }
 
 Value IRGen::reduce(Value large, ArrayRef<int64_t> shape, ArrayRef<int64_t> kept,
-                    llvm::SMLoc at) {
+                    llvm::SMLoc at, llvm::StringRef combine) {
   int64_t size = 1;
   for (int64_t d : kept)
     size *= shape[d];
   return builder.create<cell::ReduceOp>(loc(at), vectorType(size), large,
                                         builder.getDenseI64ArrayAttr(shape),
-                                        builder.getDenseI64ArrayAttr(kept));
+                                        builder.getDenseI64ArrayAttr(kept),
+                                        builder.getStringAttr(combine));
 }
 
 Val IRGen::ofShape(Value value, ArrayRef<int64_t> shape) {
@@ -504,9 +548,11 @@ std::optional<Val> IRGen::evalVecmat(const Expr &expr) {
 std::optional<Val> IRGen::evalCall(const Expr &expr) {
   Fn fn = lookupFn(expr.name);
   if (fn == Fn::Unknown) {
+    std::string nearest = nearestFunction(expr.name);
     diag.error(expr.opLoc,
-               "unknown function '" + expr.name + "'; the functions are " +
-                   functionNames(),
+               "unknown function '" + expr.name + "'" +
+                   (nearest.empty() ? "" : "; did you mean '" + nearest + "'?") +
+                   " The functions are " + functionNames(),
                expr.range);
     return std::nullopt;
   }
@@ -517,15 +563,25 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
                expr.range);
     return std::nullopt;
   }
-  size_t arity = (fn == Fn::Max || fn == Fn::Min || fn == Fn::Heads || fn == Fn::Outer) ? 2 : 1;
-  if (expr.operands.size() != arity) {
+  // max and min: of two operands element by element, or over a vector's
+  // units.
+  size_t arity = (fn == Fn::Pow || fn == Fn::Heads || fn == Fn::Outer) ? 2
+                 : (fn == Fn::Where || fn == Fn::Clamp)                ? 3
+                                                                       : 1;
+  bool either = fn == Fn::Max || fn == Fn::Min;
+  if (either ? expr.operands.size() != 1 && expr.operands.size() != 2
+             : expr.operands.size() != arity) {
     diag.error(expr.opLoc,
-               "'" + expr.name + "' takes " + llvm::Twine(arity) +
-                   (arity == 1 ? " argument" : " arguments") + ", found " +
-                   llvm::Twine(expr.operands.size()),
+               "'" + expr.name + "' takes " +
+                   (either ? llvm::Twine("1 argument (over a vector's units) or 2 (element "
+                                         "by element)")
+                           : llvm::Twine(arity) + (arity == 1 ? " argument" : " arguments")) +
+                   ", found " + llvm::Twine(expr.operands.size()),
                expr.range);
     return std::nullopt;
   }
+  if (either)
+    arity = expr.operands.size();
   std::string what = "'" + expr.name + "'";
   if (fn == Fn::Heads)
     return evalHeads(expr);
@@ -544,15 +600,38 @@ std::optional<Val> IRGen::evalCall(const Expr &expr) {
       g->columns = true;
     return g;
   }
+  if (fn == Fn::Where)
+    return evalWhere(expr);
+  if (fn == Fn::Clamp)
+    return evalClamp(expr);
   if (arity == 2)
     return evalElementwise2(expr, what);
-  if (fn == Fn::Sum || fn == Fn::Mean)
+  if (fn == Fn::Sum || fn == Fn::Mean || fn == Fn::Max || fn == Fn::Min ||
+      fn == Fn::Softmax || fn == Fn::LogSumExp)
     return evalReduction(expr, fn);
 
   std::optional<Val> arg = evalElementwise(*expr.operands[0], what);
   if (!arg)
     return std::nullopt;
   return applyUnary(fn, *arg, loc(expr.opLoc));
+}
+
+Value IRGen::integerPower(Value x, int64_t n, llvm::SMLoc at) {
+  // Square and multiply; a negative power is the reciprocal.
+  Location l = loc(at);
+  int64_t size = cast<RankedTensorType>(x.getType()).getDimSize(0);
+  Value result, square = x;
+  for (int64_t m = n < 0 ? -n : n; m > 0; m /= 2) {
+    if (m % 2)
+      result = result ? builder.create<cell::MulOp>(l, result, square).getResult() : square;
+    if (m > 1)
+      square = builder.create<cell::MulOp>(l, square, square);
+  }
+  if (!result)
+    return constant(1.0, size, at);
+  if (n < 0)
+    result = builder.create<cell::DivOp>(l, constant(1.0, size, at), result);
+  return result;
 }
 
 /// A function of one argument on `arg`: folded where `arg` is a constant,
@@ -579,6 +658,11 @@ Val IRGen::applyUnary(Fn fn, Val arg, Location l) {
         l, builder.create<cell::SoftplusOp>(l, builder.create<cell::NegOp>(l, arg.value)));
     return arg;
   case Fn::Unknown:
+  case Fn::Pow:
+  case Fn::Where:
+  case Fn::Clamp:
+  case Fn::Softmax:
+  case Fn::LogSumExp:
   case Fn::Heads:
   case Fn::Outer:
   case Fn::Cols:
@@ -606,19 +690,140 @@ std::optional<Val> IRGen::evalReduction(const Expr &expr, Fn fn) {
     return std::nullopt;
   }
   Location l = loc(expr.opLoc);
-  if (!arg->dims.empty()) {
-    // Over each head's part: the last dim.
-    ArrayRef<int64_t> kept = ArrayRef(arg->dims).drop_back();
-    int64_t last = arg->dims.back(), count = arg->size / last;
-    Value sums = reduce(arg->value, arg->dims, leadingDims(kept.size()), expr.opLoc);
+  llvm::SMLoc at = expr.opLoc;
+  // Over each head's part (the last dim), or over all the units. A sum
+  // over all is cell.sum, which the kernels split over their threads.
+  SmallVector<int64_t, 2> shape = arg->shape();
+  ArrayRef<int64_t> kept = ArrayRef(shape).drop_back();
+  int64_t last = shape.back(), count = arg->size / last;
+  auto across = [&](Value v, StringRef combine) -> Value {
+    if (kept.empty() && combine == "sum")
+      return builder.create<cell::SumOp>(l, vectorType(1), v);
+    return reduce(v, shape, leadingDims(kept.size()), at, combine);
+  };
+  auto result = [&](Value v) {
+    return kept.empty() ? Val::ofPerSample(v) : ofShape(v, kept);
+  };
+  auto back = [&](Value v) -> Value {
+    return kept.empty() ? builder.create<cell::BroadcastOp>(l, vectorType(arg->size), v)
+                               .getResult()
+                        : expand(v, shape, leadingDims(kept.size()), at);
+  };
+  switch (fn) {
+  case Fn::Sum:
+  case Fn::Mean: {
+    Value sums = across(arg->value, "sum");
     if (fn == Fn::Mean)
-      sums = builder.create<cell::MulOp>(l, sums,
-                                         constant(1.0 / double(last), count, expr.opLoc));
-    return ofShape(sums, kept);
+      sums = builder.create<cell::MulOp>(l, sums, constant(1.0 / double(last), count, at));
+    return result(sums);
   }
-  Value sum = builder.create<cell::SumOp>(l, vectorType(1), arg->value);
-  if (fn == Fn::Mean)
-    sum = builder.create<cell::MulOp>(
-        l, sum, constant(1.0 / double(arg->size), 1, expr.opLoc));
-  return Val::ofPerSample(sum);
+  case Fn::Max:
+    return result(across(arg->value, "max"));
+  case Fn::Min:
+    return result(across(arg->value, "min"));
+  case Fn::Softmax:
+  case Fn::LogSumExp: {
+    // Stable: the max subtracted before exp, so that no score overflows.
+    Value m = across(arg->value, "max");
+    Value shifted = builder.create<cell::SubOp>(l, arg->value, back(m));
+    Value e = builder.create<cell::ExpOp>(l, shifted);
+    Value s = across(e, "sum");
+    if (fn == Fn::LogSumExp)
+      return result(builder.create<cell::AddOp>(l, m, builder.create<cell::LogOp>(l, s)));
+    Val out = *arg;
+    out.value = builder.create<cell::DivOp>(l, e, back(s));
+    out.columns = false;
+    return out;
+  }
+  default:
+    break;
+  }
+  llvm_unreachable("not a reduction");
+}
+
+std::optional<Val> IRGen::evalWhere(const Expr &expr) {
+  // where(c, a, b): a and b made to match, then c and them; a select of the
+  // three (the unselected side is not read into the result).
+  std::string what = "'where'";
+  std::optional<Val> c = evalElementwise(*expr.operands[0], what);
+  std::optional<Val> a = c ? evalElementwise(*expr.operands[1], what) : std::nullopt;
+  std::optional<Val> b = a ? evalElementwise(*expr.operands[2], what) : std::nullopt;
+  if (!b)
+    return std::nullopt;
+  if (c->kind == Val::Kind::Scalar && a->kind == Val::Kind::Scalar &&
+      b->kind == Val::Kind::Scalar)
+    return Val::ofScalar(c->scalar != 0 ? a->scalar : b->scalar);
+  if (c->kind == Val::Kind::Scalar)
+    return c->scalar != 0 ? *a : *b;
+  auto pair = [&](const Expr &x, const Expr &y) { return pairAt(expr, x, y, "where"); };
+  auto ab = broadcastHeads(*pair(*expr.operands[1], *expr.operands[2]), *a, *b, what);
+  if (!ab)
+    return std::nullopt;
+  // The operand that carries the shape of a and b, against c's.
+  bool aShapes = ab->first.kind == Val::Kind::Vector;
+  const Val &carrier = aShapes ? ab->first : ab->second;
+  auto ca = broadcastHeads(*pair(*expr.operands[0], *expr.operands[aShapes ? 1 : 2]), *c,
+                           carrier, what);
+  if (!ca)
+    return std::nullopt;
+  auto cb = broadcastHeads(*pair(*expr.operands[0], *expr.operands[aShapes ? 2 : 1]),
+                           ca->first, aShapes ? ab->second : ab->first, what);
+  if (!cb)
+    return std::nullopt;
+  Val shaped = ca->second.kind == Val::Kind::Vector ? ca->second
+               : cb->second.kind == Val::Kind::Vector ? cb->second
+                                                      : cb->first;
+  bool vector = shaped.kind == Val::Kind::Vector || cb->first.kind == Val::Kind::Vector;
+  if (cb->first.kind == Val::Kind::Vector)
+    shaped = cb->first;
+  int64_t size = vector ? shaped.size : 1;
+  Value cv = spread(cb->first, size, expr.operands[0]->range.Start);
+  Value av = spread(aShapes ? ca->second : cb->second, size, expr.operands[1]->range.Start);
+  Value bv = spread(aShapes ? cb->second : ca->second, size, expr.operands[2]->range.Start);
+  Value picked = builder.create<cell::SelectOp>(loc(expr.opLoc), cv, av, bv);
+  if (!vector)
+    return Val::ofPerSample(picked);
+  Val out = Val::ofVector(picked, size);
+  out.dims = shaped.dims;
+  return out;
+}
+
+std::optional<Val> IRGen::evalClamp(const Expr &expr) {
+  // clamp(x, lo, hi) = min(max(x, lo), hi), element by element.
+  std::string what = "'clamp'";
+  std::optional<Val> x = evalElementwise(*expr.operands[0], what);
+  std::optional<Val> lo = x ? evalElementwise(*expr.operands[1], what) : std::nullopt;
+  std::optional<Val> hi = lo ? evalElementwise(*expr.operands[2], what) : std::nullopt;
+  if (!hi)
+    return std::nullopt;
+  std::optional<Val> low =
+      elementwise(*pairAt(expr, *expr.operands[0], *expr.operands[1], "max"), *x, *lo, what);
+  if (!low)
+    return std::nullopt;
+  return elementwise(*pairAt(expr, *expr.operands[0], *expr.operands[2], "min"), *low, *hi,
+                     what);
+}
+
+std::unique_ptr<Expr> IRGen::pairAt(const Expr &call, const Expr &x, const Expr &y,
+                                    llvm::StringRef name) {
+  auto pair = std::make_unique<Expr>(Expr::Kind::Call, call.range);
+  pair->name = name.str();
+  pair->opLoc = call.opLoc;
+  for (const Expr *operand : {&x, &y})
+    pair->operands.push_back(std::make_unique<Expr>(Expr::Kind::Number, operand->range));
+  return pair;
+}
+
+std::string IRGen::nearestFunction(llvm::StringRef name) {
+  // The known name fewest edits away, where it is a plausible slip.
+  std::string best;
+  unsigned fewest = std::max<unsigned>(2, name.size() / 3) + 1;
+  for (llvm::StringRef known : functionList()) {
+    unsigned edits = name.lower() == known ? 0 : name.edit_distance(known, true, fewest);
+    if (edits < fewest) {
+      fewest = edits;
+      best = known.str();
+    }
+  }
+  return best;
 }

@@ -111,6 +111,11 @@ enum class Fn {
 #define CELLC_UNARY_FN(E, name, op, value) E,
 #include "compiler/Frontend/Functions.def"
   LogSigmoid,
+  Pow,
+  Where,
+  Clamp,
+  Softmax,
+  LogSumExp,
   Heads,
   Outer,
   Cols,
@@ -126,6 +131,11 @@ inline Fn lookupFn(llvm::StringRef name) {
 #define CELLC_UNARY_FN(E, text, op, value) .Case(text, Fn::E)
 #include "compiler/Frontend/Functions.def"
       .Case("logsigmoid", Fn::LogSigmoid)
+      .Case("pow", Fn::Pow)
+      .Case("where", Fn::Where)
+      .Case("clamp", Fn::Clamp)
+      .Case("softmax", Fn::Softmax)
+      .Case("logsumexp", Fn::LogSumExp)
       .Case("heads", Fn::Heads)
       .Case("outer", Fn::Outer)
       .Case("cols", Fn::Cols)
@@ -153,12 +163,22 @@ inline SmallVector<int64_t> leadingDims(int64_t n) {
   return dims;
 }
 
+/// Every function's name.
+inline std::vector<llvm::StringRef> functionList() {
+  return {
+#define CELLC_UNARY_FN(E, text, op, value) text,
+#include "compiler/Frontend/Functions.def"
+      "logsigmoid", "pow", "where", "clamp", "softmax", "logsumexp", "heads", "outer",
+      "cols", "max", "min", "sum", "mean", "chunk"};
+}
+
 /// The functions, for messages: "sigmoid, tanh, ..., min and chunk".
 inline std::string functionNames() {
   std::string names;
 #define CELLC_UNARY_FN(E, text, op, value) names += text ", ";
 #include "compiler/Frontend/Functions.def"
-  return names + "logsigmoid, heads, outer, cols, max, min, sum, mean and chunk";
+  return names + "logsigmoid, pow, where, clamp, heads, outer, cols, max, min, sum, mean, "
+                 "softmax, logsumexp and chunk";
 }
 
 class IRGen {
@@ -219,9 +239,10 @@ private:
   /// `small` repeated along the dims of `shape` that `kept` leaves out.
   Value expand(Value small, ArrayRef<int64_t> shape, ArrayRef<int64_t> kept,
                llvm::SMLoc at);
-  /// The sums of `large`, of `shape`, over the dims that `kept` leaves out.
+  /// The sums of `large`, of `shape`, over the dims that `kept` leaves out
+  /// (or their max or min: `combine`).
   Value reduce(Value large, ArrayRef<int64_t> shape, ArrayRef<int64_t> kept,
-               llvm::SMLoc at);
+               llvm::SMLoc at, llvm::StringRef combine = "sum");
   /// A vector of `shape`: plain for one dim, else with those dims.
   Val ofShape(Value value, ArrayRef<int64_t> shape);
   /// "shape mismatch in `what`: the left operand is [..], the right [..];
@@ -235,7 +256,21 @@ private:
   }
   std::optional<Val> evalCall(const Expr &expr);
   Val applyUnary(Fn fn, Val arg, Location l);
+  /// `x ** n` for an integer n, as products (exact for any x).
+  Value integerPower(Value x, int64_t n, llvm::SMLoc at);
+  /// sum, mean, max and min of one argument, softmax and logsumexp: over a
+  /// vector's units, or each head's.
   std::optional<Val> evalReduction(const Expr &expr, Fn fn);
+  /// `where(c, a, b)`, `clamp(x, lo, hi)`.
+  std::optional<Val> evalWhere(const Expr &expr);
+  std::optional<Val> evalClamp(const Expr &expr);
+  /// A call `name(x, y)` at `call`, standing for two operands of it, for
+  /// the messages of the elementwise code that combines them.
+  static std::unique_ptr<Expr> pairAt(const Expr &call, const Expr &x, const Expr &y,
+                                      llvm::StringRef name);
+  /// The function whose name is nearest `name` (a slip of a letter or two),
+  /// or nothing.
+  static std::string nearestFunction(llvm::StringRef name);
   /// Evaluates an operand of an elementwise operation: a scalar or a vector.
   std::optional<Val> evalElementwise(const Expr &expr, llvm::StringRef what);
   /// Builds an elementwise binary op on two operands, broadcasting literals.

@@ -58,12 +58,33 @@ llvm::StringRef cellc::spell(TokenKind kind) {
     return "'-'";
   case TokenKind::Star:
     return "'*'";
+  case TokenKind::StarStar:
+    return "'**'";
+  case TokenKind::Less:
+    return "'<'";
+  case TokenKind::LessEqual:
+    return "'<='";
+  case TokenKind::Greater:
+    return "'>'";
+  case TokenKind::GreaterEqual:
+    return "'>='";
+  case TokenKind::EqualEqual:
+    return "'=='";
+  case TokenKind::NotEqual:
+    return "'!='";
   case TokenKind::Slash:
     return "'/'";
   case TokenKind::At:
     return "'@'";
   }
   return "token";
+}
+
+bool Lexer::consumeIf(char c) {
+  if (cur == buffer.end() || *cur != c)
+    return false;
+  ++cur;
+  return true;
 }
 
 Token Lexer::make(TokenKind kind, const char *start) {
@@ -121,13 +142,22 @@ Token Lexer::next() {
   case ';':
     return make(TokenKind::Semicolon, start);
   case '=':
-    return make(TokenKind::Equal, start);
+    return make(consumeIf('=') ? TokenKind::EqualEqual : TokenKind::Equal, start);
+  case '<':
+    return make(consumeIf('=') ? TokenKind::LessEqual : TokenKind::Less, start);
+  case '>':
+    return make(consumeIf('=') ? TokenKind::GreaterEqual : TokenKind::Greater, start);
+  case '!':
+    if (consumeIf('='))
+      return make(TokenKind::NotEqual, start);
+    return error(start, cur, "unexpected character '!'; '!=' compares, and a mask is "
+                             "negated with 1 - m");
   case '+':
     return make(TokenKind::Plus, start);
   case '-':
     return make(TokenKind::Minus, start);
   case '*':
-    return make(TokenKind::Star, start);
+    return make(consumeIf('*') ? TokenKind::StarStar : TokenKind::Star, start);
   case '/':
     return make(TokenKind::Slash, start);
   case '@':
@@ -140,6 +170,12 @@ Token Lexer::next() {
     return lexNumber(start);
   if (std::isalpha(static_cast<unsigned char>(c)) || c == '_')
     return lexIdentifier(start);
+  // `W.T @ h`, as NumPy writes a transposed product.
+  if (c == '.' && cur != end && *cur == 'T' &&
+      (cur + 1 == end || !std::isalnum(static_cast<unsigned char>(cur[1]))))
+    return error(start, cur + 1,
+                 "'.T' is not in the language: a product with the transpose of W is "
+                 "written `h @ W` (the vector on the left), as `W @ h` is W's");
 
   std::string message;
   llvm::raw_string_ostream os(message);

@@ -36,8 +36,15 @@ enum class TokenKind {
   Plus,
   Minus,
   Star,
+  StarStar,
   Slash,
   At,
+  Less,
+  LessEqual,
+  Greater,
+  GreaterEqual,
+  EqualEqual,
+  NotEqual,
 };
 
 /// A printable name for a token kind, as used in "expected ..." messages.
@@ -70,6 +77,8 @@ public:
 
 private:
   Token make(TokenKind kind, const char *start);
+  /// Consumes the next character where it is `c`.
+  bool consumeIf(char c);
   Token error(const char *start, const char *end, std::string message);
   Token lexNumber(const char *start);
   Token lexIdentifier(const char *start);

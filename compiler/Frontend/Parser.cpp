@@ -212,21 +212,32 @@ bool Parser::parseStmt(CellAST &cell) {
 
 std::unique_ptr<Expr> Parser::parseExpr() { return parseBinary(1); }
 
-/// The binding strength of a binary operator token, or 0 for none. `@` binds
-/// like `*`, as in Python.
+/// The binding strength of a binary operator token, or 0 for none. As in
+/// Python: comparisons bind loosest, `@` like `*`; `**` (parsePower) binds
+/// tighter than a unary minus on its left.
 static unsigned precedence(TokenKind kind) {
   switch (kind) {
+  case TokenKind::Less:
+  case TokenKind::LessEqual:
+  case TokenKind::Greater:
+  case TokenKind::GreaterEqual:
+  case TokenKind::EqualEqual:
+  case TokenKind::NotEqual:
+    return 1;
   case TokenKind::Plus:
   case TokenKind::Minus:
-    return 1;
+    return 2;
   case TokenKind::Star:
   case TokenKind::Slash:
   case TokenKind::At:
-    return 2;
+    return 3;
   default:
     return 0;
   }
 }
+
+/// Comparisons do not chain (`a < b < c`).
+static bool isComparison(TokenKind kind) { return precedence(kind) == 1; }
 
 static Expr::BinaryOp binaryOpOf(TokenKind kind) {
   switch (kind) {
@@ -240,6 +251,20 @@ static Expr::BinaryOp binaryOpOf(TokenKind kind) {
     return Expr::BinaryOp::Div;
   case TokenKind::At:
     return Expr::BinaryOp::Matvec;
+  case TokenKind::StarStar:
+    return Expr::BinaryOp::Pow;
+  case TokenKind::Less:
+    return Expr::BinaryOp::Less;
+  case TokenKind::LessEqual:
+    return Expr::BinaryOp::LessEqual;
+  case TokenKind::Greater:
+    return Expr::BinaryOp::Greater;
+  case TokenKind::GreaterEqual:
+    return Expr::BinaryOp::GreaterEqual;
+  case TokenKind::EqualEqual:
+    return Expr::BinaryOp::Equal;
+  case TokenKind::NotEqual:
+    return Expr::BinaryOp::NotEqual;
   default:
     // Only tokens with a precedence (binaryPrecedence) reach here.
     llvm_unreachable("not a binary operator");
@@ -274,6 +299,10 @@ std::unique_ptr<Expr> Parser::parseBinary(unsigned minPrecedence) {
     std::unique_ptr<Expr> rhs = parseBinary(prec + 1);
     if (!rhs)
       return nullptr;
+    if (isComparison(tok.kind) && prec == 1) {
+      errorHere("comparisons do not chain: write (a < b) * (b < c) for a < b < c");
+      return nullptr;
+    }
     auto binary = std::make_unique<Expr>(
         Expr::Kind::Binary, llvm::SMRange(lhs->range.Start, rhs->range.End));
     binary->binaryOp = op;
@@ -303,7 +332,7 @@ std::unique_ptr<Expr> Parser::parseUnary() {
     return nullptr;
   }
   if (!tok.is(TokenKind::Minus))
-    return parsePrimary();
+    return parsePower();
   llvm::SMLoc opLoc = tok.loc();
   advance();
   std::unique_ptr<Expr> operand = parseUnary();
@@ -316,6 +345,28 @@ std::unique_ptr<Expr> Parser::parseUnary() {
   if (!setDepth(*neg))
     return nullptr;
   return neg;
+}
+
+std::unique_ptr<Expr> Parser::parsePower() {
+  std::unique_ptr<Expr> base = parsePrimary();
+  if (!base || !tok.is(TokenKind::StarStar))
+    return base;
+  llvm::SMLoc opLoc = tok.loc();
+  advance();
+  // Right to left, and the exponent may be negated: 2 ** -x ** 2 is
+  // 2 ** (-(x ** 2)).
+  std::unique_ptr<Expr> exponent = parseUnary();
+  if (!exponent)
+    return nullptr;
+  auto power = std::make_unique<Expr>(Expr::Kind::Binary,
+                                      llvm::SMRange(base->range.Start, exponent->range.End));
+  power->binaryOp = Expr::BinaryOp::Pow;
+  power->opLoc = opLoc;
+  power->operands.push_back(std::move(base));
+  power->operands.push_back(std::move(exponent));
+  if (!setDepth(*power))
+    return nullptr;
+  return power;
 }
 
 std::unique_ptr<Expr> Parser::parsePrimary() {

@@ -44,6 +44,8 @@ private:
   std::unique_ptr<Expr> parseExpr();
   std::unique_ptr<Expr> parseBinary(unsigned minPrecedence);
   std::unique_ptr<Expr> parseUnary();
+  /// A primary, raised to a power where `**` follows.
+  std::unique_ptr<Expr> parsePower();
   std::unique_ptr<Expr> parsePrimary();
   /// Sets `expr`'s depth from its operands; reports an error past the limit.
   bool setDepth(Expr &expr);

@@ -465,6 +465,7 @@ public:
   /// multiply-adds; otherwise unit by unit.
   Value evalReduce(ReduceOp reduce, const Index &i) {
     ArrayRef<int64_t> shape = reduce.getShape(), kept = reduce.getKept();
+    ReduceCombine combine{reduce.getCombineKind()};
     int64_t dims = shape.size();
     Value vec = reduce.getInput();
     SmallVector<int64_t> stride(dims, 1), others;
@@ -493,7 +494,8 @@ public:
       VectorType wide = lane;
       lane = width;
       auto loop = builder.create<scf::ForOp>(
-          loc, index(0), index(count), index(1), ValueRange{splat(builder, loc, width, 0.0)},
+          loc, index(0), index(count), index(1),
+          ValueRange{splat(builder, loc, width, combine.identity())},
           [&](OpBuilder &b, Location l, Value s, ValueRange acc) {
             OpBuilder::InsertionGuard guard(builder);
             builder.setInsertionPointToStart(b.getInsertionBlock());
@@ -501,7 +503,7 @@ public:
             Value f = builder.create<arith::AddIOp>(loc, base, spread(s, others));
             Value x = eval(vec, {f, 0, sizeOf(vec)});
             scopes.pop_back();
-            builder.create<scf::YieldOp>(l, ValueRange{builder.create<arith::AddFOp>(l, acc[0], x)});
+            builder.create<scf::YieldOp>(l, ValueRange{combine.combine(builder, l, acc[0], x)});
           });
       lane = wide;
       return loop.getResult(0);
@@ -564,6 +566,7 @@ public:
   /// computed whole: see evalProduct.)
   void emitReduce(ReduceOp reduce, Value a, Value slot, Value out) {
     ArrayRef<int64_t> shape = reduce.getShape(), kept = reduce.getKept();
+    ReduceCombine combine{reduce.getCombineKind()};
     int64_t dims = shape.size();
     SmallVector<int64_t> fullStride(dims, 1), keptStride(dims, 0);
     for (int64_t d = dims - 2; d >= 0; --d)
@@ -586,27 +589,27 @@ public:
       int64_t n = width.getNumElements();
       Value sum;
       if (!innerKept)
-        sum = splat(builder, loc, width, 0.0);
+        sum = splat(builder, loc, width, combine.identity());
       for (int64_t j = begin; j + n <= end; j += n) {
         Value f = add(full, index(j));
         Value k = innerKept ? add(part, index(j)) : part;
         Value x = builder.create<vector::LoadOp>(loc, width, a, indices(slot, row, f));
         if (!innerKept) {
-          sum = builder.create<arith::AddFOp>(loc, sum, x);
+          sum = combine.combine(builder, loc, sum, x);
           continue;
         }
         Value acc = builder.create<vector::LoadOp>(loc, width, out, indices(Value(), row, k));
-        builder.create<vector::StoreOp>(loc, builder.create<arith::AddFOp>(loc, acc, x), out,
+        builder.create<vector::StoreOp>(loc, combine.combine(builder, loc, acc, x), out,
                                         indices(Value(), row, k));
       }
       if (innerKept)
         return;
-      Value total = builder.create<vector::ReductionOp>(loc, vector::CombiningKind::ADD, sum);
+      Value total = builder.create<vector::ReductionOp>(loc, combine.vectorKind(), sum);
       Value acc = builder.create<vector::LoadOp>(loc, one, out, indices(Value(), row, part));
       Value acc0 = builder.create<vector::ExtractOp>(loc, acc, ArrayRef<int64_t>{0});
       builder.create<vector::StoreOp>(
           loc, builder.create<vector::BroadcastOp>(
-                   loc, one, builder.create<arith::AddFOp>(loc, acc0, total)),
+                   loc, one, combine.combine(builder, loc, acc0, total)),
           out, indices(Value(), row, part));
     };
     std::function<void(int64_t, Value, Value)> nest = [&](int64_t d, Value full, Value part) {
@@ -623,7 +626,7 @@ public:
     auto [first, last] = sliceOf(rows);
     forEachRowIn(first, last, [&] {
       loopTo(keptSize, 1, [&](Value k) {
-        builder.create<vector::StoreOp>(loc, splat(builder, loc, one, 0.0), out,
+        builder.create<vector::StoreOp>(loc, splat(builder, loc, one, combine.identity()), out,
                                         indices(Value(), row, k));
       });
       nest(0, index(0), index(0));

@@ -204,10 +204,11 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
           int64_t k = keptIndex(r.getShape(), r.getKept(), f);
           picks[seen[k]++][k] = f;
         }
+        ReduceCombine combine{r.getCombineKind()};
         Value acc;
         for (ArrayRef<int64_t> mask : picks) {
           Value part = builder.create<vector::ShuffleOp>(loc, operand(0), operand(0), mask);
-          acc = acc ? builder.create<arith::AddFOp>(loc, acc, part).getResult() : part;
+          acc = acc ? combine.combine(builder, loc, acc, part) : part;
         }
         return result(acc);
       })

@@ -122,13 +122,17 @@ void TiledBuilder::sinkPartial(Value first, Value partial,
 /// The sum of `term(j)` for j from `begin` to `end` by `step`.
 Value TiledBuilder::sumRange(Value begin, Value end, Value step,
                              function_ref<Value(Value)> term) {
+  return reduceRange(ReduceCombine{Combine::Sum}, begin, end, step, term);
+}
+
+Value TiledBuilder::reduceRange(const ReduceCombine &combine, Value begin, Value end,
+                                Value step, function_ref<Value(Value)> term) {
   auto loop = builder.create<scf::ForOp>(
-      loc, begin, end, step, ValueRange{splat(builder, loc, lane, 0.0)},
+      loc, begin, end, step, ValueRange{splat(builder, loc, lane, combine.identity())},
       [&](OpBuilder &b, Location l, Value j, ValueRange acc) {
         OpBuilder::InsertionGuard guard(builder);
         builder.setInsertionPointToStart(b.getInsertionBlock());
-        builder.create<scf::YieldOp>(
-            l, ValueRange{builder.create<arith::AddFOp>(l, acc[0], term(j))});
+        builder.create<scf::YieldOp>(l, ValueRange{combine.combine(builder, l, acc[0], term(j))});
       });
   return loop.getResult(0);
 }
@@ -229,7 +233,8 @@ Value TiledBuilder::evalExpandOrReduce(Operation *op, const Index &i) {
   // An operand that the plan left unwritten (Options::reducesInPlace) is
   // evaluated at each element summed.
   bool inPlace = !buffer;
-  return sumRange(index(0), index(count), index(1), [&](Value r) {
+  return reduceRange(ReduceCombine{cast<ReduceOp>(op).getCombineKind()}, index(0),
+                     index(count), index(1), [&](Value r) {
     Value from = base;
     for (int64_t d : llvm::reverse(others))
       from = addScaled(from, peel(r, d), stride[d]);

@@ -166,6 +166,9 @@ public:
   void forRange(Value begin, Value end, Value step, function_ref<void(Value)> body);
   /// The sum of `term(j)` (a lane) for j from `begin` to `end` by `step`.
   Value sumRange(Value begin, Value end, Value step, function_ref<Value(Value)> term);
+  /// The same, combined by `combine` (a cell.reduce's sum, max or min).
+  Value reduceRange(const ReduceCombine &combine, Value begin, Value end, Value step,
+                    function_ref<Value(Value)> term);
   /// The partial sums a CTA keeps: one a warp on CUDA, where a warp's
   /// threads add theirs with shuffles; one a thread on the CPU.
   int64_t partialsPerCta() const { return gpu ? ntidStatic / 32 : ntidStatic; }

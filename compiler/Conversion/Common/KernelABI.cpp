@@ -9,6 +9,8 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/TypeSwitch.h"
 
+#include <limits>
+
 namespace mlir::cell {
 
 VectorType vectorOf(Type tensor) {
@@ -246,6 +248,42 @@ Value blockOf(OpBuilder &builder, Location loc, Value weight, int64_t g) {
   return builder.create<memref::SubViewOp>(loc, view, weight, offsets, sizes, strides);
 }
 
+double ReduceCombine::identity() const {
+  switch (kind) {
+  case Combine::Sum:
+    return 0.0;
+  case Combine::Max:
+    return -std::numeric_limits<double>::infinity();
+  case Combine::Min:
+    return std::numeric_limits<double>::infinity();
+  }
+  llvm_unreachable("a reduction combines by sum, max or min");
+}
+
+Value ReduceCombine::combine(OpBuilder &builder, Location loc, Value a, Value b) const {
+  switch (kind) {
+  case Combine::Sum:
+    return builder.create<arith::AddFOp>(loc, a, b);
+  case Combine::Max:
+    return builder.create<arith::MaximumFOp>(loc, a, b);
+  case Combine::Min:
+    return builder.create<arith::MinimumFOp>(loc, a, b);
+  }
+  llvm_unreachable("a reduction combines by sum, max or min");
+}
+
+vector::CombiningKind ReduceCombine::vectorKind() const {
+  switch (kind) {
+  case Combine::Sum:
+    return vector::CombiningKind::ADD;
+  case Combine::Max:
+    return vector::CombiningKind::MAXIMUMF;
+  case Combine::Min:
+    return vector::CombiningKind::MINIMUMF;
+  }
+  llvm_unreachable("a reduction combines by sum, max or min");
+}
+
 Value buildElementwise(OpBuilder &builder, Operation *op, ValueRange operands,
                        VectorType type) {
   Location loc = op->getLoc();
@@ -261,6 +299,35 @@ Value buildElementwise(OpBuilder &builder, Operation *op, ValueRange operands,
       })
       .Case([&](MinOp) {
         return builder.create<arith::MinimumFOp>(loc, x(0), x(1));
+      })
+      .Case([&](PowOp) {
+        // As PyTorch: |a|^b = exp(b log|a|), negated for a < 0 and an odd
+        // integer b, NaN for a < 0 and b not an integer; a^0 = 1.
+        Value a = x(0), b = x(1);
+        Value magnitude = builder.create<math::ExpOp>(
+            loc, builder.create<arith::MulFOp>(
+                     loc, b, builder.create<math::LogOp>(
+                                 loc, builder.create<math::AbsFOp>(loc, a))));
+        Value whole = builder.create<arith::CmpFOp>(
+            loc, arith::CmpFPredicate::OEQ, builder.create<math::FloorOp>(loc, b), b);
+        Value halfFloor = builder.create<math::FloorOp>(
+            loc, builder.create<arith::MulFOp>(loc, b, c(0.5)));
+        Value odd = builder.create<arith::CmpFOp>(
+            loc, arith::CmpFPredicate::ONE, builder.create<arith::MulFOp>(loc, halfFloor, c(2.0)),
+            b);
+        Value negative = builder.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OLT, a, c(0.0));
+        Value signedPower = builder.create<arith::SelectOp>(
+            loc, odd, builder.create<arith::NegFOp>(loc, magnitude), magnitude);
+        Value ofNegative = builder.create<arith::SelectOp>(
+            loc, whole, signedPower, c(std::numeric_limits<double>::quiet_NaN()));
+        Value power = builder.create<arith::SelectOp>(loc, negative, ofNegative, magnitude);
+        Value zeroPower = builder.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OEQ, b, c(0.0));
+        return builder.create<arith::SelectOp>(loc, zeroPower, c(1.0), power);
+      })
+      .Case([&](SelectOp) {
+        Value chosen = builder.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UNE, x(0),
+                                                     c(0.0));
+        return builder.create<arith::SelectOp>(loc, chosen, x(1), x(2));
       })
       .Case([&](GreaterOp) {
         Value gt = builder.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT,
@@ -293,6 +360,44 @@ Value buildElementwise(OpBuilder &builder, Operation *op, ValueRange operands,
       })
       .Case([&](AbsOp) { return builder.create<math::AbsFOp>(loc, x(0)); })
       .Case([&](SqrtOp) { return builder.create<math::SqrtOp>(loc, x(0)); })
+      .Case([&](RsqrtOp) {
+        return builder.create<arith::DivFOp>(loc, c(1.0),
+                                             builder.create<math::SqrtOp>(loc, x(0)));
+      })
+      .Case([&](Log1pOp) { return builder.create<math::Log1pOp>(loc, x(0)); })
+      .Case([&](SinOp) { return builder.create<math::SinOp>(loc, x(0)); })
+      .Case([&](CosOp) { return builder.create<math::CosOp>(loc, x(0)); })
+      .Case([&](ErfOp) { return builder.create<math::ErfOp>(loc, x(0)); })
+      .Case([&](SiluOp) {
+        // x / (1 + exp(-x))
+        Value e = builder.create<math::ExpOp>(loc, builder.create<arith::NegFOp>(loc, x(0)));
+        return builder.create<arith::DivFOp>(
+            loc, x(0), builder.create<arith::AddFOp>(loc, c(1.0), e));
+      })
+      .Case([&](GeluOp) {
+        Value erf = builder.create<math::ErfOp>(
+            loc, builder.create<arith::MulFOp>(loc, x(0), c(M_SQRT1_2)));
+        Value half = builder.create<arith::MulFOp>(loc, c(0.5), x(0));
+        return builder.create<arith::MulFOp>(
+            loc, half, builder.create<arith::AddFOp>(loc, c(1.0), erf));
+      })
+      .Case([&](GeluTanhOp) {
+        Value cube = builder.create<arith::MulFOp>(
+            loc, x(0), builder.create<arith::MulFOp>(loc, x(0), x(0)));
+        Value inner = builder.create<arith::AddFOp>(
+            loc, x(0), builder.create<arith::MulFOp>(loc, c(0.044715), cube));
+        Value t = builder.create<math::TanhOp>(
+            loc, builder.create<arith::MulFOp>(loc, c(0.7978845608028654), inner));
+        Value half = builder.create<arith::MulFOp>(loc, c(0.5), x(0));
+        return builder.create<arith::MulFOp>(loc, half,
+                                             builder.create<arith::AddFOp>(loc, c(1.0), t));
+      })
+      .Case([&](EluOp) {
+        Value positive = builder.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, x(0),
+                                                       c(0.0));
+        return builder.create<arith::SelectOp>(
+            loc, positive, x(0), builder.create<math::ExpM1Op>(loc, x(0)));
+      })
       .Default([](Operation *) { return Value(); });
 }
 

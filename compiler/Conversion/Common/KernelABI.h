@@ -14,6 +14,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 
@@ -91,6 +92,15 @@ replaceCellsByKernels(ModuleOp module,
 
 /// The projections of `def`, in the order their buffers are passed.
 SmallVector<ProjectionOp> projectionsOf(DefOp def);
+
+/// How a `cell.reduce` combines, in kernels: its identity, two values
+/// combined, and a vector's elements combined.
+struct ReduceCombine {
+  Combine kind = Combine::Sum;
+  double identity() const;
+  Value combine(OpBuilder &builder, Location loc, Value a, Value b) const;
+  vector::CombiningKind vectorKind() const;
+};
 
 /// Builds an elementwise cell op (add, tanh, max, ...) on operands of
 /// `type`, a vector of the element type. Returns null for other ops.

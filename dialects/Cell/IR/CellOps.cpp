@@ -356,7 +356,15 @@ LogicalResult ExpandOp::verify() {
 }
 
 LogicalResult ReduceOp::verify() {
+  StringRef combine = getCombine();
+  if (combine != "sum" && combine != "max" && combine != "min")
+    return emitOpError("expects combine to be sum, max or min, got '") << combine << "'";
   return verifyShapeAndKept(*this, getShape(), getKept(), getInput(), getResult());
+}
+
+Combine ReduceOp::getCombineKind() {
+  StringRef combine = getCombine();
+  return combine == "max" ? Combine::Max : combine == "min" ? Combine::Min : Combine::Sum;
 }
 
 //===----------------------------------------------------------------------===//
@@ -382,6 +390,8 @@ LogicalResult DivOp::verify() { return verifyBinary(*this); }
 LogicalResult MaxOp::verify() { return verifyBinary(*this); }
 LogicalResult MinOp::verify() { return verifyBinary(*this); }
 LogicalResult GreaterOp::verify() { return verifyBinary(*this); }
+LogicalResult PowOp::verify() { return verifyBinary(*this); }
+
 
 //===----------------------------------------------------------------------===//
 // ProjectionOp

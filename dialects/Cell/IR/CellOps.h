@@ -15,6 +15,11 @@
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+namespace mlir::cell {
+/// How a `cell.reduce` combines the elements it reduces.
+enum class Combine { Sum, Max, Min };
+} // namespace mlir::cell
+
 #define GET_OP_CLASSES
 #include "dialects/Cell/IR/CellOps.h.inc"
 

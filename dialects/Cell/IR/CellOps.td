@@ -303,6 +303,11 @@ def Cell_ReduceOp : Cell_Op<"reduce", [Pure,
     so it ends a phase in a kernel over a batch tile. The verifier checks
     what `cell.expand`'s does.
 
+    `combine = "max"` (or `"min"`) takes the largest (smallest) of the
+    elements instead of their sum: the language's `max(v)` and `min(v)` over
+    a vector's units, and softmax's stabilising max. Its gradient goes to the
+    elements equal to the result, split evenly among ties.
+
     Example:
 
     ```mlir
@@ -310,10 +315,15 @@ def Cell_ReduceOp : Cell_Op<"reduce", [Pure,
     ```
   }];
   let arguments = (ins Cell_Vector:$input, DenseI64ArrayAttr:$shape,
-                       DenseI64ArrayAttr:$kept);
+                       DenseI64ArrayAttr:$kept,
+                       DefaultValuedStrAttr<StrAttr, "sum">:$combine);
   let results = (outs Cell_Vector:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// `combine` as a word: sum, max or min (checked by the verifier).
+    ::mlir::cell::Combine getCombineKind();
+  }];
 }
 
 //===----------------------------------------------------------------------===//
@@ -348,6 +358,16 @@ def Cell_ReluOp : Cell_UnaryOp<"relu", "max(x, 0)">;
 def Cell_SoftplusOp : Cell_UnaryOp<"softplus", "log(1 + exp(x))">;
 def Cell_AbsOp : Cell_UnaryOp<"abs", "|x|">;
 def Cell_SqrtOp : Cell_UnaryOp<"sqrt", "sqrt(x)">;
+def Cell_RsqrtOp : Cell_UnaryOp<"rsqrt", "1 / sqrt(x)">;
+def Cell_Log1pOp : Cell_UnaryOp<"log1p", "log(1 + x)">;
+def Cell_SinOp : Cell_UnaryOp<"sin", "sin(x)">;
+def Cell_CosOp : Cell_UnaryOp<"cos", "cos(x)">;
+def Cell_ErfOp : Cell_UnaryOp<"erf", "erf(x)">;
+def Cell_SiluOp : Cell_UnaryOp<"silu", "x / (1 + exp(-x))">;
+def Cell_GeluOp : Cell_UnaryOp<"gelu", "x (1 + erf(x / sqrt(2))) / 2">;
+def Cell_GeluTanhOp : Cell_UnaryOp<"gelu_tanh",
+    "x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2">;
+def Cell_EluOp : Cell_UnaryOp<"elu", "x > 0 ? x : exp(x) - 1">;
 
 class Cell_BinaryOp<string mnemonic, string formula>
     : Cell_Op<mnemonic, [Pure,
@@ -386,6 +406,34 @@ def Cell_MaxOp : Cell_BinaryOp<"max", "max(lhs, rhs)">;
 def Cell_MinOp : Cell_BinaryOp<"min", "min(lhs, rhs)">;
 
 def Cell_GreaterOp : Cell_BinaryOp<"greater", "lhs > rhs ? 1 : 0">;
+def Cell_PowOp : Cell_BinaryOp<"pow", "lhs ^ rhs">;
+
+def Cell_SelectOp : Cell_Op<"select", [Pure, SameOperandsAndResultType,
+    DeclareOpInterfaceMethods<Cell_DifferentiableOpInterface>]> {
+  let summary = "Elementwise cond != 0 ? lhs : rhs";
+  let description = [{
+    Computes `cond != 0 ? lhs : rhs` for each element: the language's
+    `where(c, a, b)`, whose condition is a mask (a comparison's 1 and 0).
+    The unselected operand is not read into the result, so a NaN or an
+    infinity there does not reach it. The gradient goes to the selected
+    operand only; the condition has none. Its operands and result have one
+    type.
+
+    Example:
+
+    ```mlir
+    %z = cell.select %c, %x, %y : tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Cell_Vector:$cond, Cell_Vector:$lhs, Cell_Vector:$rhs);
+  let results = (outs Cell_Vector:$result);
+  let assemblyFormat = "$cond `,` $lhs `,` $rhs attr-dict `:` type($result)";
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$cond, "::mlir::Value":$lhs, "::mlir::Value":$rhs), [{
+      build($_builder, $_state, lhs.getType(), cond, lhs, rhs);
+    }]>
+  ];
+}
 
 //===----------------------------------------------------------------------===//
 // Ops that passes introduce

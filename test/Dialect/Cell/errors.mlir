@@ -329,6 +329,23 @@ cell.def @reduce_wrong_result inputs() states(%h: tensor<24xf32>) outputs() {
 
 // -----
 
+cell.def @reduce_bad_combine inputs() states(%h: tensor<4xf32>) outputs() {
+  // expected-error @below {{'cell.reduce' op expects combine to be sum, max or min, got 'prod'}}
+  %r = cell.reduce %h {shape = array<i64: 4>, kept = array<i64>, combine = "prod"} : tensor<4xf32> -> tensor<1xf32>
+  cell.yield states(%h : tensor<4xf32>)
+}
+
+// -----
+
+cell.def @select_types inputs() states(%h: tensor<4xf32>) outputs() {
+  %c = cell.constant 1.0 : tensor<2xf32>
+  // expected-error @below {{'cell.select' op requires the same type for all operands and results}}
+  %r = "cell.select"(%c, %h, %h) : (tensor<2xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  cell.yield states(%r : tensor<4xf32>)
+}
+
+// -----
+
 cell.def @reduce_zero_dim inputs() states(%h: tensor<4xf32>) outputs() {
   // expected-error @below {{'cell.reduce' op expects dims of at least 1, got 0}}
   %r = cell.reduce %h {shape = array<i64: 4, 0>, kept = array<i64: 0>} : tensor<4xf32> -> tensor<4xf32>

@@ -57,6 +57,34 @@ cell.def @every_op inputs(%x: tensor<3xf32>, %y: tensor<4xf32>) states(%h: tenso
   %rows = cell.reduce %sqrt {shape = array<i64: 2, 2>, kept = array<i64: 0>} : tensor<4xf32> -> tensor<2xf32>
   // CHECK: cell.expand %[[ROWS]] {kept = array<i64: 0>, shape = array<i64: 2, 2>} : tensor<2xf32> -> tensor<4xf32>
   %spread = cell.expand %rows {shape = array<i64: 2, 2>, kept = array<i64: 0>} : tensor<2xf32> -> tensor<4xf32>
+  // Each row's largest and smallest element.
+  // CHECK: cell.reduce %[[SQRT]] {combine = "max", kept = array<i64: 0>, shape = array<i64: 2, 2>} : tensor<4xf32> -> tensor<2xf32>
+  %rowmax = cell.reduce %sqrt {shape = array<i64: 2, 2>, kept = array<i64: 0>, combine = "max"} : tensor<4xf32> -> tensor<2xf32>
+  // CHECK: cell.reduce %[[SQRT]] {combine = "min", kept = array<i64>, shape = array<i64: 4>} : tensor<4xf32> -> tensor<1xf32>
+  %least = cell.reduce %sqrt {shape = array<i64: 4>, kept = array<i64>, combine = "min"} : tensor<4xf32> -> tensor<1xf32>
+  // The functions that papers use.
+  // CHECK: cell.rsqrt %[[SQRT]] : tensor<4xf32>
+  %rsqrt = cell.rsqrt %sqrt : tensor<4xf32>
+  // CHECK: cell.log1p %[[SQRT]] : tensor<4xf32>
+  %log1p = cell.log1p %sqrt : tensor<4xf32>
+  // CHECK: cell.sin %[[SQRT]] : tensor<4xf32>
+  %sin = cell.sin %sqrt : tensor<4xf32>
+  // CHECK: cell.cos %[[SQRT]] : tensor<4xf32>
+  %cos = cell.cos %sqrt : tensor<4xf32>
+  // CHECK: cell.erf %[[SQRT]] : tensor<4xf32>
+  %erf = cell.erf %sqrt : tensor<4xf32>
+  // CHECK: cell.silu %[[SQRT]] : tensor<4xf32>
+  %silu = cell.silu %sqrt : tensor<4xf32>
+  // CHECK: cell.gelu %[[SQRT]] : tensor<4xf32>
+  %gelu = cell.gelu %sqrt : tensor<4xf32>
+  // CHECK: cell.gelu_tanh %[[SQRT]] : tensor<4xf32>
+  %gelut = cell.gelu_tanh %sqrt : tensor<4xf32>
+  // CHECK: cell.elu %[[SQRT]] : tensor<4xf32>
+  %elu = cell.elu %sqrt : tensor<4xf32>
+  // CHECK: %[[POW:.*]] = cell.pow %[[SQRT]], %[[ABS]] : tensor<4xf32>
+  %pow = cell.pow %sqrt, %abs : tensor<4xf32>
+  // CHECK: cell.select %[[POW]], %[[SQRT]], %[[ABS]] : tensor<4xf32>
+  %sel = cell.select %pow, %sqrt, %abs : tensor<4xf32>
   // CHECK: cell.yield states(%[[SQRT]], %[[C]] : tensor<4xf32>, tensor<4xf32>) outputs(%[[SQRT]], %[[SIG]] : tensor<4xf32>, tensor<4xf32>)
   cell.yield states(%sqrt, %c : tensor<4xf32>, tensor<4xf32>) outputs(%sqrt, %sig : tensor<4xf32>, tensor<4xf32>)
 }

@@ -86,7 +86,10 @@ INSTANTIATE_TEST_SUITE_P(
         "(h - mean(h)) / sqrt(mean((h - mean(h)) * (h - mean(h))) + 0.1) + x",
         "tanh(W @ (h / sqrt(mean(h * h) + 0.1)) + x)", "h * mean(x) + sum(u)",
         "tanh(h @ W + x)", "tanh((u * h) @ W + x)", "tanh(x @ W + h)",
-        "tanh(W @ h - h @ W + x)"));
+        "tanh(W @ h - h @ W + x)", "rsqrt(u * u * h * h + x * x + 0.5)",
+        "log1p(u * u * h * h + x * x)", "sin(u * h + x)", "cos(u * h + x)",
+        "erf(u * h + x)", "silu(u * h + x)", "gelu(u * h + x)", "gelu_tanh(u * h + x)",
+        "elu(u * h + x)"));
 
 TEST(OpDerivativeTest, ChunkWithAnUnusedPart) {
   checkCell(R"(cell chunked {

@@ -89,6 +89,14 @@ void CellInterpreter::runOps(Block &block) {
         .Case([&](MinOp) {
           set(map2(in(0), in(1), [](double a, double b) { return a <= b ? a : b; }));
         })
+        .Case([&](PowOp) { set(map2(in(0), in(1), [](double a, double b) { return std::pow(a, b); })); })
+        .Case([&](SelectOp) {
+          Tensor r = in(1);
+          for (size_t i = 0; i < r.size(); ++i)
+            if (in(0)[i] == 0)
+              r[i] = in(2)[i];
+          set(r);
+        })
         .Case([&](GreaterOp) {
           set(map2(in(0), in(1), [](double a, double b) { return a > b ? 1.0 : 0.0; }));
         })
@@ -107,6 +115,27 @@ void CellInterpreter::runOps(Block &block) {
         })
         .Case([&](AbsOp) { set(map1(in(0), [](double a) { return std::fabs(a); })); })
         .Case([&](SqrtOp) { set(map1(in(0), [](double a) { return std::sqrt(a); })); })
+        .Case([&](RsqrtOp) {
+          set(map1(in(0), [](double a) { return 1.0 / std::sqrt(a); }));
+        })
+        .Case([&](Log1pOp) { set(map1(in(0), [](double a) { return std::log1p(a); })); })
+        .Case([&](SinOp) { set(map1(in(0), [](double a) { return std::sin(a); })); })
+        .Case([&](CosOp) { set(map1(in(0), [](double a) { return std::cos(a); })); })
+        .Case([&](ErfOp) { set(map1(in(0), [](double a) { return std::erf(a); })); })
+        .Case([&](SiluOp) {
+          set(map1(in(0), [](double a) { return a / (1.0 + std::exp(-a)); }));
+        })
+        .Case([&](GeluOp) {
+          set(map1(in(0), [](double a) { return 0.5 * a * std::erfc(-a * M_SQRT1_2); }));
+        })
+        .Case([&](GeluTanhOp) {
+          set(map1(in(0), [](double a) {
+            return 0.5 * a * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (a + 0.044715 * a * a * a)));
+          }));
+        })
+        .Case([&](EluOp) {
+          set(map1(in(0), [](double a) { return a > 0 ? a : std::expm1(a); }));
+        })
         .Case([&](MatvecOp m) {
           set(product(m.getWeight(), in(0), in(1), /*transposed=*/false));
         })
@@ -134,9 +163,17 @@ void CellInterpreter::runOps(Block &block) {
           set(r);
         })
         .Case([&](ReduceOp e) {
-          Tensor r(sizeOf(e.getResult()), 0.0);
-          for (size_t f = 0; f < in(0).size(); ++f)
-            r[keptIndex(e.getShape(), e.getKept(), f)] += in(0)[f];
+          Combine kind = e.getCombineKind();
+          double identity = kind == Combine::Sum   ? 0.0
+                            : kind == Combine::Max ? -INFINITY
+                                                   : INFINITY;
+          Tensor r(sizeOf(e.getResult()), identity);
+          for (size_t f = 0; f < in(0).size(); ++f) {
+            double &at = r[keptIndex(e.getShape(), e.getKept(), f)];
+            double x = in(0)[f];
+            at = kind == Combine::Sum ? at + x : kind == Combine::Max ? std::max(at, x)
+                                                                       : std::min(at, x);
+          }
           set(r);
         })
         .Case([&](ChunkOp c) {
