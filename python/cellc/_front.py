@@ -123,13 +123,13 @@ def _arguments(x, params, states, names_in, names_par, names_st):
     return inputs, params, missing
 
 
-def _bind(cell, shapes, missing):
-    """`cell.bind_sizes(shapes)`, where a size that only a missing param
-    would bind says that the param is missing."""
+def _bind(cell, shapes, missing, given=None):
+    """`cell.bind_sizes(shapes, given)`, where a size that only a missing
+    param would bind says that the param is missing."""
     try:
-        return cell.bind_sizes(shapes)
-    except ValueError:
-        if missing:
+        return cell.bind_sizes(shapes, given)
+    except ValueError as e:
+        if missing and not str(e).startswith(("sizes names", "the size ")):
             raise ValueError(f"no tensor for param {missing[0]!r}") from None
         raise
 
@@ -214,7 +214,7 @@ Call = collections.namedtuple(
 
 
 def check(front, x, params, states=None, *, save_gates=True, resets=None, recompute=None,
-          batch_first=False, lengths=None):
+          batch_first=False, lengths=None, sizes=None):
     """Checks a call of `front` (see the module's doc) and returns its Call,
     or None for a batch of B = 0 rows (which `empty_batch` runs)."""
     names_in = [n for n, _ in front.inputs]
@@ -272,7 +272,9 @@ def check(front, x, params, states=None, *, save_gates=True, resets=None, recomp
     shapes = {n: (t.shape[2],) for n, t in zip(names_in, inputs)}
     shapes.update({n: tuple(params[n].shape) for n in names_par if n not in missing})
     shapes.update(front._state_shapes(states, B))
-    sizes = _bind(front, shapes, missing)
+    given = dict(getattr(front, "given_sizes", None) or {})
+    given.update(sizes or {})
+    sizes = _bind(front, shapes, missing, given)
     mode = recompute_mode(save_gates, recompute)
     resets = _check_resets(resets, T, B, batch_first, device)
     lengths = _lengths_tensor(lengths, B)

@@ -340,7 +340,10 @@ def not_differentiable_again(gradients):
     given = [g.detach().requires_grad_() for g in gradients if isinstance(g, torch.Tensor)]
     if not given:
         return gradients
-    errors = iter(torch._C._functions.DelayedError(TWICE.encode(), len(given))(*given))
+    errors = torch._C._functions.DelayedError(TWICE.encode(), len(given))(*given)
+    # One gradient comes back as a tensor, not a tuple of one (iterating it
+    # would take its rows: the gradient of an input alone, params frozen).
+    errors = iter((errors,) if isinstance(errors, torch.Tensor) else errors)
     return type(gradients)(next(errors) if isinstance(g, torch.Tensor) else g
                            for g in gradients)
 
@@ -350,7 +353,7 @@ def call(front, x, params, states=None, **options):
     operators. Returns (output, final states): the output a tensor where the
     cell has one, else a dict; the final states a dict, a matrix state in
     its declared dims. `options`: save_gates, resets, recompute,
-    batch_first, lengths."""
+    batch_first, lengths, sizes."""
     c = check(front, x, params, states, **options)
     if c is None:
         return _empty_batch(front, x, params, states, **options)

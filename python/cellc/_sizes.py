@@ -19,6 +19,9 @@ def _mismatch(kind, name, shape, actual, terms, dim, known, sizes, source):
     origins = []
     for n in symbols:
         by = source.get(n)
+        if by and by[0] == "size":
+            origins.append(f"{n}={sizes[n]} from sizes=")
+            continue
         origins.append(f"{n}={sizes[n]}" + (f" from {by[0]} '{by[1]}' {list(by[2])}"
                                             if by and by[1] != name else ""))
     # A package's declarations are numbers: no size to name.
@@ -56,13 +59,23 @@ class Sizes:
                 return [_size_value(terms, sizes) for terms in shape]
         raise KeyError(f"the cell declares no {name!r}")
 
-    def bind_sizes(self, shapes):
+    def bind_sizes(self, shapes, given=None):
         """Solves the symbolic sizes from `shapes`, a dict from declared names
-        to the shapes of the tensors given for them. The params bind first,
+        to the shapes of the tensors given for them, and `given` (a dict
+        from size names to ints: `sizes=` of the call or of compile, for what
+        the tensors leave open). The given sizes bind first, then the params,
         then the states, then the inputs: where a tensor disagrees with sizes
         already bound, the error is about that tensor (the data is more often
         the odd one out than the weights) and names what bound them."""
         sizes, source = {}, {}
+        for n, v in (given or {}).items():
+            if n not in self.size_symbols:
+                raise ValueError(f"sizes names {n!r}, which the cell does not use; its sizes "
+                                 f"are {', '.join(self.size_symbols) or 'none'}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"the size {n} must be a positive int, got {v!r}")
+            sizes[n] = v
+            source[n] = ("size", "sizes=", (v,))
         pending = []
         first = {"param": 0, "state": 1, "input": 2}
         for kind, name, shape in sorted(self._decls, key=lambda d: first.get(d[0], 3)):
@@ -117,11 +130,33 @@ class Sizes:
         # The params first, to a fixed point; then with the states; then all.
         for stage in (("param",), ("param", "state"), None):
             settle(stage)
-        if pending:
-            names = sorted({n for *_, terms, _ in pending for _, ns in terms for n in ns
-                            if n not in sizes})
-            raise ValueError(f"cannot bind the sizes {', '.join(names)} from the tensors given")
+        if pending or any(n not in sizes for n in self.size_symbols
+                          if self._declared_with(n)):
+            names = sorted({n for n in self.size_symbols if n not in sizes
+                            and self._declared_with(n)})
+            raise ValueError(self._unbound(names, shapes))
         return sizes
+
+    def _declared_with(self, size):
+        """The declarations whose shapes read `size`: (kind, name, shape)."""
+        return [(kind, name, shape) for kind, name, shape in self._decls
+                if any(size in ns for t in shape for _, ns in t)]
+
+    def _unbound(self, names, shapes):
+        """The message for sizes that the tensors given leave open: which
+        declarations would bind each (those not given; those given whose
+        dims are products of sizes), and sizes= for the rest."""
+        lines = []
+        for n in names:
+            decls = self._declared_with(n)
+            would = [f"{kind} '{name}' [{', '.join(_size_text(t) for t in shape)}]"
+                     + ("" if name in shapes else " (not given)")
+                     for kind, name, shape in decls]
+            lines.append(f"{n}: in {', '.join(would)}")
+        example = ", ".join(f"{n!r}: ..." for n in names)
+        return (f"cannot bind the sizes {', '.join(names)} from the tensors given ("
+                + "; ".join(lines) + "): give the states that declare them (a state's dims "
+                f"bind each size alone), or pass sizes={{{example}}}")
 
     def _state_shapes(self, states, B):
         """The shape of each state given (a dict of `[B, ...]`, or None) without

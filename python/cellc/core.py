@@ -36,7 +36,9 @@ class Cell(Sizes, Steps, CudaTargets):
     (sizes, dtype) on first use, and cached on disk."""
 
     def __init__(self, source, file_name="<cell>", target=None, threads=0, cuda=None,
-                 unit_slices=None):
+                 unit_slices=None, sizes=None):
+        #: Sizes that calls bind beside what their tensors bind (`sizes=`).
+        self.given_sizes = dict(sizes or {})
         targets = list(_cellc.Target.__members__) + [EMULATED]
         if target is not None and target not in targets:
             raise ValueError(f"unknown target {target!r}; expected None, "
@@ -198,9 +200,9 @@ class Cell(Sizes, Steps, CudaTargets):
     # Running -----------------------------------------------------------------
 
     def __call__(self, x, params, states=None, *, save_gates=True, resets=None,
-                 recompute=None, batch_first=False, lengths=None):
+                 recompute=None, batch_first=False, lengths=None, sizes=None):
         if (not torch.is_grad_enabled() and resets is None and lengths is None
-                and not _compiling()):
+                and sizes is None and not _compiling()):
             # A one-step call under no_grad is a step: the step kernels,
             # their packed weights and short path (Cell.step), and the same
             # results as the sequence's. It runs no kernel of the mode, but
@@ -215,7 +217,8 @@ class Cell(Sizes, Steps, CudaTargets):
                 return (one(out) if not isinstance(out, dict)
                         else {n: one(o) for n, o in out.items()}), news
         return _ops.call(self, x, params, states, save_gates=save_gates, resets=resets,
-                         recompute=recompute, batch_first=batch_first, lengths=lengths)
+                         recompute=recompute, batch_first=batch_first, lengths=lengths,
+                         sizes=sizes)
 
     def _placement(self, device):
         """Whether tensors on `device` run the CUDA kernels (cellc._front),
@@ -292,7 +295,7 @@ def autotune(cell, sizes, *, batch, seq_len=100, target="cpu", dtype=torch.float
     return result
 
 
-def compile(source, target=None, *, threads=0, cuda=None, unit_slices=None):
+def compile(source, target=None, *, threads=0, cuda=None, unit_slices=None, sizes=None):
     """Parses and checks a cell. `source` is the cell's text or a path to a
     .cell file. Kernels are compiled per (sizes, dtype) on first use.
     `threads` (0: every core) run the CPU kernels; with fewer batch tiles
@@ -309,10 +312,12 @@ def compile(source, target=None, *, threads=0, cuda=None, unit_slices=None):
     "cuda", or "cuda-emu": the CUDA kernels, run on CPU tensors in the SIMT
     emulator (every CUDA thread a fiber, with race, bounds and deadlock
     checks; docs/cuda.md), where `cuda={"shuffle_seed": n}` shuffles the
-    threads' order between sync points."""
+    threads' order between sync points. `sizes` (a dict from size names to
+    ints) binds what a call's tensors leave open, as a call's `sizes=` does
+    (params that carry only products, `[NH*K, I]`, and no states given)."""
     file_name = "<cell>"
     if "{" not in source and os.path.exists(source):
         file_name = source
         with open(source) as f:
             source = f.read()
-    return Cell(source, file_name, target, threads, cuda, unit_slices)
+    return Cell(source, file_name, target, threads, cuda, unit_slices, sizes)

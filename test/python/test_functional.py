@@ -159,6 +159,14 @@ def test_a_gradient_is_not_differentiated_again_and_says_so():
     g, = torch.autograd.grad(m(x)[0].pow(2).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match=TWICE):
         g.pow(2).sum().backward()
+    # Params that want no gradient: the input's alone comes back, and it
+    # says the same (torch 1.13 took its one tensor's rows for gradients).
+    frozen = {n: t.detach() for n, t in params.items()}
+    g, = torch.autograd.grad(cell(x, frozen)[0].sum(), x, create_graph=True)
+    assert g.shape == x.shape
+    torch.testing.assert_close(g, torch.autograd.grad(cell(x, frozen)[0].sum(), x)[0])
+    with pytest.raises(RuntimeError, match=TWICE):
+        g.sum().backward()
 
 
 def gradient_penalty(run, x):

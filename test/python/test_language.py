@@ -209,3 +209,40 @@ cell read {
     gq, gv = torch.autograd.grad((out.double() * w).sum(), (qs, vs))
     for got, ref in ((out, want), (gq, wq), (gv, wv)):
         assert (got.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+PRODUCTS = """
+cell prod {
+  input x: [I]
+  state S: [NH, K, V]
+  param W_k: [NH*K, I], W_v: [NH*V, I]
+  S = 0.9 * S + outer(heads(W_k @ x, NH), heads(W_v @ x, NH))
+  output S
+}
+"""
+
+
+def test_sizes_that_the_tensors_leave_open_come_from_sizes():
+    # The params carry only products (NH*K, NH*V): without states, the call
+    # cannot bind NH, K and V, and says which tensors would and how to give
+    # them; sizes= on the call (or on compile) binds them, and the initial
+    # states are zeros of the bound shape.
+    cell = cellc.compile(PRODUCTS)
+    g = torch.Generator().manual_seed(0)
+    ps = {"W_k": torch.randn(6, 5, generator=g, dtype=torch.float64),
+          "W_v": torch.randn(8, 5, generator=g, dtype=torch.float64)}
+    x = torch.randn(4, 2, 5, generator=g, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"cannot bind the sizes K, NH, V from the tensors "
+                       r"given \(K: in state 'S' \[NH, K, V\] \(not given\), param 'W_k' "
+                       r"\[NH\*K, I\];.*or pass sizes=\{'K': \.\.\., 'NH': \.\.\., 'V': \.\.\.\}"):
+        cell(x, ps)
+    _, final = cell(x, ps, sizes={"NH": 2, "K": 3})
+    _, want = cell(x, ps, {"S": torch.zeros(2, 2, 3, 4, dtype=torch.float64)})
+    torch.testing.assert_close(final["S"], want["S"])
+    _, again = cellc.compile(PRODUCTS, sizes={"NH": 2})(x, ps, sizes={"K": 3})
+    torch.testing.assert_close(again["S"], want["S"])
+    with pytest.raises(ValueError, match="sizes names 'Q', which the cell does not use"):
+        cell(x, ps, sizes={"Q": 1})
+    with pytest.raises(ValueError, match=r"param 'W_k' is declared \[NH\*K, I\] \(with K=3 from "
+                       r"sizes=, NH=3 from sizes=\) but the tensor for it has shape \[6, 5\]"):
+        cell(x, ps, sizes={"NH": 3, "K": 3})
