@@ -21,6 +21,7 @@ cuda.py)."""
 import itertools
 import json
 import math
+import warnings
 import weakref
 from typing import List, Optional
 
@@ -379,11 +380,32 @@ def call(front, x, params, states=None, **options):
     n_out, n_st = len(front.outputs), len(front.states)
     if not _compiling():
         front.saved_bytes = sum(k.numel() * k.element_size() for k in results[n_out + n_st:])
-    outs = [o.transpose(0, 1) if c.batch_first else o for o in results[:n_out]]
+    outs = shaped_outputs(front, c.sizes, list(results[:n_out]))
+    outs = [o.transpose(0, 1) if c.batch_first else o for o in outs]
     out = outs[0] if n_out == 1 else dict(zip(front.outputs, outs))
     final = {n: t for (n, _), t in zip(front.states, results[n_out:n_out + n_st])}
     return out, shaped_states(final, {n: front.shape(n, c.sizes) for n, dims in front.states
                                       if len(dims) > 1})
+
+
+#: True: a state output of several dims comes flat, `[T, B, NH*K*V]`, as
+#: before it came in its declared dims (deprecated: set it only while code
+#: that reads the flat shape is changed; it goes in a later release).
+flat_matrix_outputs = False
+
+
+def shaped_outputs(front, sizes, outs, lead=2):
+    """The outputs (each with `lead` leading dims, then its units) in their
+    declared dims where they are states of several."""
+    dims = front.output_dims(sizes)
+    if not any(dims):
+        return outs
+    if flat_matrix_outputs:
+        warnings.warn("cellc._ops.flat_matrix_outputs is deprecated: a state output of "
+                      "several dims comes as [T, B, *dims]; use .flatten(2) for the flat "
+                      "shape", DeprecationWarning, stacklevel=3)
+        return outs
+    return [o.reshape(*o.shape[:lead], *d) if d else o for o, d in zip(outs, dims)]
 
 
 def _empty_batch(front, x, params, states, *, resets=None, batch_first=False, **options):

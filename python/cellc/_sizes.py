@@ -137,6 +137,14 @@ class Sizes:
             raise ValueError(self._unbound(names, shapes))
         return sizes
 
+    def output_dims(self, sizes):
+        """For each output, the dims it is declared with where it is a state
+        of several (`output S` of `state S: [NH, K, V]`: (NH, K, V)), else
+        None: such an output comes as `[T, B, *dims]`."""
+        dims = dict(self.states)
+        return [tuple(self.shape(n, sizes)) if len(dims.get(n, ())) > 1 else None
+                for n in self.outputs]
+
     def _declared_with(self, size):
         """The declarations whose shapes read `size`: (kind, name, shape)."""
         return [(kind, name, shape) for kind, name, shape in self._decls

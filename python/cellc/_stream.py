@@ -19,7 +19,8 @@ from ._front import _DTYPES, _arguments, _autocast_cpu, _bind, _one_dtype
 #: made by the first step that gives every state; None until then), and one
 #: holding Cell.step's short path once bound (_stream_step).
 _StepPlan = collections.namedtuple(
-    "_StepPlan", "compiled names_in names_par widths_out widths_st state_names bound stream")
+    "_StepPlan",
+    "compiled names_in names_par widths_out widths_st state_names bound stream out_dims")
 
 
 def _stream_function(plan, signature, guard, fetch, result, tensors, new_shapes, env,
@@ -144,6 +145,8 @@ class Steps:
         for stream in self._streams:
             done = stream(x, params, states)
             if done is not None:
+                if stream.plan.out_dims is not None:
+                    return self._shaped_step(stream.plan, *done)
                 return done
         plan = self._step_plan(x, params, states)
         if plan is None:
@@ -162,7 +165,19 @@ class Steps:
             self._streams = [plan.stream[0], *[s for s in self._streams
                                                if s is not plan.stream[0]][:3]]
         out = outs[0] if len(outs) == 1 else dict(zip(self.outputs, outs))
+        if plan.out_dims is not None:
+            return self._shaped_step(plan, out, dict(zip(plan.state_names, news)))
         return out, dict(zip(plan.state_names, news))
+
+    def _shaped_step(self, plan, out, news):
+        """A step's outputs in their declared dims (`output S` of a matrix
+        state: [B, NH, K, V]), as a call's are."""
+        if _ops.flat_matrix_outputs:
+            return out, news
+        shape = lambda o, d: o.reshape(o.shape[0], *d) if d else o
+        if isinstance(out, dict):
+            return {n: shape(o, d) for (n, o), d in zip(out.items(), plan.out_dims)}, news
+        return shape(out, plan.out_dims[0]), news
 
     def _step_run(self, plan, inputs, params, states, lead=()):
         """Runs a step that `plan` (_step_plan) checked: `states` a list in
@@ -265,8 +280,10 @@ class Steps:
         widths_out = [shape[0] for _, shape in compiled.outputs]
         widths_st = [(n, shape[0], tuple(self.shape(n, sizes)))
                      for n, shape in compiled.states]
+        dims = self.output_dims(sizes)
         return _StepPlan(compiled, names_in, names_par, widths_out, widths_st,
-                         [n for n, _, _ in widths_st], [None], [None])
+                         [n for n, _, _ in widths_st], [None], [None],
+                         dims if any(dims) else None)
 
     def _step_as_sequence(self, x, params, states):
         """A step as the call of a one-step sequence (autograd, CUDA)."""
@@ -281,6 +298,7 @@ class Steps:
         else:
             seq = x.unsqueeze(0) if isinstance(x, torch.Tensor) else x
         out, final = _ops.call(self, seq, params, states)
+        # The call's outputs are in their declared dims already.
         if isinstance(out, dict):
             return {n: o[0] for n, o in out.items()}, final
         return out[0], final

@@ -246,3 +246,36 @@ def test_sizes_that_the_tensors_leave_open_come_from_sizes():
     with pytest.raises(ValueError, match=r"param 'W_k' is declared \[NH\*K, I\] \(with K=3 from "
                        r"sizes=, NH=3 from sizes=\) but the tensor for it has shape \[6, 5\]"):
         cell(x, ps, sizes={"NH": 3, "K": 3})
+
+
+def test_a_matrix_state_output_has_its_declared_shape():
+    # `output S` of `state S: [NH, K, V]` comes as [T, B, NH, K, V] (batch
+    # first: [B, T, ...]), and a step's as [B, NH, K, V], as the final state
+    # comes; on the CPU, in the emulator and through a step.
+    sizes = {"NH": 2, "K": 3}
+    g = torch.Generator().manual_seed(1)
+    ps = {"W_k": torch.randn(6, 5, generator=g), "W_v": torch.randn(8, 5, generator=g)}
+    x = torch.randn(4, 2, 5, generator=g)
+    for target in (None, "cuda-emu"):
+        cell = cellc.compile(PRODUCTS, target=target)
+        out, final = cell(x, ps, sizes=sizes)
+        assert out.shape == (4, 2, 2, 3, 4) and final["S"].shape == (2, 2, 3, 4)
+        torch.testing.assert_close(out[-1], final["S"])
+        first, _ = cell(x.transpose(0, 1).contiguous(), ps, sizes=sizes, batch_first=True)
+        torch.testing.assert_close(first.transpose(0, 1), out)
+    cell = cellc.compile(PRODUCTS)
+    with torch.no_grad():
+        states = {"S": torch.zeros(2, 2, 3, 4)}
+        for t in range(4):  # the checked path, then a stream's short one
+            y, states = cell.step(x[t], ps, states)
+            assert y.shape == (2, 2, 3, 4)
+            torch.testing.assert_close(y, out[t])
+    # The old flat shape, while code that reads it is changed: deprecated.
+    from cellc import _ops
+    _ops.flat_matrix_outputs = True
+    try:
+        with pytest.warns(DeprecationWarning, match="flat_matrix_outputs is deprecated"):
+            flat, _ = cell(x, ps, sizes=sizes)
+        assert flat.shape == (4, 2, 24)
+    finally:
+        _ops.flat_matrix_outputs = False
