@@ -257,6 +257,23 @@ def test_a_step_without_weights_runs_in_one_ctas_shared_memory():
     compare(DIAG_RMS, {"strategy": "persistent"}, "ieee", ["none", "full", "chunk:2"], seed=5)
 
 
+def test_heads_split_a_backward_whose_input_gradient_is_zero():
+    # Gated DeltaNet's x reaches the step only through projections: the
+    # backward step's d x is a zero of I = 5 elements, which 2 heads do not
+    # split. It is not written (the driver zeroes it), so both kernels run a
+    # head a CTA, and the projections' GEMMs give d x.
+    with open(os.path.join(EXAMPLES, "gated_deltanet.cell")) as f:
+        source = f.read()
+    sizes = {n: SIZES[n] for n in ("I", "NH", "K", "V")}
+    path = cellc.compile(source).cuda_package(sizes, strategy="persistent")
+    with open(os.path.join(path, "kernels.json")) as f:
+        kernels = json.load(f)["kernels"]
+    for kernel in ("gated_deltanet_fwd", "gated_deltanet_bwd"):
+        assert kernels[kernel]["heads"] == SIZES["NH"], kernel
+        assert kernels[kernel]["workspace_bytes"] == 0
+    compare(source, {"strategy": "persistent"}, "ieee", ["none", "full", "chunk:2"], seed=7)
+
+
 # The checks, each shown to catch a planted bug ---------------------------------
 
 

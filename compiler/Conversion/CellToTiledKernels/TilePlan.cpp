@@ -158,11 +158,18 @@ int64_t stepHeads(DefOp def, Block &body, const PhasePlan &phases, bool backward
       anywhere.insert(arg);
   }
   // What the step writes out (and a backward step sums over the steps) is
-  // split by head too.
+  // split by head too, but for an input's gradient that is zero (not
+  // written: backwardItems).
   Operation *terminator = body.getTerminator();
-  for (Value v : terminator->getOperands())
-    if (sizeOf(v) % heads != 0)
+  SmallVector<GradResultAttr> kinds;
+  if (auto grad = dyn_cast<func::FuncOp>(body.getParentOp()); grad && backward)
+    kinds = gradResultsOf(grad);
+  for (auto [r, v] : llvm::enumerate(terminator->getOperands())) {
+    bool unwritten = r < kinds.size() &&
+                     kinds[r].getKind() == cellc::GradKind::Input && isZeroConstant(v);
+    if (!unwritten && sizeOf(v) % heads != 0)
       return 0;
+  }
   for (SaveOp save : body.getOps<SaveOp>())
     for (Value v : save.getValues())
       if (sizeOf(v) % heads != 0)

@@ -93,6 +93,11 @@ SmallVector<GradResultAttr> gradResultsOf(func::FuncOp grad) {
   return results;
 }
 
+bool isZeroConstant(Value v) {
+  auto c = v.getDefiningOp<ConstantOp>();
+  return c && c.getValue().isZero();
+}
+
 void KernelSignature::addBatchRange(MLIRContext *ctx) {
   Builder b(ctx);
   add(ctx, b.getIndexType(), cellc::ArgKind::BatchBegin, "b_begin");
@@ -200,8 +205,7 @@ FailureOr<KernelSignature> backwardSignature(DefOp def, func::FuncOp grad,
         break;
       }
     args.sameAs.push_back(sameAs);
-    auto c = value.getDefiningOp<ConstantOp>();
-    bool zero = c && c.getValue().isZero();
+    bool zero = isZeroConstant(value);
     sig.add(sequenceType(type, perStep),
             KernelArgAttr::get(ctx, cellc::argKindOf(kind), result.getName(), "", {},
                                sameAs < 0 ? -1 : args.firstResult + sameAs, zero));

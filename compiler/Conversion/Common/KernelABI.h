@@ -70,6 +70,9 @@ struct BackwardArgs : ForwardArgs {
 SmallVector<KernelArgAttr> kernelArgsOf(Operation *kernel);
 /// The results of a backward step, from its `cell.grad_results`.
 SmallVector<GradResultAttr> gradResultsOf(func::FuncOp grad);
+/// Whether `v` is a `cell.constant` zero: a backward step's result that says
+/// so in its argument (`zero`) and that an input's gradient does not write.
+bool isZeroConstant(Value v);
 
 /// The forward kernel's signature, `b_begin` and `b_end` included; with
 /// `endStates`, each state after the launch's last step too (in the cell's

@@ -362,6 +362,12 @@ SmallVector<Item> backwardItems(StepEmitter &e, const BackwardArgs &args, Operat
       // store merged with the first, at no measurable cost.
       if (args.sameAs[r] >= 0)
         continue;
+      // An input's gradient that is zero (the input reaches the step only
+      // through projections, whose GEMMs give it after) is not written: the
+      // driver zeroes the caller's buffer, and the argument says zero. Its I
+      // elements need not split by head (stepHeads).
+      if (kind == cellc::GradKind::Input && isZeroConstant(value))
+        continue;
       item.sinks.push_back({perStep(r), 0});
     }
     items.push_back(item);
