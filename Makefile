@@ -20,7 +20,7 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DPython3_EXECUTABLE=$(PYTHON) \
   -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 
-.PHONY: all deps configure build demo test check check-layers lit pytest test-emu test-install fuzz \
+.PHONY: all deps configure build demo test check check-layers lit pytest test-emu test-docs test-install fuzz \
         fuzz-smoke \
         test-sanitize test-torch2 bench-cpu clean
 
@@ -69,6 +69,12 @@ pytest: build
 test-emu: build
 	CELLC_EMU_FULL=1 PYTHONPATH=$(BUILD)/python CELLC_BUILD_DIR=$(BUILD) $(PYTHON) -m pytest \
 	  -q -rs test/python/test_emulator.py
+
+# The code blocks of README.md and docs/, the long ones too (a tune, a wheel
+# pip builds): make test runs the others (test/python/test_docs.py).
+test-docs: build
+	CELLC_DOCS_LONG=1 PYTHONPATH=$(BUILD)/python CELLC_BUILD_DIR=$(BUILD) $(PYTHON) -m pytest \
+	  -q -rs test/python/test_docs.py
 
 # The wheel, built from a clean copy and used from a fresh virtual environment.
 test-install: build
