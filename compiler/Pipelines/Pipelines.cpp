@@ -4,6 +4,7 @@
 
 #include "compiler/Conversion/Passes.h"
 #include "compiler/Conversion/Common/PhasePlan.h"
+#include "dialects/Cell/Transforms/LinearRecurrence.h"
 #include "dialects/Cell/Transforms/Passes.h"
 
 #include "mlir/IR/Diagnostics.h"
@@ -172,6 +173,7 @@ llvm::Error cellc::printStage(ModuleOp module, Emit emit,
   case Emit::Mlir:
     break;
   case Emit::Split:
+  case Emit::Chunkwise:
     stage = Stage::Split;
     break;
   case Emit::Grad:
@@ -214,6 +216,9 @@ llvm::Error cellc::printStage(ModuleOp module, Emit emit,
   }
   case Emit::Simt:
     return printSimtIR(module, os);
+  case Emit::Chunkwise:
+    cell::printChunkwise(module, os);
+    return llvm::Error::success();
   case Emit::Plan:
     // The memory table that follows needs the driver: jit::printStage.
     cell::printSavePlan(module, os);

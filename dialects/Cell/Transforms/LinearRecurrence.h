@@ -1,0 +1,99 @@
+//===- LinearRecurrence.h - Matrix states with a chunkwise form -*- C++ -*-===//
+//
+// Finds the matrix states of a cell whose update is a gated linear
+// recurrence, S' = D(S) + sum of outer(k, v) (or the delta rule's
+// (I - b k k^T) D(S) + b k v^T), with D a product of scalar, row and column
+// gates from values that do not depend on S, and whose reads are linear in S.
+// Such a state has a chunkwise-parallel training form: chunks of steps as
+// matrix products, the state passed between chunks only. The analysis splits
+// the step into a prologue (what S's gates, keys, values and queries are
+// computed from, gate-only states included), the core (S's update and reads)
+// and an epilogue (the rest), or says at an op's location why a state does
+// not qualify (research/chunkwise-design.md, section 4).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CELLC_DIALECTS_CELL_TRANSFORMS_LINEARRECURRENCE_H
+#define CELLC_DIALECTS_CELL_TRANSFORMS_LINEARRECURRENCE_H
+
+#include "dialects/Cell/IR/CellOps.h"
+
+#include "mlir/IR/BuiltinOps.h"
+
+#include <string>
+
+namespace mlir::cell {
+
+/// How a factor multiplied into a state of dims [NH, K, V] varies: along
+/// heads at most (scalar), along K (row), along V (column), or along both
+/// (not separable: no chunk form).
+enum class GateKind { Scalar, Row, Column, Full };
+
+/// One factor of a product over a state's dims: the value it repeats (an
+/// expand's input, or the factor itself) and how it varies.
+struct LinearFactor {
+  Value vector;
+  /// The dims of the state that the factor varies along.
+  SmallVector<bool> varies;
+  GateKind kind = GateKind::Scalar;
+};
+
+/// `outer(k, v)` times scalar factors, added to (or subtracted from) a state.
+struct LinearSource {
+  Value value;
+  SmallVector<LinearFactor> keys, values, scales;
+  bool negated = false;
+};
+
+/// A read `q @ S` (contracting K) or `S q` (contracting V) of the state
+/// before or after its update.
+struct LinearRead {
+  ReduceOp reduce;
+  bool contractsK = true;
+  bool afterUpdate = true;
+  /// The factors along the contracted dim (q), and the others (scales of
+  /// the result).
+  SmallVector<LinearFactor> queries, scales;
+};
+
+struct LinearState {
+  unsigned index = 0;
+  StringRef name;
+  SmallVector<int64_t> dims;
+  /// Dim 0 is a head dim; a 2-D state read per head holds one column (V=1).
+  bool heads = false;
+  bool oneColumn = false;
+  SmallVector<LinearFactor> gates;
+  SmallVector<LinearSource, 1> sources;
+  SmallVector<LinearRead, 1> reads;
+  /// The delta rule: the source reads the (gated) state back,
+  /// outer(k, beta * (w - k^T D(S))).
+  bool delta = false;
+  Value deltaKey, deltaTarget;
+  SmallVector<LinearFactor> deltaScales;
+  /// Empty when the state qualifies; otherwise why not, at `where`.
+  std::string reason;
+  Operation *where = nullptr;
+};
+
+struct ChunkwiseSplit {
+  SmallVector<LinearState, 1> states;
+  /// The states computed before the linear ones from values that do not
+  /// depend on them (mLSTM's stabiliser m).
+  SmallVector<unsigned> gateOnlyStates, postStates;
+  unsigned prologueOps = 0, coreOps = 0, epilogueOps = 0;
+  /// True when at least one matrix state qualifies.
+  bool qualifies() const;
+};
+
+/// Analyses a cell after cell-split-projections.
+ChunkwiseSplit analyzeChunkwise(DefOp def);
+
+/// Prints the split of every cell in `module` (`cellc --emit=chunkwise`):
+/// per matrix state its gates, sources and reads, or the reason it does not
+/// qualify at the op's file:line:col.
+void printChunkwise(ModuleOp module, llvm::raw_ostream &os);
+
+} // namespace mlir::cell
+
+#endif // CELLC_DIALECTS_CELL_TRANSFORMS_LINEARRECURRENCE_H
