@@ -349,15 +349,28 @@ def not_differentiable_again(gradients):
                            for g in gradients)
 
 
-def call(front, x, params, states=None, **options):
+#: The training forms a call takes: the step kernels, the chunkwise form of
+#: a cell whose matrix states are gated linear recurrences (cellc._chunkwise),
+#: or the step kernels until the chunk form has kernels of its own.
+FORMS = ("step", "chunk", "auto")
+
+
+def call(front, x, params, states=None, *, form="step", chunk=None, **options):
     """A call of `front` (cellc._front): checked there, run through the
     operators. Returns (output, final states): the output a tensor where the
     cell has one, else a dict; the final states a dict, a matrix state in
     its declared dims. `options`: save_gates, resets, recompute,
-    batch_first, lengths, sizes."""
+    batch_first, lengths, sizes. `form`: one of FORMS; `chunk`: the chunk
+    form's chunk length."""
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {', '.join(map(repr, FORMS))}, not {form!r}")
+    if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"chunk must be a positive number of steps, not {chunk!r}")
     c = check(front, x, params, states, **options)
     if c is None:
         return _empty_batch(front, x, params, states, **options)
+    if form == "chunk":
+        return _chunk_call(front, c, chunk, options.get("recompute"))
     x0 = c.inputs[0]
     state_list = []
     if c.states is not None:
@@ -380,10 +393,30 @@ def call(front, x, params, states=None, **options):
     n_out, n_st = len(front.outputs), len(front.states)
     if not _compiling():
         front.saved_bytes = sum(k.numel() * k.element_size() for k in results[n_out + n_st:])
-    outs = shaped_outputs(front, c.sizes, list(results[:n_out]))
+    return _returned(front, c, list(results[:n_out]), results[n_out:n_out + n_st])
+
+
+def _chunk_call(front, c, chunk, recompute):
+    """A call in the chunk form (cellc._chunkwise)."""
+    from . import _chunkwise
+    if c.cuda:
+        raise NotImplementedError("form='chunk' runs on the CPU target only for now (its "
+                                  "CUDA kernels are not built yet); use form='step'")
+    if recompute not in (None, "none"):
+        raise NotImplementedError(f"form='chunk' keeps what its torch reference keeps; "
+                                  f"recompute={recompute!r} is not built for it yet")
+    outs, finals = _chunkwise.call(front, c, chunk)
+    return _returned(front, c, outs, finals)
+
+
+def _returned(front, c, outs, finals):
+    """A call's outputs ([T, B, n] each) and final states ([B, n]) as the
+    call returns them."""
+    n_out = len(front.outputs)
+    outs = shaped_outputs(front, c.sizes, list(outs))
     outs = [o.transpose(0, 1) if c.batch_first else o for o in outs]
     out = outs[0] if n_out == 1 else dict(zip(front.outputs, outs))
-    final = {n: t for (n, _), t in zip(front.states, results[n_out:n_out + n_st])}
+    final = {n: t for (n, _), t in zip(front.states, finals)}
     return out, shaped_states(final, {n: front.shape(n, c.sizes) for n, dims in front.states
                                       if len(dims) > 1})
 

@@ -200,9 +200,10 @@ class Cell(Sizes, Steps, CudaTargets):
     # Running -----------------------------------------------------------------
 
     def __call__(self, x, params, states=None, *, save_gates=True, resets=None,
-                 recompute=None, batch_first=False, lengths=None, sizes=None):
+                 recompute=None, batch_first=False, lengths=None, sizes=None, form="step",
+                 chunk=None):
         if (not torch.is_grad_enabled() and resets is None and lengths is None
-                and sizes is None and not _compiling()):
+                and sizes is None and form != "chunk" and not _compiling()):
             # A one-step call under no_grad is a step: the step kernels,
             # their packed weights and short path (Cell.step), and the same
             # results as the sequence's. It runs no kernel of the mode, but
@@ -218,7 +219,7 @@ class Cell(Sizes, Steps, CudaTargets):
                         else {n: one(o) for n, o in out.items()}), news
         return _ops.call(self, x, params, states, save_gates=save_gates, resets=resets,
                          recompute=recompute, batch_first=batch_first, lengths=lengths,
-                         sizes=sizes)
+                         sizes=sizes, form=form, chunk=chunk)
 
     def _placement(self, device):
         """Whether tensors on `device` run the CUDA kernels (cellc._front),

@@ -10,6 +10,7 @@
 #include "compiler/Frontend/IRGen.h"
 #include "compiler/Frontend/Parser.h"
 #include "compiler/Pipelines/Pipelines.h"
+#include "dialects/Cell/Transforms/LinearRecurrence.h"
 #include "dialects/Cell/Transforms/Passes.h"
 
 #include "mlir/IR/Diagnostics.h"
@@ -139,6 +140,28 @@ emit(const std::string &source, const std::string &fileName,
     throw py::value_error(os.str());
   }
   return {out.str(), os.str()};
+}
+
+/// The cell's chunkwise split at `sizes`, after cell-split-projections, as
+/// JSON (cell::describeChunkwise): what cellc._chunkwise runs.
+std::string chunkwise(const std::string &source, const std::string &fileName,
+                      const std::map<std::string, int64_t> &sizes, const std::string &dtype) {
+  CellSource src(source, fileName);
+  mlir::MLIRContext context;
+  mlir::FloatType element = parseElementType(context, dtype);
+  if (!element)
+    throw py::type_error("unknown dtype " + dtype);
+  SizeBindings bindings(sizes.begin(), sizes.end());
+  auto module = compileCellSource(context, bindings, element, src.diag);
+  if (!module)
+    raiseCell(src);
+  mlir::PassManager pm(&context);
+  buildPipeline(pm, Stage::Split, PipelineOptions());
+  if (mlir::failed(pm.run(*module)))
+    throw py::value_error("the passes failed");
+  for (auto def : module->getOps<mlir::cell::DefOp>())
+    return mlir::cell::describeChunkwise(def);
+  throw py::value_error("no cell");
 }
 
 /// Writes an AOT CUDA package of the cell at `sizes` to `dir`, with the
@@ -362,6 +385,8 @@ PYBIND11_MODULE(_cellc, m) {
   m.def("emit", &emit, py::arg("source"), py::arg("file_name"), py::arg("sizes"),
         py::arg("dtype"), py::arg("stage"), py::arg("save_gates") = -1);
   m.attr("__version__") = CELLC_VERSION;
+  m.def("chunkwise", &chunkwise, py::arg("source"), py::arg("file_name"), py::arg("sizes"),
+        py::arg("dtype"));
   m.def("cache_dir", []() { return KernelCache::defaultDir(); });
   m.def("compiler_version", []() { return compilerVersion().str(); });
   m.def("package", &bindPackage,

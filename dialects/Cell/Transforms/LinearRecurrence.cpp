@@ -115,7 +115,7 @@ public:
     state.oneColumn = roles.v < 0;
   }
 
-  LinearState run(SmallPtrSetImpl<Operation *> &core);
+  LinearState run(SmallPtrSetImpl<Operation *> &core, SmallPtrSetImpl<Operation *> &linearOps);
 
 private:
   bool inGate(Value v) const {
@@ -387,7 +387,8 @@ void StateWalk::checkRead(ReduceOp reduce, const Form &form, const Form &yield) 
   state.reads.push_back(std::move(read));
 }
 
-LinearState StateWalk::run(SmallPtrSetImpl<Operation *> &core) {
+LinearState StateWalk::run(SmallPtrSetImpl<Operation *> &core,
+                           SmallPtrSetImpl<Operation *> &linearOps) {
   Block &body = def.getBody().front();
   Value s = def.getStates()[state.index];
   lin[s] = Form{Term{}};
@@ -431,8 +432,10 @@ LinearState StateWalk::run(SmallPtrSetImpl<Operation *> &core) {
       checkRead(reduce, form, update);
   if (state.reason.empty())
     for (auto &[v, f] : lin)
-      if (Operation *op = v.getDefiningOp())
+      if (Operation *op = v.getDefiningOp()) {
         core.insert(op);
+        linearOps.insert(op);
+      }
   if (state.reason.empty())
     for (auto &r : reads)
       core.insert(r.first);
@@ -490,7 +493,7 @@ ChunkwiseSplit analyzeChunkwise(DefOp def) {
         }
     }
   }
-  SmallPtrSet<Operation *, 32> core;
+  SmallPtrSet<Operation *, 32> core, linearOps;
   Deps linear(n);
   for (unsigned i = 0; i < n && dimsAttr; ++i) {
     StringRef name = cast<StringAttr>(def.getStateNames()[i]).getValue();
@@ -523,14 +526,15 @@ ChunkwiseSplit analyzeChunkwise(DefOp def) {
       // A 2-D state is one head's matrix, or else a column per head (mLSTM's
       // normaliser); the first reading's reason is the one reported.
       for (auto [ri, r] : llvm::enumerate(readings)) {
-        SmallPtrSet<Operation *, 32> stateCore;
+        SmallPtrSet<Operation *, 32> stateCore, stateLinear;
         LinearState attempt = StateWalk(def, i, dims.asArrayRef(), r, deps, desc[i])
-                                  .run(stateCore);
+                                  .run(stateCore, stateLinear);
         if (ri == 0)
           result = attempt;
         if (attempt.reason.empty()) {
           result = attempt;
           core.insert(stateCore.begin(), stateCore.end());
+          linearOps.insert(stateLinear.begin(), stateLinear.end());
           break;
         }
       }
@@ -555,7 +559,15 @@ ChunkwiseSplit analyzeChunkwise(DefOp def) {
   for (Operation &op : def.getBody().front().without_terminator()) {
     if (isa<ParamOp, ConstantOp>(op))
       continue;
+    ChunkPhase phase = ChunkPhase::Rest;
     if (op.getNumResults() && !deps[op.getResult(0)].anyCommon(after))
+      phase = ChunkPhase::Prologue;
+    else if (linearOps.contains(&op))
+      phase = ChunkPhase::Linear;
+    else if (isa<ReduceOp>(op) && core.contains(&op))
+      phase = ChunkPhase::Read;
+    split.phases[&op] = phase;
+    if (phase == ChunkPhase::Prologue)
       ++split.prologueOps;
     else if (core.contains(&op))
       ++split.coreOps;

@@ -19,6 +19,7 @@
 #include "dialects/Cell/IR/CellOps.h"
 
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/DenseMap.h"
 
 #include <string>
 
@@ -76,18 +77,30 @@ struct LinearState {
   Operation *where = nullptr;
 };
 
+/// Where an op of the step goes in the chunk form: before the core (from
+/// values that depend on no linear state), the core's linear values (never
+/// materialised) and reads, or after it.
+enum class ChunkPhase { Prologue, Linear, Read, Rest };
+
 struct ChunkwiseSplit {
   SmallVector<LinearState, 1> states;
   /// The states computed before the linear ones from values that do not
   /// depend on them (mLSTM's stabiliser m).
   SmallVector<unsigned> gateOnlyStates, postStates;
   unsigned prologueOps = 0, coreOps = 0, epilogueOps = 0;
+  DenseMap<Operation *, ChunkPhase> phases;
   /// True when at least one matrix state qualifies.
   bool qualifies() const;
 };
 
 /// Analyses a cell after cell-split-projections.
 ChunkwiseSplit analyzeChunkwise(DefOp def);
+
+/// The cell's step and its split as JSON, for the chunk form's reference
+/// driver (cellc._chunkwise): every value an id (the inputs, the states,
+/// then each op's results), every op with its operands, attributes and
+/// phase, and each linear state's gates, sources and reads by id.
+std::string describeChunkwise(DefOp def);
 
 /// Prints the split of every cell in `module` (`cellc --emit=chunkwise`):
 /// per matrix state its gates, sources and reads, or the reason it does not

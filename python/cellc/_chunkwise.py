@@ -1,0 +1,460 @@
+"""The chunkwise-parallel training form of a cell whose matrix states are
+gated linear recurrences (`cellc --emit=chunkwise` says which are, and why
+not), as a reference in torch: `cell(x, params, form="chunk")`.
+
+The compiler's analysis (LinearRecurrence.cpp) cuts the step into a
+prologue (what the gates, keys, values and queries are computed from,
+gate-only states such as mLSTM's m included), the core (each linear state's
+update and reads) and the rest. Here the prologue and the rest run op by op
+over all T * B rows at once (step by step where a gate-only state or a state
+after the core needs it), and the core runs chunk by chunk: within a chunk of
+L steps as matrix products, with chunk-local cumulative log-gates, the state
+passed between chunks only. The delta rule goes through the UT transform (a
+unit-triangular solve per chunk). torch's autograd gives the backward.
+
+This is the oracle and the reference for the fused chunk kernels, which are
+not built yet: it runs at eager torch's speed. Resets and lengths are not
+taken yet (form="step" takes them).
+"""
+
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import _cellc
+
+#: The chunk length where the call names none.
+DEFAULT_CHUNK = 64
+
+
+def plan(front, sizes, dtype):
+    """The cell's split at `sizes` (the compiler's JSON), cached on `front`."""
+    key = (tuple(sorted(sizes.items())), dtype)
+    cache = front.__dict__.setdefault("_chunkwise_plans", {})
+    if key not in cache:
+        text = _cellc.chunkwise(front.source, front.file_name, dict(sizes),
+                                "f64" if dtype == torch.float64 else "f32")
+        cache[key] = json.loads(text)
+    return cache[key]
+
+
+def not_qualifying(front, p):
+    """Why the cell has no chunk form: a ValueError's message."""
+    why = "; ".join(f"{r['state']}: {r['reason']}" for r in p["reasons"])
+    return (f"cell '{front.name}' has no chunkwise form "
+            f"({why or 'no matrix state is a gated linear recurrence'}); "
+            f"use form='step' (cellc --emit=chunkwise shows where)")
+
+
+# The ops, on rows [R, n] (params as they are, constants 0-d) ------------------
+
+def _expand(x, shape, kept):
+    if x.dim() == 0:
+        return x
+    lead = x.shape[:-1]
+    view = list(lead) + [shape[d] if d in kept else 1 for d in range(len(shape))]
+    return x.reshape(view).expand(*lead, *shape).reshape(*lead, math.prod(shape))
+
+
+def _reduce(x, shape, kept, combine):
+    lead = x.shape[:-1]
+    x = x.reshape(*lead, *shape)
+    dims = [len(lead) + d for d in range(len(shape)) if d not in kept]
+    if combine == "sum":
+        r = x.sum(dims)
+    else:
+        r = x.amax(dims) if combine == "max" else x.amin(dims)
+    return r.reshape(*lead, math.prod(shape[d] for d in kept))
+
+
+def _product(w, v, shape):
+    if len(shape) == 3:
+        G, M, N = shape
+        return torch.einsum("gmn,...gn->...gm", w, v.reshape(*v.shape[:-1], G, N)).reshape(
+            *v.shape[:-1], G * M)
+    return v @ w.t()
+
+
+_UNARY = {
+    "neg": torch.neg, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp,
+    "log": torch.log, "relu": torch.relu, "abs": torch.abs, "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "erf": torch.erf,
+    "log1p": torch.log1p, "silu": F.silu, "gelu": F.gelu, "elu": F.elu,
+    "softplus": lambda x: torch.logaddexp(x, torch.zeros_like(x)),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "max": torch.maximum, "min": torch.minimum, "pow": torch.pow,
+    "greater": lambda a, b: (a > b).to(torch.result_type(a, b)),
+}
+
+
+def _run(op, args, params, like):
+    name = op["op"]
+    if name == "param":
+        return [params[op["name"]]]
+    if name == "constant":
+        return [torch.tensor(op["value"], dtype=like.dtype, device=like.device)]
+    if name in _UNARY:
+        return [_UNARY[name](args[0])]
+    if name in _BINARY:
+        a, b = args
+        if a.dim() == 0 and b.dim() == 0:
+            return [_BINARY[name](a, b)]
+        return [_BINARY[name](a, b)]
+    if name == "select":
+        return [torch.where(args[0] != 0, args[1], args[2])]
+    if name == "expand":
+        return [_expand(args[0], op["shape"], op["kept"])]
+    if name == "reduce":
+        return [_reduce(args[0], op["shape"], op["kept"], op["combine"])]
+    if name in ("matvec", "projection"):
+        out = _product(args[0], args[1], op["weight_shape"])
+        for b in args[2:]:
+            out = out + b
+        return [out]
+    if name == "vecmat":
+        return [args[1] @ args[0]]
+    if name == "sum":
+        return [args[0].sum(-1, keepdim=True)]
+    if name == "broadcast":
+        return [args[0].expand(*args[0].shape[:-1], op["sizes"][0])]
+    if name == "chunk":
+        return list(torch.split(args[0], op["sizes"][0], -1))
+    if name == "concat":
+        return [torch.cat(args, -1)]
+    raise NotImplementedError(f"form='chunk' cannot run cell.{name} yet")
+
+
+class _Graph:
+    """The step's ops by result id, and what each needs."""
+
+    def __init__(self, p):
+        self.p = p
+        self.op_of = {}
+        for i, op in enumerate(p["ops"]):
+            for r in op["results"]:
+                self.op_of[r] = i
+
+    def needed(self, wanted, stop):
+        """The ops, in order, that compute `wanted` from the ids in `stop`."""
+        seen, todo = set(), [w for w in wanted if w not in stop]
+        while todo:
+            v = todo.pop()
+            i = self.op_of.get(v)
+            if i is None or i in seen:
+                continue
+            op = self.p["ops"][i]
+            if op["phase"] == "linear":
+                raise NotImplementedError("form='chunk': a value linear in a matrix state "
+                                          "is needed outside its reads")
+            seen.add(i)
+            todo.extend(o for o in op["operands"] if o not in stop)
+        return [self.p["ops"][i] for i in sorted(seen)]
+
+    @staticmethod
+    def run(ops, env, params, like):
+        for op in ops:
+            outs = _run(op, [env[o] for o in op["operands"]], params, like)
+            env.update(zip(op["results"], outs))
+
+
+def _rows(t):
+    """[T, B, n] as [T * B, n]; params and constants as they are."""
+    return t.reshape(-1, t.shape[-1]) if t.dim() == 3 else t
+
+
+# The core ----------------------------------------------------------------------
+
+class _State:
+    """A linear state's dims: heads H, rows K, columns V."""
+
+    def __init__(self, lin):
+        dims = lin["dims"]
+        if lin["heads"]:
+            self.H, self.K = dims[0], dims[1]
+            self.V = 1 if lin["one_column"] else dims[2]
+            self.role = [0, 1] + ([] if lin["one_column"] else [2])
+        else:
+            self.H, (self.K, self.V) = 1, dims
+            self.role = [1, 2]
+        self.dims = dims
+
+    def full(self, t, varies, lead):
+        """A factor's values as [*lead, H, K, V], 1 along the dims it does not
+        vary along (a param's or a constant's lead dims 1 too)."""
+        if t.dim() == 0:
+            return t
+        size = [1, 1, 1]
+        for d in range(len(self.dims)):
+            if varies[d]:
+                size[self.role[d]] = self.dims[d]
+        tl = tuple(t.shape[:-1])
+        return t.reshape(*([1] * (len(lead) - len(tl))), *tl, *size)
+
+
+def _factor_product(st, factors, env, lead, like):
+    out = torch.ones((), dtype=like.dtype, device=like.device)
+    for f in factors:
+        out = out * st.full(env[f["vector"]], f["varies"], lead)
+    return out
+
+
+def _log_gates(st, lin, env, graph, lead, like):
+    """The row and column log-gates, [T, B, H, K] and [T, B, H, V]."""
+    row = torch.zeros(*lead, st.H, st.K, 1, dtype=like.dtype, device=like.device)
+    col = torch.zeros(*lead, st.H, 1, st.V, dtype=like.dtype, device=like.device)
+    for f in lin["gates"]:
+        v = f["vector"]
+        op = graph.p["ops"][graph.op_of[v]] if v in graph.op_of else None
+        if op is not None and op["op"] == "exp":
+            log = env[op["operands"][0]]
+        else:
+            g = env[v]
+            if bool((g <= 0).any()):
+                raise ValueError("form='chunk' needs positive gates: a gate of the state is "
+                                 "zero or negative here; use form='step'")
+            log = torch.log(g)
+        log = st.full(log, f["varies"], lead)
+        if log.shape[-1] > 1 and log.shape[-2] == 1:
+            col = col + log
+        else:
+            row = row + log
+    return row[..., 0], col[..., 0, :]
+
+
+def _chunks(T, L):
+    return [(s, min(T, s + L)) for s in range(0, T, L)]
+
+
+def _pairs(q, k, A_q, A_k, strict):
+    """W[i, j] = sum_k q_ik k_jk exp(A_q[i,k] - A_k[j,k]) over the causal
+    pairs (j <= i, or j < i with `strict`), [B, H, l, l]."""
+    l = q.shape[-2]
+    mask = torch.ones(l, l, dtype=torch.bool, device=q.device).tril(-1 if strict else 0)
+    diff = A_q.unsqueeze(-2) - A_k.unsqueeze(-3)                 # [B, H, l, l, K]
+    diff = diff.masked_fill(~mask[..., None], float("-inf"))
+    return torch.einsum("bhik,bhjk,bhijk->bhij", q, k, diff.exp())
+
+
+def _core(st, a, c, k, v, S0, reads, delta, L):
+    """The state's reads and its final value, chunk by chunk. a, k:
+    [B, H, T, K]; c, v: [B, H, T, V]; S0: [B, H, K, V]; each read a tuple
+    (q [B, H, T, K], after); delta: None or (beta [B, H, T, 1])."""
+    T = a.shape[2]
+    columns = bool((c != 0).any())
+    outs = [[] for _ in reads]
+    S = S0
+    for s, e in _chunks(T, L):
+        A, C = a[:, :, s:e].cumsum(2), c[:, :, s:e].cumsum(2)
+        kc, vc = k[:, :, s:e], v[:, :, s:e]
+        if delta is not None:
+            beta = delta[:, :, s:e]
+            # u_j = beta_j (w_j - e^{A_j} k_j S - sum_{m<j} e^{A_j - A_m} (k_j.k_m) u_m)
+            W = _pairs(kc, kc, A, A, True) * beta
+            rhs = beta * (vc - (kc * A.exp()) @ S)
+            eye = torch.eye(e - s, dtype=a.dtype, device=a.device)
+            vc = torch.linalg.solve_triangular(eye + W, rhs, upper=False, unitriangular=True)
+        for n, (q, after) in enumerate(reads):
+            qc = q[:, :, s:e]
+            # Before the update: the gates up to the step before.
+            Aq = A if after else A - a[:, :, s:e]
+            Cq = C if after else C - c[:, :, s:e]
+            W = _pairs(qc, kc, Aq, A, not after)
+            if columns:
+                l = e - s
+                mask = torch.ones(l, l, dtype=torch.bool, device=a.device).tril(0 if after else -1)
+                diff = Cq.unsqueeze(-2) - C.unsqueeze(-3)            # [B, H, l, l, V]
+                diff = diff.masked_fill(~mask[..., None], float("-inf"))
+                intra = torch.einsum("bhij,bhjv,bhijv->bhiv", W, vc, diff.exp())
+            else:
+                intra = W @ vc
+            outs[n].append(Cq.exp() * ((qc * Aq.exp()) @ S) + intra)
+        AL, CL = A[:, :, -1:], C[:, :, -1:]
+        S = (AL.transpose(-1, -2).exp() * S * CL.exp()
+             + (kc * (AL - A).exp()).transpose(-1, -2) @ (vc * (CL - C).exp()))
+    return [torch.cat(o, 2) for o in outs], S
+
+
+# The call ----------------------------------------------------------------------
+
+def _stepped(ops, hist, rowful, state_ids, yields, init, T):
+    """Runs `ops` step by step over `hist` (id: [T, B, n] where rowful, else
+    as is), carrying the states `state_ids` (their next values `yields`)
+    from `init`. Returns the histories of every result and of the states'
+    values before each step, and the final states."""
+    prev = list(init)
+    out = {}
+    for t in range(T):
+        env = {i: (v[t] if i in rowful else v) for i, v in hist.items()}
+        env.update(zip(state_ids, prev))
+        for i, v in zip(state_ids, prev):
+            out.setdefault(i, []).append(v)
+        _Graph.run(ops, env, {}, None)
+        for op in ops:
+            for r in op["results"]:
+                if r in rowful:
+                    out.setdefault(r, []).append(env[r])
+                elif t == 0:
+                    out[r] = env[r]
+        prev = [env[y] for y in yields]
+    return {i: (torch.stack(v) if isinstance(v, list) else v) for i, v in out.items()}, prev
+
+
+def _leaves(p, graph):
+    ids = set()
+    for lin in p["linear"]:
+        for f in lin["gates"]:
+            ids.add(f["vector"])
+            op = graph.p["ops"][graph.op_of[f["vector"]]] if f["vector"] in graph.op_of else None
+            if op is not None and op["op"] == "exp":
+                ids.add(op["operands"][0])
+        for src in lin["sources"]:
+            ids.update(f["vector"] for part in ("keys", "values", "scales") for f in src[part])
+        for r in lin["reads"]:
+            ids.update(f["vector"] for part in ("queries", "scales") for f in r[part])
+        if "delta_key" in lin:
+            ids.update([lin["delta_key"], lin["delta_target"], *lin["delta_scales"]])
+    return ids
+
+
+def _linear_state(st, lin, env, graph, T, B, S0, chunk, like):
+    """A linear state's reads (id: [T, B, n]) and its final value [B, K*V*H]."""
+    lead = (T, B)
+    a, c = _log_gates(st, lin, env, graph, lead, like)
+    ones = torch.ones((), dtype=like.dtype, device=like.device)
+    bhtk = lambda t: t.permute(1, 2, 0, 3)
+    heads = lin["heads"]
+
+    def vector(i, varies):
+        return st.full(env[i], varies, lead)
+
+    if "delta_key" in lin:
+        if bool((c != 0).any()) or bool((a != a[..., :1]).any()):
+            raise NotImplementedError("form='chunk': the delta rule with a row or column "
+                                      "gate is not built yet; use form='step'")
+        kv = [True, True, False] if heads else [True, False]
+        vv = [True, False, True] if heads else [False, True]
+        sv = [True, False, False] if heads else [False, False]
+        k = vector(lin["delta_key"], kv).expand(T, B, st.H, st.K, 1)[..., 0]
+        v = vector(lin["delta_target"], vv).expand(T, B, st.H, 1, st.V)[..., 0, :]
+        beta = ones
+        for i in lin["delta_scales"]:
+            beta = beta * vector(i, sv)
+        delta = bhtk(beta.expand(T, B, st.H, 1, 1)[..., 0])
+    else:
+        if len(lin["sources"]) != 1:
+            raise NotImplementedError("form='chunk': a state with several outer-product "
+                                      "terms is not built yet; use form='step'")
+        src = lin["sources"][0]
+        k = _factor_product(st, src["keys"], env, lead, like).expand(T, B, st.H, st.K, 1)[..., 0]
+        v = (_factor_product(st, src["values"], env, lead, like)
+             * _factor_product(st, src["scales"], env, lead, like))
+        v = v.expand(T, B, st.H, 1, st.V)[..., 0, :]
+        v = -v if src["negated"] else v
+        delta = None
+    S0 = S0.reshape(B, st.H, st.K, st.V)
+    reads_k = [r for r in lin["reads"] if r["contracts_k"]]
+    reads_v = [r for r in lin["reads"] if not r["contracts_k"]]
+    values = {}
+
+    def queries(rs, K, at):
+        qs = []
+        for r in rs:
+            q = _factor_product(st, r["queries"], env, lead, like)
+            qs.append((bhtk(q.expand(T, B, st.H, st.K, st.V).select(at, 0)), r["after"]))
+        return qs
+
+    outs, S = _core(st, bhtk(a), bhtk(c), bhtk(k), bhtk(v), S0, queries(reads_k, st.K, -1),
+                    delta, chunk)
+    if reads_v:
+        if delta is not None:
+            raise NotImplementedError("form='chunk': S q reads of a delta-rule state are not "
+                                      "built yet; use form='step'")
+        outs_v, _ = _core(st, bhtk(c), bhtk(a), bhtk(v), bhtk(k), S0.transpose(-1, -2),
+                          queries(reads_v, st.V, -2), None, chunk)
+    else:
+        outs_v = []
+    for rs, os_, along in ((reads_k, outs, -2), (reads_v, outs_v, -1)):
+        for r, o in zip(rs, os_):
+            scale = _factor_product(st, r["scales"], env, lead, like)
+            o = o.permute(2, 0, 1, 3)                      # [T, B, H, V or K]
+            o = o * (scale.squeeze(along) if scale.dim() else scale)
+            values[r["result"]] = o.reshape(T, B, -1)
+    return values, S.reshape(B, -1)
+
+
+def call(front, c, chunk=None):
+    """The chunk form of a checked call `c` (cellc._front.Call): the outputs
+    [T, B, n] in `front.outputs` order and the final states [B, n]."""
+    if c.resets is not None or c.lengths is not None:
+        raise NotImplementedError("form='chunk' takes no resets or lengths yet; use "
+                                  "form='step'")
+    like = c.inputs[0]
+    T, B = like.shape[:2]
+    p = plan(front, c.sizes, like.dtype)
+    if not p["linear"]:
+        raise ValueError(not_qualifying(front, p))
+    chunk = chunk or (DEFAULT_CHUNK if T >= DEFAULT_CHUNK
+                      else max(16, 1 << (T - 1).bit_length()))
+    graph = _Graph(p)
+    params = {n: t for (n, _), t in zip(front.params, c.params)}
+    init = []
+    for n, _ in front.states:
+        t = c.states.get(n) if c.states is not None else None
+        init.append(t if t is not None else like.new_zeros(B, math.prod(front.shape(n, c.sizes))))
+    linear = {lin["state"] for lin in p["linear"]}
+    post = set(p["post"])
+    before = [i for i in range(len(init)) if i not in linear and i not in post]
+    after = sorted(post)
+    reads = {r["result"] for lin in p["linear"] for r in lin["reads"]}
+    args = set(p["inputs"]) | set(p["states"])
+    wanted = (_leaves(p, graph) | set(p["yield_outputs"])
+              | {p["yield_states"][i] for i in before + after})
+    ops = graph.needed(wanted, reads | args)
+    # What varies by row: the inputs, the states, and what is computed from them.
+    rowful = set(args) | reads
+    for op in p["ops"]:
+        if any(o in rowful for o in op["operands"]):
+            rowful.update(op["results"])
+    params_env = {}
+    for op in p["ops"]:
+        if op["op"] == "param":
+            params_env[op["results"][0]] = params[op["name"]]
+        elif op["op"] == "constant":
+            params_env[op["results"][0]] = torch.tensor(op["value"], dtype=like.dtype,
+                                                        device=like.device)
+    ops = [op for op in ops if op["op"] not in ("param", "constant")]
+    pro = [op for op in ops if op["phase"] == "prologue"]
+    rest = [op for op in ops if op["phase"] != "prologue"]
+    env = dict(params_env)
+    env.update(zip(p["inputs"], c.inputs))
+    state_ids = p["states"]
+    finals = list(init)
+
+    def run(part, carried):
+        if carried:
+            hist, last = _stepped(part, env, rowful, [state_ids[i] for i in carried],
+                                  [p["yield_states"][i] for i in carried],
+                                  [init[i] for i in carried], T)
+            env.update(hist)
+            for i, v in zip(carried, last):
+                finals[i] = v
+        else:
+            flat = {i: (v.reshape(T * B, -1) if i in rowful else v) for i, v in env.items()}
+            _Graph.run(part, flat, {}, None)
+            for op in part:
+                for r in op["results"]:
+                    env[r] = flat[r].reshape(T, B, -1) if r in rowful else flat[r]
+
+    run(pro, before)
+    for lin in p["linear"]:
+        st = _State(lin)
+        values, finals[lin["state"]] = _linear_state(st, lin, env, graph, T, B,
+                                                     init[lin["state"]], chunk, like)
+        env.update(values)
+    run(rest, after)
+    return [env[i] for i in p["yield_outputs"]], finals
