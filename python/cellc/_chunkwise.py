@@ -43,7 +43,7 @@ def plan(front, sizes, dtype):
 def not_qualifying(front, p):
     """Why the cell has no chunk form: a ValueError's message."""
     why = "; ".join(f"{r['state']}: {r['reason']}" for r in p["reasons"])
-    return (f"cell '{front.name}' has no chunkwise form "
+    return (f"cell '{p['name']}' has no chunkwise form "
             f"({why or 'no matrix state is a gated linear recurrence'}); "
             f"use form='step' (cellc --emit=chunkwise shows where)")
 

@@ -20,6 +20,7 @@ std::string describeChunkwise(DefOp def) {
     return list;
   };
   llvm::json::Object out;
+  out["name"] = def.getSymName().str();
   out["inputs"] = idList(def.getInputs());
   out["states"] = idList(def.getStates());
   llvm::json::Array ops;

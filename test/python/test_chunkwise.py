@@ -1,0 +1,135 @@
+"""The chunkwise form (form="chunk", cellc._chunkwise) against its oracle, the
+step kernels: every linear-recurrence example, forward, final states and
+every gradient (inputs, params, initial states), at T not a multiple of the
+chunk, in float64 and float32; and what it refuses, with a message."""
+
+import os
+
+import pytest
+import torch
+
+import cellc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "examples")
+LINEAR = ["gla", "retnet", "mlstm", "deltanet", "gated_deltanet"]
+SIZES = dict(I=6, NH=2, K=4, V=5)
+
+
+def load(name):
+    return cellc.compile(os.path.join(EXAMPLES, name + ".cell"))
+
+
+def arguments(cell, name, T, B, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    params = {}
+    for n, _ in cell.params:
+        t = 0.5 * torch.randn(*cell.shape(n, SIZES), generator=g, dtype=dtype)
+        if name == "retnet" and n == "gamma":
+            t = 0.6 + 0.35 * torch.rand(*t.shape, generator=g, dtype=dtype)
+        params[n] = t.requires_grad_()
+    x = torch.randn(T, B, SIZES["I"], generator=g, dtype=dtype, requires_grad=True)
+    states = {}
+    for n, _ in cell.states:
+        t = 0.3 * torch.randn(B, *cell.shape(n, SIZES), generator=g, dtype=dtype)
+        states[n] = t.requires_grad_()
+    return x, params, states
+
+
+def run(cell, x, params, states, **form):
+    out, final = cell(x, params, states, sizes=SIZES, **form)
+    torch.manual_seed(1)
+    weights = torch.randn_like(out)
+    loss = (out * weights).sum() + sum((f * torch.cos(f)).sum() for f in final.values())
+    leaves = [x, *params.values(), *states.values()]
+    names = ["x", *params, *(f"{n}0" for n in states)]
+    return out, final, dict(zip(names, torch.autograd.grad(loss, leaves)))
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)],
+                         ids=["f64", "f32"])
+@pytest.mark.parametrize("T,chunk", [(37, 8), (20, 16), (5, None)])
+@pytest.mark.parametrize("name", LINEAR)
+def test_the_chunk_form_matches_the_step_kernels(name, T, chunk, dtype, tol):
+    cell = load(name)
+    x, params, states = arguments(cell, name, T, 3, dtype)
+    out, final, grads = run(cell, x, params, states)
+    c_out, c_final, c_grads = run(cell, x, params, states, form="chunk", chunk=chunk)
+    assert c_out.shape == out.shape
+    assert rel(c_out, out) < tol
+    for n in final:
+        assert c_final[n].shape == final[n].shape
+        assert rel(c_final[n], final[n]) < tol, n
+    for n in grads:
+        assert grads[n].abs().max() > 0, n
+        assert rel(c_grads[n], grads[n]) < tol, n
+
+
+def test_a_chunk_of_one_step_is_the_recurrence():
+    cell = load("gated_deltanet")
+    x, params, states = arguments(cell, "gated_deltanet", 9, 2, torch.float64)
+    out, final, grads = run(cell, x, params, states)
+    c_out, _, c_grads = run(cell, x, params, states, form="chunk", chunk=1)
+    assert rel(c_out, out) < 1e-12
+    assert all(rel(c_grads[n], grads[n]) < 1e-10 for n in grads)
+
+
+def test_batch_first_and_no_initial_states():
+    cell = load("gla")
+    x, params, _ = arguments(cell, "gla", 11, 2, torch.float64)
+    xb = x.detach().transpose(0, 1)
+    out, final = cell(xb, params, batch_first=True, sizes=SIZES)
+    c_out, c_final = cell(xb, params, batch_first=True, sizes=SIZES, form="chunk", chunk=4)
+    assert rel(c_out, out) < 1e-12 and rel(c_final["S"], final["S"]) < 1e-12
+
+
+def test_a_cell_with_no_chunk_form_says_why():
+    cell = load("mamba_s6")
+    sizes = dict(D=4, N=3)
+    params = {n: torch.randn(*cell.shape(n, sizes)) for n, _ in cell.params}
+    with pytest.raises(ValueError, match=r"no chunkwise form \(h: the gate .* varies along "
+                                         r"both dims.*form='step'"):
+        cell(torch.randn(5, 2, 4), params, sizes=sizes, form="chunk")
+    lstm = load("lstm")
+    params = {n: torch.randn(*lstm.shape(n, dict(I=3, H=4))) for n, _ in lstm.params}
+    with pytest.raises(ValueError, match="no matrix state is a gated linear recurrence"):
+        lstm(torch.randn(5, 2, 3), params, form="chunk")
+
+
+def test_what_the_chunk_form_does_not_take_yet_is_refused():
+    cell = load("gla")
+    x, params, _ = arguments(cell, "gla", 6, 2, torch.float32)
+    with pytest.raises(NotImplementedError, match="resets or lengths"):
+        cell(x, params, sizes=SIZES, form="chunk", resets=torch.zeros(6, 2, dtype=torch.bool))
+    with pytest.raises(NotImplementedError, match="resets or lengths"):
+        cell(x, params, sizes=SIZES, form="chunk", lengths=[6, 3])
+    with pytest.raises(NotImplementedError, match="recompute='full'"):
+        cell(x, params, sizes=SIZES, form="chunk", recompute="full")
+    with pytest.raises(ValueError, match="form must be one of 'step', 'chunk', 'auto'"):
+        cell(x, params, sizes=SIZES, form="chunks")
+    with pytest.raises(ValueError, match="chunk must be a positive number of steps"):
+        cell(x, params, sizes=SIZES, form="chunk", chunk=0)
+
+
+def test_a_gate_that_is_not_positive_is_refused():
+    # RetNet's gamma is a param: its log exists only where it is positive.
+    cell = load("retnet")
+    x, params, _ = arguments(cell, "retnet", 6, 2, torch.float64)
+    with torch.no_grad():
+        params["gamma"][0] = -0.5
+    with pytest.raises(ValueError, match="needs positive gates"):
+        cell(x, params, sizes=SIZES, form="chunk")
+    out, _ = cell(x, params, sizes=SIZES)      # the step form takes it
+    assert torch.isfinite(out).all()
+
+
+def test_auto_runs_the_step_kernels():
+    cell = load("gla")
+    x, params, _ = arguments(cell, "gla", 6, 2, torch.float64)
+    out, _ = cell(x, params, sizes=SIZES)
+    auto, _ = cell(x, params, sizes=SIZES, form="auto")
+    assert torch.equal(out, auto)
