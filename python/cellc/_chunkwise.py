@@ -230,17 +230,38 @@ def _chunks(T, L):
     return [(s, min(T, s + L)) for s in range(0, T, L)]
 
 
-def _pairs(q, k, A_q, A_k, strict):
+#: The sub-chunk of a row gate's pair weights: blocks below the diagonal
+#: are products of rescaled q and k, diagonal blocks pair by pair.
+SUB = 16
+
+
+def _pairs(q, k, A_q, A_k, strict, rows):
     """W[i, j] = sum_k q_ik k_jk exp(A_q[i,k] - A_k[j,k]) over the causal
-    pairs (j <= i, or j < i with `strict`), [B, H, l, l]."""
+    pairs (j <= i, or j < i with `strict`), [B, H, l, l]. Every exponent
+    taken is <= 0 where the gates are <= 1: a scalar gate's difference
+    directly; a row gate's through a reference row per sub-chunk (GLA's
+    secondary chunking), pair by pair on the diagonal blocks only."""
     l = q.shape[-2]
     mask = torch.ones(l, l, dtype=torch.bool, device=q.device).tril(-1 if strict else 0)
-    diff = A_q.unsqueeze(-2) - A_k.unsqueeze(-3)                 # [B, H, l, l, K]
-    diff = diff.masked_fill(~mask[..., None], float("-inf"))
-    return torch.einsum("bhik,bhjk,bhijk->bhij", q, k, diff.exp())
+    if not rows:
+        diff = A_q[..., :1] - A_k[..., 0].unsqueeze(-2)             # [B, H, l, l]
+        return (q @ k.transpose(-1, -2)) * diff.masked_fill(~mask, float("-inf")).exp()
+    W = q.new_zeros(*q.shape[:-1], l)
+    for i0 in range(0, l, SUB):
+        i1 = min(l, i0 + SUB)
+        ref = A_q[..., i0:i0 + 1, :]
+        if i0:
+            qs = q[..., i0:i1, :] * (A_q[..., i0:i1, :] - ref).exp()
+            ks = k[..., :i0, :] * (ref - A_k[..., :i0, :]).exp()
+            W[..., i0:i1, :i0] = qs @ ks.transpose(-1, -2)
+        diff = A_q[..., i0:i1, None, :] - A_k[..., None, i0:i1, :]   # [B, H, s, s, K]
+        diff = diff.masked_fill(~mask[i0:i1, i0:i1, None], float("-inf"))
+        W[..., i0:i1, i0:i1] = torch.einsum("bhik,bhjk,bhijk->bhij", q[..., i0:i1, :],
+                                            k[..., i0:i1, :], diff.exp())
+    return W
 
 
-def _core(st, a, c, k, v, S0, reads, delta, L):
+def _core(st, a, c, k, v, S0, reads, delta, L, rows):
     """The state's reads and its final value, chunk by chunk. a, k:
     [B, H, T, K]; c, v: [B, H, T, V]; S0: [B, H, K, V]; each read a tuple
     (q [B, H, T, K], after); delta: None or (beta [B, H, T, 1])."""
@@ -254,7 +275,7 @@ def _core(st, a, c, k, v, S0, reads, delta, L):
         if delta is not None:
             beta = delta[:, :, s:e]
             # u_j = beta_j (w_j - e^{A_j} k_j S - sum_{m<j} e^{A_j - A_m} (k_j.k_m) u_m)
-            W = _pairs(kc, kc, A, A, True) * beta
+            W = _pairs(kc, kc, A, A, True, rows) * beta
             rhs = beta * (vc - (kc * A.exp()) @ S)
             eye = torch.eye(e - s, dtype=a.dtype, device=a.device)
             vc = torch.linalg.solve_triangular(eye + W, rhs, upper=False, unitriangular=True)
@@ -263,7 +284,7 @@ def _core(st, a, c, k, v, S0, reads, delta, L):
             # Before the update: the gates up to the step before.
             Aq = A if after else A - a[:, :, s:e]
             Cq = C if after else C - c[:, :, s:e]
-            W = _pairs(qc, kc, Aq, A, not after)
+            W = _pairs(qc, kc, Aq, A, not after, rows)
             if columns:
                 l = e - s
                 mask = torch.ones(l, l, dtype=torch.bool, device=a.device).tril(0 if after else -1)
@@ -368,14 +389,15 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like):
             qs.append((bhtk(q.expand(T, B, st.H, st.K, st.V).select(at, 0)), r["after"]))
         return qs
 
+    rows = bool((a != a[..., :1]).any())
     outs, S = _core(st, bhtk(a), bhtk(c), bhtk(k), bhtk(v), S0, queries(reads_k, st.K, -1),
-                    delta, chunk)
+                    delta, chunk, rows)
     if reads_v:
         if delta is not None:
             raise NotImplementedError("form='chunk': S q reads of a delta-rule state are not "
                                       "built yet; use form='step'")
         outs_v, _ = _core(st, bhtk(c), bhtk(a), bhtk(v), bhtk(k), S0.transpose(-1, -2),
-                          queries(reads_v, st.V, -2), None, chunk)
+                          queries(reads_v, st.V, -2), None, chunk, bool((c != c[..., :1]).any()))
     else:
         outs_v = []
     for rs, os_, along in ((reads_k, outs, -2), (reads_v, outs_v, -1)):

@@ -133,3 +133,49 @@ def test_auto_runs_the_step_kernels():
     out, _ = cell(x, params, sizes=SIZES)
     auto, _ = cell(x, params, sizes=SIZES, form="auto")
     assert torch.equal(out, auto)
+
+
+#: Row and column gates together (GateLoop's diag(a) S diag(b)), a read of
+#: the state before its update, and both reads of it after: q @ S and S q.
+GATED_BOTH_SIDES = """
+cell both_sides {
+  input x: [I]
+  state S: [NH, K, V]
+  param W_q: [NH*V, I], W_k: [NH*K, I], W_v: [NH*V, I], W_b: [NH*V, I], W_a: [NH*K, I]
+  param W_r: [NH*K, I]
+  a = exp(logsigmoid(heads(W_a @ x, NH)) / 4)
+  b = exp(logsigmoid(heads(W_b @ x, NH)) / 4)
+  early = heads(W_r @ x, NH) @ S
+  S = a * S * cols(b) + outer(heads(W_k @ x, NH), heads(W_v @ x, NH))
+  o = S @ heads(W_q @ x, NH)
+  r = heads(W_r @ x, NH) @ S
+  output o, r, early
+}
+"""
+
+
+@pytest.mark.parametrize("chunk", [19, 64])
+def test_row_and_column_gates_and_reads_on_both_sides(chunk):
+    # Chunks of 19 cut the sub-chunks of 16 (the row gate's secondary
+    # chunking) across a chunk; 64 holds all 37 steps in one.
+    cell = cellc.compile(GATED_BOTH_SIDES)
+    text = cell.emit("chunkwise", sizes=SIZES)
+    assert "gate: row" in text and "gate: column" in text and "before the update" in text
+    g = torch.Generator().manual_seed(3)
+    params = {n: (0.5 * torch.randn(*cell.shape(n, SIZES), generator=g,
+                                    dtype=torch.float64)).requires_grad_()
+              for n, _ in cell.params}
+    x = torch.randn(37, 3, SIZES["I"], generator=g, dtype=torch.float64, requires_grad=True)
+    S0 = (0.3 * torch.randn(3, 2, 4, 5, generator=g, dtype=torch.float64)).requires_grad_()
+    leaves = [x, S0, *params.values()]
+    results = []
+    for form in ("step", "chunk"):
+        outs, final = cell(x, params, {"S": S0}, sizes=SIZES, form=form, chunk=chunk)
+        loss = sum((o * torch.cos(o)).sum() for o in outs.values()) + final["S"].sum()
+        results.append((outs, final, torch.autograd.grad(loss, leaves)))
+    (outs, final, grads), (c_outs, c_final, c_grads) = results
+    for n in outs:
+        assert c_outs[n].shape == outs[n].shape and rel(c_outs[n], outs[n]) < 1e-10, n
+    assert rel(c_final["S"], final["S"]) < 1e-10
+    for a, b in zip(c_grads, grads):
+        assert b.abs().max() > 0 and rel(a, b) < 1e-10
