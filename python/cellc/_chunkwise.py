@@ -13,8 +13,7 @@ passed between chunks only. The delta rule goes through the UT transform (a
 unit-triangular solve per chunk). torch's autograd gives the backward.
 
 This is the oracle and the reference for the fused chunk kernels, which are
-not built yet: it runs at eager torch's speed. Resets and lengths are not
-taken yet (form="step" takes them).
+not built yet: it runs at eager torch's speed.
 """
 
 import json
@@ -24,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _cellc
+from ._front import _check_lengths
 
 #: The chunk length where the call names none.
 DEFAULT_CHUNK = 64
@@ -261,55 +261,93 @@ def _pairs(q, k, A_q, A_k, strict, rows):
     return W
 
 
-def _core(st, a, c, k, v, S0, reads, delta, L, rows):
+def _core(st, a, c, k, v, S0, reads, delta, L, rows, resets=None):
     """The state's reads and its final value, chunk by chunk. a, k:
     [B, H, T, K]; c, v: [B, H, T, V]; S0: [B, H, K, V]; each read a tuple
-    (q [B, H, T, K], after); delta: None or (beta [B, H, T, 1])."""
+    (q [B, H, T, K], after); delta: None or beta [B, H, T, 1]; resets: None
+    or [B, T] bool, the steps before which the state restarts from S0. A
+    reset cuts its sample's chunk into segments: no pair crosses one, and
+    the rows after it start from S0, decayed from the reset on."""
     T = a.shape[2]
     columns = bool((c != 0).any())
     outs = [[] for _ in reads]
     S = S0
     for s, e in _chunks(T, L):
-        A, C = a[:, :, s:e].cumsum(2), c[:, :, s:e].cumsum(2)
+        l = e - s
+        ac, cc = a[:, :, s:e], c[:, :, s:e]
+        A, C = ac.cumsum(2), cc.cumsum(2)
         kc, vc = k[:, :, s:e], v[:, :, s:e]
+        seg = None
+        if resets is not None and bool(resets[:, s:e].any()):
+            rc = resets[:, s:e]
+            seg = rc.long().cumsum(1)                                    # [B, l]
+            same = (seg[:, :, None] == seg[:, None, :])[:, None].to(a.dtype)
+            last = (torch.arange(l, device=a.device) * rc).cummax(1).values
+            at = lambda X: X.gather(2, last[:, None, :, None].expand(*X.shape[:2], l, X.shape[3]))
+            # The log-gates summed up to the step before the last reset.
+            BA, BC = at(A - ac), at(C - cc)
+            fresh = (seg > 0)[:, None, :, None]
+
+        def start(x, Ax, Cx):
+            # x times the state the row starts from: the chunk's, or S0 after a reset.
+            carried = Cx.exp() * ((x * Ax.exp()) @ S)
+            if seg is None:
+                return carried
+            return torch.where(fresh, (Cx - BC).exp() * ((x * (Ax - BA).exp()) @ S0), carried)
+
         if delta is not None:
             beta = delta[:, :, s:e]
             # u_j = beta_j (w_j - e^{A_j} k_j S - sum_{m<j} e^{A_j - A_m} (k_j.k_m) u_m)
             W = _pairs(kc, kc, A, A, True, rows) * beta
-            rhs = beta * (vc - (kc * A.exp()) @ S)
-            eye = torch.eye(e - s, dtype=a.dtype, device=a.device)
+            if seg is not None:
+                W = W * same
+            rhs = beta * (vc - start(kc, A, torch.zeros_like(A[..., :1])))
+            eye = torch.eye(l, dtype=a.dtype, device=a.device)
             vc = torch.linalg.solve_triangular(eye + W, rhs, upper=False, unitriangular=True)
         for n, (q, after) in enumerate(reads):
             qc = q[:, :, s:e]
             # Before the update: the gates up to the step before.
-            Aq = A if after else A - a[:, :, s:e]
-            Cq = C if after else C - c[:, :, s:e]
+            Aq = A if after else A - ac
+            Cq = C if after else C - cc
             W = _pairs(qc, kc, Aq, A, not after, rows)
+            if seg is not None:
+                W = W * same
             if columns:
-                l = e - s
                 mask = torch.ones(l, l, dtype=torch.bool, device=a.device).tril(0 if after else -1)
                 diff = Cq.unsqueeze(-2) - C.unsqueeze(-3)            # [B, H, l, l, V]
                 diff = diff.masked_fill(~mask[..., None], float("-inf"))
                 intra = torch.einsum("bhij,bhjv,bhijv->bhiv", W, vc, diff.exp())
             else:
                 intra = W @ vc
-            outs[n].append(Cq.exp() * ((qc * Aq.exp()) @ S) + intra)
+            outs[n].append(start(qc, Aq, Cq) + intra)
         AL, CL = A[:, :, -1:], C[:, :, -1:]
-        S = (AL.transpose(-1, -2).exp() * S * CL.exp()
-             + (kc * (AL - A).exp()).transpose(-1, -2) @ (vc * (CL - C).exp()))
+        if seg is None:
+            base = AL.transpose(-1, -2).exp() * S * CL.exp()
+        else:
+            # Only the last segment's sources reach the chunk's end.
+            kc = kc * (seg == seg[:, -1:])[:, None, :, None]
+            base = torch.where(fresh[:, :, -1:],
+                               (AL - BA[:, :, -1:]).transpose(-1, -2).exp() * S0
+                               * (CL - BC[:, :, -1:]).exp(),
+                               AL.transpose(-1, -2).exp() * S * CL.exp())
+        S = base + (kc * (AL - A).exp()).transpose(-1, -2) @ (vc * (CL - C).exp())
     return [torch.cat(o, 2) for o in outs], S
 
 
 # The call ----------------------------------------------------------------------
 
-def _stepped(ops, hist, rowful, state_ids, yields, init, T):
+def _stepped(ops, hist, rowful, state_ids, yields, init, T, live=None, resets=None):
     """Runs `ops` step by step over `hist` (id: [T, B, n] where rowful, else
     as is), carrying the states `state_ids` (their next values `yields`)
-    from `init`. Returns the histories of every result and of the states'
-    values before each step, and the final states."""
+    from `init`: back to `init` before a step that `resets` [T, B] marks,
+    unchanged after a sample's last step (`live` [T, B]). Returns the
+    histories of every result and of the states' values before each step,
+    and the final states."""
     prev = list(init)
     out = {}
     for t in range(T):
+        if resets is not None:
+            prev = [torch.where(resets[t][:, None], i0, p) for i0, p in zip(init, prev)]
         env = {i: (v[t] if i in rowful else v) for i, v in hist.items()}
         env.update(zip(state_ids, prev))
         for i, v in zip(state_ids, prev):
@@ -321,7 +359,9 @@ def _stepped(ops, hist, rowful, state_ids, yields, init, T):
                     out.setdefault(r, []).append(env[r])
                 elif t == 0:
                     out[r] = env[r]
-        prev = [env[y] for y in yields]
+        new = [env[y] for y in yields]
+        prev = (new if live is None else
+                [torch.where(live[t][:, None], n, p) for n, p in zip(new, prev)])
     return {i: (torch.stack(v) if isinstance(v, list) else v) for i, v in out.items()}, prev
 
 
@@ -342,10 +382,15 @@ def _leaves(p, graph):
     return ids
 
 
-def _linear_state(st, lin, env, graph, T, B, S0, chunk, like):
-    """A linear state's reads (id: [T, B, n]) and its final value [B, K*V*H]."""
+def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=None):
+    """A linear state's reads (id: [T, B, n]) and its final value [B, K*V*H].
+    After a sample's last step (`live` [T, B] false) its gates are 1 and
+    its keys 0: the state stays as it is."""
     lead = (T, B)
     a, c = _log_gates(st, lin, env, graph, lead, like)
+    keep = None if live is None else live[:, :, None, None].to(like.dtype)
+    if keep is not None:
+        a, c = a * keep, c * keep
     ones = torch.ones((), dtype=like.dtype, device=like.device)
     bhtk = lambda t: t.permute(1, 2, 0, 3)
     heads = lin["heads"]
@@ -361,6 +406,7 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like):
         vv = [True, False, True] if heads else [False, True]
         sv = [True, False, False] if heads else [False, False]
         k = vector(lin["delta_key"], kv).expand(T, B, st.H, st.K, 1)[..., 0]
+        k = k if keep is None else k * keep
         v = vector(lin["delta_target"], vv).expand(T, B, st.H, 1, st.V)[..., 0, :]
         beta = ones
         for i in lin["delta_scales"]:
@@ -376,6 +422,7 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like):
              * _factor_product(st, src["scales"], env, lead, like))
         v = v.expand(T, B, st.H, 1, st.V)[..., 0, :]
         v = -v if src["negated"] else v
+        k = k if keep is None else k * keep
         delta = None
     S0 = S0.reshape(B, st.H, st.K, st.V)
     reads_k = [r for r in lin["reads"] if r["contracts_k"]]
@@ -390,14 +437,16 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like):
         return qs
 
     rows = bool((a != a[..., :1]).any())
+    rb = None if resets is None else resets.t()
     outs, S = _core(st, bhtk(a), bhtk(c), bhtk(k), bhtk(v), S0, queries(reads_k, st.K, -1),
-                    delta, chunk, rows)
+                    delta, chunk, rows, rb)
     if reads_v:
         if delta is not None:
             raise NotImplementedError("form='chunk': S q reads of a delta-rule state are not "
                                       "built yet; use form='step'")
         outs_v, _ = _core(st, bhtk(c), bhtk(a), bhtk(v), bhtk(k), S0.transpose(-1, -2),
-                          queries(reads_v, st.V, -2), None, chunk, bool((c != c[..., :1]).any()))
+                          queries(reads_v, st.V, -2), None, chunk, bool((c != c[..., :1]).any()),
+                          rb)
     else:
         outs_v = []
     for rs, os_, along in ((reads_k, outs, -2), (reads_v, outs_v, -1)):
@@ -412,11 +461,17 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like):
 def call(front, c, chunk=None):
     """The chunk form of a checked call `c` (cellc._front.Call): the outputs
     [T, B, n] in `front.outputs` order and the final states [B, n]."""
-    if c.resets is not None or c.lengths is not None:
-        raise NotImplementedError("form='chunk' takes no resets or lengths yet; use "
-                                  "form='step'")
     like = c.inputs[0]
     T, B = like.shape[:2]
+    live = resets = None
+    if c.lengths is not None:
+        _check_lengths(c.lengths, T, B)
+        live = torch.arange(T)[:, None] < c.lengths[None, :]
+        live = live.to(like.device)
+    if c.resets is not None:
+        resets = c.resets.to(torch.bool)
+        # A reset after a sample's last step restarts nothing that is kept.
+        resets = resets if live is None else resets & live
     p = plan(front, c.sizes, like.dtype)
     if not p["linear"]:
         raise ValueError(not_qualifying(front, p))
@@ -461,7 +516,7 @@ def call(front, c, chunk=None):
         if carried:
             hist, last = _stepped(part, env, rowful, [state_ids[i] for i in carried],
                                   [p["yield_states"][i] for i in carried],
-                                  [init[i] for i in carried], T)
+                                  [init[i] for i in carried], T, live, resets)
             env.update(hist)
             for i, v in zip(carried, last):
                 finals[i] = v
@@ -476,7 +531,12 @@ def call(front, c, chunk=None):
     for lin in p["linear"]:
         st = _State(lin)
         values, finals[lin["state"]] = _linear_state(st, lin, env, graph, T, B,
-                                                     init[lin["state"]], chunk, like)
+                                                     init[lin["state"]], chunk, like, live,
+                                                     resets)
         env.update(values)
     run(rest, after)
-    return [env[i] for i in p["yield_outputs"]], finals
+    outs = [env[i] for i in p["yield_outputs"]]
+    if live is not None:
+        # After its last step a sample's outputs are zero.
+        outs = [o * live[..., None].to(o.dtype) for o in outs]
+    return outs, finals

@@ -1,7 +1,8 @@
 """The chunkwise form (form="chunk", cellc._chunkwise) against its oracle, the
 step kernels: every linear-recurrence example, forward, final states and
 every gradient (inputs, params, initial states), at T not a multiple of the
-chunk, in float64 and float32; and what it refuses, with a message."""
+chunk, in float64 and float32, with resets and lengths; and what it refuses,
+with a message."""
 
 import os
 
@@ -100,13 +101,33 @@ def test_a_cell_with_no_chunk_form_says_why():
         lstm(torch.randn(5, 2, 3), params, form="chunk")
 
 
+@pytest.mark.parametrize("name", LINEAR)
+def test_resets_and_lengths_match_the_step_kernels(name):
+    # Resets at random steps (two at chunk starts, one at a chunk's last
+    # step, one after a sample's end), lengths that end inside a chunk, at
+    # a chunk's end and at 0: the state restarts from the initial state,
+    # outputs are zero after a sample's end, the final state is its last.
+    T, B = 37, 4
+    cell = load(name)
+    x, params, states = arguments(cell, name, T, B, torch.float64, seed=5)
+    g = torch.Generator().manual_seed(6)
+    resets = torch.rand(T, B, generator=g) < 0.1
+    resets[8, 0] = resets[16, 1] = resets[15, 2] = resets[30, 3] = True
+    lengths = torch.tensor([T, 23, 16, 0])
+    step = run(cell, x, params, states, resets=resets, lengths=lengths)
+    chunk = run(cell, x, params, states, resets=resets, lengths=lengths, form="chunk", chunk=8)
+    (out, final, grads), (c_out, c_final, c_grads) = step, chunk
+    assert out[23:, 1].abs().max() == 0 and c_out[23:, 1].abs().max() == 0
+    assert rel(c_out, out) < 1e-10
+    for n in final:
+        assert rel(c_final[n], final[n]) < 1e-10, n
+    for n in grads:
+        assert grads[n].abs().max() > 0 and rel(c_grads[n], grads[n]) < 1e-10, n
+
+
 def test_what_the_chunk_form_does_not_take_yet_is_refused():
     cell = load("gla")
     x, params, _ = arguments(cell, "gla", 6, 2, torch.float32)
-    with pytest.raises(NotImplementedError, match="resets or lengths"):
-        cell(x, params, sizes=SIZES, form="chunk", resets=torch.zeros(6, 2, dtype=torch.bool))
-    with pytest.raises(NotImplementedError, match="resets or lengths"):
-        cell(x, params, sizes=SIZES, form="chunk", lengths=[6, 3])
     with pytest.raises(NotImplementedError, match="recompute='full'"):
         cell(x, params, sizes=SIZES, form="chunk", recompute="full")
     with pytest.raises(ValueError, match="form must be one of 'step', 'chunk', 'auto'"):
@@ -154,10 +175,12 @@ cell both_sides {
 """
 
 
+@pytest.mark.parametrize("resets", [False, True], ids=["", "resets"])
 @pytest.mark.parametrize("chunk", [19, 64])
-def test_row_and_column_gates_and_reads_on_both_sides(chunk):
+def test_row_and_column_gates_and_reads_on_both_sides(chunk, resets):
     # Chunks of 19 cut the sub-chunks of 16 (the row gate's secondary
-    # chunking) across a chunk; 64 holds all 37 steps in one.
+    # chunking) across a chunk; 64 holds all 37 steps in one. With resets,
+    # lengths too.
     cell = cellc.compile(GATED_BOTH_SIDES)
     text = cell.emit("chunkwise", sizes=SIZES)
     assert "gate: row" in text and "gate: column" in text and "before the update" in text
@@ -168,9 +191,11 @@ def test_row_and_column_gates_and_reads_on_both_sides(chunk):
     x = torch.randn(37, 3, SIZES["I"], generator=g, dtype=torch.float64, requires_grad=True)
     S0 = (0.3 * torch.randn(3, 2, 4, 5, generator=g, dtype=torch.float64)).requires_grad_()
     leaves = [x, S0, *params.values()]
+    restarts = (torch.rand(37, 3, generator=g) < 0.15) if resets else None
     results = []
     for form in ("step", "chunk"):
-        outs, final = cell(x, params, {"S": S0}, sizes=SIZES, form=form, chunk=chunk)
+        outs, final = cell(x, params, {"S": S0}, sizes=SIZES, form=form, chunk=chunk,
+                           resets=restarts, lengths=[37, 30, 19] if resets else None)
         loss = sum((o * torch.cos(o)).sum() for o in outs.values()) + final["S"].sum()
         results.append((outs, final, torch.autograd.grad(loss, leaves)))
     (outs, final, grads), (c_outs, c_final, c_grads) = results
