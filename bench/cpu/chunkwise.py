@@ -139,6 +139,7 @@ def runners(name, cell, x, p, s):
         "cellc full": run(cellc_run(recompute="full")),
         "cellc none": run(cellc_run(recompute="none")),
         "cellc chunk": run(cellc_run(form="chunk")),
+        "cellc chunk full": run(cellc_run(form="chunk", recompute="full")),
         "torch chunkwise": run(lambda: PEERS[name](x, p, s[state])),
     }
 

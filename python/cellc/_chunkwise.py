@@ -21,6 +21,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from . import _cellc
 from ._front import _check_lengths
@@ -261,14 +262,16 @@ def _pairs(q, k, A_q, A_k, strict, rows):
     return W
 
 
-def _core(st, a, c, k, v, S0, reads, delta, L, rows, resets=None):
+def _core(st, a, c, k, v, S0, reads, delta, L, rows, resets=None, S_init=None):
     """The state's reads and its final value, chunk by chunk. a, k:
     [B, H, T, K]; c, v: [B, H, T, V]; S0: [B, H, K, V]; each read a tuple
     (q [B, H, T, K], after); delta: None or beta [B, H, T, 1]; resets: None
-    or [B, T] bool, the steps before which the state restarts from S0. A
-    reset cuts its sample's chunk into segments: no pair crosses one, and
-    the rows after it start from S0, decayed from the reset on."""
+    or [B, T] bool, the steps before which the state restarts from S_init
+    (S0 where none is given). A reset cuts its sample's chunk into
+    segments: no pair crosses one, and the rows after it start from S_init,
+    decayed from the reset on."""
     T = a.shape[2]
+    S_init = S0 if S_init is None else S_init
     columns = bool((c != 0).any())
     outs = [[] for _ in reads]
     S = S0
@@ -293,7 +296,8 @@ def _core(st, a, c, k, v, S0, reads, delta, L, rows, resets=None):
             carried = Cx.exp() * ((x * Ax.exp()) @ S)
             if seg is None:
                 return carried
-            return torch.where(fresh, (Cx - BC).exp() * ((x * (Ax - BA).exp()) @ S0), carried)
+            return torch.where(fresh, (Cx - BC).exp() * ((x * (Ax - BA).exp()) @ S_init),
+                               carried)
 
         if delta is not None:
             beta = delta[:, :, s:e]
@@ -327,10 +331,38 @@ def _core(st, a, c, k, v, S0, reads, delta, L, rows, resets=None):
             # Only the last segment's sources reach the chunk's end.
             kc = kc * (seg == seg[:, -1:])[:, None, :, None]
             base = torch.where(fresh[:, :, -1:],
-                               (AL - BA[:, :, -1:]).transpose(-1, -2).exp() * S0
+                               (AL - BA[:, :, -1:]).transpose(-1, -2).exp() * S_init
                                * (CL - BC[:, :, -1:]).exp(),
                                AL.transpose(-1, -2).exp() * S * CL.exp())
         S = base + (kc * (AL - A).exp()).transpose(-1, -2) @ (vc * (CL - C).exp())
+    return [torch.cat(o, 2) for o in outs], S
+
+
+def _kept(mode, st, a, c, k, v, S0, reads, delta, L, rows, resets):
+    """_core under the call's recompute mode: `none` keeps what autograd
+    keeps; `full` keeps the core's inputs and the state between chunks, and
+    computes each chunk again in the backward; `chunk:K` keeps the state
+    every K steps, and computes each span of K steps again."""
+    T = a.shape[2]
+    if mode == "none" or not torch.is_grad_enabled():
+        return _core(st, a, c, k, v, S0, reads, delta, L, rows, resets)
+    span = L if mode == "full" else int(mode.split(":")[1])
+    afters = [after for _, after in reads]
+    outs, S = [[] for _ in reads], S0
+    for s in range(0, T, span):
+        e = min(T, s + span)
+        part = lambda t: None if t is None else t[:, :, s:e]
+
+        def piece(a_, c_, k_, v_, S_, S0_, d_, *qs, s=s, e=e):
+            o, last = _core(st, a_, c_, k_, v_, S_, list(zip(qs, afters)), d_, L, rows,
+                            None if resets is None else resets[:, s:e], S0_)
+            return (*o, last)
+
+        done = checkpoint(piece, part(a), part(c), part(k), part(v), S, S0, part(delta),
+                          *[part(q) for q, _ in reads], use_reentrant=False)
+        for n in range(len(reads)):
+            outs[n].append(done[n])
+        S = done[-1]
     return [torch.cat(o, 2) for o in outs], S
 
 
@@ -382,7 +414,8 @@ def _leaves(p, graph):
     return ids
 
 
-def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=None):
+def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=None,
+                  mode="none"):
     """A linear state's reads (id: [T, B, n]) and its final value [B, K*V*H].
     After a sample's last step (`live` [T, B] false) its gates are 1 and
     its keys 0: the state stays as it is."""
@@ -438,13 +471,13 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
 
     rows = bool((a != a[..., :1]).any())
     rb = None if resets is None else resets.t()
-    outs, S = _core(st, bhtk(a), bhtk(c), bhtk(k), bhtk(v), S0, queries(reads_k, st.K, -1),
-                    delta, chunk, rows, rb)
+    outs, S = _kept(mode, st, bhtk(a), bhtk(c), bhtk(k), bhtk(v), S0,
+                    queries(reads_k, st.K, -1), delta, chunk, rows, rb)
     if reads_v:
         if delta is not None:
             raise NotImplementedError("form='chunk': S q reads of a delta-rule state are not "
                                       "built yet; use form='step'")
-        outs_v, _ = _core(st, bhtk(c), bhtk(a), bhtk(v), bhtk(k), S0.transpose(-1, -2),
+        outs_v, _ = _kept(mode, st, bhtk(c), bhtk(a), bhtk(v), bhtk(k), S0.transpose(-1, -2),
                           queries(reads_v, st.V, -2), None, chunk, bool((c != c[..., :1]).any()),
                           rb)
     else:
@@ -532,7 +565,7 @@ def call(front, c, chunk=None):
         st = _State(lin)
         values, finals[lin["state"]] = _linear_state(st, lin, env, graph, T, B,
                                                      init[lin["state"]], chunk, like, live,
-                                                     resets)
+                                                     resets, c.mode)
         env.update(values)
     run(rest, after)
     outs = [env[i] for i in p["yield_outputs"]]

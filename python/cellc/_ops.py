@@ -370,7 +370,7 @@ def call(front, x, params, states=None, *, form="step", chunk=None, **options):
     if c is None:
         return _empty_batch(front, x, params, states, **options)
     if form == "chunk":
-        return _chunk_call(front, c, chunk, options.get("recompute"))
+        return _chunk_call(front, c, chunk)
     x0 = c.inputs[0]
     state_list = []
     if c.states is not None:
@@ -396,15 +396,14 @@ def call(front, x, params, states=None, *, form="step", chunk=None, **options):
     return _returned(front, c, list(results[:n_out]), results[n_out:n_out + n_st])
 
 
-def _chunk_call(front, c, chunk, recompute):
-    """A call in the chunk form (cellc._chunkwise)."""
-    from . import _chunkwise
+def _chunk_call(front, c, chunk):
+    """A call in the chunk form (cellc._chunkwise), in the call's recompute
+    mode."""
+    from . import _cellc_runtime, _chunkwise
     if c.cuda:
         raise NotImplementedError("form='chunk' runs on the CPU target only for now (its "
                                   "CUDA kernels are not built yet); use form='step'")
-    if recompute not in (None, "none"):
-        raise NotImplementedError(f"form='chunk' keeps what its torch reference keeps; "
-                                  f"recompute={recompute!r} is not built for it yet")
+    _cellc_runtime.check_mode(c.mode)
     outs, finals = _chunkwise.call(front, c, chunk)
     return _returned(front, c, outs, finals)
 

@@ -125,11 +125,30 @@ def test_resets_and_lengths_match_the_step_kernels(name):
         assert grads[n].abs().max() > 0 and rel(c_grads[n], grads[n]) < 1e-10, n
 
 
+@pytest.mark.parametrize("mode", ["none", "full", "chunk:16", "chunk:5"])
+@pytest.mark.parametrize("name", ["mlstm", "gated_deltanet"])
+def test_every_recompute_mode_gives_the_same_gradients(name, mode):
+    # full computes the core again in the backward from what it read;
+    # chunk:K keeps the state every K steps and computes each span again.
+    T, B = 37, 3
+    cell = load(name)
+    x, params, states = arguments(cell, name, T, B, torch.float64, seed=7)
+    resets = torch.zeros(T, B, dtype=torch.bool)
+    resets[11, 0] = resets[20, 2] = True
+    out, final, grads = run(cell, x, params, states, resets=resets, lengths=[T, 30, 12])
+    c_out, c_final, c_grads = run(cell, x, params, states, resets=resets, lengths=[T, 30, 12],
+                                  form="chunk", chunk=8, recompute=mode)
+    assert rel(c_out, out) < 1e-10
+    assert all(rel(c_final[n], final[n]) < 1e-10 for n in final)
+    for n in grads:
+        assert rel(c_grads[n], grads[n]) < 1e-10, n
+
+
 def test_what_the_chunk_form_does_not_take_yet_is_refused():
     cell = load("gla")
     x, params, _ = arguments(cell, "gla", 6, 2, torch.float32)
-    with pytest.raises(NotImplementedError, match="recompute='full'"):
-        cell(x, params, sizes=SIZES, form="chunk", recompute="full")
+    with pytest.raises(ValueError, match="chunk:K"):
+        cell(x, params, sizes=SIZES, form="chunk", recompute="chunk:0")
     with pytest.raises(ValueError, match="form must be one of 'step', 'chunk', 'auto'"):
         cell(x, params, sizes=SIZES, form="chunks")
     with pytest.raises(ValueError, match="chunk must be a positive number of steps"):
