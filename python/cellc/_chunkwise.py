@@ -245,7 +245,7 @@ def _pairs(q, k, A_q, A_k, strict, rows):
     l = q.shape[-2]
     mask = torch.ones(l, l, dtype=torch.bool, device=q.device).tril(-1 if strict else 0)
     if not rows:
-        diff = A_q[..., :1] - A_k[..., 0].unsqueeze(-2)             # [B, H, l, l]
+        diff = A_q[..., :1] - A_k[..., 0].unsqueeze(-2)             # [..., l, l]
         return (q @ k.transpose(-1, -2)) * diff.masked_fill(~mask, float("-inf")).exp()
     W = q.new_zeros(*q.shape[:-1], l)
     for i0 in range(0, l, SUB):
@@ -255,87 +255,112 @@ def _pairs(q, k, A_q, A_k, strict, rows):
             qs = q[..., i0:i1, :] * (A_q[..., i0:i1, :] - ref).exp()
             ks = k[..., :i0, :] * (ref - A_k[..., :i0, :]).exp()
             W[..., i0:i1, :i0] = qs @ ks.transpose(-1, -2)
-        diff = A_q[..., i0:i1, None, :] - A_k[..., None, i0:i1, :]   # [B, H, s, s, K]
+        diff = A_q[..., i0:i1, None, :] - A_k[..., None, i0:i1, :]   # [..., s, s, K]
         diff = diff.masked_fill(~mask[i0:i1, i0:i1, None], float("-inf"))
-        W[..., i0:i1, i0:i1] = torch.einsum("bhik,bhjk,bhijk->bhij", q[..., i0:i1, :],
+        W[..., i0:i1, i0:i1] = torch.einsum("...ik,...jk,...ijk->...ij", q[..., i0:i1, :],
                                             k[..., i0:i1, :], diff.exp())
     return W
 
 
 def _core(st, a, c, k, v, S0, reads, delta, L, rows, resets=None, S_init=None):
-    """The state's reads and its final value, chunk by chunk. a, k:
-    [B, H, T, K]; c, v: [B, H, T, V]; S0: [B, H, K, V]; each read a tuple
-    (q [B, H, T, K], after); delta: None or beta [B, H, T, 1]; resets: None
-    or [B, T] bool, the steps before which the state restarts from S_init
-    (S0 where none is given). A reset cuts its sample's chunk into
-    segments: no pair crosses one, and the rows after it start from S_init,
-    decayed from the reset on."""
-    T = a.shape[2]
+    """The state's reads and its final value. a, k: [B, H, T, K]; c, v:
+    [B, H, T, V]; S0: [B, H, K, V]; each read a tuple (q [B, H, T, K],
+    after); delta: None or beta [B, H, T, 1]; resets: None or [B, T] bool,
+    the steps before which the state restarts from S_init (S0 where none is
+    given).
+
+    The steps are cut into chunks of L (the last padded with steps whose
+    gate is 1 and whose key is 0). Every chunk's own products run at once;
+    only the state passes from chunk to chunk, one step per chunk. A reset
+    cuts its sample's chunk into segments: no pair crosses one, and the rows
+    after it start from S_init, decayed from the reset on."""
     S_init = S0 if S_init is None else S_init
+    Bn, H, T = a.shape[:3]
+    NC = -(-T // L)
+    P = NC * L - T
+
+    def blocks(t):
+        if P:
+            t = torch.cat([t, t.new_zeros(*t.shape[:2], P, t.shape[3])], 2)
+        return t.reshape(Bn, H, NC, L, t.shape[-1])
+
+    ab, cb, kb, vb = blocks(a), blocks(c), blocks(k), blocks(v)
+    A, C = ab.cumsum(3), cb.cumsum(3)
     columns = bool((c != 0).any())
-    outs = [[] for _ in reads]
-    S = S0
-    for s, e in _chunks(T, L):
-        l = e - s
-        ac, cc = a[:, :, s:e], c[:, :, s:e]
-        A, C = ac.cumsum(2), cc.cumsum(2)
-        kc, vc = k[:, :, s:e], v[:, :, s:e]
-        seg = None
-        if resets is not None and bool(resets[:, s:e].any()):
-            rc = resets[:, s:e]
-            seg = rc.long().cumsum(1)                                    # [B, l]
-            same = (seg[:, :, None] == seg[:, None, :])[:, None].to(a.dtype)
-            last = (torch.arange(l, device=a.device) * rc).cummax(1).values
-            at = lambda X: X.gather(2, last[:, None, :, None].expand(*X.shape[:2], l, X.shape[3]))
-            # The log-gates summed up to the step before the last reset.
-            BA, BC = at(A - ac), at(C - cc)
-            fresh = (seg > 0)[:, None, :, None]
-
-        def start(x, Ax, Cx):
-            # x times the state the row starts from: the chunk's, or S0 after a reset.
-            carried = Cx.exp() * ((x * Ax.exp()) @ S)
-            if seg is None:
-                return carried
-            return torch.where(fresh, (Cx - BC).exp() * ((x * (Ax - BA).exp()) @ S_init),
-                               carried)
-
-        if delta is not None:
-            beta = delta[:, :, s:e]
-            # u_j = beta_j (w_j - e^{A_j} k_j S - sum_{m<j} e^{A_j - A_m} (k_j.k_m) u_m)
-            W = _pairs(kc, kc, A, A, True, rows) * beta
-            if seg is not None:
-                W = W * same
-            rhs = beta * (vc - start(kc, A, torch.zeros_like(A[..., :1])))
-            eye = torch.eye(l, dtype=a.dtype, device=a.device)
-            vc = torch.linalg.solve_triangular(eye + W, rhs, upper=False, unitriangular=True)
-        for n, (q, after) in enumerate(reads):
-            qc = q[:, :, s:e]
-            # Before the update: the gates up to the step before.
-            Aq = A if after else A - ac
-            Cq = C if after else C - cc
-            W = _pairs(qc, kc, Aq, A, not after, rows)
-            if seg is not None:
-                W = W * same
-            if columns:
-                mask = torch.ones(l, l, dtype=torch.bool, device=a.device).tril(0 if after else -1)
-                diff = Cq.unsqueeze(-2) - C.unsqueeze(-3)            # [B, H, l, l, V]
-                diff = diff.masked_fill(~mask[..., None], float("-inf"))
-                intra = torch.einsum("bhij,bhjv,bhijv->bhiv", W, vc, diff.exp())
-            else:
-                intra = W @ vc
-            outs[n].append(start(qc, Aq, Cq) + intra)
-        AL, CL = A[:, :, -1:], C[:, :, -1:]
+    seg = None
+    if resets is not None and bool(resets.any()):
+        rr = torch.cat([resets, resets.new_zeros(Bn, P)], 1).reshape(Bn, NC, L)
+        seg = rr.long().cumsum(2)                                       # [B, NC, L]
+        same = (seg[..., :, None] == seg[..., None, :])[:, None].to(a.dtype)
+        last = (torch.arange(L, device=a.device) * rr).cummax(2).values
+        at = lambda X: X.gather(3, last[:, None, :, :, None].expand(Bn, H, NC, L, X.shape[-1]))
+        # The log-gates summed up to the step before the row's last reset.
+        BA, BC = at(A - ab), at(C - cb)
+        fresh = (seg > 0)[:, None, :, :, None]                          # [B, 1, NC, L, 1]
+        kb_end = kb * (seg == seg[..., -1:])[:, None, :, :, None]       # the last segment's
+    else:
+        kb_end = kb
+    AL, CL = A[..., -1:, :], C[..., -1:, :]
+    kend = kb_end * (AL - A).exp()
+    vscale = (CL - C).exp()
+    if delta is not None:
+        # u_j = beta_j (w_j - e^{A_j} k_j S - sum_{m<j} e^{A_j - A_m} (k_j.k_m) u_m):
+        # u = U0 - Wk @ S, a solve per chunk before the state pass.
+        beta = blocks(delta)
+        W = _pairs(kb, kb, A, A, True, rows) * beta
+        if seg is not None:
+            W = W * same
+        eye = torch.eye(L, dtype=a.dtype, device=a.device)
+        solve = lambda r: torch.linalg.solve_triangular(eye + W, r, upper=False,
+                                                        unitriangular=True)
+        U0 = solve(beta * vb)
         if seg is None:
-            base = AL.transpose(-1, -2).exp() * S * CL.exp()
+            Wk = solve(beta * kb * A.exp())
         else:
-            # Only the last segment's sources reach the chunk's end.
-            kc = kc * (seg == seg[:, -1:])[:, None, :, None]
-            base = torch.where(fresh[:, :, -1:],
-                               (AL - BA[:, :, -1:]).transpose(-1, -2).exp() * S_init
-                               * (CL - BC[:, :, -1:]).exp(),
-                               AL.transpose(-1, -2).exp() * S * CL.exp())
-        S = base + (kc * (AL - A).exp()).transpose(-1, -2) @ (vc * (CL - C).exp())
-    return [torch.cat(o, 2) for o in outs], S
+            Wk = solve(beta * kb * A.exp() * ~fresh)
+            U0 = U0 - solve(beta * kb * (A - BA).exp() * fresh) @ S_init[:, :, None]
+    else:
+        add = kend.transpose(-1, -2) @ (vb * vscale)                    # [B, H, NC, K, V]
+    S, starts, us = S0, [], []
+    for n in range(NC):
+        starts.append(S)
+        if delta is not None:
+            u = U0[:, :, n] - Wk[:, :, n] @ S
+            us.append(u)
+            step_add = kend[:, :, n].transpose(-1, -2) @ u
+        else:
+            step_add = add[:, :, n]
+        base = AL[:, :, n].transpose(-1, -2).exp() * S * CL[:, :, n].exp()
+        if seg is not None:
+            restart = ((AL[:, :, n] - BA[:, :, n, -1:]).transpose(-1, -2).exp() * S_init
+                       * (CL[:, :, n] - BC[:, :, n, -1:]).exp())
+            base = torch.where(fresh[:, :, n, -1:], restart, base)
+        S = base + step_add
+    Sc = torch.stack(starts, 2)                                         # [B, H, NC, K, V]
+    values = torch.stack(us, 2) if delta is not None else vb
+    outs = []
+    for q, after in reads:
+        qb = blocks(q)
+        # Before the update: the gates up to the step before.
+        Aq = A if after else A - ab
+        Cq = C if after else C - cb
+        W = _pairs(qb, kb, Aq, A, not after, rows)
+        if seg is not None:
+            W = W * same
+        if columns:
+            mask = torch.ones(L, L, dtype=torch.bool, device=a.device).tril(0 if after else -1)
+            diff = Cq.unsqueeze(-2) - C.unsqueeze(-3)                   # [..., L, L, V]
+            diff = diff.masked_fill(~mask[..., None], float("-inf"))
+            intra = torch.einsum("...ij,...jv,...ijv->...iv", W, values, diff.exp())
+        else:
+            intra = W @ values
+        start = Cq.exp() * ((qb * Aq.exp()) @ Sc)
+        if seg is not None:
+            start = torch.where(fresh, (Cq - BC).exp()
+                                * ((qb * (Aq - BA).exp()) @ S_init[:, :, None]), start)
+        o = start + intra
+        outs.append(o.reshape(Bn, H, NC * L, o.shape[-1])[:, :, :T])
+    return outs, S
 
 
 def _kept(mode, st, a, c, k, v, S0, reads, delta, L, rows, resets):
