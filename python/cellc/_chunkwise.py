@@ -440,7 +440,7 @@ def _leaves(p, graph):
 
 
 def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=None,
-                  mode="none"):
+                  mode="none", used=None):
     """A linear state's reads (id: [T, B, n]) and its final value [B, K*V*H].
     After a sample's last step (`live` [T, B] false) its gates are 1 and
     its keys 0: the state stays as it is."""
@@ -483,15 +483,19 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
         k = k if keep is None else k * keep
         delta = None
     S0 = S0.reshape(B, st.H, st.K, st.V)
-    reads_k = [r for r in lin["reads"] if r["contracts_k"]]
-    reads_v = [r for r in lin["reads"] if not r["contracts_k"]]
+    wanted = [r for r in lin["reads"] if used is None or r["result"] in used]
+    reads_k = [r for r in wanted if r["contracts_k"]]
+    reads_v = [r for r in wanted if not r["contracts_k"]]
     values = {}
 
     def queries(rs, K, at):
         qs = []
         for r in rs:
+            # The queries vary along the contracted dim only: the other is 1.
             q = _factor_product(st, r["queries"], env, lead, like)
-            qs.append((bhtk(q.expand(T, B, st.H, st.K, st.V).select(at, 0)), r["after"]))
+            q = q.reshape(1, 1, 1, 1, 1) if q.dim() == 0 else q
+            q = q.select(at, 0)
+            qs.append((bhtk(q.expand(T, B, st.H, K)), r["after"]))
         return qs
 
     rows = bool((a != a[..., :1]).any())
@@ -550,6 +554,9 @@ def call(front, c, chunk=None):
     wanted = (_leaves(p, graph) | set(p["yield_outputs"])
               | {p["yield_states"][i] for i in before + after})
     ops = graph.needed(wanted, reads | args)
+    # The reads something outside the core uses (not the delta rule's
+    # read-back, which the core does itself).
+    used = (wanted | {o for op in ops for o in op["operands"]}) & reads
     # What varies by row: the inputs, the states, and what is computed from them.
     rowful = set(args) | reads
     for op in p["ops"]:
@@ -590,7 +597,7 @@ def call(front, c, chunk=None):
         st = _State(lin)
         values, finals[lin["state"]] = _linear_state(st, lin, env, graph, T, B,
                                                      init[lin["state"]], chunk, like, live,
-                                                     resets, c.mode)
+                                                     resets, c.mode, used)
         env.update(values)
     run(rest, after)
     outs = [env[i] for i in p["yield_outputs"]]
