@@ -363,12 +363,143 @@ def _core(st, a, c, k, v, S0, reads, delta, L, rows, resets=None, S_init=None):
     return outs, S
 
 
+def _pair_grads(dW, q, k, A, rows):
+    """The adjoint of W = _pairs(q, k, A, A, False, rows): dq and dk from dW
+    (zero above the diagonal), [..., L, K] each, with the same exponents."""
+    L = q.shape[-2]
+    if not rows:
+        mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+        D = (A[..., :1] - A[..., 0].unsqueeze(-2)).masked_fill(~mask, float("-inf")).exp()
+        G = dW * D
+        return G @ k, G.transpose(-1, -2) @ q
+    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    mask = torch.ones(SUB, SUB, dtype=torch.bool, device=q.device).tril()
+    for i0 in range(0, L, SUB):
+        i1 = min(L, i0 + SUB)
+        ref = A[..., i0:i0 + 1, :]
+        if i0:
+            up = (A[..., i0:i1, :] - ref).exp()                     # rows of the block
+            down = (ref - A[..., :i0, :]).exp()                     # columns before it
+            blockW = dW[..., i0:i1, :i0]
+            dq[..., i0:i1, :] += up * (blockW @ (k[..., :i0, :] * down))
+            dk[..., :i0, :] += down * (blockW.transpose(-1, -2) @ (q[..., i0:i1, :] * up))
+        n = i1 - i0
+        E = (A[..., i0:i1, None, :] - A[..., None, i0:i1, :])
+        E = E.masked_fill(~mask[:n, :n, None], float("-inf")).exp()  # [..., s, s, K]
+        d = dW[..., i0:i1, i0:i1]
+        dq[..., i0:i1, :] += torch.einsum("...ij,...jk,...ijk->...ik", d, k[..., i0:i1, :], E)
+        dk[..., i0:i1, :] += torch.einsum("...ij,...ik,...ijk->...jk", d, q[..., i0:i1, :], E)
+    return dq, dk
+
+
+class _DiagonalCore(torch.autograd.Function):
+    """The core of a state with scalar and row gates, outer-product sources
+    and reads q @ S after the update, with its adjoint written out (the
+    design note's template): the forward keeps its inputs and the state at
+    each chunk's start, and the backward runs the state's gradient back
+    chunk by chunk, everything else for all chunks at once. The gates'
+    gradient comes from one identity: a cumulative log-gate enters as
+    e^{+A} on the read side and e^{-A} on the write side, so
+    dA = q * dq - k * dk (plus the state's own term at a chunk's end), and
+    the per-step gradient is its reverse cumulative sum in the chunk."""
+
+    @staticmethod
+    def forward(ctx, a, k, v, S0, L, rows, *qs):
+        Bn, H, T, K = a.shape
+        NC = -(-T // L)
+        P = NC * L - T
+
+        def blocks(t):
+            if P:
+                t = torch.cat([t, t.new_zeros(*t.shape[:2], P, t.shape[3])], 2)
+            return t.reshape(Bn, H, NC, L, t.shape[-1])
+
+        ab, kb, vb = blocks(a), blocks(k), blocks(v)
+        A = ab.cumsum(3)
+        AL = A[..., -1:, :]
+        add = (kb * (AL - A).exp()).transpose(-1, -2) @ vb
+        S, starts = S0, []
+        for n in range(NC):
+            starts.append(S)
+            S = AL[:, :, n].transpose(-1, -2).exp() * S + add[:, :, n]
+        Sc = torch.stack(starts, 2)
+        outs = []
+        for q in qs:
+            qb = blocks(q)
+            o = (qb * A.exp()) @ Sc + _pairs(qb, kb, A, A, False, rows) @ vb
+            outs.append(o.reshape(Bn, H, NC * L, o.shape[-1])[:, :, :T])
+        ctx.save_for_backward(a, k, v, Sc, S, *qs)
+        ctx.L, ctx.rows = L, rows
+        return (*outs, S)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        a, k, v, Sc, S_end, *qs = ctx.saved_tensors
+        L, rows = ctx.L, ctx.rows
+        douts, dS_end = grads[:-1], grads[-1]
+        Bn, H, T, K = a.shape
+        V = v.shape[-1]
+        NC = -(-T // L)
+        P = NC * L - T
+
+        def blocks(t):
+            if t is None:
+                return torch.zeros(Bn, H, NC, L, V, dtype=a.dtype, device=a.device)
+            if P:
+                t = torch.cat([t, t.new_zeros(*t.shape[:2], P, t.shape[3])], 2)
+            return t.reshape(Bn, H, NC, L, t.shape[-1])
+
+        ab, kb, vb = blocks(a), blocks(k), blocks(v)
+        A = ab.cumsum(3)
+        AL = A[..., -1:, :]
+        qbs = [blocks(q) for q in qs]
+        dos = [blocks(d) for d in douts]
+        eA = A.exp()
+        # The state's gradient at each chunk's end, back from the last.
+        back = sum((qb * eA).transpose(-1, -2) @ do for qb, do in zip(qbs, dos))
+        G = torch.zeros_like(S_end) if dS_end is None else dS_end
+        ends = [None] * NC
+        for n in reversed(range(NC)):
+            ends[n] = G
+            G = AL[:, :, n].transpose(-1, -2).exp() * G + back[:, :, n]
+        dS0 = G
+        Ge = torch.stack(ends, 2)                                       # [B, H, NC, K, V]
+        kend = kb * (AL - A).exp()
+        dv = kend @ Ge
+        dk = (AL - A).exp() * (vb @ Ge.transpose(-1, -2))
+        dA = torch.zeros_like(A)
+        mask = torch.ones(L, L, dtype=torch.bool, device=a.device).tril()
+        dqs = []
+        for qb, do in zip(qbs, dos):
+            W = _pairs(qb, kb, A, A, False, rows)
+            dv = dv + W.transpose(-1, -2) @ do
+            dW = (do @ vb.transpose(-1, -2)).masked_fill(~mask, 0)
+            dq_pairs, dk_pairs = _pair_grads(dW, qb, kb, A, rows)
+            dq = eA * (do @ Sc.transpose(-1, -2)) + dq_pairs
+            dk = dk + dk_pairs
+            dA = dA + qb * dq
+            dqs.append(dq.reshape(Bn, H, NC * L, K)[:, :, :T])
+        dA = dA - kb * dk
+        # The state at each chunk's end is scaled by e^{A_L} as a whole.
+        S_next = torch.cat([Sc[:, :, 1:], S_end.unsqueeze(2)], 2)
+        dA[..., -1, :] += (S_next * Ge).sum(-1)
+        da = dA.flip(3).cumsum(3).flip(3)
+        cut = lambda t: t.reshape(Bn, H, NC * L, t.shape[-1])[:, :, :T]
+        return (cut(da), cut(dk), cut(dv), dS0, None, None, *dqs)
+
+
 def _kept(mode, st, a, c, k, v, S0, reads, delta, L, rows, resets):
     """_core under the call's recompute mode: `none` keeps what autograd
     keeps; `full` keeps the core's inputs and the state between chunks, and
     computes each chunk again in the backward; `chunk:K` keeps the state
     every K steps, and computes each span of K steps again."""
     T = a.shape[2]
+    if (delta is None and resets is None and all(after for _, after in reads)
+            and not bool((c != 0).any()) and torch.is_grad_enabled()):
+        # The template's own adjoint: it keeps the state at each chunk's
+        # start and the core's inputs, whatever the mode.
+        *outs, S = _DiagonalCore.apply(a, k, v, S0, L, rows, *[q for q, _ in reads])
+        return list(outs), S
     if mode == "none" or not torch.is_grad_enabled():
         return _core(st, a, c, k, v, S0, reads, delta, L, rows, resets)
     span = L if mode == "full" else int(mode.split(":")[1])

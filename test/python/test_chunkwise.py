@@ -246,3 +246,35 @@ def test_row_and_column_gates_and_reads_on_both_sides(chunk, resets):
     assert rel(c_final["S"], final["S"]) < 1e-10
     for a, b in zip(c_grads, grads):
         assert b.abs().max() > 0 and rel(a, b) < 1e-10
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["scalar gate", "row gate"])
+def test_the_templates_adjoint_is_the_reverse_mode_of_the_core(rows):
+    # The written-out backward (_DiagonalCore) against torch's reverse mode
+    # through the generic core, on random tensors: two reads, T = 45 in
+    # chunks of 32 (sub-chunks of 16 cut across), gates down to e^-3 a step.
+    from cellc import _chunkwise as cw
+    g = torch.Generator().manual_seed(11)
+    B, H, T, K, V, L = 2, 3, 45, 5, 4, 32
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    # A scalar gate is one value a head, expanded along K (its gradient the
+    # sum over K).
+    gate = (-3 * torch.rand(B, H, T, K if rows else 1, generator=g,
+                            dtype=torch.float64)).requires_grad_()
+    a = gate.expand(B, H, T, K)
+    k, v, S0 = r(B, H, T, K).requires_grad_(), r(B, H, T, V).requires_grad_(), \
+        r(B, H, K, V).requires_grad_()
+    qs = [r(B, H, T, K).requires_grad_() for _ in range(2)]
+    c = torch.zeros(B, H, T, V, dtype=torch.float64)
+    weights = [r(B, H, T, V) for _ in qs] + [r(B, H, K, V)]
+    leaves = [gate, k, v, S0, *qs]
+
+    def grads(results):
+        loss = sum((w * t).sum() for w, t in zip(weights, results))
+        return [t.detach() for t in results], torch.autograd.grad(loss, leaves)
+
+    outs, S = cw._core(None, a, c, k, v, S0, [(q, True) for q in qs], None, L, rows)
+    want, want_grads = grads([*outs, S])
+    got, got_grads = grads(cw._DiagonalCore.apply(a, k, v, S0, L, rows, *qs))
+    for x, y in zip(got + list(got_grads), want + list(want_grads)):
+        assert rel(x, y) < 1e-12
