@@ -493,12 +493,16 @@ class Recurrent(torch.nn.Module):
     layers in sequence (layer k > 0 takes the previous layer's first output)."""
 
     def __init__(self, cell, num_layers=1, batch_first=False, dropout=0.0,
-                 recompute="none", dtype=None, target=None, cuda=None, **sizes):
+                 recompute="none", dtype=None, target=None, cuda=None, form="step",
+                 chunk=None, **sizes):
         super().__init__()
         self.cell = _compile(cell, target, cuda=cuda) if isinstance(cell, str) else cell
         self.sizes = dict(sizes)
         self.num_layers, self.batch_first = num_layers, batch_first
         self.dropout, self.recompute = float(dropout), recompute
+        # The training form (cellc.Cell's form="step" | "chunk" | "auto").
+        self.form, self.chunk = form, chunk
+        self.layer_sizes = []
         hidden = sizes.get("H", next(iter(sizes.values())) if sizes else 1)
         bound = 1.0 / math.sqrt(hidden)
         dtype = dtype or torch.get_default_dtype()
@@ -517,6 +521,10 @@ class Recurrent(torch.nn.Module):
                 params[name] = torch.nn.Parameter(
                     torch.empty(*dims, dtype=dtype).uniform_(-bound, bound))
             self.layers.append(params)
+            # The sizes a call binds from them: those the params' shapes hold
+            # only as products (GLA's NH*K) too.
+            self.layer_sizes.append({n: v for n, v in layer_sizes.items()
+                                     if n in self.cell.size_symbols})
 
     def forward(self, x, states=None, resets=None, lengths=None):
         """x: [T, B, n] ([B, T, n] with batch_first) or a PackedSequence;
@@ -542,7 +550,8 @@ class Recurrent(torch.nn.Module):
             out, final = self.cell(x, dict(params.items()),
                                    None if states is None else states[k],
                                    resets=resets, recompute=self.recompute,
-                                   lengths=lengths)
+                                   lengths=lengths, sizes=self.layer_sizes[k],
+                                   form=self.form, chunk=self.chunk)
             finals.append(final)
             x = out if isinstance(out, torch.Tensor) else next(iter(out.values()))
             if k + 1 < self.num_layers and self.training and self.dropout:

@@ -278,3 +278,27 @@ def test_the_templates_adjoint_is_the_reverse_mode_of_the_core(rows):
     got, got_grads = grads(cw._DiagonalCore.apply(a, k, v, S0, L, rows, *qs))
     for x, y in zip(got + list(got_grads), want + list(want_grads)):
         assert rel(x, y) < 1e-12
+
+
+def test_the_recurrent_module_trains_in_the_chunk_form():
+    # cellc.nn.Recurrent binds the sizes it was built with (GLA's params
+    # hold NH, K and V only as products) and takes form= and chunk=; two
+    # layers, the second reading the first's output.
+    torch.manual_seed(0)
+    step = cellc.nn.Recurrent(os.path.join(EXAMPLES, "gla.cell"), num_layers=2,
+                              dtype=torch.float64, **SIZES)
+    chunk = cellc.nn.Recurrent(os.path.join(EXAMPLES, "gla.cell"), num_layers=2,
+                               dtype=torch.float64, form="chunk", chunk=8, **SIZES)
+    chunk.load_state_dict(step.state_dict())
+    x = torch.randn(21, 3, SIZES["I"], dtype=torch.float64)
+    grads = []
+    for m in (step, chunk):
+        out, finals = m(x, lengths=torch.tensor([21, 9, 14]))
+        assert out.shape == (21, 3, SIZES["NH"] * SIZES["V"])
+        assert finals[1]["S"].shape == (3, SIZES["NH"], SIZES["K"], SIZES["V"])
+        (out * torch.cos(out)).sum().backward()
+        grads.append((out.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    (out, g), (c_out, c_g) = grads
+    assert rel(c_out, out) < 1e-10
+    for n in g:
+        assert g[n].abs().max() > 0 and rel(c_g[n], g[n]) < 1e-10, n
