@@ -488,6 +488,55 @@ class _DiagonalCore(torch.autograd.Function):
         return (cut(da), cut(dk), cut(dv), dS0, None, None, *dqs)
 
 
+class _NativeDiagonalCore(torch.autograd.Function):
+    """_DiagonalCore on the CPU runtime's kernels (runtime/cpu/ChunkCore):
+    per (sample, head) on its threads, the chunk-sized products on the host
+    GEMM. Same arguments, results and adjoint."""
+
+    @staticmethod
+    def forward(ctx, a, k, v, S0, L, rows, *qs):
+        from . import _cellc_runtime as rt
+        a, k, v, S0 = (t.contiguous() for t in (a, k, v, S0))
+        qs = [q.contiguous() for q in qs]
+        Bn, H, T, K = a.shape
+        V = v.shape[-1]
+        NC = -(-T // L)
+        outs = [v.new_empty(Bn, H, T, V) for _ in qs]
+        starts, end = v.new_empty(Bn, H, NC, K, V), v.new_empty(Bn, H, K, V)
+        threads = torch.get_num_threads()
+        rt.chunk_forward(a.dtype == torch.float64, Bn * H, T, K, V, L, rows, a.data_ptr(),
+                         k.data_ptr(), v.data_ptr(), S0.data_ptr(), [q.data_ptr() for q in qs],
+                         [o.data_ptr() for o in outs], starts.data_ptr(), end.data_ptr(),
+                         threads)
+        ctx.save_for_backward(a, k, v, starts, end, *qs)
+        ctx.L, ctx.rows, ctx.threads = L, rows, threads
+        return (*outs, end)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        from . import _cellc_runtime as rt
+        a, k, v, starts, end, *qs = ctx.saved_tensors
+        douts = [None if g is None else g.contiguous() for g in grads[:-1]]
+        dEnd = None if grads[-1] is None else grads[-1].contiguous()
+        Bn, H, T, K = a.shape
+        V = v.shape[-1]
+        da, dk, dv = torch.empty_like(a), torch.empty_like(k), torch.empty_like(v)
+        dS0 = end.new_empty(end.shape)
+        dqs = [torch.empty_like(q) for q in qs]
+        ptr = lambda t: 0 if t is None else t.data_ptr()
+        rt.chunk_backward(a.dtype == torch.float64, Bn * H, T, K, V, ctx.L, ctx.rows,
+                          a.data_ptr(), k.data_ptr(), v.data_ptr(), starts.data_ptr(),
+                          end.data_ptr(), [q.data_ptr() for q in qs], [ptr(d) for d in douts],
+                          ptr(dEnd), da.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                          dS0.data_ptr(), [d.data_ptr() for d in dqs], ctx.threads)
+        return (da, dk, dv, dS0, None, None, *dqs)
+
+
+#: Whether the diagonal template runs on the CPU runtime's kernels (True)
+#: or in torch (False: the reference they are tested against).
+NATIVE = True
+
+
 def _kept(mode, st, a, c, k, v, S0, reads, delta, L, rows, resets):
     """_core under the call's recompute mode: `none` keeps what autograd
     keeps; `full` keeps the core's inputs and the state between chunks, and
@@ -498,7 +547,10 @@ def _kept(mode, st, a, c, k, v, S0, reads, delta, L, rows, resets):
             and not bool((c != 0).any()) and torch.is_grad_enabled()):
         # The template's own adjoint: it keeps the state at each chunk's
         # start and the core's inputs, whatever the mode.
-        *outs, S = _DiagonalCore.apply(a, k, v, S0, L, rows, *[q for q, _ in reads])
+        native = (NATIVE and a.device.type == "cpu"
+                  and a.dtype in (torch.float32, torch.float64))
+        core = _NativeDiagonalCore if native else _DiagonalCore
+        *outs, S = core.apply(a, k, v, S0, L, rows, *[q for q, _ in reads])
         return list(outs), S
     if mode == "none" or not torch.is_grad_enabled():
         return _core(st, a, c, k, v, S0, reads, delta, L, rows, resets)

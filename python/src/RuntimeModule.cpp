@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cpu/Buffers.h"
+#include "runtime/cpu/ChunkCore.h"
 #include "runtime/cpu/CpuCell.h"
 #include "runtime/cpu/HostBlas.h"
 #include "runtime/cpu/ThreadPool.h"
@@ -411,6 +412,50 @@ PYBIND11_MODULE(_cellc_runtime, m) {
   m.def("empty_cache", &releaseCachedBuffers,
         "Unmaps the buffers that calls released and the runtime keeps for the "
         "next call of the same sizes");
+
+  // The chunk form's diagonal core (cellc/_chunkwise.py): contiguous tensors
+  // cross as their data pointers, checked there.
+  auto chunkShape = [](int64_t BH, int64_t T, int64_t K, int64_t V, int64_t L, bool rows,
+                       size_t reads) {
+    chunk::Shape s;
+    s.BH = BH, s.T = T, s.K = K, s.V = V, s.L = L, s.rows = rows;
+    s.reads = static_cast<int>(reads);
+    return s;
+  };
+  auto pointers = [](const std::vector<uintptr_t> &p) {
+    std::vector<void *> out;
+    for (uintptr_t x : p)
+      out.push_back(reinterpret_cast<void *>(x));
+    return out;
+  };
+  auto at = [](uintptr_t p) { return reinterpret_cast<void *>(p); };
+  m.def(
+      "chunk_forward",
+      [=](bool f64, int64_t BH, int64_t T, int64_t K, int64_t V, int64_t L, bool rows,
+          uintptr_t a, uintptr_t k, uintptr_t v, uintptr_t S0, std::vector<uintptr_t> qs,
+          std::vector<uintptr_t> outs, uintptr_t starts, uintptr_t end, int threads) {
+        chunk::Shape s = chunkShape(BH, T, K, V, L, rows, qs.size());
+        std::vector<void *> q = pointers(qs), o = pointers(outs);
+        py::gil_scoped_release release;
+        chunk::forward(f64 ? DType::F64 : DType::F32, s, at(a), at(k), at(v), at(S0),
+                       q.data(), o.data(), at(starts), at(end), threads);
+      },
+      "The chunk form's diagonal core, forward (cellc/_chunkwise.py)");
+  m.def(
+      "chunk_backward",
+      [=](bool f64, int64_t BH, int64_t T, int64_t K, int64_t V, int64_t L, bool rows,
+          uintptr_t a, uintptr_t k, uintptr_t v, uintptr_t starts, uintptr_t end,
+          std::vector<uintptr_t> qs, std::vector<uintptr_t> douts, uintptr_t dEnd,
+          uintptr_t da, uintptr_t dk, uintptr_t dv, uintptr_t dS0, std::vector<uintptr_t> dqs,
+          int threads) {
+        chunk::Shape s = chunkShape(BH, T, K, V, L, rows, qs.size());
+        std::vector<void *> q = pointers(qs), d = pointers(douts), dq = pointers(dqs);
+        py::gil_scoped_release release;
+        chunk::backward(f64 ? DType::F64 : DType::F32, s, at(a), at(k), at(v), at(starts),
+                        at(end), q.data(), d.data(), at(dEnd), at(da), at(dk), at(dv),
+                        at(dS0), dq.data(), threads);
+      },
+      "The chunk form's diagonal core, backward (cellc/_chunkwise.py)");
 
   m.def(
       "load",
