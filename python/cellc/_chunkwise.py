@@ -488,20 +488,28 @@ class _DiagonalCore(torch.autograd.Function):
         return (cut(da), cut(dk), cut(dv), dS0, None, None, *dqs)
 
 
+def _time_major(t):
+    """[B, H, T, X] (a view) as a contiguous [T, B, H, X] (free where it is
+    one already, as the step's values are)."""
+    return t.permute(2, 0, 1, 3).contiguous()
+
+
 class _NativeDiagonalCore(torch.autograd.Function):
     """_DiagonalCore on the CPU runtime's kernels (runtime/cpu/ChunkCore):
     per (sample, head) on its threads, the chunk-sized products on the host
-    GEMM. Same arguments, results and adjoint."""
+    GEMM, on the time-major arrays the step's values are. Same arguments,
+    results and adjoint."""
 
     @staticmethod
     def forward(ctx, a, k, v, S0, L, rows, *qs):
         from . import _cellc_runtime as rt
-        a, k, v, S0 = (t.contiguous() for t in (a, k, v, S0))
-        qs = [q.contiguous() for q in qs]
         Bn, H, T, K = a.shape
         V = v.shape[-1]
+        a, k, v = _time_major(a), _time_major(k), _time_major(v)
+        qs = [_time_major(q) for q in qs]
+        S0 = S0.contiguous()
         NC = -(-T // L)
-        outs = [v.new_empty(Bn, H, T, V) for _ in qs]
+        outs = [v.new_empty(T, Bn, H, V) for _ in qs]
         starts, end = v.new_empty(Bn, H, NC, K, V), v.new_empty(Bn, H, K, V)
         threads = torch.get_num_threads()
         rt.chunk_forward(a.dtype == torch.float64, Bn * H, T, K, V, L, rows, a.data_ptr(),
@@ -510,15 +518,15 @@ class _NativeDiagonalCore(torch.autograd.Function):
                          threads)
         ctx.save_for_backward(a, k, v, starts, end, *qs)
         ctx.L, ctx.rows, ctx.threads = L, rows, threads
-        return (*outs, end)
+        return (*[o.permute(1, 2, 0, 3) for o in outs], end)
 
     @staticmethod
     def backward(ctx, *grads):
         from . import _cellc_runtime as rt
         a, k, v, starts, end, *qs = ctx.saved_tensors
-        douts = [None if g is None else g.contiguous() for g in grads[:-1]]
+        douts = [None if g is None else _time_major(g) for g in grads[:-1]]
         dEnd = None if grads[-1] is None else grads[-1].contiguous()
-        Bn, H, T, K = a.shape
+        T, Bn, H, K = a.shape
         V = v.shape[-1]
         da, dk, dv = torch.empty_like(a), torch.empty_like(k), torch.empty_like(v)
         dS0 = end.new_empty(end.shape)
@@ -529,7 +537,8 @@ class _NativeDiagonalCore(torch.autograd.Function):
                           end.data_ptr(), [q.data_ptr() for q in qs], [ptr(d) for d in douts],
                           ptr(dEnd), da.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                           dS0.data_ptr(), [d.data_ptr() for d in dqs], ctx.threads)
-        return (da, dk, dv, dS0, None, None, *dqs)
+        bhtk = lambda t: t.permute(1, 2, 0, 3)
+        return (bhtk(da), bhtk(dk), bhtk(dv), dS0, None, None, *[bhtk(d) for d in dqs])
 
 
 #: Whether the diagonal template runs on the CPU runtime's kernels (True)

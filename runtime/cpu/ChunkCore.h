@@ -6,9 +6,11 @@
 // cellc/_chunkwise.py's _DiagonalCore computes, per (sample, head) on the
 // runtime's threads, with the chunk-sized products on the host GEMM.
 //
-// Per (sample, head) the arrays are row-major: a, k and each q [T, K], v and
-// each output [T, V], the states [K, V]; `starts` [NC, K, V] is the state at
-// each chunk's start (NC = ceil(T / L)). Within a chunk the log-gates are
+// The sequences are time-major, as the step's values are: a, k and each q
+// [T, BH, K], v and each output [T, BH, V] (a chunk's rows of one sample and
+// head are gathered into a block and its results scattered back). The
+// states are [BH, K, V]; `starts` [BH, NC, K, V] is the state at each
+// chunk's start (NC = ceil(T / L)). Within a chunk the log-gates are
 // summed from its start, and every exponent taken is <= 0 where the gates
 // are <= 1: a scalar gate's pairs directly, a row gate's through a reference
 // row per sub-chunk of 16 (pairs on the diagonal blocks only).
