@@ -204,10 +204,19 @@ def _factor_product(st, factors, env, lead, like):
     return out
 
 
+def _along(st, f, position):
+    """Whether factor `f` varies along the heads (0), the rows (1) or the
+    columns (2) of the state's matrices."""
+    return any(on and st.role[d] == position for d, on in enumerate(f["varies"]))
+
+
 def _log_gates(st, lin, env, graph, lead, like):
-    """The row and column log-gates, [T, B, H, K] and [T, B, H, V]."""
+    """The row and column log-gates, [T, B, H, K] and [T, B, H, V] (None
+    where no gate varies along the columns)."""
     row = torch.zeros(*lead, st.H, st.K, 1, dtype=like.dtype, device=like.device)
-    col = torch.zeros(*lead, st.H, 1, st.V, dtype=like.dtype, device=like.device)
+    columns = any(_along(st, f, 2) for f in lin["gates"])
+    col = (torch.zeros(*lead, st.H, 1, st.V, dtype=like.dtype, device=like.device)
+           if columns else None)
     for f in lin["gates"]:
         v = f["vector"]
         op = graph.p["ops"][graph.op_of[v]] if v in graph.op_of else None
@@ -220,11 +229,11 @@ def _log_gates(st, lin, env, graph, lead, like):
                                  "zero or negative here; use form='step'")
             log = torch.log(g)
         log = st.full(log, f["varies"], lead)
-        if log.shape[-1] > 1 and log.shape[-2] == 1:
+        if _along(st, f, 2):
             col = col + log
         else:
             row = row + log
-    return row[..., 0], col[..., 0, :]
+    return row[..., 0], None if col is None else col[..., 0, :]
 
 
 def _chunks(T, L):
@@ -546,14 +555,13 @@ class _NativeDiagonalCore(torch.autograd.Function):
 NATIVE = True
 
 
-def _kept(mode, st, a, c, k, v, S0, reads, delta, L, rows, resets):
+def _kept(mode, st, a, c, k, v, S0, reads, delta, L, rows, resets, columns):
     """_core under the call's recompute mode: `none` keeps what autograd
     keeps; `full` keeps the core's inputs and the state between chunks, and
     computes each chunk again in the backward; `chunk:K` keeps the state
     every K steps, and computes each span of K steps again."""
     T = a.shape[2]
-    if (delta is None and resets is None and all(after for _, after in reads)
-            and not bool((c != 0).any()) and torch.is_grad_enabled()):
+    if delta is None and resets is None and all(after for _, after in reads) and not columns:
         # The template's own adjoint: it keeps the state at each chunk's
         # start and the core's inputs, whatever the mode.
         native = (NATIVE and a.device.type == "cpu"
@@ -618,10 +626,9 @@ def _leaves(p, graph):
     ids = set()
     for lin in p["linear"]:
         for f in lin["gates"]:
-            ids.add(f["vector"])
+            # An exp's log is its operand: the gate itself is not needed.
             op = graph.p["ops"][graph.op_of[f["vector"]]] if f["vector"] in graph.op_of else None
-            if op is not None and op["op"] == "exp":
-                ids.add(op["operands"][0])
+            ids.add(op["operands"][0] if op is not None and op["op"] == "exp" else f["vector"])
         for src in lin["sources"]:
             ids.update(f["vector"] for part in ("keys", "values", "scales") for f in src[part])
         for r in lin["reads"]:
@@ -638,6 +645,10 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
     its keys 0: the state stays as it is."""
     lead = (T, B)
     a, c = _log_gates(st, lin, env, graph, lead, like)
+    rows = any(_along(st, f, 1) for f in lin["gates"])
+    columns = c is not None
+    if c is None:
+        c = a.new_zeros(()).expand(T, B, st.H, st.V)
     keep = None if live is None else live[:, :, None, None].to(like.dtype)
     if keep is not None:
         a, c = a * keep, c * keep
@@ -649,7 +660,7 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
         return st.full(env[i], varies, lead)
 
     if "delta_key" in lin:
-        if bool((c != 0).any()) or bool((a != a[..., :1]).any()):
+        if rows or columns:
             raise NotImplementedError("form='chunk': the delta rule with a row or column "
                                       "gate is not built yet; use form='step'")
         kv = [True, True, False] if heads else [True, False]
@@ -690,17 +701,15 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
             qs.append((bhtk(q.expand(T, B, st.H, K)), r["after"]))
         return qs
 
-    rows = bool((a != a[..., :1]).any())
     rb = None if resets is None else resets.t()
     outs, S = _kept(mode, st, bhtk(a), bhtk(c), bhtk(k), bhtk(v), S0,
-                    queries(reads_k, st.K, -1), delta, chunk, rows, rb)
+                    queries(reads_k, st.K, -1), delta, chunk, rows, rb, columns)
     if reads_v:
         if delta is not None:
             raise NotImplementedError("form='chunk': S q reads of a delta-rule state are not "
                                       "built yet; use form='step'")
         outs_v, _ = _kept(mode, st, bhtk(c), bhtk(a), bhtk(v), bhtk(k), S0.transpose(-1, -2),
-                          queries(reads_v, st.V, -2), None, chunk, bool((c != c[..., :1]).any()),
-                          rb)
+                          queries(reads_v, st.V, -2), None, chunk, columns, rb, rows)
     else:
         outs_v = []
     for rs, os_, along in ((reads_k, outs, -2), (reads_v, outs_v, -1)):
