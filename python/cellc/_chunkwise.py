@@ -497,6 +497,134 @@ class _DiagonalCore(torch.autograd.Function):
         return (cut(da), cut(dk), cut(dv), dS0, None, None, *dqs)
 
 
+class _DeltaCore(torch.autograd.Function):
+    """The delta rule's core with a scalar gate and reads q @ S after the
+    update (DeltaNet, gated DeltaNet), with its adjoint written out. Per
+    chunk, with M = I + strictly lower (beta_i (k_i . k_j) e^{A_i - A_j}):
+    the new values U = M^-1 beta (w - e^A k S) = U0 - Wk S (two solves for
+    all chunks at once), the state S' = e^{A_L} S + (k e^{A_L - A})^T U
+    passed on, the reads (q k^T . e^{A_i - A_j}) U + e^A q S. The forward
+    keeps its inputs and each chunk's start state; the backward computes
+    U again from them, runs the state's gradient back chunk by chunk (a
+    transposed solve each), and the rest for all chunks at once."""
+
+    @staticmethod
+    def _blocks(t, L):
+        Bn, H, T = t.shape[:3]
+        NC = -(-T // L)
+        if NC * L > T:
+            t = torch.cat([t, t.new_zeros(Bn, H, NC * L - T, *t.shape[3:])], 2)
+        return t.reshape(Bn, H, NC, L, *t.shape[3:])
+
+    @staticmethod
+    def _setup(a, k, w, beta, L):
+        blocks = lambda t: _DeltaCore._blocks(t, L)
+        ab, kb, wb, bb = blocks(a), blocks(k), blocks(w), blocks(beta)
+        A = ab.cumsum(3)                                                # [B, H, NC, L]
+        diff = A[..., :, None] - A[..., None, :]
+        strict = torch.ones(L, L, dtype=torch.bool, device=a.device).tril(-1)
+        causal = torch.ones(L, L, dtype=torch.bool, device=a.device).tril()
+        Ds = diff.masked_fill(~strict, float("-inf")).exp()
+        Dc = diff.masked_fill(~causal, float("-inf")).exp()
+        KK = kb @ kb.transpose(-1, -2)
+        Mlow = bb * KK * Ds
+        eye = torch.eye(L, dtype=a.dtype, device=a.device)
+        M = eye + Mlow
+        eA = A.exp()[..., None]
+        U0 = torch.linalg.solve_triangular(M, bb * wb, upper=False, unitriangular=True)
+        Wk = torch.linalg.solve_triangular(M, bb * eA * kb, upper=False, unitriangular=True)
+        return ab, kb, wb, bb, A, Ds, Dc, KK, Mlow, M, eA, U0, Wk
+
+    @staticmethod
+    def forward(ctx, a, k, w, beta, S0, L, *qs):
+        T = a.shape[2]
+        ab, kb, wb, bb, A, Ds, Dc, KK, Mlow, M, eA, U0, Wk = _DeltaCore._setup(a, k, w, beta, L)
+        NC = A.shape[2]
+        AL = A[..., -1:]
+        kend = kb * (AL - A).exp()[..., None]
+        S, starts = S0, []
+        for n in range(NC):
+            starts.append(S)
+            u = U0[:, :, n] - Wk[:, :, n] @ S
+            S = AL[:, :, n, :, None].exp() * S + kend[:, :, n].transpose(-1, -2) @ u
+        Sc = torch.stack(starts, 2)
+        U = U0 - Wk @ Sc
+        outs = []
+        for q in qs:
+            qb = _DeltaCore._blocks(q, L)
+            o = ((qb @ kb.transpose(-1, -2)) * Dc) @ U + eA * (qb @ Sc)
+            outs.append(o.reshape(*o.shape[:2], -1, o.shape[-1])[:, :, :T])
+        ctx.save_for_backward(a, k, w, beta, Sc, S, *qs)
+        ctx.L = L
+        return (*outs, S)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        a, k, w, beta, Sc, S_end, *qs = ctx.saved_tensors
+        L, T = ctx.L, a.shape[2]
+        blocks = lambda t: _DeltaCore._blocks(t, L)
+        ab, kb, wb, bb, A, Ds, Dc, KK, Mlow, M, eA, U0, Wk = _DeltaCore._setup(a, k, w, beta, L)
+        NC = A.shape[2]
+        AL = A[..., -1:]
+        decay = (AL - A).exp()[..., None]
+        kend = kb * decay
+        U = U0 - Wk @ Sc
+        qbs = [blocks(q) for q in qs]
+        dos = [None if g is None else blocks(g) for g in grads[:-1]]
+        Ps = [(qb @ kb.transpose(-1, -2)) * Dc for qb in qbs]
+        pairs_back = sum((P.transpose(-1, -2) @ do for P, do in zip(Ps, dos) if do is not None),
+                         torch.zeros_like(U))
+        reads_back = sum(((qb * eA).transpose(-1, -2) @ do for qb, do in zip(qbs, dos)
+                          if do is not None), torch.zeros_like(Sc))
+        bek = bb * eA * kb                                              # [B, H, NC, L, K]
+        G = torch.zeros_like(S_end) if grads[-1] is None else grads[-1]
+        ends, dRs = [None] * NC, [None] * NC
+        for n in reversed(range(NC)):
+            ends[n] = G
+            dU = pairs_back[:, :, n] + kend[:, :, n] @ G
+            dR = torch.linalg.solve_triangular(M[:, :, n].transpose(-1, -2), dU, upper=True,
+                                               unitriangular=True)
+            dRs[n] = dR
+            G = (AL[:, :, n, :, None].exp() * G + reads_back[:, :, n]
+                 - bek[:, :, n].transpose(-1, -2) @ dR)
+        dS0 = G
+        Ge, dR = torch.stack(ends, 2), torch.stack(dRs, 2)
+        kS = kb @ Sc                                                    # [..., L, V]
+        # R = beta (w - e^A k S)
+        dw = bb * dR
+        dbeta = (dR * (wb - eA * kS)).sum(-1, keepdim=True)
+        dk = -(bb * eA * dR) @ Sc.transpose(-1, -2)
+        dA = -(bb * eA * dR * kS).sum(-1)[..., None]
+        # M = I + beta_i (k_i . k_j) e^{A_i - A_j} below the diagonal, U = M^-1 R
+        dM = -(dR @ U.transpose(-1, -2)) * Ds.ne(0)
+        dbeta = dbeta + (dM * KK * Ds).sum(-1, keepdim=True)
+        dKK = dM * bb * Ds
+        dk = dk + (dKK + dKK.transpose(-1, -2)) @ kb
+        E = dM * Mlow
+        dA = dA + E.sum(-1)[..., None] - E.sum(-2)[..., None]
+        # The state passed on: e^{A_L} S + (k e^{A_L - A})^T U
+        dk = dk + decay * (U @ Ge.transpose(-1, -2))
+        Ek = (kend * (U @ Ge.transpose(-1, -2))).sum(-1)               # [..., L]
+        dAL = Ek.sum(-1) + (AL[..., 0].exp()[..., None, None] * Sc * Ge).sum((-1, -2))
+        dA = dA - Ek[..., None]
+        dA[..., -1, 0] += dAL
+        dqs = []
+        for qb, do, P in zip(qbs, dos, Ps):
+            if do is None:
+                dqs.append(torch.zeros_like(qb).reshape(*qb.shape[:2], -1, qb.shape[-1])[:, :, :T])
+                continue
+            dP = (do @ U.transpose(-1, -2)) * Dc
+            dq = dP @ kb + eA * (do @ Sc.transpose(-1, -2))
+            dk = dk + dP.transpose(-1, -2) @ qb
+            E = dP * (qb @ kb.transpose(-1, -2))
+            dA = dA + E.sum(-1)[..., None] - E.sum(-2)[..., None]
+            dA = dA + eA * (do * (qb @ Sc)).sum(-1, keepdim=True)
+            dqs.append(dq.reshape(*dq.shape[:2], -1, dq.shape[-1])[:, :, :T])
+        da = dA[..., 0].flip(-1).cumsum(-1).flip(-1)
+        cut = lambda t: t.reshape(*t.shape[:2], -1, *t.shape[4:])[:, :, :T]
+        return (cut(da), cut(dk), cut(dw), cut(dbeta), dS0, None, *dqs)
+
+
 def _time_major(t):
     """[B, H, T, X] (a view) as a contiguous [T, B, H, X] (free where it is
     one already, as the step's values are)."""
@@ -561,6 +689,10 @@ def _kept(mode, st, a, c, k, v, S0, reads, delta, L, rows, resets, columns):
     computes each chunk again in the backward; `chunk:K` keeps the state
     every K steps, and computes each span of K steps again."""
     T = a.shape[2]
+    if (delta is not None and resets is None and all(after for _, after in reads)
+            and not columns and not rows):
+        *outs, S = _DeltaCore.apply(a[..., 0], k, v, delta, S0, L, *[q for q, _ in reads])
+        return list(outs), S
     if delta is None and resets is None and all(after for _, after in reads) and not columns:
         # The template's own adjoint: it keeps the state at each chunk's
         # start and the core's inputs, whatever the mode.

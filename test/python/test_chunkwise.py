@@ -336,3 +336,32 @@ def test_the_native_core_is_the_torch_template(rows, dtype):
     tol = 1e-12 if dtype == torch.float64 else 2e-5
     for x, y in zip(got + list(got_grads), want + list(want_grads)):
         assert rel(x, y) < tol
+
+
+def test_the_delta_rules_adjoint_is_the_reverse_mode_of_the_core():
+    # _DeltaCore's written-out backward (the transposed solves, the
+    # gradients through M = I + beta k k^T e^{A_i - A_j}) against torch's
+    # reverse mode through the generic core: T = 45 in chunks of 32.
+    from cellc import _chunkwise as cw
+    g = torch.Generator().manual_seed(13)
+    B, H, T, K, V, L = 2, 3, 45, 5, 4, 32
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    gate = (-torch.rand(B, H, T, generator=g, dtype=torch.float64)).requires_grad_()
+    k = torch.nn.functional.normalize(r(B, H, T, K), dim=-1).requires_grad_()
+    w, S0 = r(B, H, T, V).requires_grad_(), r(B, H, K, V).requires_grad_()
+    beta = torch.rand(B, H, T, 1, generator=g, dtype=torch.float64).requires_grad_()
+    qs = [r(B, H, T, K).requires_grad_() for _ in range(2)]
+    weights = [r(B, H, T, V) for _ in qs] + [r(B, H, K, V)]
+    leaves = [gate, k, w, beta, S0, *qs]
+
+    def grads(results):
+        loss = sum((x * t).sum() for x, t in zip(weights, results))
+        return [t.detach() for t in results], torch.autograd.grad(loss, leaves)
+
+    a = gate[..., None].expand(B, H, T, K)
+    c = torch.zeros(B, H, T, V, dtype=torch.float64)
+    outs, S = cw._core(None, a, c, k, w, S0, [(q, True) for q in qs], beta, L, False)
+    want, want_grads = grads([*outs, S])
+    got, got_grads = grads(cw._DeltaCore.apply(gate, k, w, beta, S0, L, *qs))
+    for x, y in zip(got + list(got_grads), want + list(want_grads)):
+        assert rel(x, y) < 1e-12
