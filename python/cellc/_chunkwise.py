@@ -678,6 +678,55 @@ class _NativeDiagonalCore(torch.autograd.Function):
         return (bhtk(da), bhtk(dk), bhtk(dv), dS0, None, None, *[bhtk(d) for d in dqs])
 
 
+class _NativeDeltaCore(torch.autograd.Function):
+    """_DeltaCore on the CPU runtime's kernels (runtime/cpu/ChunkCore), on
+    time-major arrays. Same arguments, results and adjoint."""
+
+    @staticmethod
+    def forward(ctx, a, k, w, beta, S0, L, *qs):
+        from . import _cellc_runtime as rt
+        Bn, H, T, K = k.shape
+        V = w.shape[-1]
+        a = a.permute(2, 0, 1).contiguous()
+        beta = beta[..., 0].permute(2, 0, 1).contiguous()
+        k, w = _time_major(k), _time_major(w)
+        qs = [_time_major(q) for q in qs]
+        S0 = S0.contiguous()
+        NC = -(-T // L)
+        outs = [w.new_empty(T, Bn, H, V) for _ in qs]
+        starts, end = w.new_empty(Bn, H, NC, K, V), w.new_empty(Bn, H, K, V)
+        threads = torch.get_num_threads()
+        rt.delta_forward(k.dtype == torch.float64, Bn * H, T, K, V, L, a.data_ptr(),
+                         k.data_ptr(), w.data_ptr(), beta.data_ptr(), S0.data_ptr(),
+                         [q.data_ptr() for q in qs], [o.data_ptr() for o in outs],
+                         starts.data_ptr(), end.data_ptr(), threads)
+        ctx.save_for_backward(a, k, w, beta, starts, end, *qs)
+        ctx.L, ctx.threads = L, threads
+        return (*[o.permute(1, 2, 0, 3) for o in outs], end)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        from . import _cellc_runtime as rt
+        a, k, w, beta, starts, end, *qs = ctx.saved_tensors
+        douts = [None if g is None else _time_major(g) for g in grads[:-1]]
+        dEnd = None if grads[-1] is None else grads[-1].contiguous()
+        T, Bn, H, K = k.shape
+        V = w.shape[-1]
+        da, dk, dw, dbeta = (torch.empty_like(t) for t in (a, k, w, beta))
+        dS0 = end.new_empty(end.shape)
+        dqs = [torch.empty_like(q) for q in qs]
+        ptr = lambda t: 0 if t is None else t.data_ptr()
+        rt.delta_backward(k.dtype == torch.float64, Bn * H, T, K, V, ctx.L, a.data_ptr(),
+                          k.data_ptr(), w.data_ptr(), beta.data_ptr(), starts.data_ptr(),
+                          end.data_ptr(), [q.data_ptr() for q in qs], [ptr(d) for d in douts],
+                          ptr(dEnd), da.data_ptr(), dk.data_ptr(), dw.data_ptr(),
+                          dbeta.data_ptr(), dS0.data_ptr(), [d.data_ptr() for d in dqs],
+                          ctx.threads)
+        bhtk = lambda t: t.permute(1, 2, 0, 3)
+        return (da.permute(1, 2, 0), bhtk(dk), bhtk(dw), dbeta.permute(1, 2, 0)[..., None],
+                dS0, None, *[bhtk(d) for d in dqs])
+
+
 #: Whether the diagonal template runs on the CPU runtime's kernels (True)
 #: or in torch (False: the reference they are tested against).
 NATIVE = True
@@ -691,7 +740,10 @@ def _kept(mode, st, a, c, k, v, S0, reads, delta, L, rows, resets, columns):
     T = a.shape[2]
     if (delta is not None and resets is None and all(after for _, after in reads)
             and not columns and not rows):
-        *outs, S = _DeltaCore.apply(a[..., 0], k, v, delta, S0, L, *[q for q, _ in reads])
+        native = (NATIVE and a.device.type == "cpu"
+                  and a.dtype in (torch.float32, torch.float64))
+        core = _NativeDeltaCore if native else _DeltaCore
+        *outs, S = core.apply(a[..., 0], k, v, delta, S0, L, *[q for q, _ in reads])
         return list(outs), S
     if delta is None and resets is None and all(after for _, after in reads) and not columns:
         # The template's own adjoint: it keeps the state at each chunk's

@@ -456,6 +456,33 @@ PYBIND11_MODULE(_cellc_runtime, m) {
                         at(dS0), dq.data(), threads);
       },
       "The chunk form's diagonal core, backward (cellc/_chunkwise.py)");
+  m.def(
+      "delta_forward",
+      [=](bool f64, int64_t BH, int64_t T, int64_t K, int64_t V, int64_t L, uintptr_t a,
+          uintptr_t k, uintptr_t w, uintptr_t beta, uintptr_t S0, std::vector<uintptr_t> qs,
+          std::vector<uintptr_t> outs, uintptr_t starts, uintptr_t end, int threads) {
+        chunk::Shape s = chunkShape(BH, T, K, V, L, false, qs.size());
+        std::vector<void *> q = pointers(qs), o = pointers(outs);
+        py::gil_scoped_release release;
+        chunk::deltaForward(f64 ? DType::F64 : DType::F32, s, at(a), at(k), at(w), at(beta),
+                            at(S0), q.data(), o.data(), at(starts), at(end), threads);
+      },
+      "The chunk form's delta-rule core, forward (cellc/_chunkwise.py)");
+  m.def(
+      "delta_backward",
+      [=](bool f64, int64_t BH, int64_t T, int64_t K, int64_t V, int64_t L, uintptr_t a,
+          uintptr_t k, uintptr_t w, uintptr_t beta, uintptr_t starts, uintptr_t end,
+          std::vector<uintptr_t> qs, std::vector<uintptr_t> douts, uintptr_t dEnd,
+          uintptr_t da, uintptr_t dk, uintptr_t dw, uintptr_t dbeta, uintptr_t dS0,
+          std::vector<uintptr_t> dqs, int threads) {
+        chunk::Shape s = chunkShape(BH, T, K, V, L, false, qs.size());
+        std::vector<void *> q = pointers(qs), d = pointers(douts), dq = pointers(dqs);
+        py::gil_scoped_release release;
+        chunk::deltaBackward(f64 ? DType::F64 : DType::F32, s, at(a), at(k), at(w), at(beta),
+                             at(starts), at(end), q.data(), d.data(), at(dEnd), at(da),
+                             at(dk), at(dw), at(dbeta), at(dS0), dq.data(), threads);
+      },
+      "The chunk form's delta-rule core, backward (cellc/_chunkwise.py)");
 
   m.def(
       "load",

@@ -92,4 +92,47 @@ void backward(DType dtype, const Shape &s, const void *a, const void *k, const v
     run(0.0);
 }
 
+void deltaForward(DType dtype, const Shape &s, const void *a, const void *k, const void *w,
+                  const void *beta, const void *S0, const void *const *qs, void *const *outs,
+                  void *starts, void *end, int threads) {
+  auto run = [&](auto zero) {
+    using F = decltype(zero);
+    parallelRanges(s.BH, threads, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t bh = b0; bh < b1; ++bh)
+        (wide() ? avx512::deltaForwardOne<F> : baseline::deltaForwardOne<F>)(
+            s, bh, static_cast<const F *>(a), static_cast<const F *>(k),
+            static_cast<const F *>(w), static_cast<const F *>(beta),
+            static_cast<const F *>(S0), typed<F>(qs), reinterpret_cast<F *const *>(outs),
+            static_cast<F *>(starts), static_cast<F *>(end));
+    });
+  };
+  if (dtype == DType::F32)
+    run(0.0f);
+  else
+    run(0.0);
+}
+
+void deltaBackward(DType dtype, const Shape &s, const void *a, const void *k, const void *w,
+                   const void *beta, const void *starts, const void *end,
+                   const void *const *qs, const void *const *douts, const void *dEnd, void *da,
+                   void *dk, void *dw, void *dbeta, void *dS0, void *const *dqs, int threads) {
+  auto run = [&](auto zero) {
+    using F = decltype(zero);
+    parallelRanges(s.BH, threads, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t bh = b0; bh < b1; ++bh)
+        (wide() ? avx512::deltaBackwardOne<F> : baseline::deltaBackwardOne<F>)(
+            s, bh, static_cast<const F *>(a), static_cast<const F *>(k),
+            static_cast<const F *>(w), static_cast<const F *>(beta),
+            static_cast<const F *>(starts), static_cast<const F *>(end), typed<F>(qs),
+            typed<F>(douts), static_cast<const F *>(dEnd), static_cast<F *>(da),
+            static_cast<F *>(dk), static_cast<F *>(dw), static_cast<F *>(dbeta),
+            static_cast<F *>(dS0), reinterpret_cast<F *const *>(dqs));
+    });
+  };
+  if (dtype == DType::F32)
+    run(0.0f);
+  else
+    run(0.0);
+}
+
 } // namespace cellc::runtime::chunk

@@ -49,6 +49,18 @@ void backward(DType dtype, const Shape &s, const void *a, const void *k, const v
               const void *const *douts, const void *dEnd, void *da, void *dk, void *dv,
               void *dS0, void *const *dqs, int threads);
 
+/// The delta rule's core with a scalar gate (DeltaNet, gated DeltaNet):
+/// a and beta [T, BH] (one value a step), k [T, BH, K], the targets w
+/// [T, BH, V]; the state passes as S' = e^{A_L} S + (k e^{A_L - A})^T U with
+/// U = (I + beta k k^T e^{A_i - A_j} below the diagonal)^-1 beta (w - e^A k S).
+void deltaForward(DType dtype, const Shape &s, const void *a, const void *k, const void *w,
+                  const void *beta, const void *S0, const void *const *qs, void *const *outs,
+                  void *starts, void *end, int threads);
+void deltaBackward(DType dtype, const Shape &s, const void *a, const void *k, const void *w,
+                   const void *beta, const void *starts, const void *end,
+                   const void *const *qs, const void *const *douts, const void *dEnd, void *da,
+                   void *dk, void *dw, void *dbeta, void *dS0, void *const *dqs, int threads);
+
 } // namespace cellc::runtime::chunk
 
 #endif // CELLC_RUNTIME_CPU_CHUNKCORE_H

@@ -365,3 +365,30 @@ def test_the_delta_rules_adjoint_is_the_reverse_mode_of_the_core():
     got, got_grads = grads(cw._DeltaCore.apply(gate, k, w, beta, S0, L, *qs))
     for x, y in zip(got + list(got_grads), want + list(want_grads)):
         assert rel(x, y) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_the_native_delta_core_is_the_torch_template(dtype):
+    # runtime/cpu/ChunkCore's delta rule against _DeltaCore in torch: T = 45
+    # in chunks of 32, two reads, one without a gradient.
+    from cellc import _chunkwise as cw
+    g = torch.Generator().manual_seed(14)
+    B, H, T, K, V, L = 2, 3, 45, 5, 4, 32
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    leaves = [(-torch.rand(B, H, T, generator=g, dtype=torch.float64)),
+              torch.nn.functional.normalize(r(B, H, T, K), dim=-1), r(B, H, T, V),
+              torch.rand(B, H, T, 1, generator=g, dtype=torch.float64), r(B, H, K, V),
+              r(B, H, T, K), r(B, H, T, K)]
+    leaves = [t.to(dtype).requires_grad_() for t in leaves]
+    weights = [r(B, H, T, V).to(dtype), None, r(B, H, K, V).to(dtype)]
+
+    def grads(core):
+        a, k, w, beta, S0, *qs = leaves
+        results = core.apply(a, k, w, beta, S0, L, *qs)
+        loss = sum((x * t).sum() for x, t in zip(weights, results) if x is not None)
+        return [t.detach() for t in results], torch.autograd.grad(loss, leaves)
+
+    (want, want_grads), (got, got_grads) = grads(cw._DeltaCore), grads(cw._NativeDeltaCore)
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    for x, y in zip(got + list(got_grads), want + list(want_grads)):
+        assert rel(x, y) < tol
