@@ -413,7 +413,7 @@ PYBIND11_MODULE(_cellc_runtime, m) {
         "Unmaps the buffers that calls released and the runtime keeps for the "
         "next call of the same sizes");
 
-  // The chunk form's diagonal core (cellc/_chunkwise.py): contiguous tensors
+  // The chunk form's diagonal core (cellc/_chunkcore.py): contiguous tensors
   // cross as their data pointers, checked there.
   auto chunkShape = [](int64_t BH, int64_t T, int64_t K, int64_t V, int64_t L, bool rows,
                        size_t reads) {
@@ -440,7 +440,7 @@ PYBIND11_MODULE(_cellc_runtime, m) {
         chunk::forward(f64 ? DType::F64 : DType::F32, s, at(a), at(k), at(v), at(S0),
                        q.data(), o.data(), at(starts), at(end), threads);
       },
-      "The chunk form's diagonal core, forward (cellc/_chunkwise.py)");
+      "The chunk form's diagonal core, forward (cellc/_chunkcore.py)");
   m.def(
       "chunk_backward",
       [=](bool f64, int64_t BH, int64_t T, int64_t K, int64_t V, int64_t L, bool rows,
@@ -455,7 +455,7 @@ PYBIND11_MODULE(_cellc_runtime, m) {
                         at(end), q.data(), d.data(), at(dEnd), at(da), at(dk), at(dv),
                         at(dS0), dq.data(), threads);
       },
-      "The chunk form's diagonal core, backward (cellc/_chunkwise.py)");
+      "The chunk form's diagonal core, backward (cellc/_chunkcore.py)");
   m.def(
       "delta_forward",
       [=](bool f64, int64_t BH, int64_t T, int64_t K, int64_t V, int64_t L, uintptr_t a,
@@ -467,7 +467,7 @@ PYBIND11_MODULE(_cellc_runtime, m) {
         chunk::deltaForward(f64 ? DType::F64 : DType::F32, s, at(a), at(k), at(w), at(beta),
                             at(S0), q.data(), o.data(), at(starts), at(end), threads);
       },
-      "The chunk form's delta-rule core, forward (cellc/_chunkwise.py)");
+      "The chunk form's delta-rule core, forward (cellc/_chunkcore.py)");
   m.def(
       "delta_backward",
       [=](bool f64, int64_t BH, int64_t T, int64_t K, int64_t V, int64_t L, uintptr_t a,
@@ -482,7 +482,7 @@ PYBIND11_MODULE(_cellc_runtime, m) {
                              at(starts), at(end), q.data(), d.data(), at(dEnd), at(da),
                              at(dk), at(dw), at(dbeta), at(dS0), dq.data(), threads);
       },
-      "The chunk form's delta-rule core, backward (cellc/_chunkwise.py)");
+      "The chunk form's delta-rule core, backward (cellc/_chunkcore.py)");
 
   m.def(
       "load",

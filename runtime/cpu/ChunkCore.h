@@ -3,7 +3,7 @@
 // The core of a linear-recurrence state with scalar or row gates, outer-
 // product sources and reads q @ S after the update (GLA, RetNet, mLSTM), in
 // the chunkwise form, forward and its written-out adjoint: what
-// cellc/_chunkwise.py's _DiagonalCore computes, per (sample, head) on the
+// cellc/_chunkcore.py's _DiagonalCore computes, per (sample, head) on the
 // runtime's threads, with the chunk-sized products on the host GEMM.
 //
 // The sequences are time-major, as the step's values are: a, k and each q

@@ -256,7 +256,7 @@ def test_the_templates_adjoint_is_the_reverse_mode_of_the_core(rows):
     # The written-out backward (_DiagonalCore) against torch's reverse mode
     # through the generic core, on random tensors: two reads, T = 45 in
     # chunks of 32 (sub-chunks of 16 cut across), gates down to e^-3 a step.
-    from cellc import _chunkwise as cw
+    from cellc import _chunkcore as cw
     g = torch.Generator().manual_seed(11)
     B, H, T, K, V, L = 2, 3, 45, 5, 4, 32
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
@@ -313,7 +313,7 @@ def test_the_native_core_is_the_torch_template(rows, dtype):
     # runtime/cpu/ChunkCore against _DiagonalCore in torch: outputs, end
     # state and every gradient; T = 45 in chunks of 32 (a partial chunk,
     # sub-chunks of 16 cut across), two reads, one without a gradient.
-    from cellc import _chunkwise as cw
+    from cellc import _chunkcore as cw
     g = torch.Generator().manual_seed(12)
     B, H, T, K, V, L = 2, 3, 45, 5, 4, 32
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)
@@ -342,7 +342,7 @@ def test_the_delta_rules_adjoint_is_the_reverse_mode_of_the_core():
     # _DeltaCore's written-out backward (the transposed solves, the
     # gradients through M = I + beta k k^T e^{A_i - A_j}) against torch's
     # reverse mode through the generic core: T = 45 in chunks of 32.
-    from cellc import _chunkwise as cw
+    from cellc import _chunkcore as cw
     g = torch.Generator().manual_seed(13)
     B, H, T, K, V, L = 2, 3, 45, 5, 4, 32
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
@@ -371,7 +371,7 @@ def test_the_delta_rules_adjoint_is_the_reverse_mode_of_the_core():
 def test_the_native_delta_core_is_the_torch_template(dtype):
     # runtime/cpu/ChunkCore's delta rule against _DeltaCore in torch: T = 45
     # in chunks of 32, two reads, one without a gradient.
-    from cellc import _chunkwise as cw
+    from cellc import _chunkcore as cw
     g = torch.Generator().manual_seed(14)
     B, H, T, K, V, L = 2, 3, 45, 5, 4, 32
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
