@@ -432,19 +432,20 @@ class _NativeDiagonalCore(torch.autograd.Function):
         NC = -(-T // L)
         outs = [v.new_empty(T, Bn, H, V) for _ in qs]
         starts, end = v.new_empty(Bn, H, NC, K, V), v.new_empty(Bn, H, K, V)
+        pairs = v.new_empty(Bn * H, NC, len(qs), L, L)
         threads = torch.get_num_threads()
         rt.chunk_forward(a.dtype == torch.float64, Bn * H, T, K, V, L, rows, a.data_ptr(),
                          k.data_ptr(), v.data_ptr(), S0.data_ptr(), [q.data_ptr() for q in qs],
                          [o.data_ptr() for o in outs], starts.data_ptr(), end.data_ptr(),
-                         threads)
-        ctx.save_for_backward(a, k, v, starts, end, *qs)
+                         pairs.data_ptr(), threads)
+        ctx.save_for_backward(a, k, v, starts, end, pairs, *qs)
         ctx.L, ctx.rows, ctx.threads = L, rows, threads
         return (*[o.permute(1, 2, 0, 3) for o in outs], end)
 
     @staticmethod
     def backward(ctx, *grads):
         from . import _cellc_runtime as rt
-        a, k, v, starts, end, *qs = ctx.saved_tensors
+        a, k, v, starts, end, pairs, *qs = ctx.saved_tensors
         douts = [None if g is None else _time_major(g) for g in grads[:-1]]
         dEnd = None if grads[-1] is None else grads[-1].contiguous()
         T, Bn, H, K = a.shape
@@ -455,7 +456,7 @@ class _NativeDiagonalCore(torch.autograd.Function):
         ptr = lambda t: 0 if t is None else t.data_ptr()
         rt.chunk_backward(a.dtype == torch.float64, Bn * H, T, K, V, ctx.L, ctx.rows,
                           a.data_ptr(), k.data_ptr(), v.data_ptr(), starts.data_ptr(),
-                          end.data_ptr(), [q.data_ptr() for q in qs], [ptr(d) for d in douts],
+                          end.data_ptr(), pairs.data_ptr(), [q.data_ptr() for q in qs], [ptr(d) for d in douts],
                           ptr(dEnd), da.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                           dS0.data_ptr(), [d.data_ptr() for d in dqs], ctx.threads)
         bhtk = lambda t: t.permute(1, 2, 0, 3)

@@ -49,6 +49,40 @@ def not_qualifying(front, p):
             f"use form='step' (cellc --emit=chunkwise shows where)")
 
 
+#: form="auto" takes the chunk form for sequences of at least this many
+#: chunks (bench/cpu/chunkwise.py: docs/benchmarks.md).
+AUTO_MIN_CHUNKS = 4
+
+
+def choose(front, c, chunk=None):
+    """form="auto": "chunk" where the chunk form is expected to be faster,
+    else "step". The chunk form where gradients are wanted on the CPU, the
+    sequence has at least AUTO_MIN_CHUNKS chunks, and every linear state's
+    core runs on the runtime's kernels (a template: scalar or row gates and
+    reads after the update, or the delta rule with a scalar gate; no
+    resets); inference and step() keep the step kernels."""
+    like = c.inputs[0]
+    T = like.shape[0]
+    L = chunk or DEFAULT_CHUNK
+    if (c.cuda or not torch.is_grad_enabled() or c.resets is not None
+            or T < AUTO_MIN_CHUNKS * L or like.dtype not in (torch.float32, torch.float64)):
+        return "step"
+    p = plan(front, c.sizes, like.dtype)
+    if not p["linear"]:
+        return "step"
+    used = _parts(p, _Graph(p))[-1]
+    for lin in p["linear"]:
+        st = _State(lin)
+        rows = any(_along(st, f, 1) for f in lin["gates"])
+        columns = any(_along(st, f, 2) for f in lin["gates"])
+        reads_fit = all(r["after"] and r["contracts_k"] for r in lin["reads"]
+                        if r["result"] in used)
+        delta = "delta_key" in lin
+        if columns or not reads_fit or (delta and rows) or (not delta and len(lin["sources"]) != 1):
+            return "step"
+    return "chunk"
+
+
 # The ops, on rows [R, n] (params as they are, constants 0-d) ------------------
 
 def _expand(x, shape, kept):
@@ -366,6 +400,25 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
     return values, S.reshape(B, -1)
 
 
+def _parts(p, graph):
+    """The states stepped before the core and after it, the reads, the
+    block arguments, the ops that run outside the core (in order), and the
+    reads something outside the core uses (not the delta rule's read-back,
+    which the core does itself)."""
+    n = len(p["states"])
+    linear = {lin["state"] for lin in p["linear"]}
+    post = set(p["post"])
+    before = [i for i in range(n) if i not in linear and i not in post]
+    after = sorted(post)
+    reads = {r["result"] for lin in p["linear"] for r in lin["reads"]}
+    args = set(p["inputs"]) | set(p["states"])
+    wanted = (_leaves(p, graph) | set(p["yield_outputs"])
+              | {p["yield_states"][i] for i in before + after})
+    ops = graph.needed(wanted, reads | args)
+    used = (wanted | {o for op in ops for o in op["operands"]}) & reads
+    return before, after, reads, args, ops, used
+
+
 def call(front, c, chunk=None):
     """The chunk form of a checked call `c` (cellc._front.Call): the outputs
     [T, B, n] in `front.outputs` order and the final states [B, n]."""
@@ -391,18 +444,7 @@ def call(front, c, chunk=None):
     for n, _ in front.states:
         t = c.states.get(n) if c.states is not None else None
         init.append(t if t is not None else like.new_zeros(B, math.prod(front.shape(n, c.sizes))))
-    linear = {lin["state"] for lin in p["linear"]}
-    post = set(p["post"])
-    before = [i for i in range(len(init)) if i not in linear and i not in post]
-    after = sorted(post)
-    reads = {r["result"] for lin in p["linear"] for r in lin["reads"]}
-    args = set(p["inputs"]) | set(p["states"])
-    wanted = (_leaves(p, graph) | set(p["yield_outputs"])
-              | {p["yield_states"][i] for i in before + after})
-    ops = graph.needed(wanted, reads | args)
-    # The reads something outside the core uses (not the delta rule's
-    # read-back, which the core does itself).
-    used = (wanted | {o for op in ops for o in op["operands"]}) & reads
+    before, after, reads, args, ops, used = _parts(p, graph)
     # What varies by row: the inputs, the states, and what is computed from them.
     rowful = set(args) | reads
     for op in p["ops"]:

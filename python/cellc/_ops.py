@@ -351,7 +351,7 @@ def not_differentiable_again(gradients):
 
 #: The training forms a call takes: the step kernels, the chunkwise form of
 #: a cell whose matrix states are gated linear recurrences (cellc._chunkwise),
-#: or the step kernels until the chunk form has kernels of its own.
+#: or the one of them that cellc._chunkwise.choose expects to be faster.
 FORMS = ("step", "chunk", "auto")
 
 
@@ -369,6 +369,9 @@ def call(front, x, params, states=None, *, form="step", chunk=None, **options):
     c = check(front, x, params, states, **options)
     if c is None:
         return _empty_batch(front, x, params, states, **options)
+    if form == "auto":
+        from . import _chunkwise
+        form = _chunkwise.choose(front, c, chunk)
     if form == "chunk":
         return _chunk_call(front, c, chunk)
     x0 = c.inputs[0]

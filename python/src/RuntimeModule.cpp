@@ -433,26 +433,27 @@ PYBIND11_MODULE(_cellc_runtime, m) {
       "chunk_forward",
       [=](bool f64, int64_t BH, int64_t T, int64_t K, int64_t V, int64_t L, bool rows,
           uintptr_t a, uintptr_t k, uintptr_t v, uintptr_t S0, std::vector<uintptr_t> qs,
-          std::vector<uintptr_t> outs, uintptr_t starts, uintptr_t end, int threads) {
+          std::vector<uintptr_t> outs, uintptr_t starts, uintptr_t end, uintptr_t pairs,
+          int threads) {
         chunk::Shape s = chunkShape(BH, T, K, V, L, rows, qs.size());
         std::vector<void *> q = pointers(qs), o = pointers(outs);
         py::gil_scoped_release release;
         chunk::forward(f64 ? DType::F64 : DType::F32, s, at(a), at(k), at(v), at(S0),
-                       q.data(), o.data(), at(starts), at(end), threads);
+                       q.data(), o.data(), at(starts), at(end), at(pairs), threads);
       },
       "The chunk form's diagonal core, forward (cellc/_chunkcore.py)");
   m.def(
       "chunk_backward",
       [=](bool f64, int64_t BH, int64_t T, int64_t K, int64_t V, int64_t L, bool rows,
           uintptr_t a, uintptr_t k, uintptr_t v, uintptr_t starts, uintptr_t end,
-          std::vector<uintptr_t> qs, std::vector<uintptr_t> douts, uintptr_t dEnd,
-          uintptr_t da, uintptr_t dk, uintptr_t dv, uintptr_t dS0, std::vector<uintptr_t> dqs,
-          int threads) {
+          uintptr_t pairs, std::vector<uintptr_t> qs, std::vector<uintptr_t> douts,
+          uintptr_t dEnd, uintptr_t da, uintptr_t dk, uintptr_t dv, uintptr_t dS0,
+          std::vector<uintptr_t> dqs, int threads) {
         chunk::Shape s = chunkShape(BH, T, K, V, L, rows, qs.size());
         std::vector<void *> q = pointers(qs), d = pointers(douts), dq = pointers(dqs);
         py::gil_scoped_release release;
         chunk::backward(f64 ? DType::F64 : DType::F32, s, at(a), at(k), at(v), at(starts),
-                        at(end), q.data(), d.data(), at(dEnd), at(da), at(dk), at(dv),
+                        at(end), at(pairs), q.data(), d.data(), at(dEnd), at(da), at(dk), at(dv),
                         at(dS0), dq.data(), threads);
       },
       "The chunk form's diagonal core, backward (cellc/_chunkcore.py)");

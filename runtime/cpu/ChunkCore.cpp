@@ -53,7 +53,7 @@ template <typename F> const F *const *typed(const void *const *p) {
 
 void forward(DType dtype, const Shape &s, const void *a, const void *k, const void *v,
              const void *S0, const void *const *qs, void *const *outs, void *starts,
-             void *end, int threads) {
+             void *end, void *pairs, int threads) {
   auto run = [&](auto zero) {
     using F = decltype(zero);
     parallelRanges(s.BH, threads, 1, [&](int64_t b0, int64_t b1) {
@@ -61,7 +61,7 @@ void forward(DType dtype, const Shape &s, const void *a, const void *k, const vo
         (wide() ? avx512::forwardOne<F> : baseline::forwardOne<F>)(s, bh, static_cast<const F *>(a), static_cast<const F *>(k),
                       static_cast<const F *>(v), static_cast<const F *>(S0), typed<F>(qs),
                       reinterpret_cast<F *const *>(outs), static_cast<F *>(starts),
-                      static_cast<F *>(end));
+                      static_cast<F *>(end), static_cast<F *>(pairs));
     });
   };
   if (dtype == DType::F32)
@@ -71,7 +71,7 @@ void forward(DType dtype, const Shape &s, const void *a, const void *k, const vo
 }
 
 void backward(DType dtype, const Shape &s, const void *a, const void *k, const void *v,
-              const void *starts, const void *end, const void *const *qs,
+              const void *starts, const void *end, const void *pairs, const void *const *qs,
               const void *const *douts, const void *dEnd, void *da, void *dk, void *dv,
               void *dS0, void *const *dqs, int threads) {
   auto run = [&](auto zero) {
@@ -80,7 +80,8 @@ void backward(DType dtype, const Shape &s, const void *a, const void *k, const v
       for (int64_t bh = b0; bh < b1; ++bh)
         (wide() ? avx512::backwardOne<F> : baseline::backwardOne<F>)(s, bh, static_cast<const F *>(a), static_cast<const F *>(k),
                        static_cast<const F *>(v), static_cast<const F *>(starts),
-                       static_cast<const F *>(end), typed<F>(qs), typed<F>(douts),
+                       static_cast<const F *>(end), static_cast<const F *>(pairs),
+                       typed<F>(qs), typed<F>(douts),
                        static_cast<const F *>(dEnd), static_cast<F *>(da),
                        static_cast<F *>(dk), static_cast<F *>(dv), static_cast<F *>(dS0),
                        reinterpret_cast<F *const *>(dqs));

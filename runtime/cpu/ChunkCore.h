@@ -36,16 +36,17 @@ struct Shape {
 };
 
 /// outs[r] = the reads; starts, end: the state at each chunk's start and
-/// after the last step.
+/// after the last step; pairs [BH, NC, reads, L, L]: each read's pair
+/// weights, which the backward reads back.
 void forward(DType dtype, const Shape &s, const void *a, const void *k, const void *v,
              const void *S0, const void *const *qs, void *const *outs, void *starts,
-             void *end, int threads);
+             void *end, void *pairs, int threads);
 
 /// The gradients of a, k, v, S0 and each q from those of the reads (a null
 /// douts[r]: zero) and of the end state (null: zero). Every output is
 /// written whole.
 void backward(DType dtype, const Shape &s, const void *a, const void *k, const void *v,
-              const void *starts, const void *end, const void *const *qs,
+              const void *starts, const void *end, const void *pairs, const void *const *qs,
               const void *const *douts, const void *dEnd, void *da, void *dk, void *dv,
               void *dS0, void *const *dqs, int threads);
 

@@ -193,12 +193,32 @@ def test_a_gate_that_is_not_positive_is_refused():
     assert torch.isfinite(out).all()
 
 
-def test_auto_runs_the_step_kernels():
+def test_auto_takes_the_chunk_form_where_it_is_expected_to_be_faster():
+    # form="auto" (cellc._chunkwise.choose): the chunk form when training on
+    # the CPU over at least AUTO_MIN_CHUNKS chunks with every core on a
+    # kernel template; the step kernels for inference, short sequences,
+    # resets, and cells without a chunk form.
+    from cellc import _chunkwise
+    from cellc._front import check
     cell = load("gla")
-    x, params, _ = arguments(cell, "gla", 6, 2, torch.float64)
-    out, _ = cell(x, params, sizes=SIZES)
-    auto, _ = cell(x, params, sizes=SIZES, form="auto")
-    assert torch.equal(out, auto)
+    x, params, _ = arguments(cell, "gla", 20, 2, torch.float64)
+    called = lambda **o: check(cell, x, params, sizes=SIZES, **o)
+    assert _chunkwise.choose(cell, called(), 4) == "chunk"
+    assert _chunkwise.choose(cell, called(), 8) == "step"          # 3 chunks
+    assert _chunkwise.choose(cell, called(resets=torch.zeros(20, 2, dtype=torch.bool)),
+                             4) == "step"
+    with torch.no_grad():
+        assert _chunkwise.choose(cell, called(), 4) == "step"
+    delta = load("gated_deltanet")
+    dx, dparams, _ = arguments(delta, "gated_deltanet", 20, 2, torch.float64)
+    assert _chunkwise.choose(delta, check(delta, dx, dparams, sizes=SIZES), 4) == "chunk"
+    lstm = load("lstm")
+    lp = {n: torch.randn(*lstm.shape(n, dict(I=3, H=4))) for n, _ in lstm.params}
+    assert _chunkwise.choose(lstm, check(lstm, torch.randn(300, 2, 3), lp), None) == "step"
+    # And what it chose is what runs: the chunk form's results exactly.
+    auto, _ = cell(x, params, sizes=SIZES, form="auto", chunk=4)
+    chunk, _ = cell(x, params, sizes=SIZES, form="chunk", chunk=4)
+    assert torch.equal(auto, chunk)
 
 
 #: Row and column gates together (GateLoop's diag(a) S diag(b)), a read of
