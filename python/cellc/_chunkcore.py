@@ -20,10 +20,6 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
-def _chunks(T, L):
-    return [(s, min(T, s + L)) for s in range(0, T, L)]
-
-
 #: The sub-chunk of a row gate's pair weights: blocks below the diagonal
 #: are products of rescaled q and k, diagonal blocks pair by pair.
 SUB = 16

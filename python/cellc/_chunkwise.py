@@ -136,10 +136,7 @@ def _run(op, args, params, like):
     if name in _UNARY:
         return [_UNARY[name](args[0])]
     if name in _BINARY:
-        a, b = args
-        if a.dim() == 0 and b.dim() == 0:
-            return [_BINARY[name](a, b)]
-        return [_BINARY[name](a, b)]
+        return [_BINARY[name](*args)]
     if name == "select":
         return [torch.where(args[0] != 0, args[1], args[2])]
     if name == "expand":
@@ -195,11 +192,6 @@ class _Graph:
         for op in ops:
             outs = _run(op, [env[o] for o in op["operands"]], params, like)
             env.update(zip(op["results"], outs))
-
-
-def _rows(t):
-    """[T, B, n] as [T * B, n]; params and constants as they are."""
-    return t.reshape(-1, t.shape[-1]) if t.dim() == 3 else t
 
 
 # The core ----------------------------------------------------------------------
