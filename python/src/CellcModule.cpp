@@ -127,8 +127,8 @@ emit(const std::string &source, const std::string &fileName,
       *parsed == Emit::Ptx || *parsed == Emit::Package || *parsed == Emit::Nvvm ||
       *parsed == Emit::Simt)
     throw py::value_error("unknown stage '" + stage +
-                          "'; expected mlir, split, grad, saves, plan, phases, "
-                          "kernels or llvm (ptx: Cell.emit builds the package)");
+                          "'; expected mlir, split, chunkwise, grad, saves, plan, "
+                          "phases, kernels or llvm (ptx: Cell.emit builds the package)");
   mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, os);
   PipelineOptions options;
   if (saveGates >= 0)
