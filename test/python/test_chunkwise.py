@@ -249,6 +249,9 @@ def test_row_and_column_gates_and_reads_on_both_sides(chunk, resets):
     cell = cellc.compile(GATED_BOTH_SIDES)
     text = cell.emit("chunkwise", sizes=SIZES)
     assert "gate: row" in text and "gate: column" in text and "before the update" in text
+    with pytest.raises(ValueError, match="unknown stage 'chunkwize'; expected mlir, split, "
+                                         "chunkwise"):
+        cell.emit("chunkwize", sizes=SIZES)
     g = torch.Generator().manual_seed(3)
     params = {n: (0.5 * torch.randn(*cell.shape(n, SIZES), generator=g,
                                     dtype=torch.float64)).requires_grad_()
