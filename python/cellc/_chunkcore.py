@@ -51,7 +51,7 @@ def _pairs(q, k, A_q, A_k, strict, rows):
     return W
 
 
-def _core(st, a, c, k, v, S0, reads, delta, L, rows, resets=None, S_init=None):
+def _core(a, c, k, v, S0, reads, delta, L, rows, resets=None, S_init=None):
     """The state's reads and its final value. a, k: [B, H, T, K]; c, v:
     [B, H, T, V]; S0: [B, H, K, V]; each read a tuple (q [B, H, T, K],
     after); delta: None or beta [B, H, T, 1]; resets: None or [B, T] bool,
@@ -513,29 +513,29 @@ class _NativeDeltaCore(torch.autograd.Function):
 NATIVE = True
 
 
-def _kept(mode, st, a, c, k, v, S0, reads, delta, L, rows, resets, columns):
-    """_core under the call's recompute mode: `none` keeps what autograd
-    keeps; `full` keeps the core's inputs and the state between chunks, and
-    computes each chunk again in the backward; `chunk:K` keeps the state
-    every K steps, and computes each span of K steps again."""
+def _kept(mode, template, a, c, k, v, S0, reads, delta, L, rows, resets):
+    """The core: on a kernel template where the state fits one (`template`,
+    cellc._chunkwise._template) and no resets are given, which keeps the
+    state at each chunk's start and the core's inputs whatever the mode;
+    else the generic `_core` under the call's recompute mode: `none` keeps
+    what autograd keeps; `full` keeps the core's inputs and the state
+    between chunks, and computes each chunk again in the backward;
+    `chunk:K` keeps the state every K steps, and computes each span of K
+    steps again."""
     T = a.shape[2]
-    if (delta is not None and resets is None and all(after for _, after in reads)
-            and not columns and not rows):
+    if template is not None and resets is None:
         native = (NATIVE and a.device.type == "cpu"
                   and a.dtype in (torch.float32, torch.float64))
-        core = _NativeDeltaCore if native else _DeltaCore
-        *outs, S = core.apply(a[..., 0], k, v, delta, S0, L, *[q for q, _ in reads])
-        return list(outs), S
-    if delta is None and resets is None and all(after for _, after in reads) and not columns:
-        # The template's own adjoint: it keeps the state at each chunk's
-        # start and the core's inputs, whatever the mode.
-        native = (NATIVE and a.device.type == "cpu"
-                  and a.dtype in (torch.float32, torch.float64))
-        core = _NativeDiagonalCore if native else _DiagonalCore
-        *outs, S = core.apply(a, k, v, S0, L, rows, *[q for q, _ in reads])
+        qs = [q for q, _ in reads]
+        if template == "delta":
+            core = _NativeDeltaCore if native else _DeltaCore
+            *outs, S = core.apply(a[..., 0], k, v, delta, S0, L, *qs)
+        else:
+            core = _NativeDiagonalCore if native else _DiagonalCore
+            *outs, S = core.apply(a, k, v, S0, L, rows, *qs)
         return list(outs), S
     if mode == "none" or not torch.is_grad_enabled():
-        return _core(st, a, c, k, v, S0, reads, delta, L, rows, resets)
+        return _core(a, c, k, v, S0, reads, delta, L, rows, resets)
     span = L if mode == "full" else int(mode.split(":")[1])
     afters = [after for _, after in reads]
     outs, S = [[] for _ in reads], S0
@@ -544,7 +544,7 @@ def _kept(mode, st, a, c, k, v, S0, reads, delta, L, rows, resets, columns):
         part = lambda t: None if t is None else t[:, :, s:e]
 
         def piece(a_, c_, k_, v_, S_, S0_, d_, *qs, s=s, e=e):
-            o, last = _core(st, a_, c_, k_, v_, S_, list(zip(qs, afters)), d_, L, rows,
+            o, last = _core(a_, c_, k_, v_, S_, list(zip(qs, afters)), d_, L, rows,
                             None if resets is None else resets[:, s:e], S0_)
             return (*o, last)
 

@@ -37,7 +37,7 @@ def plan(front, sizes, dtype):
     if key not in cache:
         text = _cellc.chunkwise(front.source, front.file_name, dict(sizes),
                                 "f64" if dtype == torch.float64 else "f32")
-        cache[key] = json.loads(text)
+        cache[key] = _prepare(json.loads(text))
     return cache[key]
 
 
@@ -68,18 +68,8 @@ def choose(front, c, chunk=None):
             or T < AUTO_MIN_CHUNKS * L or like.dtype not in (torch.float32, torch.float64)):
         return "step"
     p = plan(front, c.sizes, like.dtype)
-    if not p["linear"]:
+    if not p["linear"] or not all(p["templates"]):
         return "step"
-    used = _parts(p, _Graph(p))[-1]
-    for lin in p["linear"]:
-        st = _State(lin)
-        rows = any(_along(st, f, 1) for f in lin["gates"])
-        columns = any(_along(st, f, 2) for f in lin["gates"])
-        reads_fit = all(r["after"] and r["contracts_k"] for r in lin["reads"]
-                        if r["result"] in used)
-        delta = "delta_key" in lin
-        if columns or not reads_fit or (delta and rows) or (not delta and len(lin["sources"]) != 1):
-            return "step"
     return "chunk"
 
 
@@ -127,12 +117,10 @@ _BINARY = {
 }
 
 
-def _run(op, args, params, like):
+def _run(op, args):
+    """One op on its operands' values (params and constants are given, not
+    run)."""
     name = op["op"]
-    if name == "param":
-        return [params[op["name"]]]
-    if name == "constant":
-        return [torch.tensor(op["value"], dtype=like.dtype, device=like.device)]
     if name in _UNARY:
         return [_UNARY[name](args[0])]
     if name in _BINARY:
@@ -188,10 +176,9 @@ class _Graph:
         return [self.p["ops"][i] for i in sorted(seen)]
 
     @staticmethod
-    def run(ops, env, params, like):
+    def run(ops, env):
         for op in ops:
-            outs = _run(op, [env[o] for o in op["operands"]], params, like)
-            env.update(zip(op["results"], outs))
+            env.update(zip(op["results"], _run(op, [env[o] for o in op["operands"]])))
 
 
 # The core ----------------------------------------------------------------------
@@ -280,7 +267,7 @@ def _stepped(ops, hist, rowful, state_ids, yields, init, T, live=None, resets=No
         env.update(zip(state_ids, prev))
         for i, v in zip(state_ids, prev):
             out.setdefault(i, []).append(v)
-        _Graph.run(ops, env, {}, None)
+        _Graph.run(ops, env)
         for op in ops:
             for r in op["results"]:
                 if r in rowful:
@@ -310,7 +297,7 @@ def _leaves(p, graph):
 
 
 def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=None,
-                  mode="none", used=None):
+                  mode="none", used=None, template=None):
     """A linear state's reads (id: [T, B, n]) and its final value [B, K*V*H].
     After a sample's last step (`live` [T, B] false) its gates are 1 and
     its keys 0: the state stays as it is."""
@@ -373,14 +360,15 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
         return qs
 
     rb = None if resets is None else resets.t()
-    outs, S = _kept(mode, st, bhtk(a), bhtk(c), bhtk(k), bhtk(v), S0,
-                    queries(reads_k, st.K, -1), delta, chunk, rows, rb, columns)
+    outs, S = _kept(mode, template, bhtk(a), bhtk(c), bhtk(k), bhtk(v), S0,
+                    queries(reads_k, st.K, -1), delta, chunk, rows, rb)
     if reads_v:
         if delta is not None:
             raise NotImplementedError("form='chunk': S q reads of a delta-rule state are not "
                                       "built yet; use form='step'")
-        outs_v, _ = _kept(mode, st, bhtk(c), bhtk(a), bhtk(v), bhtk(k), S0.transpose(-1, -2),
-                          queries(reads_v, st.V, -2), None, chunk, columns, rb, rows)
+        outs_v, _ = _kept(mode, None, bhtk(c), bhtk(a), bhtk(v), bhtk(k),
+                          S0.transpose(-1, -2), queries(reads_v, st.V, -2), None, chunk,
+                          columns, rb)
     else:
         outs_v = []
     for rs, os_, along in ((reads_k, outs, -2), (reads_v, outs_v, -1)):
@@ -392,11 +380,31 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
     return values, S.reshape(B, -1)
 
 
-def _parts(p, graph):
-    """The states stepped before the core and after it, the reads, the
-    block arguments, the ops that run outside the core (in order), and the
-    reads something outside the core uses (not the delta rule's read-back,
-    which the core does itself)."""
+def _template(lin, used):
+    """The kernel template a linear state's core fits (runtime/cpu/ChunkCore,
+    cellc._chunkcore): "diagonal" (scalar or row gates, one outer-product
+    term) or "delta" (the delta rule with a scalar gate), with every read
+    used outside the core a q @ S after the update; else None (the generic
+    core in torch)."""
+    st = _State(lin)
+    rows = any(_along(st, f, 1) for f in lin["gates"])
+    columns = any(_along(st, f, 2) for f in lin["gates"])
+    if columns or not all(r["after"] and r["contracts_k"] for r in lin["reads"]
+                          if r["result"] in used):
+        return None
+    if "delta_key" in lin:
+        return None if rows else "delta"
+    return "diagonal" if len(lin["sources"]) == 1 else None
+
+
+def _prepare(p):
+    """What every call of the plan `p` reads, worked out once: its graph;
+    the states stepped before the core and after it; the reads, and those
+    something outside the core uses (not the delta rule's read-back, which
+    the core does itself); the block arguments; the ops that run outside
+    the core, in order, params and constants aside; the values that vary by
+    row; each linear state's kernel template."""
+    graph = p["graph"] = _Graph(p)
     n = len(p["states"])
     linear = {lin["state"] for lin in p["linear"]}
     post = set(p["post"])
@@ -408,7 +416,15 @@ def _parts(p, graph):
               | {p["yield_states"][i] for i in before + after})
     ops = graph.needed(wanted, reads | args)
     used = (wanted | {o for op in ops for o in op["operands"]}) & reads
-    return before, after, reads, args, ops, used
+    # What varies by row: the inputs, the states, and what is computed from them.
+    rowful = set(args) | reads
+    for op in p["ops"]:
+        if any(o in rowful for o in op["operands"]):
+            rowful.update(op["results"])
+    p.update(before=before, after=after, reads=reads, args=args, used=used, rowful=rowful,
+             run=[op for op in ops if op["op"] not in ("param", "constant")],
+             templates=[_template(lin, used) for lin in p["linear"]])
+    return p
 
 
 def call(front, c, chunk=None):
@@ -430,18 +446,13 @@ def call(front, c, chunk=None):
         raise ValueError(not_qualifying(front, p))
     chunk = chunk or (DEFAULT_CHUNK if T >= DEFAULT_CHUNK
                       else max(16, 1 << (T - 1).bit_length()))
-    graph = _Graph(p)
+    graph = p["graph"]
     params = {n: t for (n, _), t in zip(front.params, c.params)}
     init = []
     for n, _ in front.states:
         t = c.states.get(n) if c.states is not None else None
         init.append(t if t is not None else like.new_zeros(B, math.prod(front.shape(n, c.sizes))))
-    before, after, reads, args, ops, used = _parts(p, graph)
-    # What varies by row: the inputs, the states, and what is computed from them.
-    rowful = set(args) | reads
-    for op in p["ops"]:
-        if any(o in rowful for o in op["operands"]):
-            rowful.update(op["results"])
+    before, after, used, rowful = p["before"], p["after"], p["used"], p["rowful"]
     params_env = {}
     for op in p["ops"]:
         if op["op"] == "param":
@@ -449,9 +460,8 @@ def call(front, c, chunk=None):
         elif op["op"] == "constant":
             params_env[op["results"][0]] = torch.tensor(op["value"], dtype=like.dtype,
                                                         device=like.device)
-    ops = [op for op in ops if op["op"] not in ("param", "constant")]
-    pro = [op for op in ops if op["phase"] == "prologue"]
-    rest = [op for op in ops if op["phase"] != "prologue"]
+    pro = [op for op in p["run"] if op["phase"] == "prologue"]
+    rest = [op for op in p["run"] if op["phase"] != "prologue"]
     env = dict(params_env)
     env.update(zip(p["inputs"], c.inputs))
     state_ids = p["states"]
@@ -467,17 +477,16 @@ def call(front, c, chunk=None):
                 finals[i] = v
         else:
             flat = {i: (v.reshape(T * B, -1) if i in rowful else v) for i, v in env.items()}
-            _Graph.run(part, flat, {}, None)
+            _Graph.run(part, flat)
             for op in part:
                 for r in op["results"]:
                     env[r] = flat[r].reshape(T, B, -1) if r in rowful else flat[r]
 
     run(pro, before)
-    for lin in p["linear"]:
-        st = _State(lin)
-        values, finals[lin["state"]] = _linear_state(st, lin, env, graph, T, B,
+    for lin, template in zip(p["linear"], p["templates"]):
+        values, finals[lin["state"]] = _linear_state(_State(lin), lin, env, graph, T, B,
                                                      init[lin["state"]], chunk, like, live,
-                                                     resets, c.mode, used)
+                                                     resets, c.mode, used, template)
         env.update(values)
     run(rest, after)
     outs = [env[i] for i in p["yield_outputs"]]

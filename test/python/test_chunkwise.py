@@ -298,7 +298,7 @@ def test_the_templates_adjoint_is_the_reverse_mode_of_the_core(rows):
         loss = sum((w * t).sum() for w, t in zip(weights, results))
         return [t.detach() for t in results], torch.autograd.grad(loss, leaves)
 
-    outs, S = cw._core(None, a, c, k, v, S0, [(q, True) for q in qs], None, L, rows)
+    outs, S = cw._core(a, c, k, v, S0, [(q, True) for q in qs], None, L, rows)
     want, want_grads = grads([*outs, S])
     got, got_grads = grads(cw._DiagonalCore.apply(a, k, v, S0, L, rows, *qs))
     for x, y in zip(got + list(got_grads), want + list(want_grads)):
@@ -382,7 +382,7 @@ def test_the_delta_rules_adjoint_is_the_reverse_mode_of_the_core():
 
     a = gate[..., None].expand(B, H, T, K)
     c = torch.zeros(B, H, T, V, dtype=torch.float64)
-    outs, S = cw._core(None, a, c, k, w, S0, [(q, True) for q in qs], beta, L, False)
+    outs, S = cw._core(a, c, k, w, S0, [(q, True) for q in qs], beta, L, False)
     want, want_grads = grads([*outs, S])
     got, got_grads = grads(cw._DeltaCore.apply(gate, k, w, beta, S0, L, *qs))
     for x, y in zip(got + list(got_grads), want + list(want_grads)):
@@ -414,3 +414,22 @@ def test_the_native_delta_core_is_the_torch_template(dtype):
     tol = 1e-12 if dtype == torch.float64 else 2e-5
     for x, y in zip(got + list(got_grads), want + list(want_grads)):
         assert rel(x, y) < tol
+
+
+@pytest.mark.parametrize("name,core", [("gla", "Diagonal"), ("retnet", "Diagonal"),
+                                       ("mlstm", "Diagonal"), ("deltanet", "Delta"),
+                                       ("gated_deltanet", "Delta")])
+def test_the_examples_cores_run_on_the_kernels(name, core):
+    # Each example fits a template, so its core runs on runtime/cpu/ChunkCore
+    # (the tests above would pass on the generic core too).
+    cell = load(name)
+    x, params, _ = arguments(cell, name, 20, 2, torch.float64)
+    out, _ = cell(x, params, sizes=SIZES, form="chunk", chunk=8)
+    seen, todo = set(), [out.grad_fn]
+    while todo:
+        g = todo.pop()
+        if g is not None and g not in seen:
+            seen.add(g)
+            todo += [n for n, _ in g.next_functions]
+    assert {type(g).__name__ for g in seen if "Core" in type(g).__name__} == \
+        {f"_Native{core}CoreBackward"}
