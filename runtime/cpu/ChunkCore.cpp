@@ -45,8 +45,30 @@ bool wide() {
   return has;
 }
 
-template <typename F> const F *const *typed(const void *const *p) {
+/// The arrays as the loops take them, of the element type F.
+template <typename F> const F *in(const void *p) { return static_cast<const F *>(p); }
+template <typename F> F *out(void *p) { return static_cast<F *>(p); }
+template <typename F> const F *const *in(const void *const *p) {
   return reinterpret_cast<const F *const *>(p);
+}
+template <typename F> F *const *out(void *const *p) {
+  return reinterpret_cast<F *const *>(p);
+}
+
+/// Runs `one(F(), bh)` for every (sample, head) on the runtime's threads,
+/// with F the element type of `dtype`.
+template <typename One>
+void perHead(DType dtype, const Shape &s, int threads, const One &one) {
+  auto run = [&](auto zero) {
+    parallelRanges(s.BH, threads, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t bh = b0; bh < b1; ++bh)
+        one(zero, bh);
+    });
+  };
+  if (dtype == DType::F32)
+    run(0.0f);
+  else
+    run(0.0);
 }
 
 } // namespace
@@ -54,86 +76,49 @@ template <typename F> const F *const *typed(const void *const *p) {
 void forward(DType dtype, const Shape &s, const void *a, const void *k, const void *v,
              const void *S0, const void *const *qs, void *const *outs, void *starts,
              void *end, void *pairs, int threads) {
-  auto run = [&](auto zero) {
+  perHead(dtype, s, threads, [&](auto zero, int64_t bh) {
     using F = decltype(zero);
-    parallelRanges(s.BH, threads, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t bh = b0; bh < b1; ++bh)
-        (wide() ? avx512::forwardOne<F> : baseline::forwardOne<F>)(s, bh, static_cast<const F *>(a), static_cast<const F *>(k),
-                      static_cast<const F *>(v), static_cast<const F *>(S0), typed<F>(qs),
-                      reinterpret_cast<F *const *>(outs), static_cast<F *>(starts),
-                      static_cast<F *>(end), static_cast<F *>(pairs));
-    });
-  };
-  if (dtype == DType::F32)
-    run(0.0f);
-  else
-    run(0.0);
+    (wide() ? avx512::forwardOne<F> : baseline::forwardOne<F>)(
+        s, bh, in<F>(a), in<F>(k), in<F>(v), in<F>(S0), in<F>(qs), out<F>(outs),
+        out<F>(starts), out<F>(end), out<F>(pairs));
+  });
 }
 
 void backward(DType dtype, const Shape &s, const void *a, const void *k, const void *v,
               const void *starts, const void *end, const void *pairs, const void *const *qs,
               const void *const *douts, const void *dEnd, void *da, void *dk, void *dv,
               void *dS0, void *const *dqs, int threads) {
-  auto run = [&](auto zero) {
+  perHead(dtype, s, threads, [&](auto zero, int64_t bh) {
     using F = decltype(zero);
-    parallelRanges(s.BH, threads, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t bh = b0; bh < b1; ++bh)
-        (wide() ? avx512::backwardOne<F> : baseline::backwardOne<F>)(s, bh, static_cast<const F *>(a), static_cast<const F *>(k),
-                       static_cast<const F *>(v), static_cast<const F *>(starts),
-                       static_cast<const F *>(end), static_cast<const F *>(pairs),
-                       typed<F>(qs), typed<F>(douts),
-                       static_cast<const F *>(dEnd), static_cast<F *>(da),
-                       static_cast<F *>(dk), static_cast<F *>(dv), static_cast<F *>(dS0),
-                       reinterpret_cast<F *const *>(dqs));
-    });
-  };
-  if (dtype == DType::F32)
-    run(0.0f);
-  else
-    run(0.0);
+    (wide() ? avx512::backwardOne<F> : baseline::backwardOne<F>)(
+        s, bh, in<F>(a), in<F>(k), in<F>(v), in<F>(starts), in<F>(end), in<F>(pairs),
+        in<F>(qs), in<F>(douts), in<F>(dEnd), out<F>(da), out<F>(dk), out<F>(dv),
+        out<F>(dS0), out<F>(dqs));
+  });
 }
 
 void deltaForward(DType dtype, const Shape &s, const void *a, const void *k, const void *w,
                   const void *beta, const void *S0, const void *const *qs, void *const *outs,
                   void *starts, void *end, int threads) {
-  auto run = [&](auto zero) {
+  perHead(dtype, s, threads, [&](auto zero, int64_t bh) {
     using F = decltype(zero);
-    parallelRanges(s.BH, threads, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t bh = b0; bh < b1; ++bh)
-        (wide() ? avx512::deltaForwardOne<F> : baseline::deltaForwardOne<F>)(
-            s, bh, static_cast<const F *>(a), static_cast<const F *>(k),
-            static_cast<const F *>(w), static_cast<const F *>(beta),
-            static_cast<const F *>(S0), typed<F>(qs), reinterpret_cast<F *const *>(outs),
-            static_cast<F *>(starts), static_cast<F *>(end));
-    });
-  };
-  if (dtype == DType::F32)
-    run(0.0f);
-  else
-    run(0.0);
+    (wide() ? avx512::deltaForwardOne<F> : baseline::deltaForwardOne<F>)(
+        s, bh, in<F>(a), in<F>(k), in<F>(w), in<F>(beta), in<F>(S0), in<F>(qs),
+        out<F>(outs), out<F>(starts), out<F>(end));
+  });
 }
 
 void deltaBackward(DType dtype, const Shape &s, const void *a, const void *k, const void *w,
                    const void *beta, const void *starts, const void *end,
                    const void *const *qs, const void *const *douts, const void *dEnd, void *da,
                    void *dk, void *dw, void *dbeta, void *dS0, void *const *dqs, int threads) {
-  auto run = [&](auto zero) {
+  perHead(dtype, s, threads, [&](auto zero, int64_t bh) {
     using F = decltype(zero);
-    parallelRanges(s.BH, threads, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t bh = b0; bh < b1; ++bh)
-        (wide() ? avx512::deltaBackwardOne<F> : baseline::deltaBackwardOne<F>)(
-            s, bh, static_cast<const F *>(a), static_cast<const F *>(k),
-            static_cast<const F *>(w), static_cast<const F *>(beta),
-            static_cast<const F *>(starts), static_cast<const F *>(end), typed<F>(qs),
-            typed<F>(douts), static_cast<const F *>(dEnd), static_cast<F *>(da),
-            static_cast<F *>(dk), static_cast<F *>(dw), static_cast<F *>(dbeta),
-            static_cast<F *>(dS0), reinterpret_cast<F *const *>(dqs));
-    });
-  };
-  if (dtype == DType::F32)
-    run(0.0f);
-  else
-    run(0.0);
+    (wide() ? avx512::deltaBackwardOne<F> : baseline::deltaBackwardOne<F>)(
+        s, bh, in<F>(a), in<F>(k), in<F>(w), in<F>(beta), in<F>(starts), in<F>(end),
+        in<F>(qs), in<F>(douts), in<F>(dEnd), out<F>(da), out<F>(dk), out<F>(dw),
+        out<F>(dbeta), out<F>(dS0), out<F>(dqs));
+  });
 }
 
 } // namespace cellc::runtime::chunk
