@@ -28,6 +28,8 @@ import torch.nn.functional as F
 import cellc
 
 sys.path.insert(0, os.path.dirname(__file__))
+import matrix_cells  # noqa: E402
+from memory import _status  # noqa: E402
 from shape import sgemm_ceiling, side_by_side  # noqa: E402
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
@@ -107,16 +109,8 @@ PEERS = {"gla": gla_chunk, "gated_deltanet": gated_deltanet_chunk}
 
 
 def problem(cell, B, T):
-    torch.manual_seed(0)
-    p = {}
-    for n, _ in cell.params:
-        shape = cell.shape(n, SIZES)
-        scale = 1 / math.sqrt(shape[-1]) if len(shape) == 2 else 0.5
-        p[n] = (scale * torch.randn(*shape)).requires_grad_()
-    s = {n: (0.1 * torch.randn(B, *cell.shape(n, SIZES))).requires_grad_()
-         for n, _ in cell.states}
-    x = torch.randn(T, B, SIZES["I"], requires_grad=True)
-    return x, p, s
+    """The inputs, params and initial states matrix_cells.py times its cells on."""
+    return matrix_cells.problem(cell, SIZES, B, T)
 
 
 def runners(name, cell, x, p, s):
@@ -155,14 +149,6 @@ def check(name, cell, x, p, s):
             err = ((o.reshape(out.shape) - out).abs().max() / out.abs().max()).item()
             err_s = ((f - final[state]).abs().max() / final[state].abs().max()).item()
             assert err < 1e-3 and err_s < 1e-3, (label, err, err_s)
-
-
-def _status(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
 
 
 def peak(name, label, B, T):
