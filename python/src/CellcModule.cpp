@@ -103,6 +103,21 @@ py::list declarations(const std::string &source, const std::string &fileName) {
   return result;
 }
 
+/// The cell IR of `src` at `sizes` in `dtype`; a bad dtype raises TypeError,
+/// a bad cell the front end's error.
+mlir::OwningOpRef<mlir::ModuleOp> compiled(CellSource &src, mlir::MLIRContext &context,
+                                           const std::map<std::string, int64_t> &sizes,
+                                           const std::string &dtype) {
+  mlir::FloatType element = parseElementType(context, dtype);
+  if (!element)
+    throw py::type_error("unknown dtype " + dtype);
+  SizeBindings bindings(sizes.begin(), sizes.end());
+  auto module = compileCellSource(context, bindings, element, src.diag);
+  if (!module)
+    raiseCell(src);
+  return module;
+}
+
 /// Builds the cell IR at `sizes` and prints `stage` ("mlir", "split", "grad",
 /// "saves", "plan", "kernels", "llvm"). Warnings come back with the text;
 /// errors raise ValueError.
@@ -113,13 +128,7 @@ emit(const std::string &source, const std::string &fileName,
   CellSource src(source, fileName);
   llvm::raw_string_ostream &os = src.os;
   mlir::MLIRContext context;
-  mlir::FloatType element = parseElementType(context, dtype);
-  if (!element)
-    throw py::type_error("unknown dtype " + dtype);
-  SizeBindings bindings(sizes.begin(), sizes.end());
-  auto module = compileCellSource(context, bindings, element, src.diag);
-  if (!module)
-    raiseCell(src);
+  auto module = compiled(src, context, sizes, dtype);
   // The stage through its one parse function; the IR stages print as
   // `cellc --emit` prints them (printStage).
   std::optional<Emit> parsed = parse<Emit>(stage);
@@ -148,13 +157,7 @@ std::string chunkwise(const std::string &source, const std::string &fileName,
                       const std::map<std::string, int64_t> &sizes, const std::string &dtype) {
   CellSource src(source, fileName);
   mlir::MLIRContext context;
-  mlir::FloatType element = parseElementType(context, dtype);
-  if (!element)
-    throw py::type_error("unknown dtype " + dtype);
-  SizeBindings bindings(sizes.begin(), sizes.end());
-  auto module = compileCellSource(context, bindings, element, src.diag);
-  if (!module)
-    raiseCell(src);
+  auto module = compiled(src, context, sizes, dtype);
   mlir::PassManager pm(&context);
   buildPipeline(pm, Stage::Split, PipelineOptions());
   if (mlir::failed(pm.run(*module)))
