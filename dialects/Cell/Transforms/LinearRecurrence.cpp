@@ -2,11 +2,12 @@
 
 #include "dialects/Cell/Transforms/LinearRecurrence.h"
 
+#include "dialects/Cell/Transforms/Passes.h"
+
 #include "mlir/IR/AsmState.h"
 #include "llvm/ADT/SmallBitVector.h"
 #include "llvm/ADT/SmallPtrSet.h"
 #include "llvm/Support/Format.h"
-#include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
 
@@ -461,13 +462,8 @@ DenseMap<Value, Deps> stateDeps(DefOp def) {
   return deps;
 }
 
-std::string locationOf(Operation *op) {
-  if (!op)
-    return "";
-  if (auto l = op->getLoc()->findInstanceOf<FileLineColLoc>())
-    return llvm::formatv("{0}:{1}:{2}", l.getFilename(), l.getLine(), l.getColumn()).str();
-  return "";
-}
+/// Where `op` is (describeLoc), or nothing for a block argument's absent op.
+std::string locationOf(Operation *op) { return op ? describeLoc(op->getLoc()) : ""; }
 
 } // namespace
 

@@ -15,6 +15,10 @@ namespace mlir::cell {
 #define GEN_PASS_DECL
 #include "dialects/Cell/Transforms/Passes.h.inc"
 
+/// `file:line:col` of a location (the file's name without its directory),
+/// or "?": how the passes' reports place an op.
+std::string describeLoc(Location loc);
+
 /// Prints what cell-plan-saves chose for each cell in `module`, and the bytes
 /// per step and sample that each recompute mode keeps.
 void printSavePlan(ModuleOp module, llvm::raw_ostream &os);

@@ -195,8 +195,7 @@ LogicalResult PlanSaves::plan(DefOp def, func::FuncOp grad) {
 
 namespace mlir::cell {
 
-/// `file:line:col` of a location, or "?".
-static std::string describeLoc(Location loc) {
+std::string describeLoc(Location loc) {
   if (auto file = dyn_cast<FileLineColLoc>(loc))
     return (llvm::sys::path::filename(file.getFilename().getValue()) + ":" +
             llvm::Twine(file.getLine()) + ":" + llvm::Twine(file.getColumn()))
