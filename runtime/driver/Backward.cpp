@@ -59,6 +59,19 @@ std::vector<int64_t> SequenceDriver::pieceEnds(const std::vector<int64_t> &lengt
   return all;
 }
 
+/// Which projection (Interface::projections) the backward kernel's
+/// argument `a` is the gradient of: its place among the kernel's projection
+/// gradients, each counted whether or not it repeats an earlier result or
+/// is zero; -1 for any other argument.
+static int64_t projectionOfArg(const Kernel &kernel, size_t a) {
+  if (kernel.args[a].kind != ArgKind::ProjectionGrad)
+    return -1;
+  int64_t index = 0;
+  for (size_t b = 0; b < a; ++b)
+    index += kernel.args[b].kind == ArgKind::ProjectionGrad;
+  return index;
+}
+
 Status SequenceDriver::injectFinalStateGrads(const std::vector<int64_t> &lengths,
                                             int64_t step,
                                             const std::vector<View> &gradFinalStates,
@@ -254,7 +267,6 @@ Status SequenceDriver::backwardWorkspace(const Sequence &seq, const Saved &saved
   w.results.resize(kernel.args.size());
   w.projectionOf.assign(kernel.args.size(), -1);
   w.inputOf.assign(kernel.args.size(), -1);
-  size_t projection = 0;
   for (size_t a = 0; a < kernel.args.size(); ++a) {
     const KernelArg &arg = kernel.args[a];
     if (!isBackwardResult(arg.kind) || (arg.sameAs >= 0 && size_t(arg.sameAs) < a))
@@ -270,7 +282,7 @@ Status SequenceDriver::backwardWorkspace(const Sequence &seq, const Saved &saved
       }
     }
     if (arg.kind == ArgKind::ProjectionGrad) {
-      size_t p = projection++;
+      size_t p = size_t(projectionOfArg(kernel, a));
       if (chunked && p < cell.projections.size() &&
           cell.projections[p].element == element) {
         w.projectionOf[a] = int64_t(p);
@@ -443,7 +455,7 @@ Status SequenceDriver::backwardPiece(const Sequence &seq, const Chunk &piece,
     // and vectors go in pairs, so they stay).
     if (!arg.zero || arg.kind == ArgKind::WeightRows ||
         arg.kind == ArgKind::WeightVectors)
-      written.push_back({arg.kind, arg.name, v, a, arg.sameAs});
+      written.push_back({arg.kind, arg.name, v, a, arg.sameAs, projectionOfArg(kernel, a)});
   }
   if (Status e = launchOn(kernel, /*backward=*/true, /*saveGates=*/!w.replay, args,
                           piece.rows, w.backwardKernel))
@@ -481,14 +493,13 @@ Status SequenceDriver::fold(const Sequence &seq, int64_t first, int64_t count,
   // Fold what the kernel wrote into the gradients, with the GEMMs for the
   // weight, bias and input gradients. Weight rows that a projection's
   // gradient already folded (paired) are skipped.
-  size_t projectionGrad = 0;
   // Each projection gradient's paired weight rows, found before either is
   // folded (the rows may come first).
   std::vector<size_t> pairOf(written.size(), written.size());
   std::vector<bool> paired(written.size(), false);
-  for (size_t w = 0, index = 0; w < written.size(); ++w)
+  for (size_t w = 0; w < written.size(); ++w)
     if (written[w].kind == ArgKind::ProjectionGrad) {
-      size_t pair = pairedWeightRows(written, w, cell.projections[index++]);
+      size_t pair = pairedWeightRows(written, w, cell.projections[written[w].projection]);
       if (pair < written.size() && !paired[pair]) {
         pairOf[w] = pair;
         paired[pair] = true;
@@ -524,7 +535,7 @@ Status SequenceDriver::fold(const Sequence &seq, int64_t first, int64_t count,
       break;
     }
     case ArgKind::ProjectionGrad: {
-      size_t index = projectionGrad++;
+      size_t index = size_t(out.projection);
       const Interface::Projection &p = cell.projections[index];
       View rows = r.at(0, {count * B, p.rows});
       View x = seq.inputs[p.input].at(first * B * p.cols, {count * B, p.cols});

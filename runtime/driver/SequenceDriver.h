@@ -500,6 +500,8 @@ private:
     /// buffer) it repeats (`same_as`), or -1.
     size_t arg;
     int64_t sameAs;
+    /// A projection gradient's projection (cell.projections), or -1.
+    int64_t projection = -1;
   };
   /// The weight rows in `written` that repeat the projection gradient at
   /// `projectionGrad`, so that one product folds both (Backend::gemmPair).

@@ -57,6 +57,55 @@ def test_pieces_match_torch_in_float64(mode, lengths):
     for name, a, b in zip(["x", "h0", "c0"] + list(params), got, want):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
 
+# A projection that no value of the step reads (an unused local) is a kernel
+# argument all the same; the backward's replay computes the others again.
+# Each must read its own buffer and fold into its own weight: the kernels
+# once matched the replay's projections to the step's by position, and the
+# driver the gradients it folds by a count that skipped the zero one, so
+# that `full` trained on another projection's values.
+UNUSED_PROJECTION = """cell m {
+  input x: [I]
+  state m: [N]
+  param W_k: [K, I], w_i: [N, I], w_f: [N, I], b_i: [N], b_f: [N]
+  k = tanh(W_k @ x)
+  m = max(logsigmoid(w_f @ x + b_f) + m, w_i @ x + b_i)
+}
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("B,target", [(3, None), (1, None), (3, "cuda-emu")])
+def test_an_unused_projection_leaves_the_others_gradients_alone(mode, B, target):
+    import torch.nn.functional as F
+    with pytest.warns(UserWarning, match="never used"):
+        cell = cellc.compile(UNUSED_PROJECTION, target=target)
+    T, I, N, K = 7, 6, 2, 5
+    g = torch.Generator().manual_seed(3)
+    dtype = torch.float32 if target else torch.float64
+    x = torch.randn(T, B, I, generator=g, dtype=dtype, requires_grad=True)
+    params = {n: torch.randn(*shape, generator=g, dtype=dtype, requires_grad=True)
+              for n, shape in [("W_k", (K, I)), ("w_i", (N, I)), ("w_f", (N, I)),
+                               ("b_i", (N,)), ("b_f", (N,))]}
+    out, _ = cell(x, params, recompute=mode)
+    m, want = torch.zeros(B, N, dtype=torch.float64), []
+    p = {n: t.double() for n, t in params.items()}
+    for t in range(T):
+        xt = x[t].double()
+        m = torch.maximum(F.logsigmoid(xt @ p["w_f"].t() + p["b_f"]) + m,
+                          xt @ p["w_i"].t() + p["b_i"])
+        want.append(m)
+    want = torch.stack(want)
+    g_out = torch.randn(T, B, N, generator=g, dtype=torch.float64)
+    wrt = [x] + list(params.values())
+    got = torch.autograd.grad((out.double() * g_out).sum(), wrt)
+    ref = torch.autograd.grad((want * g_out).sum(), wrt, allow_unused=True)
+    tol = dict(rtol=1e-4, atol=1e-5) if target else dict(rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(out.double(), want, **tol)
+    for name, a, b in zip(["x"] + list(params), got, ref):
+        b = torch.zeros_like(a) if b is None else b
+        torch.testing.assert_close(a.double(), b.double(), **tol, msg=name)
+
+
 
 @pytest.mark.parametrize("mode", ["none", "full"])
 def test_an_output_kept_as_a_state_cannot_change_in_place(mode):

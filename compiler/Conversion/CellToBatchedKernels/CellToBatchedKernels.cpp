@@ -371,11 +371,20 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
 
   PhasePlan plan = planBackward(def, grad, PhasePlan::Options::alongUnits());
   e.plan = &plan;
-  // The backward step's projections are in its replay: match them in order.
-  SmallVector<ProjectionOp> bodyProjections;
-  body.walk([&](ProjectionOp p) { bodyProjections.push_back(p); });
-  for (auto [i, p] : llvm::enumerate(bodyProjections))
-    e.projectionBuffers[p] = k.arg(args.numInputs + i);
+  // The backward step's projections are in its replay: each reads the
+  // buffer of the forward's projection it computes again.
+  SmallVector<ProjectionOp> forwardProjections = projectionsOf(def);
+  LogicalResult matched = success();
+  body.walk([&](ProjectionOp p) {
+    std::optional<unsigned> i = projectionIndexOf(forwardProjections, p);
+    if (!i) {
+      matched = p.emitOpError("internal error: the replay's projection is not the step's");
+      return;
+    }
+    e.projectionBuffers[p] = k.arg(args.numInputs + *i);
+  });
+  if (failed(matched))
+    return failure();
 
   e.packWeights(body);
   BackwardBuffers buffers(e, def, args, ret, /*withSlots=*/true);

@@ -30,6 +30,9 @@ public:
   /// The memrefs and indices a step reads from.
   DenseMap<StringRef, Value> params;
   SmallVector<Value> projections;
+  /// The step's projections, in the order of `projections`' buffers: a
+  /// projection op reads the buffer of the one it computes again.
+  SmallVector<ProjectionOp> forwardProjections;
   Value gates, t, b;
   /// Lowered values of the cell values seen so far.
   DenseMap<Value, Value> map;
@@ -77,13 +80,11 @@ private:
 
   Value saveGates;
   OpBuilder entry = OpBuilder(static_cast<MLIRContext *>(nullptr));
-  unsigned nextProjection = 0;
   /// The ops lowerLeadingMatvecs lowered, which lowerBlock skips.
   llvm::SmallPtrSet<Operation *, 4> leading;
 };
 
 LogicalResult StepLowering::lowerBlock(OpBuilder &builder, Block &block) {
-  nextProjection = 0;
   for (Operation &op : block.without_terminator())
     if (!leading.contains(&op) && failed(lower(builder, &op)))
       return failure();
@@ -231,10 +232,11 @@ LogicalResult StepLowering::lower(OpBuilder &builder, Operation *op) {
         return result(lowerProduct(builder, loc, operand(0), operand(1), type,
                                    /*transposed=*/true));
       })
-      .Case([&](ProjectionOp) -> LogicalResult {
-        if (nextProjection >= projections.size())
+      .Case([&](ProjectionOp p) -> LogicalResult {
+        std::optional<unsigned> which = projectionIndexOf(forwardProjections, p);
+        if (!which || *which >= projections.size())
           return op->emitOpError("has no projection buffer");
-        Value buffer = projections[nextProjection++];
+        Value buffer = projections[*which];
         return result(builder.create<vector::LoadOp>(
             loc, type, buffer, ValueRange{t, b, index(builder, loc, 0)}));
       })
@@ -279,9 +281,7 @@ LogicalResult StepLowering::lowerRestore(OpBuilder &builder, RestoreOp restore) 
       },
       [&](OpBuilder &nb, Location l) {
         Block &body = restore.getBody().front();
-        unsigned saved = nextProjection;
         status = lowerBlock(nb, body);
-        nextProjection = saved;
         SmallVector<Value> replayed;
         for (Value v : body.getTerminator()->getOperands())
           replayed.push_back(map.lookup(v));
@@ -469,6 +469,7 @@ struct KernelFrame {
       step.params[param.getName()] = entry.getArgument(args.firstParam + i);
     for (unsigned p = 0; p < args.numProjections; ++p)
       step.projections.push_back(entry.getArgument(args.numInputs + p));
+    step.forwardProjections = projectionsOf(def);
     step.gates = entry.getArgument(args.gates);
     c0 = builder.create<arith::ConstantIndexOp>(loc, 0);
     c1 = builder.create<arith::ConstantIndexOp>(loc, 1);

@@ -448,17 +448,25 @@ LogicalResult checkElementType(DefOp def, Type element, const TiledOptions &conf
                                  << element;
 }
 
-/// The step's params, projections (the backward's are in its replay: matched
-/// in order) and gates, bound to the kernel's arguments.
-void bindKernelArgs(TiledBuilder &tb, DefOp def, Block &body, const BackwardArgs &args,
-                    Block *entry) {
+/// The step's params, projections (the backward's are in its replay: each
+/// reads the buffer of the forward's projection it computes again) and
+/// gates, bound to the kernel's arguments.
+LogicalResult bindKernelArgs(TiledBuilder &tb, DefOp def, Block &body,
+                             const BackwardArgs &args, Block *entry) {
   for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
     tb.params[param.getName()] = entry->getArgument(args.firstParam + i);
-  SmallVector<ProjectionOp> bodyProjections;
-  body.walk([&](ProjectionOp p) { bodyProjections.push_back(p); });
-  for (auto [k, p] : llvm::enumerate(bodyProjections))
-    tb.projectionBuffers[p] = entry->getArgument(args.numInputs + k);
+  SmallVector<ProjectionOp> forwardProjections = projectionsOf(def);
+  LogicalResult matched = success();
+  body.walk([&](ProjectionOp p) {
+    std::optional<unsigned> k = projectionIndexOf(forwardProjections, p);
+    if (!k) {
+      matched = p.emitOpError("internal error: the replay's projection is not the step's");
+      return;
+    }
+    tb.projectionBuffers[p] = entry->getArgument(args.numInputs + *k);
+  });
   tb.gates = entry->getArgument(args.gates);
+  return matched;
 }
 
 /// What the kernel allocated must be what the plan counted.
@@ -553,7 +561,8 @@ LogicalResult ConvertCellToTiledKernels::buildKernel(DefOp def,
   builder.setInsertionPointToEnd(entry);
   tb.strategy->beginKernel(entry, extraArgs, gpuFunc);
   auto arg = [&](unsigned i) { return entry->getArgument(i); };
-  bindKernelArgs(tb, def, body, args, entry);
+  if (failed(bindKernelArgs(tb, def, body, args, entry)))
+    return failure();
   for (auto [name, index] : transposedArgs)
     tb.transposedParams[name] = entry->getArgument(index);
   tb.saveGates = builder.create<SaveGatesOp>(loc, builder.getI1Type());

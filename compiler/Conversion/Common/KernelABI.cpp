@@ -118,6 +118,26 @@ SmallVector<ProjectionOp> projectionsOf(DefOp def) {
   return projections;
 }
 
+std::optional<unsigned> projectionIndexOf(ArrayRef<ProjectionOp> forward, ProjectionOp p) {
+  auto weightOf = [](Value v) { return v.getDefiningOp<ParamOp>().getName(); };
+  auto inputOf = [](ProjectionOp q) {
+    return cast<BlockArgument>(q.getVector()).getArgNumber();
+  };
+  auto biasesOf = [&](ProjectionOp q) {
+    SmallVector<StringRef> names;
+    for (Value b : q.getBiases())
+      names.push_back(weightOf(b));
+    return names;
+  };
+  for (auto [i, fc] : llvm::enumerate(forward)) {
+    ProjectionOp f = fc;
+    if (weightOf(f.getWeight()) == weightOf(p.getWeight()) && inputOf(f) == inputOf(p) &&
+        biasesOf(f) == biasesOf(p))
+      return unsigned(i);
+  }
+  return std::nullopt;
+}
+
 /// Common arguments: inputs, projections, resets, initial and start states,
 /// params.
 static void addCommonArgs(DefOp def, KernelSignature &sig, ForwardArgs &args) {

@@ -96,6 +96,13 @@ replaceCellsByKernels(ModuleOp module,
 /// The projections of `def`, in the order their buffers are passed.
 SmallVector<ProjectionOp> projectionsOf(DefOp def);
 
+/// The place among `forward` (projectionsOf) of the projection that `p`
+/// computes (a projection of the step, or of the backward step's replay):
+/// the one with the same weight, input and biases. A replay need not hold
+/// every projection, nor in order: one whose values nothing in the
+/// backward reads is not replayed.
+std::optional<unsigned> projectionIndexOf(ArrayRef<ProjectionOp> forward, ProjectionOp p);
+
 /// How a `cell.reduce` combines, in kernels: its identity, two values
 /// combined, and a vector's elements combined.
 struct ReduceCombine {
