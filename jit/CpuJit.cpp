@@ -210,7 +210,7 @@ namespace {
 /// `options`; whether there was one.
 bool applyTuned(llvm::StringRef source, const SizeBindings &sizes, DType dtype,
                 CpuOptions &options) {
-  if (!options.useTuned || options.batchHint <= 0)
+  if (!options.useTuned || options.batchHint <= 0 || !options.chunkPart.empty())
     return false;
   std::string key = tuningKey(source, sizes, dtype, options.batchHint, TuneTarget::Cpu,
                               deviceName(TuneTarget::Cpu));
@@ -268,12 +268,16 @@ cellc::jit::prepareCpuPackage(llvm::StringRef source, llvm::StringRef fileName,
   auto module = compileCellSource(context, sizes, element, src.diag);
   if (!module)
     return src.takeError();
+  mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
+  if (!options.chunkPart.empty()) {
+    if (llvm::Error e = takeChunkPart(*module, options.chunkPart))
+      return jitError(llvm::toString(std::move(e)) + ":\n" + src.diagnostics());
+  }
   std::vector<std::vector<int64_t>> paramShapes;
   module->walk([&](mlir::cell::ParamOp param) {
     paramShapes.push_back(llvm::cast<mlir::RankedTensorType>(param.getType()).getShape().vec());
   });
   options.weightBytes = CpuCell::matrixBytes(paramShapes, dtype == DType::F32 ? 4 : 8);
-  mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
 
   PreparedPackage prepared;
   // A tuned config for this cell, machine and batch bucket replaces the

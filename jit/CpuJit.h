@@ -83,6 +83,9 @@ struct CpuOptions {
   /// The kernels of a streaming step (`CpuCell::step`): the products of
   /// inputs stay in the kernel, not hoisted as projections.
   bool step = false;
+  /// Non-empty: the kernels of that part of the cell's chunkwise form
+  /// (PipelineOptions::chunkPart). No tuned config applies to it.
+  std::string chunkPart;
   /// Rows (steps times the batch) per piece of the projections and the
   /// gradients' GEMMs; 0: the driver's default.
   int64_t pieceRows = 0;

@@ -61,6 +61,24 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
     pm.addPass(cell::createConvertKernelsToNVVM());
 }
 
+llvm::Error cellc::takeChunkPart(ModuleOp module, llvm::StringRef part) {
+  PassManager pm(module.getContext());
+  buildPipeline(pm, Stage::Split);
+  cell::CellChunkPartOptions options;
+  options.part = part.str();
+  pm.addPass(cell::createCellChunkPart(options));
+  // Its errors are about the cell, at its ops: not followed by the IR.
+  MLIRContext *context = module.getContext();
+  bool printOp = context->shouldPrintOpOnDiagnostic();
+  context->printOpOnDiagnostic(false);
+  LogicalResult ran = pm.run(module);
+  context->printOpOnDiagnostic(printOp);
+  if (failed(ran))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "the chunk form's " + part + " could not be built");
+  return llvm::Error::success();
+}
+
 llvm::Error cellc::setKnob(PipelineOptions &options, llvm::StringRef name,
                           llvm::StringRef value) {
   auto fail = [](const llvm::Twine &message) {

@@ -89,6 +89,12 @@ struct PipelineOptions : Knobs {
   int64_t planBatch = 64;
 };
 
+/// Replaces the cell of `module` (front-end cell IR) by `part` of its
+/// chunkwise form (cell-chunk-part: "prologue"), its projections split: what
+/// the rest of the pipeline, the packages and the stages' printers then take
+/// as any cell. Pass errors go to the context's handler.
+llvm::Error takeChunkPart(mlir::ModuleOp module, llvm::StringRef part);
+
 /// Sets the knob `name` of Knobs.def in `options` from `value`: digits for
 /// an integer knob, a word of its enum for a word knob.
 llvm::Error setKnob(PipelineOptions &options, llvm::StringRef name,

@@ -1,23 +1,25 @@
 """The chunkwise-parallel training form of a cell whose matrix states are
 gated linear recurrences (`cellc --emit=chunkwise` says which are, and why
-not), as a reference in torch: `cell(x, params, form="chunk")`.
+not): `cell(x, params, form="chunk")`.
 
 The compiler's analysis (LinearRecurrence.cpp) cuts the step into a
 prologue (what the gates, keys, values and queries are computed from,
 gate-only states such as mLSTM's m included), the core (each linear state's
-update and reads) and the rest. Here the prologue and the rest run op by op
-over all T * B rows at once (step by step where a gate-only state or a state
-after the core needs it), and the core runs chunk by chunk: within a chunk of
-L steps as matrix products, with chunk-local cumulative log-gates, the state
-passed between chunks only. The delta rule goes through the UT transform (a
-unit-triangular solve per chunk). torch's autograd gives the backward.
-
-This is the oracle and the reference for the fused chunk kernels, which are
-not built yet: it runs at eager torch's speed.
+update and reads) and the rest. The prologue is a cell of its own that the
+pipeline compiles (cell-chunk-part, `cellc --chunk-part=prologue`): its
+kernels and derived backward run over all T * B rows (over T steps where it
+steps a state), in the call's recompute mode. The core runs chunk by chunk:
+within a chunk of L steps as matrix products, with chunk-local cumulative
+log-gates, the state passed between chunks only; the delta rule goes through
+the UT transform (a unit-triangular solve per chunk). Its templates run on
+the CPU runtime's kernels (cellc._chunkcore); the rest of the step, and the
+prologue where the pipeline cannot build it, run op by op in torch, whose
+autograd chains the parts.
 """
 
 import json
 import math
+import shutil
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,11 @@ from ._front import _check_lengths
 #: The chunk length where the call names none.
 DEFAULT_CHUNK = 64
 
+#: Whether the prologue runs as compiled kernels (cell-chunk-part: the
+#: pipeline's kernels and derived backward) rather than op by op in torch.
+#: The tests compare the two.
+COMPILED_PROLOGUE = True
+
 
 def plan(front, sizes, dtype):
     """The cell's split at `sizes` (the compiler's JSON), cached on `front`."""
@@ -39,6 +46,68 @@ def plan(front, sizes, dtype):
                                 "f64" if dtype == torch.float64 else "f32")
         cache[key] = _prepare(json.loads(text))
     return cache[key]
+
+
+def prologue(front, sizes, dtype):
+    """The prologue of the cell's chunk form, compiled by the pipeline
+    (`cellc --chunk-part=prologue`) at `sizes` and loaded: a front
+    (cellc._front.Fixed) that cellc._ops.call runs, with its backward, in
+    any recompute mode. Its outputs are named v<id> after the split's
+    values; it has the cell's inputs, the params it reads, and the states
+    stepped before the core (or one element, "unused", where there are
+    none). None where the pipeline cannot build it (the torch ops run)."""
+    key = (tuple(sorted(sizes.items())), dtype)
+    cache = front.__dict__.setdefault("_chunk_prologues", {})
+    if key not in cache:
+        from . import _cellc_runtime, _ops
+        from ._front import Fixed
+        try:
+            path, from_cache, origin, temporary, threads, _ = _cellc.prepare_package(
+                front.source, front.file_name, dict(sizes),
+                "f64" if dtype == torch.float64 else "f32", front.threads, True, 0, False,
+                None, "prologue")
+        except ValueError:
+            cache[key] = None
+            return None
+        try:
+            compiled = _cellc_runtime.load(path, threads, from_cache, origin)
+        finally:
+            if temporary:  # no cache: the shared objects stay mapped
+                shutil.rmtree(path, ignore_errors=True)
+        dims = compiled.state_dims
+        pre = Fixed(_ops.CpuRunner(compiled), "the chunk form's prologue", compiled.inputs,
+                    compiled.params,
+                    [(n, list(dims.get(n, shape))) for n, shape in compiled.states],
+                    [n for n, _ in compiled.outputs], "cpu", dtype=dtype)
+        pre._key = _ops.front_key(pre, {"package": compiled.path})
+        cache[key] = pre
+    return cache[key]
+
+
+def _run_prologue(pre, front, c, init, before, env, finals):
+    """Runs the compiled prologue `pre` over the call `c`: its outputs into
+    `env` ([T, B, n] each, by id), the final values of the states stepped
+    before the core into `finals`."""
+    from . import _ops
+    T, B = c.inputs[0].shape[:2]
+    state_names = [n for n, _ in front.states]
+    names = {n for n, _ in pre.params}
+    params = {n: t for (n, _), t in zip(front.params, c.params) if n in names}
+    x = {n: t for (n, _), t in zip(front.inputs, c.inputs)}
+    if before:
+        states = {state_names[i]: init[i] for i in before}
+        outs, last = _ops.call(pre, x, params, states, recompute=c.mode, resets=c.resets,
+                               lengths=c.lengths)
+        for i in before:
+            finals[i] = last[state_names[i]].reshape(B, -1)
+    else:
+        # No state: one step over all T * B rows.
+        x = {n: t.reshape(1, T * B, -1) for n, t in x.items()}
+        outs, _ = _ops.call(pre, x, params, recompute=c.mode)
+    if not isinstance(outs, dict):
+        outs = {pre.outputs[0]: outs}
+    for name, t in outs.items():
+        env[int(name[1:])] = t.reshape(T, B, -1)
 
 
 def not_qualifying(front, p):
@@ -211,10 +280,13 @@ class _State:
 
 
 def _factor_product(st, factors, env, lead, like):
-    out = torch.ones((), dtype=like.dtype, device=like.device)
+    """The product of `factors`, broadcast as st.full gives them (a 0-d one
+    where there are none): one factor is its own view, not a copy."""
+    out = None
     for f in factors:
-        out = out * st.full(env[f["vector"]], f["varies"], lead)
-    return out
+        t = st.full(env[f["vector"]], f["varies"], lead)
+        out = t if out is None else out * t
+    return torch.ones((), dtype=like.dtype, device=like.device) if out is None else out
 
 
 def _along(st, f, position):
@@ -226,10 +298,7 @@ def _along(st, f, position):
 def _log_gates(st, lin, env, graph, lead, like):
     """The row and column log-gates, [T, B, H, K] and [T, B, H, V] (None
     where no gate varies along the columns)."""
-    row = torch.zeros(*lead, st.H, st.K, 1, dtype=like.dtype, device=like.device)
-    columns = any(_along(st, f, 2) for f in lin["gates"])
-    col = (torch.zeros(*lead, st.H, 1, st.V, dtype=like.dtype, device=like.device)
-           if columns else None)
+    row = col = None
     for f in lin["gates"]:
         v = f["vector"]
         op = graph.p["ops"][graph.op_of[v]] if v in graph.op_of else None
@@ -243,10 +312,13 @@ def _log_gates(st, lin, env, graph, lead, like):
             log = torch.log(g)
         log = st.full(log, f["varies"], lead)
         if _along(st, f, 2):
-            col = col + log
+            col = log if col is None else col + log
         else:
-            row = row + log
-    return row[..., 0], None if col is None else col[..., 0, :]
+            row = log if row is None else row + log
+    zero = torch.zeros((), dtype=like.dtype, device=like.device)
+    full = lambda t, shape: (zero if t is None else t).expand(*lead, *shape)
+    row = full(row, (st.H, st.K, 1)).squeeze(-1)
+    return row, None if col is None else full(col, (st.H, 1, st.V)).squeeze(-2)
 
 
 # The call ----------------------------------------------------------------------
@@ -324,22 +396,22 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
         kv = [True, True, False] if heads else [True, False]
         vv = [True, False, True] if heads else [False, True]
         sv = [True, False, False] if heads else [False, False]
-        k = vector(lin["delta_key"], kv).expand(T, B, st.H, st.K, 1)[..., 0]
+        k = vector(lin["delta_key"], kv).expand(T, B, st.H, st.K, 1).squeeze(-1)
         k = k if keep is None else k * keep
         v = vector(lin["delta_target"], vv).expand(T, B, st.H, 1, st.V)[..., 0, :]
         beta = ones
         for i in lin["delta_scales"]:
             beta = beta * vector(i, sv)
-        delta = bhtk(beta.expand(T, B, st.H, 1, 1)[..., 0])
+        delta = bhtk(beta.expand(T, B, st.H, 1, 1).squeeze(-1))
     else:
         if len(lin["sources"]) != 1:
             raise NotImplementedError("form='chunk': a state with several outer-product "
                                       "terms is not built yet; use form='step'")
         src = lin["sources"][0]
-        k = _factor_product(st, src["keys"], env, lead, like).expand(T, B, st.H, st.K, 1)[..., 0]
-        v = (_factor_product(st, src["values"], env, lead, like)
-             * _factor_product(st, src["scales"], env, lead, like))
-        v = v.expand(T, B, st.H, 1, st.V)[..., 0, :]
+        k = _factor_product(st, src["keys"], env, lead, like)
+        k = k.expand(T, B, st.H, st.K, 1).squeeze(-1)
+        v = _factor_product(st, src["values"] + src["scales"], env, lead, like)
+        v = v.expand(T, B, st.H, 1, st.V).squeeze(-2)
         v = -v if src["negated"] else v
         k = k if keep is None else k * keep
         delta = None
@@ -412,8 +484,10 @@ def _prepare(p):
     after = sorted(post)
     reads = {r["result"] for lin in p["linear"] for r in lin["reads"]}
     args = set(p["inputs"]) | set(p["states"])
-    wanted = (_leaves(p, graph) | set(p["yield_outputs"])
-              | {p["yield_states"][i] for i in before + after})
+    # What the core and the rest read (the compiled prologue steps the
+    # states before the core), and with those states' next values.
+    read = _leaves(p, graph) | set(p["yield_outputs"]) | {p["yield_states"][i] for i in after}
+    wanted = read | {p["yield_states"][i] for i in before}
     ops = graph.needed(wanted, reads | args)
     used = (wanted | {o for op in ops for o in op["operands"]}) & reads
     # What varies by row: the inputs, the states, and what is computed from them.
@@ -422,6 +496,7 @@ def _prepare(p):
         if any(o in rowful for o in op["operands"]):
             rowful.update(op["results"])
     p.update(before=before, after=after, reads=reads, args=args, used=used, rowful=rowful,
+             read_outside=read,
              run=[op for op in ops if op["op"] not in ("param", "constant")],
              templates=[_template(lin, used) for lin in p["linear"]])
     return p
@@ -460,12 +535,21 @@ def call(front, c, chunk=None):
         elif op["op"] == "constant":
             params_env[op["results"][0]] = torch.tensor(op["value"], dtype=like.dtype,
                                                         device=like.device)
-    pro = [op for op in p["run"] if op["phase"] == "prologue"]
-    rest = [op for op in p["run"] if op["phase"] != "prologue"]
     env = dict(params_env)
     env.update(zip(p["inputs"], c.inputs))
     state_ids = p["states"]
     finals = list(init)
+    pre = prologue(front, c.sizes, like.dtype) if COMPILED_PROLOGUE else None
+    ops = p["run"]
+    if pre is not None:
+        _run_prologue(pre, front, c, init, before, env, finals)
+        # What the compiled prologue does not give: values of params and
+        # constants alone, and the expands of its outputs (views).
+        ops = graph.needed(p["read_outside"], set(env) | p["reads"] | p["args"])
+        ops = [op for op in ops if op["op"] not in ("param", "constant")]
+        before = []  # stepped in the prologue's kernels
+    pro = [op for op in ops if op["phase"] == "prologue"]
+    rest = [op for op in ops if op["phase"] != "prologue"]
 
     def run(part, carried):
         if carried:
@@ -476,11 +560,23 @@ def call(front, c, chunk=None):
             for i, v in zip(carried, last):
                 finals[i] = v
         else:
-            flat = {i: (v.reshape(T * B, -1) if i in rowful else v) for i, v in env.items()}
+            # Over the rows of live steps only: past a sample's length the
+            # compiled prologue's outputs are zero, which the ops need not
+            # take (a division by them), and the step form runs nothing.
+            rows = None if live is None else live.reshape(-1).nonzero()[:, 0]
+            flat = {}
+            for i, v in env.items():
+                if i in rowful:
+                    v = v.reshape(T * B, -1)
+                    v = v if rows is None else v.index_select(0, rows)
+                flat[i] = v
             _Graph.run(part, flat)
             for op in part:
                 for r in op["results"]:
-                    env[r] = flat[r].reshape(T, B, -1) if r in rowful else flat[r]
+                    v = flat[r]
+                    if r in rowful and rows is not None:
+                        v = v.new_zeros(T * B, v.shape[-1]).index_copy(0, rows, v)
+                    env[r] = v.reshape(T, B, -1) if r in rowful else v
 
     run(pro, before)
     for lin, template in zip(p["linear"], p["templates"]):

@@ -114,7 +114,8 @@ class Cell(Sizes, Steps, CudaTargets):
     _RUNTIME_STATE = {"_compiled": dict, "_layouts": dict, "_cuda": dict,
                       "_step_plans": dict, "_last": lambda: None,
                       "_streams": list, "_key": lambda: None,
-                      "saved_bytes": int}
+                      "saved_bytes": int, "_chunkwise_plans": dict,
+                      "_chunk_prologues": dict}
 
     def __getstate__(self):
         state = dict(self.__dict__)

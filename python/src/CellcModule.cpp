@@ -320,7 +320,7 @@ PYBIND11_MODULE(_cellc, m) {
       [](const std::string &source, const std::string &fileName,
          const std::map<std::string, int64_t> &sizes, const std::string &dtype,
          int threads, bool useCache, int64_t batch, bool step,
-         std::optional<bool> unitSlices) {
+         std::optional<bool> unitSlices, const std::string &part) {
         if (dtype != "f32" && dtype != "f64")
           throw py::type_error("the CPU backend takes float32 and float64, not " + dtype);
         jit::CpuOptions options;
@@ -332,6 +332,7 @@ PYBIND11_MODULE(_cellc, m) {
         options.useTuned = threads == 0;
         options.step = step;
         options.unitSlices = unitSlices ? int(*unitSlices) : -1;
+        options.chunkPart = part;
         SizeBindings bindings(sizes.begin(), sizes.end());
         std::optional<jit::PreparedPackage> prepared;
         {
@@ -353,10 +354,11 @@ PYBIND11_MODULE(_cellc, m) {
       },
       py::arg("source"), py::arg("file_name"), py::arg("sizes"), py::arg("dtype"),
       py::arg("threads") = 0, py::arg("use_cache") = true, py::arg("batch") = 0,
-      py::arg("step") = false, py::arg("unit_slices") = py::none(),
+      py::arg("step") = false, py::arg("unit_slices") = py::none(), py::arg("part") = "",
       "Builds the CPU package of the cell at `sizes` (or finds it in the cache): "
       "(path, from_cache, config_source, temporary, threads, unit_slices). With "
-      "`step`, the kernels of a streaming step (no hoisted projections)");
+      "`step`, the kernels of a streaming step (no hoisted projections); with "
+      "`part` (\"prologue\"), that part of the cell's chunkwise form");
   m.def(
       "tuned_config",
       [](const std::string &source, const std::map<std::string, int64_t> &sizes,

@@ -433,3 +433,27 @@ def test_the_examples_cores_run_on_the_kernels(name, core):
             todo += [n for n, _ in g.next_functions]
     assert {type(g).__name__ for g in seen if "Core" in type(g).__name__} == \
         {f"_Native{core}CoreBackward"}
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_the_compiled_prologue_is_the_torch_ops(name, monkeypatch):
+    # The prologue runs as the pipeline's kernels (cell-chunk-part) with
+    # their derived backward; op by op in torch it gives the same values
+    # and gradients, with lengths and resets, in full (which replays it).
+    from cellc import _chunkwise
+    T, B = 29, 3
+    cell = load(name)
+    x, params, states = arguments(cell, name, T, B, torch.float64, seed=9)
+    resets = torch.zeros(T, B, dtype=torch.bool)
+    resets[9, 1] = True
+    options = dict(form="chunk", chunk=8, recompute="full", resets=resets,
+                   lengths=[T, 17, 4])
+    assert _chunkwise.prologue(cell, SIZES, torch.float64) is not None
+    compiled = run(cell, x, params, states, **options)
+    monkeypatch.setattr(_chunkwise, "COMPILED_PROLOGUE", False)
+    ops = run(cell, x, params, states, **options)
+    assert rel(compiled[0], ops[0]) < 1e-12
+    for n in ops[1]:
+        assert rel(compiled[1][n], ops[1][n]) < 1e-12, n
+    for n in ops[2]:
+        assert ops[2][n].abs().max() > 0 and rel(compiled[2][n], ops[2][n]) < 1e-12, n

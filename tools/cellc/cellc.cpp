@@ -109,6 +109,13 @@ static cl::opt<std::string> dtype(cl::cat(cellc::toolOptions()), "dtype",
                                   cl::desc("Element type: f32, f64, f16, bf16"),
                                   cl::init("f32"));
 
+static cl::opt<std::string> chunkPart(
+    cl::cat(cellc::toolOptions()), "chunk-part",
+    cl::desc("Compile a part of the cell's chunkwise form instead of the cell: "
+             "prologue (what the core reads, before it, as a cell of its own; "
+             "--emit=chunkwise shows the split)"),
+    cl::init(""));
+
 static cl::opt<bool> simtObjects(
     cl::cat(cellc::toolOptions()), "simt",
     cl::desc(
@@ -271,6 +278,13 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
       compileCellSource(context, sizes, elementType, diag);
   if (!module)
     return false;
+  if (!chunkPart.empty()) {
+    mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
+    if (llvm::Error e = takeChunkPart(*module, chunkPart)) {
+      llvm::consumeError(std::move(e));
+      return false;
+    }
+  }
   if (emitAction == Emit::Summary) {
     printSummary(*module, os);
     return true;

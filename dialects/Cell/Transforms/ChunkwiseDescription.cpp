@@ -6,13 +6,21 @@
 
 namespace mlir::cell {
 
+DenseMap<Value, int64_t> chunkwiseIds(DefOp def) {
+  DenseMap<Value, int64_t> ids;
+  Block &body = def.getBody().front();
+  for (Value arg : body.getArguments())
+    ids.try_emplace(arg, ids.size());
+  for (Operation &op : body.without_terminator())
+    for (Value r : op.getResults())
+      ids.try_emplace(r, ids.size());
+  return ids;
+}
+
 std::string describeChunkwise(DefOp def) {
   ChunkwiseSplit split = analyzeChunkwise(def);
-  DenseMap<Value, int64_t> ids;
-  auto id = [&](Value v) -> int64_t {
-    auto [it, added] = ids.try_emplace(v, ids.size());
-    return it->second;
-  };
+  DenseMap<Value, int64_t> ids = chunkwiseIds(def);
+  auto id = [&](Value v) -> int64_t { return ids.lookup(v); };
   auto idList = [&](ValueRange values) {
     llvm::json::Array list;
     for (Value v : values)

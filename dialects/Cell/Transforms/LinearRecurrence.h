@@ -96,6 +96,10 @@ struct ChunkwiseSplit {
 /// Analyses a cell after cell-split-projections.
 ChunkwiseSplit analyzeChunkwise(DefOp def);
 
+/// The ids that describeChunkwise gives the values of `def`: the inputs,
+/// the states, then each op's results, in order.
+DenseMap<Value, int64_t> chunkwiseIds(DefOp def);
+
 /// The cell's step and its split as JSON, for the chunk form's reference
 /// driver (cellc._chunkwise): every value an id (the inputs, the states,
 /// then each op's results), every op with its operands, attributes and

@@ -27,6 +27,33 @@ def CellSplitProjections : Pass<"cell-split-projections", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::cell::CellDialect"];
 }
 
+def CellChunkPart : Pass<"cell-chunk-part", "::mlir::ModuleOp"> {
+  let summary = "Replaces a cell by the prologue of its chunkwise form";
+  let description = [{
+    For the chunkwise-parallel form (cellc._chunkwise, `--emit=chunkwise`):
+    replaces each `cell.def @c` whose matrix states have a chunk form by
+    `cell.def @c_prologue`, the part of the step that runs before the core
+    over every step and row. Its inputs are the cell's; its states are those
+    computed before the linear ones (mLSTM's stabiliser m, and any state
+    the linear ones do not feed); its outputs are the values the core and
+    the rest of the step read from it that vary by row: the log-gates (an
+    exp's operand), keys, values, queries, their scales, the delta rule's
+    key, target and beta, and what the ops after the core use. Each output
+    is named `v<id>`, the value's id in `describeChunkwise`'s numbering
+    (the inputs, the states, then each op's results). Values of params and
+    constants alone stay out: the caller computes them once.
+
+    The rest of the pipeline (autodiff, saves, kernels) takes the prologue
+    as any cell. A cell with no chunk form is an error at its location.
+    Runs after `cell-split-projections`.
+  }];
+  let options = [
+    Option<"part", "part", "std::string", /*default=*/"\"prologue\"",
+           "The part of the chunk form the cell is replaced by: prologue">,
+  ];
+  let dependentDialects = ["::mlir::cell::CellDialect"];
+}
+
 def CellAutodiff : Pass<"cell-autodiff", "::mlir::ModuleOp"> {
   let summary = "Derives the backward step of every cell";
   let description = [{
