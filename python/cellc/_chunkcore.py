@@ -513,7 +513,7 @@ class _NativeDeltaCore(torch.autograd.Function):
 NATIVE = True
 
 
-def _kept(mode, template, a, c, k, v, S0, reads, delta, L, rows, resets):
+def _kept(mode, template, a, c, k, v, S0, reads, delta, L, rows, resets, native=True):
     """The core: on a kernel template where the state fits one (`template`,
     cellc._chunkwise._template) and no resets are given, which keeps the
     state at each chunk's start and the core's inputs whatever the mode;
@@ -521,10 +521,11 @@ def _kept(mode, template, a, c, k, v, S0, reads, delta, L, rows, resets):
     what autograd keeps; `full` keeps the core's inputs and the state
     between chunks, and computes each chunk again in the backward;
     `chunk:K` keeps the state every K steps, and computes each span of K
-    steps again."""
+    steps again. `native` False: the templates in torch, as on a GPU (the
+    CUDA target's calls, emulated ones included)."""
     T = a.shape[2]
     if template is not None and resets is None:
-        native = (NATIVE and a.device.type == "cpu"
+        native = (native and NATIVE and a.device.type == "cpu"
                   and a.dtype in (torch.float32, torch.float64))
         qs = [q for q, _ in reads]
         if template == "delta":

@@ -48,14 +48,21 @@ def plan(front, sizes, dtype):
     return cache[key]
 
 
-def prologue(front, sizes, dtype):
+def prologue(front, sizes, dtype, device=None):
     """The prologue of the cell's chunk form, compiled by the pipeline
     (`cellc --chunk-part=prologue`) at `sizes` and loaded: a front
     (cellc._front.Fixed) that cellc._ops.call runs, with its backward, in
     any recompute mode. Its outputs are named v<id> after the split's
     values; it has the cell's inputs, the params it reads, and the states
     stepped before the core (or one element, "unused", where there are
-    none). None where the pipeline cannot build it (the torch ops run)."""
+    none). On the CPU, the JIT's kernels; where the cell runs its CUDA
+    kernels on `device` (a GPU, or the SIMT emulator), the CUDA package's.
+    None where the pipeline cannot build it (the torch ops run)."""
+    if device is not None and front._runs_cuda(device):
+        try:
+            return front._cuda_cell(sizes, torch.float32, device, part="prologue")._front()
+        except ValueError:
+            return None
     key = (tuple(sorted(sizes.items())), dtype)
     cache = front.__dict__.setdefault("_chunk_prologues", {})
     if key not in cache:
@@ -369,7 +376,7 @@ def _leaves(p, graph):
 
 
 def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=None,
-                  mode="none", used=None, template=None):
+                  mode="none", used=None, template=None, native=True):
     """A linear state's reads (id: [T, B, n]) and its final value [B, K*V*H].
     After a sample's last step (`live` [T, B] false) its gates are 1 and
     its keys 0: the state stays as it is."""
@@ -433,7 +440,7 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
 
     rb = None if resets is None else resets.t()
     outs, S = _kept(mode, template, bhtk(a), bhtk(c), bhtk(k), bhtk(v), S0,
-                    queries(reads_k, st.K, -1), delta, chunk, rows, rb)
+                    queries(reads_k, st.K, -1), delta, chunk, rows, rb, native)
     if reads_v:
         if delta is not None:
             raise NotImplementedError("form='chunk': S q reads of a delta-rule state are not "
@@ -539,7 +546,7 @@ def call(front, c, chunk=None):
     env.update(zip(p["inputs"], c.inputs))
     state_ids = p["states"]
     finals = list(init)
-    pre = prologue(front, c.sizes, like.dtype) if COMPILED_PROLOGUE else None
+    pre = prologue(front, c.sizes, like.dtype, like.device) if COMPILED_PROLOGUE else None
     ops = p["run"]
     if pre is not None:
         _run_prologue(pre, front, c, init, before, env, finals)
@@ -582,7 +589,8 @@ def call(front, c, chunk=None):
     for lin, template in zip(p["linear"], p["templates"]):
         values, finals[lin["state"]] = _linear_state(_State(lin), lin, env, graph, T, B,
                                                      init[lin["state"]], chunk, like, live,
-                                                     resets, c.mode, used, template)
+                                                     resets, c.mode, used, template,
+                                                     native=not c.cuda)
         env.update(values)
     run(rest, after)
     outs = [env[i] for i in p["yield_outputs"]]

@@ -403,9 +403,9 @@ def _chunk_call(front, c, chunk):
     """A call in the chunk form (cellc._chunkwise), in the call's recompute
     mode."""
     from . import _cellc_runtime, _chunkwise
-    if c.cuda:
-        raise NotImplementedError("form='chunk' runs on the CPU target only for now (its "
-                                  "CUDA kernels are not built yet); use form='step'")
+    if c.cuda and c.inputs[0].dtype != torch.float32:
+        raise NotImplementedError("form='chunk' with the CUDA kernels takes float32 "
+                                  f"storage, not {c.inputs[0].dtype}; use form='step'")
     _cellc_runtime.check_mode(c.mode)
     outs, finals = _chunkwise.call(front, c, chunk)
     return _returned(front, c, outs, finals)

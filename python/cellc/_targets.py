@@ -31,7 +31,7 @@ _CUDA_OPTIONS = set(_CUDA_KNOBS)
 
 
 class CudaTargets:
-    def cuda_package(self, sizes, *, arch="sm_90", simt=False, **options):
+    def cuda_package(self, sizes, *, arch="sm_90", simt=False, part=None, **options):
         """Compiles the cell for CUDA at `sizes` into an AOT package (PTX of both
         SAVE_GATES variants and kernels.json, as `cellc --emit=package` writes)
         in the cache directory, once per cell, sizes, options and compiler
@@ -43,7 +43,8 @@ class CudaTargets:
         (persistent: the dynamic shared memory of a CTA; 0: 49152 when
         persistent is named, the `arch`'s opt-in when chosen). With `simt`,
         the package holds the kernels for the SIMT emulator too
-        (target="cuda-emu")."""
+        (target="cuda-emu"). `part` ("prologue"): the package of that part
+        of the cell's chunkwise form (`cellc --chunk-part`)."""
         unknown = set(options) - _CUDA_OPTIONS
         if unknown:
             raise TypeError(f"cuda_package() got an unexpected keyword argument "
@@ -51,7 +52,7 @@ class CudaTargets:
         named = {k: v for k, v in options.items() if v is not None and v != ""}
         key = hashlib.sha256(json.dumps(
             [_compiler_build(), self.source, sorted(sizes.items()), arch,
-             sorted(named.items()), simt]
+             sorted(named.items()), simt] + ([part] if part else [])
         ).encode()).hexdigest()[:32]
         root = os.path.join(_cellc.cache_dir(), "cuda")
         path = os.path.join(root, key)
@@ -61,7 +62,7 @@ class CudaTargets:
             shutil.rmtree(tmp, ignore_errors=True)
             try:
                 _cellc.package(self.source, self.file_name, sizes, tmp, arch, simt=simt,
-                               **named)
+                               part=part or "", **named)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
@@ -71,7 +72,7 @@ class CudaTargets:
                 shutil.rmtree(tmp, ignore_errors=True)
         return path
 
-    def _device_package(self, sizes, arch, storage, shared_optin, sms, simt=False):
+    def _device_package(self, sizes, arch, storage, shared_optin, sms, simt=False, part=None):
         """The package for a device of `arch` with `sms` SMs whose CTAs may opt
         in to `shared_optin` bytes of shared memory: the cell's CUDA options;
         when they name no strategy, chosen as `cuda_package` chooses it, a
@@ -88,7 +89,8 @@ class CudaTargets:
             options["shared_limit"] = options.get("shared_limit") or shared_optin
         if options.get("strategy") in (None, "persistent") and not options.get("ctas"):
             options["max_ctas"] = options.get("max_ctas") or sms
-        path = self.cuda_package(sizes, arch=arch, storage=storage, simt=simt, **options)
+        path = self.cuda_package(sizes, arch=arch, storage=storage, simt=simt, part=part,
+                                 **options)
         self._warn_global_weights(path, sizes, sms)
         return path
 
@@ -125,32 +127,34 @@ class CudaTargets:
         the SIMT emulator (target="cuda-emu")."""
         return device.type == "cuda" or self.emulated
 
-    def _cuda_cell(self, sizes, dtype, device):
+    def _cuda_cell(self, sizes, dtype, device, part=None):
         """The CUDA kernels at `sizes` for `device`, stored as `dtype`
         (bfloat16, else float32): loaded once. Emulated, for an H100 (sm_90,
-        and its opt-in shared memory)."""
+        and its opt-in shared memory). `part`: those of that part of the
+        chunkwise form (cuda_package)."""
         from . import cuda
         storage = (_cellc.Storage.bf16 if dtype == torch.bfloat16
                    else _cellc.Storage.f32).name
         if self.emulated:
-            key = (tuple(sorted(sizes.items())), storage, EMULATED)
+            key = (tuple(sorted(sizes.items())), storage, EMULATED, part)
             if key not in self._cuda:
                 # The emulator's device model: an H100/H200 (132 SMs), or
                 # $CELLC_EMU_SMS of them.
                 sms = int(os.environ.get("CELLC_EMU_SMS") or 132)
-                path = self._device_package(sizes, "sm_90", storage, 232448, sms, simt=True)
+                path = self._device_package(sizes, "sm_90", storage, 232448, sms, simt=True,
+                                            part=part)
                 self._cuda[key] = cuda.CudaCell(cuda.Package(path), emulate=True,
                                                 shuffle_seed=self.shuffle_seed)
             return self._cuda[key]
         index = device.index if device.index is not None else torch.cuda.current_device()
-        key = (tuple(sorted(sizes.items())), storage, index)
+        key = (tuple(sorted(sizes.items())), storage, index, part)
         cell = self._cuda.get(key)
         if cell is None:
             major, minor = torch.cuda.get_device_capability(index)
             props = torch.cuda.get_device_properties(index)
             optin = getattr(props, "shared_memory_per_block_optin", 0) or 49152
             path = self._device_package(sizes, f"sm_{major}{minor}", storage, optin,
-                                        props.multi_processor_count)
+                                        props.multi_processor_count, part=part)
             cell = cuda.CudaCell(cuda.Package(path), device=index)
             self._cuda[key] = cell
         return cell

@@ -174,7 +174,7 @@ std::string chunkwise(const std::string &source, const std::string &fileName,
 void package(const std::string &source, const std::string &fileName,
              const std::map<std::string, int64_t> &sizes, const std::string &dir,
              const std::string &arch, const std::map<std::string, std::string> &knobs,
-             bool simt, const std::string &simtMutation) {
+             bool simt, const std::string &simtMutation, const std::string &part) {
   CellSource src(source, fileName);
   mlir::MLIRContext context;
   SizeBindings bindings(sizes.begin(), sizes.end());
@@ -182,6 +182,11 @@ void package(const std::string &source, const std::string &fileName,
                                   src.diag);
   if (!module)
     raiseCell(src);
+  if (!part.empty()) {
+    mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
+    if (llvm::Error e = takeChunkPart(*module, part))
+      throw py::value_error(src.diagnostics() + llvm::toString(std::move(e)));
+  }
   auto strategy = knobs.find("strategy");
   bool named = strategy != knobs.end();
   if (named) {
@@ -212,8 +217,9 @@ void package(const std::string &source, const std::string &fileName,
 }
 
 /// `package(source, file_name, sizes, dir, arch="sm_90", <the knobs of
-/// Knobs.def that Python takes, in order>, simt=False, simt_mutation="")`,
-/// bound by position or name. A knob given as None or "" is not named.
+/// Knobs.def that Python takes, in order>, simt=False, simt_mutation="",
+/// part="")`, bound by position or name. A knob given as None or "" is not
+/// named; `part` ("prologue") packages that part of the chunkwise form.
 void bindPackage(py::args args, py::kwargs kwargs) {
   std::vector<std::string> params = {"source", "file_name", "sizes", "dir", "arch"};
   for (const KnobInfo &knob : kKnobs)
@@ -221,6 +227,7 @@ void bindPackage(py::args args, py::kwargs kwargs) {
       params.push_back(knob.name);
   params.push_back("simt");
   params.push_back("simt_mutation");
+  params.push_back("part");
   if (args.size() > params.size())
     throw py::type_error("package() takes at most " + std::to_string(params.size()) +
                          " arguments");
@@ -254,7 +261,8 @@ void bindPackage(py::args args, py::kwargs kwargs) {
   package(given["source"].cast<std::string>(), given["file_name"].cast<std::string>(),
           given["sizes"].cast<std::map<std::string, int64_t>>(),
           given["dir"].cast<std::string>(), get("arch", std::string("sm_90")), knobs,
-          get("simt", false), get("simt_mutation", std::string()));
+          get("simt", false), get("simt_mutation", std::string()),
+          get("part", std::string()));
 }
 
 /// The knobs of Knobs.def as (name, default, help, uses): the default an
@@ -396,7 +404,7 @@ PYBIND11_MODULE(_cellc, m) {
   m.def("compiler_version", []() { return compilerVersion().str(); });
   m.def("package", &bindPackage,
         "package(source, file_name, sizes, dir, arch='sm_90', <the knobs that knobs() "
-        "says python takes, in order>, simt=False, simt_mutation=''): writes an AOT "
-        "CUDA package");
+        "says python takes, in order>, simt=False, simt_mutation='', part=''): writes "
+        "an AOT CUDA package (of that part of the cell's chunkwise form)");
   m.def("knobs", &knobList);
 }

@@ -457,3 +457,33 @@ def test_the_compiled_prologue_is_the_torch_ops(name, monkeypatch):
         assert rel(compiled[1][n], ops[1][n]) < 1e-12, n
     for n in ops[2]:
         assert ops[2][n].abs().max() > 0 and rel(compiled[2][n], ops[2][n]) < 1e-12, n
+
+
+@pytest.mark.parametrize("mode", ["none", "full"])
+@pytest.mark.parametrize("name", LINEAR)
+def test_the_chunk_form_trains_on_the_emulated_cuda_kernels(name, mode):
+    # target="cuda-emu": the prologue's CUDA kernels run in the SIMT emulator
+    # and the core in torch (its templates, as on a GPU, not the CPU's
+    # kernels), in float32, against the step kernels in float64, with
+    # resets and lengths.
+    from cellc import _chunkwise
+    T, B = 21, 3
+    cell = load(name)
+    x, params, states = arguments(cell, name, T, B, torch.float64, seed=4)
+    resets = torch.zeros(T, B, dtype=torch.bool)
+    resets[13, 0] = True
+    options = dict(resets=resets, lengths=[T, 11, 18])
+    want = run(cell, x, params, states, **options)
+    emu = cellc.compile(os.path.join(EXAMPLES, name + ".cell"), target="cuda-emu")
+    assert _chunkwise.prologue(emu, SIZES, torch.float32, torch.device("cpu")).devices == \
+        "emulator"
+    f32 = lambda t: t.detach().float().requires_grad_()
+    got = run(emu, f32(x), {n: f32(t) for n, t in params.items()},
+              {n: f32(t) for n, t in states.items()}, form="chunk", chunk=8, recompute=mode,
+              **options)
+    assert got[0].dtype == torch.float32
+    assert rel(got[0].double(), want[0]) < 2e-5
+    for n in want[1]:
+        assert rel(got[1][n].double(), want[1][n]) < 2e-5, n
+    for n in want[2]:
+        assert rel(got[2][n].double(), want[2][n]) < 2e-5, n
