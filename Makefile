@@ -60,8 +60,13 @@ lit: build
 	$(PYTHON) $(LIT) -sv --xunit-xml-output=$(BUILD)/lit.xml $(BUILD)/test || true
 	@$(PYTHON) scripts/lit-summary.py $(BUILD)/lit.xml
 
+# The files on JOBS workers (pytest-xdist), each file's tests in order in one;
+# `make pytest JOBS=1` runs them in one process.
+PYTEST_WORKERS = $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile)
+
 pytest: build
-	PYTHONPATH=$(BUILD)/python CELLC_BUILD_DIR=$(BUILD) $(PYTHON) -m pytest -q -rs test/python
+	PYTHONPATH=$(BUILD)/python CELLC_BUILD_DIR=$(BUILD) $(PYTHON) -m pytest -q -rs \
+	  $(PYTEST_WORKERS) test/python
 
 # The CUDA kernels in the SIMT emulator, the full matrix: every example cell
 # in every strategy and precision, in every recompute mode (make test runs

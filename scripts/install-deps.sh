@@ -14,6 +14,8 @@ packages=(
   libgtest-dev libbenchmark-dev libopenblas-dev
   # The Python package: its extension, and torch for autograd and the tests.
   python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
+  # pytest's workers: make pytest runs the suite's files on JOBS of them.
+  python3-pytest-xdist
   # The CPU benchmark's strongest peer (bench/cpu): oneDNN's RNN primitives.
   libdnnl-dev
   # dnnl-config.cmake requires OpenCL; libdnnl-dev only recommends it, and
