@@ -436,7 +436,8 @@ public:
     int64_t width = lane.getNumElements();
     if (shape.back() % width == 0 && i.offset % width == 0) {
       Value k = keptIndex(at(i));
-      if (kept.back() == dims - 1)
+      // An expand of a value that keeps no dim (max(s)) repeats one scalar.
+      if (!kept.empty() && kept.back() == dims - 1)
         return load(buf, slot, k);
       return builder.create<vector::BroadcastOp>(loc, lane, scalarAt(k));
     }

@@ -56,7 +56,9 @@ PhasePlan::PhasePlan(Block &block, ArrayRef<Value> roots,
     return op && !isCrossUnit(op) && !isView(reduce.getInput()) &&
            !isa<RestoreOp, ConcatOp, ProjectionOp, ParamOp, ConstantOp>(op) &&
            (options.reducesAnyDimInPlace ||
-            reduce.getKept().back() == int64_t(reduce.getShape().size()) - 1);
+            // A reduce over every dim keeps none (max(s)): not the last.
+            (!reduce.getKept().empty() &&
+             reduce.getKept().back() == int64_t(reduce.getShape().size()) - 1));
   };
   block.walk([&](Operation *op) {
     if (!isCrossUnit(op))
