@@ -405,6 +405,23 @@ class _DeltaCore(torch.autograd.Function):
         return (cut(da), cut(dk), cut(dw), cut(dbeta), dS0, None, *dqs)
 
 
+#: The element words of the runtime's buffers, by torch dtype.
+_LENT = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def _empty(shape, like):
+    """An uninitialised tensor of `shape` like `like`: for the CPU, pages of
+    the runtime's buffer cache, which go back to it when torch frees the
+    tensor, so that the next call runs on pages it had instead of faulting
+    in fresh zeros (about a tenth of GLA's chunk form at B = 8, T = 1024);
+    else torch's."""
+    if like.device.type == "cpu" and like.dtype in _LENT:
+        from torch.utils.dlpack import from_dlpack
+        from . import _cellc_runtime as rt
+        return from_dlpack(rt.CompiledCell.buffer(list(shape), _LENT[like.dtype]))
+    return like.new_empty(shape)
+
+
 def _time_major(t):
     """[B, H, T, X] (a view) as a contiguous [T, B, H, X] (free where it is
     one already, as the step's values are)."""
@@ -426,9 +443,9 @@ class _NativeDiagonalCore(torch.autograd.Function):
         qs = [_time_major(q) for q in qs]
         S0 = S0.contiguous()
         NC = -(-T // L)
-        outs = [v.new_empty(T, Bn, H, V) for _ in qs]
-        starts, end = v.new_empty(Bn, H, NC, K, V), v.new_empty(Bn, H, K, V)
-        pairs = v.new_empty(Bn * H, NC, len(qs), L, L)
+        outs = [_empty((T, Bn, H, V), v) for _ in qs]
+        starts, end = _empty((Bn, H, NC, K, V), v), _empty((Bn, H, K, V), v)
+        pairs = _empty((Bn * H, NC, len(qs), L, L), v)
         threads = torch.get_num_threads()
         rt.chunk_forward(a.dtype == torch.float64, Bn * H, T, K, V, L, rows, a.data_ptr(),
                          k.data_ptr(), v.data_ptr(), S0.data_ptr(), [q.data_ptr() for q in qs],
@@ -446,9 +463,9 @@ class _NativeDiagonalCore(torch.autograd.Function):
         dEnd = None if grads[-1] is None else grads[-1].contiguous()
         T, Bn, H, K = a.shape
         V = v.shape[-1]
-        da, dk, dv = torch.empty_like(a), torch.empty_like(k), torch.empty_like(v)
-        dS0 = end.new_empty(end.shape)
-        dqs = [torch.empty_like(q) for q in qs]
+        da, dk, dv = (_empty(t.shape, t) for t in (a, k, v))
+        dS0 = _empty(end.shape, end)
+        dqs = [_empty(q.shape, q) for q in qs]
         ptr = lambda t: 0 if t is None else t.data_ptr()
         rt.chunk_backward(a.dtype == torch.float64, Bn * H, T, K, V, ctx.L, ctx.rows,
                           a.data_ptr(), k.data_ptr(), v.data_ptr(), starts.data_ptr(),
@@ -474,8 +491,8 @@ class _NativeDeltaCore(torch.autograd.Function):
         qs = [_time_major(q) for q in qs]
         S0 = S0.contiguous()
         NC = -(-T // L)
-        outs = [w.new_empty(T, Bn, H, V) for _ in qs]
-        starts, end = w.new_empty(Bn, H, NC, K, V), w.new_empty(Bn, H, K, V)
+        outs = [_empty((T, Bn, H, V), w) for _ in qs]
+        starts, end = _empty((Bn, H, NC, K, V), w), _empty((Bn, H, K, V), w)
         threads = torch.get_num_threads()
         rt.delta_forward(k.dtype == torch.float64, Bn * H, T, K, V, L, a.data_ptr(),
                          k.data_ptr(), w.data_ptr(), beta.data_ptr(), S0.data_ptr(),
@@ -493,9 +510,9 @@ class _NativeDeltaCore(torch.autograd.Function):
         dEnd = None if grads[-1] is None else grads[-1].contiguous()
         T, Bn, H, K = k.shape
         V = w.shape[-1]
-        da, dk, dw, dbeta = (torch.empty_like(t) for t in (a, k, w, beta))
-        dS0 = end.new_empty(end.shape)
-        dqs = [torch.empty_like(q) for q in qs]
+        da, dk, dw, dbeta = (_empty(t.shape, t) for t in (a, k, w, beta))
+        dS0 = _empty(end.shape, end)
+        dqs = [_empty(q.shape, q) for q in qs]
         ptr = lambda t: 0 if t is None else t.data_ptr()
         rt.delta_backward(k.dtype == torch.float64, Bn * H, T, K, V, ctx.L, a.data_ptr(),
                           k.data_ptr(), w.data_ptr(), beta.data_ptr(), starts.data_ptr(),

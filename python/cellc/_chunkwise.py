@@ -87,6 +87,8 @@ def prologue(front, sizes, dtype, device=None):
                     [(n, list(dims.get(n, shape))) for n, shape in compiled.states],
                     [n for n, _ in compiled.outputs], "cpu", dtype=dtype)
         pre._key = _ops.front_key(pre, {"package": compiled.path})
+        # Its outputs on the runtime's buffer cache (cellc._ops._empty_outputs).
+        pre.lend_outputs = True
         cache[key] = pre
     return cache[key]
 

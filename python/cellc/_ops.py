@@ -100,10 +100,15 @@ def _empty_outputs(cell, sizes, mode, training, x0, has_lengths, runner=None):
     where it lends them: CpuRunner.empty)."""
     T, B = x0.shape[0], x0.shape[1]
     layout = cell.layout(sizes, x0.dtype, mode, has_lengths, x0.device)
-    results = [x0.new_empty(T, B, n, dtype=dtype) for n, dtype in layout["outputs"]]
+    empty = getattr(runner, "empty", None)
+    if getattr(cell, "lend_outputs", False) and empty is not None:
+        # The chunk form's prologue: its outputs live as long as the call's
+        # backward, as the kept buffers do (CpuRunner.empty).
+        results = [empty((T, B, n), dtype or x0.dtype) for n, dtype in layout["outputs"]]
+    else:
+        results = [x0.new_empty(T, B, n, dtype=dtype) for n, dtype in layout["outputs"]]
     results += [x0.new_empty(B, n, dtype=dtype) for n, dtype in layout["states"]]
     if training:
-        empty = getattr(runner, "empty", None)
         for per_chunk, n, dtype in layout["kept"]:
             shape = (_lead(mode, T) if per_chunk else T, B, n)
             results.append(empty(shape, dtype) if empty is not None
