@@ -60,9 +60,11 @@ lit: build
 	$(PYTHON) $(LIT) -sv --xunit-xml-output=$(BUILD)/lit.xml $(BUILD)/test || true
 	@$(PYTHON) scripts/lit-summary.py $(BUILD)/lit.xml
 
-# The files on JOBS workers (pytest-xdist), each file's tests in order in one;
-# `make pytest JOBS=1` runs them in one process.
-PYTEST_WORKERS = $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile)
+# The files on JOBS workers (pytest-xdist, which install-deps.sh installs),
+# each file's tests in order in one; `make pytest JOBS=1`, or a Python without
+# xdist, runs them in one process.
+PYTEST_WORKERS = $(if $(filter-out 1,$(JOBS)),$(shell $(PYTHON) -c 'import xdist' 2>/dev/null \
+  && printf '%s' '-n $(JOBS) --dist loadfile'))
 
 pytest: build
 	PYTHONPATH=$(BUILD)/python CELLC_BUILD_DIR=$(BUILD) $(PYTHON) -m pytest -q -rs \

@@ -84,7 +84,7 @@ struct CpuOptions {
   /// inputs stay in the kernel, not hoisted as projections.
   bool step = false;
   /// Non-empty: the kernels of that part of the cell's chunkwise form
-  /// (PipelineOptions::chunkPart). No tuned config applies to it.
+  /// (takeChunkPart: "prologue"). No tuned config applies to it.
   std::string chunkPart;
   /// Rows (steps times the batch) per piece of the projections and the
   /// gradients' GEMMs; 0: the driver's default.

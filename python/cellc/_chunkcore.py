@@ -405,20 +405,17 @@ class _DeltaCore(torch.autograd.Function):
         return (cut(da), cut(dk), cut(dw), cut(dbeta), dS0, None, *dqs)
 
 
-#: The element words of the runtime's buffers, by torch dtype.
-_LENT = {torch.float32: "f32", torch.float64: "f64"}
-
-
 def _empty(shape, like):
     """An uninitialised tensor of `shape` like `like`: for the CPU, pages of
     the runtime's buffer cache, which go back to it when torch frees the
     tensor, so that the next call runs on pages it had instead of faulting
     in fresh zeros (about a tenth of GLA's chunk form at B = 8, T = 1024);
     else torch's."""
-    if like.device.type == "cpu" and like.dtype in _LENT:
+    from ._ops import _ELEMENT_OF
+    if like.device.type == "cpu" and like.dtype in _ELEMENT_OF:
         from torch.utils.dlpack import from_dlpack
         from . import _cellc_runtime as rt
-        return from_dlpack(rt.CompiledCell.buffer(list(shape), _LENT[like.dtype]))
+        return from_dlpack(rt.CompiledCell.buffer(list(shape), _ELEMENT_OF[like.dtype]))
     return like.new_empty(shape)
 
 

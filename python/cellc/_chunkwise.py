@@ -19,7 +19,6 @@ autograd chains the parts.
 
 import json
 import math
-import shutil
 
 import torch
 import torch.nn.functional as F
@@ -54,43 +53,42 @@ def prologue(front, sizes, dtype, device=None):
     (cellc._front.Fixed) that cellc._ops.call runs, with its backward, in
     any recompute mode. Its outputs are named v<id> after the split's
     values; it has the cell's inputs, the params it reads, and the states
-    stepped before the core (or one element, "unused", where there are
-    none). On the CPU, the JIT's kernels; where the cell runs its CUDA
+    stepped before the core (or one element that stays as it is, where
+    there are none). On the CPU, the JIT's kernels; where the cell runs its CUDA
     kernels on `device` (a GPU, or the SIMT emulator), the CUDA package's.
     None where the pipeline cannot build it (the torch ops run)."""
-    if device is not None and front._runs_cuda(device):
-        try:
-            return front._cuda_cell(sizes, torch.float32, device, part="prologue")._front()
-        except ValueError:
-            return None
-    key = (tuple(sorted(sizes.items())), dtype)
+    cuda = device is not None and front._runs_cuda(device)
+    key = (tuple(sorted(sizes.items())), dtype,
+           (device.type, device.index, front.emulated) if cuda else None)
     cache = front.__dict__.setdefault("_chunk_prologues", {})
-    if key not in cache:
-        from . import _cellc_runtime, _ops
-        from ._front import Fixed
+    if key in cache:
+        return cache[key]
+    if cuda:
         try:
-            path, from_cache, origin, temporary, threads, _ = _cellc.prepare_package(
-                front.source, front.file_name, dict(sizes),
-                "f64" if dtype == torch.float64 else "f32", front.threads, True, 0, False,
-                None, "prologue")
+            pre = front._cuda_cell(sizes, torch.float32, device, part="prologue")._front()
         except ValueError:
-            cache[key] = None
-            return None
-        try:
-            compiled = _cellc_runtime.load(path, threads, from_cache, origin)
-        finally:
-            if temporary:  # no cache: the shared objects stay mapped
-                shutil.rmtree(path, ignore_errors=True)
-        dims = compiled.state_dims
-        pre = Fixed(_ops.CpuRunner(compiled), "the chunk form's prologue", compiled.inputs,
-                    compiled.params,
-                    [(n, list(dims.get(n, shape))) for n, shape in compiled.states],
-                    [n for n, _ in compiled.outputs], "cpu", dtype=dtype)
-        pre._key = _ops.front_key(pre, {"package": compiled.path})
-        # Its outputs on the runtime's buffer cache (cellc._ops._empty_outputs).
-        pre.lend_outputs = True
+            pre = None
         cache[key] = pre
-    return cache[key]
+        return pre
+    from . import _ops
+    from ._front import Fixed
+    from .core import _jit
+    try:
+        compiled = _jit(front.source, front.file_name, dict(sizes),
+                        "f64" if dtype == torch.float64 else "f32", front.threads, 0,
+                        unit_slices=front.unit_slices, part="prologue")
+    except ValueError:
+        cache[key] = None
+        return None
+    dims = compiled.state_dims
+    pre = Fixed(_ops.CpuRunner(compiled), "the chunk form's prologue", compiled.inputs,
+                compiled.params, [(n, list(dims.get(n, shape))) for n, shape in compiled.states],
+                [n for n, _ in compiled.outputs], "cpu", dtype=dtype)
+    pre._key = _ops.front_key(pre, {"package": compiled.path})
+    # Its outputs on the runtime's buffer cache (cellc._ops._empty_outputs).
+    pre.lend_outputs = True
+    cache[key] = pre
+    return pre
 
 
 def _run_prologue(pre, front, c, init, before, env, finals):
@@ -304,17 +302,25 @@ def _along(st, f, position):
     return any(on and st.role[d] == position for d, on in enumerate(f["varies"]))
 
 
-def _log_gates(st, lin, env, graph, lead, like):
+def _log_gates(st, lin, env, graph, lead, like, live=None):
     """The row and column log-gates, [T, B, H, K] and [T, B, H, V] (None
-    where no gate varies along the columns)."""
+    where no gate varies along the columns). After a sample's last step
+    (`live` [T, B] false) a gate is 1 whatever the prologue left there (its
+    compiled kernels write zeros; computed from padding, anything)."""
     row = col = None
+    rowful = graph.p["rowful"]
+    dead = lambda t, fill: (t if live is None else
+                            torch.where(live[..., None], t, torch.full((), fill, dtype=t.dtype,
+                                                                     device=t.device)))
     for f in lin["gates"]:
         v = f["vector"]
         op = graph.p["ops"][graph.op_of[v]] if v in graph.op_of else None
         if op is not None and op["op"] == "exp":
             log = env[op["operands"][0]]
+            log = dead(log, 0.0) if op["operands"][0] in rowful else log
         else:
             g = env[v]
+            g = dead(g, 1.0) if v in rowful else g
             if bool((g <= 0).any()):
                 raise ValueError("form='chunk' needs positive gates: a gate of the state is "
                                  "zero or negative here; use form='step'")
@@ -383,14 +389,18 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
     After a sample's last step (`live` [T, B] false) its gates are 1 and
     its keys 0: the state stays as it is."""
     lead = (T, B)
-    a, c = _log_gates(st, lin, env, graph, lead, like)
+    a, c = _log_gates(st, lin, env, graph, lead, like, live)
     rows = any(_along(st, f, 1) for f in lin["gates"])
     columns = c is not None
     if c is None:
         c = a.new_zeros(()).expand(T, B, st.H, st.V)
-    keep = None if live is None else live[:, :, None, None].to(like.dtype)
+    # Where, not a product: what the prologue left after a sample's end
+    # need not be finite.
+    alive = None if live is None else live[:, :, None, None]
+    zero = torch.zeros((), dtype=like.dtype, device=like.device)
+    keep = None if alive is None else (lambda t: torch.where(alive, t, zero))
     if keep is not None:
-        a, c = a * keep, c * keep
+        a, c = keep(a), keep(c)
     ones = torch.ones((), dtype=like.dtype, device=like.device)
     bhtk = lambda t: t.permute(1, 2, 0, 3)
     heads = lin["heads"]
@@ -406,7 +416,7 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
         vv = [True, False, True] if heads else [False, True]
         sv = [True, False, False] if heads else [False, False]
         k = vector(lin["delta_key"], kv).expand(T, B, st.H, st.K, 1).squeeze(-1)
-        k = k if keep is None else k * keep
+        k = k if keep is None else keep(k)
         v = vector(lin["delta_target"], vv).expand(T, B, st.H, 1, st.V)[..., 0, :]
         beta = ones
         for i in lin["delta_scales"]:
@@ -422,7 +432,7 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
         v = _factor_product(st, src["values"] + src["scales"], env, lead, like)
         v = v.expand(T, B, st.H, 1, st.V).squeeze(-2)
         v = -v if src["negated"] else v
-        k = k if keep is None else k * keep
+        k = k if keep is None else keep(k)
         delta = None
     S0 = S0.reshape(B, st.H, st.K, st.V)
     wanted = [r for r in lin["reads"] if used is None or r["result"] in used]
@@ -568,14 +578,17 @@ def call(front, c, chunk=None):
             env.update(hist)
             for i, v in zip(carried, last):
                 finals[i] = v
-        else:
+        elif part:
             # Over the rows of live steps only: past a sample's length the
-            # compiled prologue's outputs are zero, which the ops need not
-            # take (a division by them), and the step form runs nothing.
-            rows = None if live is None else live.reshape(-1).nonzero()[:, 0]
+            # prologue's outputs are zeros (its compiled kernels') or come
+            # from padding, which the ops need not take (a division by them),
+            # and the step form runs nothing there.
+            rows = (None if live is None or bool(live.all())
+                    else live.reshape(-1).nonzero()[:, 0])
+            read = {o for op in part for o in op["operands"]}
             flat = {}
             for i, v in env.items():
-                if i in rowful:
+                if i in rowful and i in read:
                     v = v.reshape(T * B, -1)
                     v = v if rows is None else v.index_select(0, rows)
                 flat[i] = v

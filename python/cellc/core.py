@@ -15,13 +15,15 @@ from ._stream import Steps
 from ._targets import _CUDA_OPTIONS, EMULATED, CudaTargets
 from ._tune import _bucket, _run_tune
 
-def _jit(source, file_name, sizes, dtype, threads, batch, step=False, unit_slices=None):
+def _jit(source, file_name, sizes, dtype, threads, batch, step=False, unit_slices=None,
+         part=""):
     """The JIT: the cell's CPU package, built by the compiler (or found in the
     kernel cache), loaded by the runtime as cellc.load_package loads one.
     `step`: the package of a streaming step, whose kernels compute the
-    products of inputs themselves. `unit_slices`: Cell's."""
+    products of inputs themselves. `unit_slices`: Cell's. `part`: that part
+    of the cell's chunkwise form (cellc._chunkwise.prologue)."""
     path, from_cache, origin, temporary, threads, unit_slices = _cellc.prepare_package(
-        source, file_name, sizes, dtype, threads, True, batch, step, unit_slices)
+        source, file_name, sizes, dtype, threads, True, batch, step, unit_slices, part)
     try:
         compiled = _cellc_runtime.load(path, threads, from_cache, origin)
         compiled.unit_slices = unit_slices

@@ -499,6 +499,10 @@ Status SequenceDriver::fold(const Sequence &seq, int64_t first, int64_t count,
   std::vector<bool> paired(written.size(), false);
   for (size_t w = 0; w < written.size(); ++w)
     if (written[w].kind == ArgKind::ProjectionGrad) {
+      if (written[w].projection < 0 ||
+          size_t(written[w].projection) >= cell.projections.size())
+        return Status::error("internal error: the backward kernel has more projection "
+                             "gradients than the package has projections");
       size_t pair = pairedWeightRows(written, w, cell.projections[written[w].projection]);
       if (pair < written.size() && !paired[pair]) {
         pairOf[w] = pair;

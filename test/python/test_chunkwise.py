@@ -435,6 +435,18 @@ def test_the_examples_cores_run_on_the_kernels(name, core):
         {f"_Native{core}CoreBackward"}
 
 
+def _count_prologues(monkeypatch):
+    """The devices of the compiled prologues the chunk form runs from now on."""
+    from cellc import _chunkwise
+    ran, real = [], _chunkwise._run_prologue
+
+    def counted(pre, *args):
+        ran.append(pre.devices)
+        return real(pre, *args)
+    monkeypatch.setattr(_chunkwise, "_run_prologue", counted)
+    return ran
+
+
 @pytest.mark.parametrize("name", LINEAR)
 def test_the_compiled_prologue_is_the_torch_ops(name, monkeypatch):
     # The prologue runs as the pipeline's kernels (cell-chunk-part) with
@@ -449,9 +461,12 @@ def test_the_compiled_prologue_is_the_torch_ops(name, monkeypatch):
     options = dict(form="chunk", chunk=8, recompute="full", resets=resets,
                    lengths=[T, 17, 4])
     assert _chunkwise.prologue(cell, SIZES, torch.float64) is not None
+    ran = _count_prologues(monkeypatch)
     compiled = run(cell, x, params, states, **options)
+    assert ran == ["cpu"]
     monkeypatch.setattr(_chunkwise, "COMPILED_PROLOGUE", False)
     ops = run(cell, x, params, states, **options)
+    assert ran == ["cpu"]
     assert rel(compiled[0], ops[0]) < 1e-12
     for n in ops[1]:
         assert rel(compiled[1][n], ops[1][n]) < 1e-12, n
@@ -461,7 +476,7 @@ def test_the_compiled_prologue_is_the_torch_ops(name, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["none", "full"])
 @pytest.mark.parametrize("name", LINEAR)
-def test_the_chunk_form_trains_on_the_emulated_cuda_kernels(name, mode):
+def test_the_chunk_form_trains_on_the_emulated_cuda_kernels(name, mode, monkeypatch):
     # target="cuda-emu": the prologue's CUDA kernels run in the SIMT emulator
     # and the core in torch (its templates, as on a GPU, not the CPU's
     # kernels), in float32, against the step kernels in float64, with
@@ -478,12 +493,71 @@ def test_the_chunk_form_trains_on_the_emulated_cuda_kernels(name, mode):
     assert _chunkwise.prologue(emu, SIZES, torch.float32, torch.device("cpu")).devices == \
         "emulator"
     f32 = lambda t: t.detach().float().requires_grad_()
+    ran = _count_prologues(monkeypatch)
     got = run(emu, f32(x), {n: f32(t) for n, t in params.items()},
               {n: f32(t) for n, t in states.items()}, form="chunk", chunk=8, recompute=mode,
               **options)
+    assert ran == ["emulator"]
     assert got[0].dtype == torch.float32
     assert rel(got[0].double(), want[0]) < 2e-5
     for n in want[1]:
         assert rel(got[1][n].double(), want[1][n]) < 2e-5, n
     for n in want[2]:
         assert rel(got[2][n].double(), want[2][n]) < 2e-5, n
+
+
+# A gate read as it is (not an exp), in a cell whose input is named as the
+# compiled prologue's own placeholder state would be, with and without a
+# state stepped before the core.
+SIGMOID_GATES = {
+    False: """cell sg {
+  input unused: [I]
+  state S: [NH, K, V]
+  param W_q: [NH*K, I], W_k: [NH*K, I], W_v: [NH*V, I], W_a: [NH*K, I]
+  q = heads(W_q @ unused, NH)
+  k = heads(W_k @ unused, NH)
+  v = heads(W_v @ unused, NH)
+  a = sigmoid(heads(W_a @ unused, NH))
+  S = a * S + outer(k, v)
+  o = q @ S
+  output o
+}
+""",
+    True: """cell sg {
+  input unused: [I]
+  state S: [NH, K, V], c: [NH]
+  param W_q: [NH*K, I], W_k: [NH*K, I], W_v: [NH*V, I], w_a: [NH, I], w_c: [NH, I]
+  q = heads(W_q @ unused, NH)
+  k = heads(W_k @ unused, NH)
+  v = heads(W_v @ unused, NH)
+  c_new = max(c, w_c @ unused)
+  a = sigmoid(w_a @ unused + c_new)
+  S = a * S + outer(k, v)
+  c = c_new
+  o = q @ S
+  output o
+}
+"""}
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("stepped", [False, True])
+def test_a_gate_read_as_it_is_takes_lengths(stepped, compiled, monkeypatch):
+    # Past a sample's length the prologue leaves zeros (its kernels) or
+    # values of padding (torch): the gate there is 1 whatever it is, not a
+    # zero gate refused nor a log of zero.
+    from cellc import _chunkwise
+    cell = cellc.compile(SIGMOID_GATES[stepped])
+    monkeypatch.setattr(_chunkwise, "COMPILED_PROLOGUE", compiled)
+    ran = _count_prologues(monkeypatch)
+    T, B = 19, 3
+    x, params, states = arguments(cell, "sg", T, B, torch.float64, seed=11)
+    options = dict(lengths=[T, 9, 2])
+    want = run(cell, x, params, states, **options)
+    got = run(cell, x, params, states, form="chunk", chunk=8, **options)
+    assert ran == (["cpu"] if compiled else [])
+    assert rel(got[0], want[0]) < 1e-10
+    for n in want[1]:
+        assert rel(got[1][n], want[1][n]) < 1e-10, n
+    for n in want[2]:
+        assert want[2][n].abs().max() > 0 and rel(got[2][n], want[2][n]) < 1e-10, n

@@ -119,22 +119,34 @@ SmallVector<ProjectionOp> projectionsOf(DefOp def) {
 }
 
 std::optional<unsigned> projectionIndexOf(ArrayRef<ProjectionOp> forward, ProjectionOp p) {
-  auto weightOf = [](Value v) { return v.getDefiningOp<ParamOp>().getName(); };
-  auto inputOf = [](ProjectionOp q) {
-    return cast<BlockArgument>(q.getVector()).getArgNumber();
+  // A projection's weight and biases are params and its vector an input
+  // (cell-split-projections makes no other); anything else matches none.
+  auto nameOf = [](Value v) -> std::optional<StringRef> {
+    if (auto param = v.getDefiningOp<ParamOp>())
+      return param.getName();
+    return std::nullopt;
   };
-  auto biasesOf = [&](ProjectionOp q) {
-    SmallVector<StringRef> names;
-    for (Value b : q.getBiases())
-      names.push_back(weightOf(b));
-    return names;
+  auto key = [&](ProjectionOp q)
+      -> std::optional<std::tuple<StringRef, unsigned, SmallVector<StringRef>>> {
+    auto input = dyn_cast<BlockArgument>(q.getVector());
+    std::optional<StringRef> weight = nameOf(q.getWeight());
+    if (!input || !weight)
+      return std::nullopt;
+    SmallVector<StringRef> biases;
+    for (Value b : q.getBiases()) {
+      std::optional<StringRef> bias = nameOf(b);
+      if (!bias)
+        return std::nullopt;
+      biases.push_back(*bias);
+    }
+    return std::make_tuple(*weight, input.getArgNumber(), biases);
   };
-  for (auto [i, fc] : llvm::enumerate(forward)) {
-    ProjectionOp f = fc;
-    if (weightOf(f.getWeight()) == weightOf(p.getWeight()) && inputOf(f) == inputOf(p) &&
-        biasesOf(f) == biasesOf(p))
+  auto wanted = key(p);
+  if (!wanted)
+    return std::nullopt;
+  for (auto [i, f] : llvm::enumerate(forward))
+    if (key(f) == wanted)
       return unsigned(i);
-  }
   return std::nullopt;
 }
 

@@ -13,6 +13,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringSet.h"
 
 namespace mlir::cell {
 #define GEN_PASS_DEF_CELLCHUNKPART
@@ -187,7 +188,16 @@ struct ChunkPart : public impl::CellChunkPartBase<ChunkPart> {
           {1}, cast<ShapedType>(outputs.front().getType()).getElementType());
       argTypes.push_back(type);
       argLocs.push_back(def.getLoc());
-      stateNames.push_back(b.getStringAttr("unused"));
+      // Named apart from the cell's inputs, states and params.
+      llvm::StringSet<> taken;
+      for (Attribute n : llvm::concat<const Attribute>(def.getInputNames().getValue(),
+                                                       def.getStateNames().getValue()))
+        taken.insert(cast<StringAttr>(n).getValue());
+      def.walk([&](ParamOp p) { taken.insert(p.getName()); });
+      std::string name = "unused";
+      while (taken.contains(name))
+        name += "_";
+      stateNames.push_back(b.getStringAttr(name));
     }
 
     OpBuilder builder(def);
