@@ -8,13 +8,15 @@ gate-only states such as mLSTM's m included), the core (each linear state's
 update and reads) and the rest. The prologue is a cell of its own that the
 pipeline compiles (cell-chunk-part, `cellc --chunk-part=prologue`): its
 kernels and derived backward run over all T * B rows (over T steps where it
-steps a state), in the call's recompute mode. The core runs chunk by chunk:
+steps a state), in the call's recompute mode; so does the rest of the step
+after the core (`--chunk-part=epilogue`), over T steps, on the core's reads.
+The core runs chunk by chunk:
 within a chunk of L steps as matrix products, with chunk-local cumulative
 log-gates, the state passed between chunks only; the delta rule goes through
 the UT transform (a unit-triangular solve per chunk). Its templates run on
-the CPU runtime's kernels (cellc._chunkcore); the rest of the step, and the
-prologue where the pipeline cannot build it, run op by op in torch, whose
-autograd chains the parts.
+the CPU runtime's kernels (cellc._chunkcore); values of params alone,
+expands, and the parts where the pipeline cannot build them run op by op in
+torch, whose autograd chains the parts.
 """
 
 import json
@@ -57,15 +59,28 @@ def prologue(front, sizes, dtype, device=None):
     there are none). On the CPU, the JIT's kernels; where the cell runs its CUDA
     kernels on `device` (a GPU, or the SIMT emulator), the CUDA package's.
     None where the pipeline cannot build it (the torch ops run)."""
+    return _part(front, sizes, dtype, device, "prologue")
+
+
+def epilogue(front, sizes, dtype, device=None):
+    """The rest of the step after the core, compiled as the prologue is
+    (`cellc --chunk-part=epilogue`): its inputs are the reads and the
+    values before the core it reads, named v<id>; its states those after
+    the core; its outputs the cell's. None where the step has nothing after
+    the core or the pipeline cannot build it (the torch ops run)."""
+    return _part(front, sizes, dtype, device, "epilogue")
+
+
+def _part(front, sizes, dtype, device, part):
     cuda = device is not None and front._runs_cuda(device)
     key = (tuple(sorted(sizes.items())), dtype,
-           (device.type, device.index, front.emulated) if cuda else None)
+           (device.type, device.index, front.emulated) if cuda else None, part)
     cache = front.__dict__.setdefault("_chunk_prologues", {})
     if key in cache:
         return cache[key]
     if cuda:
         try:
-            pre = front._cuda_cell(sizes, torch.float32, device, part="prologue")._front()
+            pre = front._cuda_cell(sizes, torch.float32, device, part=part)._front()
         except ValueError:
             pre = None
         cache[key] = pre
@@ -76,22 +91,34 @@ def prologue(front, sizes, dtype, device=None):
     try:
         compiled = _jit(front.source, front.file_name, dict(sizes),
                         "f64" if dtype == torch.float64 else "f32", front.threads, 0,
-                        unit_slices=front.unit_slices, part="prologue")
+                        unit_slices=front.unit_slices, part=part)
     except ValueError:
         cache[key] = None
         return None
     dims = compiled.state_dims
-    pre = Fixed(_ops.CpuRunner(compiled), "the chunk form's prologue", compiled.inputs,
+    pre = Fixed(_ops.CpuRunner(compiled), f"the chunk form's {part}", compiled.inputs,
                 compiled.params, [(n, list(dims.get(n, shape))) for n, shape in compiled.states],
                 [n for n, _ in compiled.outputs], "cpu", dtype=dtype)
     pre._key = _ops.front_key(pre, {"package": compiled.path})
-    # Its outputs on the runtime's buffer cache (cellc._ops._empty_outputs).
-    pre.lend_outputs = True
+    # The prologue's outputs on the runtime's buffer cache
+    # (cellc._ops._empty_outputs): they live as long as the call's backward.
+    pre.lend_outputs = part == "prologue"
     cache[key] = pre
     return pre
 
 
-def _run_prologue(pre, front, c, init, before, env, finals):
+def _padded(t, live):
+    """`t` [T, B, n] with its rows after a sample's end (`live` [T, B]
+    false) those of a live row: values a step really had, so that what runs
+    there anyway and is masked after (a compiled part on all T * B rows)
+    stays finite, and its gradient there zero, not NaN."""
+    if live is None or not bool(live.any()) or bool(live.all()):
+        return t
+    src = int(live.reshape(-1).nonzero()[0, 0])
+    return torch.where(live[..., None], t, t.reshape(-1, t.shape[-1])[src])
+
+
+def _run_prologue(pre, front, c, init, before, env, finals, live=None):
     """Runs the compiled prologue `pre` over the call `c`: its outputs into
     `env` ([T, B, n] each, by id), the final values of the states stepped
     before the core into `finals`."""
@@ -108,13 +135,37 @@ def _run_prologue(pre, front, c, init, before, env, finals):
         for i in before:
             finals[i] = last[state_names[i]].reshape(B, -1)
     else:
-        # No state: one step over all T * B rows.
-        x = {n: t.reshape(1, T * B, -1) for n, t in x.items()}
+        # No state: one step over all T * B rows, those past a sample's end
+        # too.
+        x = {n: _padded(t, live).reshape(1, T * B, -1) for n, t in x.items()}
         outs, _ = _ops.call(pre, x, params, recompute=c.mode)
     if not isinstance(outs, dict):
         outs = {pre.outputs[0]: outs}
     for name, t in outs.items():
         env[int(name[1:])] = t.reshape(T, B, -1)
+
+
+def _run_epilogue(post, front, c, init, after, env, finals, live=None):
+    """Runs the compiled rest of the step `post` over the call `c`, on the
+    reads and values of `env`: the cell's outputs ([T, B, n] each, in
+    `front.outputs` order); the final values of the states after the core
+    into `finals`."""
+    from . import _ops
+    T, B = c.inputs[0].shape[:2]
+    state_names = [n for n, _ in front.states]
+    names = {n for n, _ in post.params}
+    params = {n: t for (n, _), t in zip(front.params, c.params) if n in names}
+    # Past a sample's end the reads and the prologue's values may be zeros:
+    # the rest runs on a live row's values there (a division by them).
+    x = {n: _padded(env[int(n[1:])].reshape(T, B, -1), live) for n, _ in post.inputs}
+    states = {state_names[i]: init[i] for i in after} or None
+    outs, last = _ops.call(post, x, params, states, recompute=c.mode, resets=c.resets,
+                           lengths=c.lengths)
+    if not isinstance(outs, dict):
+        outs = {post.outputs[0]: outs}
+    for i in after:
+        finals[i] = last[state_names[i]].reshape(B, -1)
+    return [outs[n].reshape(T, B, -1) for n in front.outputs]
 
 
 def not_qualifying(front, p):
@@ -561,7 +612,7 @@ def call(front, c, chunk=None):
     pre = prologue(front, c.sizes, like.dtype, like.device) if COMPILED_PROLOGUE else None
     ops = p["run"]
     if pre is not None:
-        _run_prologue(pre, front, c, init, before, env, finals)
+        _run_prologue(pre, front, c, init, before, env, finals, live)
         # What the compiled prologue does not give: values of params and
         # constants alone, and the expands of its outputs (views).
         ops = graph.needed(p["read_outside"], set(env) | p["reads"] | p["args"])
@@ -607,8 +658,13 @@ def call(front, c, chunk=None):
                                                      resets, c.mode, used, template,
                                                      native=not c.cuda)
         env.update(values)
-    run(rest, after)
-    outs = [env[i] for i in p["yield_outputs"]]
+    post = (epilogue(front, c.sizes, like.dtype, like.device)
+            if COMPILED_PROLOGUE and rest else None)
+    if post is not None:
+        outs = _run_epilogue(post, front, c, init, after, env, finals, live)
+    else:
+        run(rest, after)
+        outs = [env[i] for i in p["yield_outputs"]]
     if live is not None:
         # After its last step a sample's outputs are zero.
         outs = [o * live[..., None].to(o.dtype) for o in outs]

@@ -435,23 +435,28 @@ def test_the_examples_cores_run_on_the_kernels(name, core):
         {f"_Native{core}CoreBackward"}
 
 
-def _count_prologues(monkeypatch):
-    """The devices of the compiled prologues the chunk form runs from now on."""
+def _count_prologues(monkeypatch, epilogues=None):
+    """The devices of the compiled prologues the chunk form runs from now on
+    (and, into `epilogues`, of its compiled epilogues)."""
     from cellc import _chunkwise
-    ran, real = [], _chunkwise._run_prologue
+    ran = []
+    for name, into in (("_run_prologue", ran), ("_run_epilogue", epilogues)):
+        if into is None:
+            continue
 
-    def counted(pre, *args):
-        ran.append(pre.devices)
-        return real(pre, *args)
-    monkeypatch.setattr(_chunkwise, "_run_prologue", counted)
+        def counted(part, *args, real=getattr(_chunkwise, name), into=into, **kwargs):
+            into.append(part.devices)
+            return real(part, *args, **kwargs)
+        monkeypatch.setattr(_chunkwise, name, counted)
     return ran
 
 
 @pytest.mark.parametrize("name", LINEAR)
 def test_the_compiled_prologue_is_the_torch_ops(name, monkeypatch):
-    # The prologue runs as the pipeline's kernels (cell-chunk-part) with
-    # their derived backward; op by op in torch it gives the same values
-    # and gradients, with lengths and resets, in full (which replays it).
+    # The prologue and the rest of the step run as the pipeline's kernels
+    # (cell-chunk-part) with their derived backward; op by op in torch they
+    # give the same values and gradients, with lengths and resets, in full
+    # (which replays them).
     from cellc import _chunkwise
     T, B = 29, 3
     cell = load(name)
@@ -461,9 +466,11 @@ def test_the_compiled_prologue_is_the_torch_ops(name, monkeypatch):
     options = dict(form="chunk", chunk=8, recompute="full", resets=resets,
                    lengths=[T, 17, 4])
     assert _chunkwise.prologue(cell, SIZES, torch.float64) is not None
-    ran = _count_prologues(monkeypatch)
+    # Only mLSTM has ops after the core (its normalisation): compiled too.
+    rests = []
+    ran = _count_prologues(monkeypatch, rests)
     compiled = run(cell, x, params, states, **options)
-    assert ran == ["cpu"]
+    assert ran == ["cpu"] and rests == (["cpu"] if name == "mlstm" else [])
     monkeypatch.setattr(_chunkwise, "COMPILED_PROLOGUE", False)
     ops = run(cell, x, params, states, **options)
     assert ran == ["cpu"]
@@ -493,11 +500,12 @@ def test_the_chunk_form_trains_on_the_emulated_cuda_kernels(name, mode, monkeypa
     assert _chunkwise.prologue(emu, SIZES, torch.float32, torch.device("cpu")).devices == \
         "emulator"
     f32 = lambda t: t.detach().float().requires_grad_()
-    ran = _count_prologues(monkeypatch)
+    rests = []
+    ran = _count_prologues(monkeypatch, rests)
     got = run(emu, f32(x), {n: f32(t) for n, t in params.items()},
               {n: f32(t) for n, t in states.items()}, form="chunk", chunk=8, recompute=mode,
               **options)
-    assert ran == ["emulator"]
+    assert ran == ["emulator"] and rests == (["emulator"] if name == "mlstm" else [])
     assert got[0].dtype == torch.float32
     assert rel(got[0].double(), want[0]) < 2e-5
     for n in want[1]:

@@ -111,9 +111,9 @@ static cl::opt<std::string> dtype(cl::cat(cellc::toolOptions()), "dtype",
 
 static cl::opt<std::string> chunkPart(
     cl::cat(cellc::toolOptions()), "chunk-part",
-    cl::desc("Compile a part of the cell's chunkwise form instead of the cell: "
-             "prologue (what the core reads, before it, as a cell of its own; "
-             "--emit=chunkwise shows the split)"),
+    cl::desc("Compile a part of the cell's chunkwise form instead of the cell, as a "
+             "cell of its own: prologue (what the core reads, before it) or epilogue "
+             "(the rest of the step after it); --emit=chunkwise shows the split"),
     cl::init(""));
 
 static cl::opt<bool> simtObjects(

@@ -28,7 +28,7 @@ def CellSplitProjections : Pass<"cell-split-projections", "::mlir::ModuleOp"> {
 }
 
 def CellChunkPart : Pass<"cell-chunk-part", "::mlir::ModuleOp"> {
-  let summary = "Replaces a cell by the prologue of its chunkwise form";
+  let summary = "Replaces a cell by the prologue or the epilogue of its chunkwise form";
   let description = [{
     For the chunkwise-parallel form (cellc._chunkwise, `--emit=chunkwise`):
     replaces each `cell.def @c` whose matrix states have a chunk form by
@@ -43,13 +43,20 @@ def CellChunkPart : Pass<"cell-chunk-part", "::mlir::ModuleOp"> {
     (the inputs, the states, then each op's results). Values of params and
     constants alone stay out: the caller computes them once.
 
-    The rest of the pipeline (autodiff, saves, kernels) takes the prologue
-    as any cell. A cell with no chunk form is an error at its location.
-    Runs after `cell-split-projections`.
+    With `part=epilogue`, the cell is replaced by `@c_epilogue`, the rest
+    of the step after the core: its inputs are the core's reads and the
+    row-varying values before the core that the rest reads (named v<id>),
+    its states those computed after the core, its outputs the cell's;
+    values of params and constants alone it computes itself.
+
+    The rest of the pipeline (autodiff, saves, kernels) takes either part
+    as any cell. A cell with no chunk form, or nothing after its core for
+    the epilogue, is an error at its location. Runs after
+    `cell-split-projections`.
   }];
   let options = [
     Option<"part", "part", "std::string", /*default=*/"\"prologue\"",
-           "The part of the chunk form the cell is replaced by: prologue">,
+           "The part of the chunk form the cell is replaced by: prologue or epilogue">,
   ];
   let dependentDialects = ["::mlir::cell::CellDialect"];
 }
