@@ -75,7 +75,7 @@ def _part(front, sizes, dtype, device, part):
     cuda = device is not None and front._runs_cuda(device)
     key = (tuple(sorted(sizes.items())), dtype,
            (device.type, device.index, front.emulated) if cuda else None, part)
-    cache = front.__dict__.setdefault("_chunk_prologues", {})
+    cache = front.__dict__.setdefault("_chunk_parts", {})
     if key in cache:
         return cache[key]
     if cuda:
@@ -118,54 +118,29 @@ def _padded(t, live):
     return torch.where(live[..., None], t, t.reshape(-1, t.shape[-1])[src])
 
 
-def _run_prologue(pre, front, c, init, before, env, finals, live=None):
-    """Runs the compiled prologue `pre` over the call `c`: its outputs into
-    `env` ([T, B, n] each, by id), the final values of the states stepped
-    before the core into `finals`."""
+def _run_part(part, front, c, x, carried, init, finals):
+    """Runs a compiled part of the chunk form (prologue() or epilogue()) over
+    the call `c` on the inputs `x` (name: [T, B, n]), stepping the cell's
+    states `carried` from `init` (their final values into `finals`), in the
+    call's mode, resets and lengths; with no state, as one step over all
+    T * B rows. Its outputs by name, [T, B, n] each."""
     from . import _ops
     T, B = c.inputs[0].shape[:2]
     state_names = [n for n, _ in front.states]
-    names = {n for n, _ in pre.params}
+    names = {n for n, _ in part.params}
     params = {n: t for (n, _), t in zip(front.params, c.params) if n in names}
-    x = {n: t for (n, _), t in zip(front.inputs, c.inputs)}
-    if before:
-        states = {state_names[i]: init[i] for i in before}
-        outs, last = _ops.call(pre, x, params, states, recompute=c.mode, resets=c.resets,
+    if carried:
+        states = {state_names[i]: init[i] for i in carried}
+        outs, last = _ops.call(part, x, params, states, recompute=c.mode, resets=c.resets,
                                lengths=c.lengths)
-        for i in before:
+        for i in carried:
             finals[i] = last[state_names[i]].reshape(B, -1)
     else:
-        # No state: one step over all T * B rows, those past a sample's end
-        # too.
-        x = {n: _padded(t, live).reshape(1, T * B, -1) for n, t in x.items()}
-        outs, _ = _ops.call(pre, x, params, recompute=c.mode)
+        x = {n: t.reshape(1, T * B, -1) for n, t in x.items()}
+        outs, _ = _ops.call(part, x, params, recompute=c.mode)
     if not isinstance(outs, dict):
-        outs = {pre.outputs[0]: outs}
-    for name, t in outs.items():
-        env[int(name[1:])] = t.reshape(T, B, -1)
-
-
-def _run_epilogue(post, front, c, init, after, env, finals, live=None):
-    """Runs the compiled rest of the step `post` over the call `c`, on the
-    reads and values of `env`: the cell's outputs ([T, B, n] each, in
-    `front.outputs` order); the final values of the states after the core
-    into `finals`."""
-    from . import _ops
-    T, B = c.inputs[0].shape[:2]
-    state_names = [n for n, _ in front.states]
-    names = {n for n, _ in post.params}
-    params = {n: t for (n, _), t in zip(front.params, c.params) if n in names}
-    # Past a sample's end the reads and the prologue's values may be zeros:
-    # the rest runs on a live row's values there (a division by them).
-    x = {n: _padded(env[int(n[1:])].reshape(T, B, -1), live) for n, _ in post.inputs}
-    states = {state_names[i]: init[i] for i in after} or None
-    outs, last = _ops.call(post, x, params, states, recompute=c.mode, resets=c.resets,
-                           lengths=c.lengths)
-    if not isinstance(outs, dict):
-        outs = {post.outputs[0]: outs}
-    for i in after:
-        finals[i] = last[state_names[i]].reshape(B, -1)
-    return [outs[n].reshape(T, B, -1) for n in front.outputs]
+        outs = {part.outputs[0]: outs}
+    return {n: t.reshape(T, B, -1) for n, t in outs.items()}
 
 
 def not_qualifying(front, p):
@@ -612,7 +587,11 @@ def call(front, c, chunk=None):
     pre = prologue(front, c.sizes, like.dtype, like.device) if COMPILED_PROLOGUE else None
     ops = p["run"]
     if pre is not None:
-        _run_prologue(pre, front, c, init, before, env, finals, live)
+        # Past a sample's end, inputs of padding: a stateless prologue runs
+        # there too (its rows are masked after).
+        x = {n: _padded(t, live) for (n, _), t in zip(front.inputs, c.inputs)}
+        outs = _run_part(pre, front, c, x, before, init, finals)
+        env.update((int(n[1:]), t) for n, t in outs.items())
         # What the compiled prologue does not give: values of params and
         # constants alone, and the expands of its outputs (views).
         ops = graph.needed(p["read_outside"], set(env) | p["reads"] | p["args"])
@@ -661,7 +640,12 @@ def call(front, c, chunk=None):
     post = (epilogue(front, c.sizes, like.dtype, like.device)
             if COMPILED_PROLOGUE and rest else None)
     if post is not None:
-        outs = _run_epilogue(post, front, c, init, after, env, finals, live)
+        # Past a sample's end the reads and the prologue's values may be
+        # zeros: the rest runs on a live row's values there (a division by
+        # them).
+        x = {n: _padded(env[int(n[1:])].reshape(T, B, -1), live) for n, _ in post.inputs}
+        outs = _run_part(post, front, c, x, after, init, finals)
+        outs = [outs[n] for n in front.outputs]
     else:
         run(rest, after)
         outs = [env[i] for i in p["yield_outputs"]]

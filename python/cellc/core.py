@@ -117,7 +117,7 @@ class Cell(Sizes, Steps, CudaTargets):
                       "_step_plans": dict, "_last": lambda: None,
                       "_streams": list, "_key": lambda: None,
                       "saved_bytes": int, "_chunkwise_plans": dict,
-                      "_chunk_prologues": dict}
+                      "_chunk_parts": dict}
 
     def __getstate__(self):
         state = dict(self.__dict__)

@@ -373,17 +373,9 @@ LogicalResult ConvertCellToBatchedKernels::buildBackward(DefOp def,
   e.plan = &plan;
   // The backward step's projections are in its replay: each reads the
   // buffer of the forward's projection it computes again.
-  SmallVector<ProjectionOp> forwardProjections = projectionsOf(def);
-  LogicalResult matched = success();
-  body.walk([&](ProjectionOp p) {
-    std::optional<unsigned> i = projectionIndexOf(forwardProjections, p);
-    if (!i) {
-      matched = p.emitOpError("internal error: the replay's projection is not the step's");
-      return;
-    }
-    e.projectionBuffers[p] = k.arg(args.numInputs + *i);
-  });
-  if (failed(matched))
+  if (failed(bindReplayProjections(def, body, [&](ProjectionOp p, unsigned i) {
+        e.projectionBuffers[p] = k.arg(args.numInputs + i);
+      })))
     return failure();
 
   e.packWeights(body);

@@ -455,18 +455,10 @@ LogicalResult bindKernelArgs(TiledBuilder &tb, DefOp def, Block &body,
                              const BackwardArgs &args, Block *entry) {
   for (auto [i, param] : llvm::enumerate(def.getBody().getOps<ParamOp>()))
     tb.params[param.getName()] = entry->getArgument(args.firstParam + i);
-  SmallVector<ProjectionOp> forwardProjections = projectionsOf(def);
-  LogicalResult matched = success();
-  body.walk([&](ProjectionOp p) {
-    std::optional<unsigned> k = projectionIndexOf(forwardProjections, p);
-    if (!k) {
-      matched = p.emitOpError("internal error: the replay's projection is not the step's");
-      return;
-    }
-    tb.projectionBuffers[p] = entry->getArgument(args.numInputs + *k);
-  });
   tb.gates = entry->getArgument(args.gates);
-  return matched;
+  return bindReplayProjections(def, body, [&](ProjectionOp p, unsigned k) {
+    tb.projectionBuffers[p] = entry->getArgument(args.numInputs + k);
+  });
 }
 
 /// What the kernel allocated must be what the plan counted.

@@ -150,6 +150,19 @@ std::optional<unsigned> projectionIndexOf(ArrayRef<ProjectionOp> forward, Projec
   return std::nullopt;
 }
 
+LogicalResult bindReplayProjections(DefOp def, Block &body,
+                                    function_ref<void(ProjectionOp, unsigned)> bind) {
+  SmallVector<ProjectionOp> forward = projectionsOf(def);
+  LogicalResult matched = success();
+  body.walk([&](ProjectionOp p) {
+    if (std::optional<unsigned> i = projectionIndexOf(forward, p))
+      bind(p, *i);
+    else
+      matched = p.emitOpError("internal error: the replay's projection is not the step's");
+  });
+  return matched;
+}
+
 /// Common arguments: inputs, projections, resets, initial and start states,
 /// params.
 static void addCommonArgs(DefOp def, KernelSignature &sig, ForwardArgs &args) {

@@ -103,6 +103,12 @@ SmallVector<ProjectionOp> projectionsOf(DefOp def);
 /// backward reads is not replayed.
 std::optional<unsigned> projectionIndexOf(ArrayRef<ProjectionOp> forward, ProjectionOp p);
 
+/// Calls `bind(p, i)` for each projection `p` of the backward step's `body`
+/// (its replay) with its place `i` among `def`'s projections (whose buffer
+/// it reads); an error at `p` where it is none of them.
+LogicalResult bindReplayProjections(DefOp def, Block &body,
+                                    function_ref<void(ProjectionOp, unsigned)> bind);
+
 /// How a `cell.reduce` combines, in kernels: its identity, two values
 /// combined, and a vector's elements combined.
 struct ReduceCombine {
