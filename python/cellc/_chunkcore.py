@@ -529,7 +529,7 @@ NATIVE = True
 
 def _kept(mode, template, a, c, k, v, S0, reads, delta, L, rows, resets, native=True):
     """The core: on a kernel template where the state fits one (`template`,
-    cellc._chunkwise._template) and no resets are given, which keeps the
+    the compiler's chunkTemplateOf) and no resets are given, which keeps the
     state at each chunk's start and the core's inputs whatever the mode;
     else the generic `_core` under the call's recompute mode: `none` keeps
     what autograd keeps; `full` keeps the core's inputs and the state

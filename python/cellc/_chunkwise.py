@@ -497,30 +497,14 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
     return values, S.reshape(B, -1)
 
 
-def _template(lin, used):
-    """The kernel template a linear state's core fits (runtime/cpu/ChunkCore,
-    cellc._chunkcore): "diagonal" (scalar or row gates, one outer-product
-    term) or "delta" (the delta rule with a scalar gate), with every read
-    used outside the core a q @ S after the update; else None (the generic
-    core in torch)."""
-    st = _State(lin)
-    rows = any(_along(st, f, 1) for f in lin["gates"])
-    columns = any(_along(st, f, 2) for f in lin["gates"])
-    if columns or not all(r["after"] and r["contracts_k"] for r in lin["reads"]
-                          if r["result"] in used):
-        return None
-    if "delta_key" in lin:
-        return None if rows else "delta"
-    return "diagonal" if len(lin["sources"]) == 1 else None
-
-
 def _prepare(p):
     """What every call of the plan `p` reads, worked out once: its graph;
     the states stepped before the core and after it; the reads, and those
     something outside the core uses (not the delta rule's read-back, which
     the core does itself); the block arguments; the ops that run outside
     the core, in order, params and constants aside; the values that vary by
-    row; each linear state's kernel template."""
+    row; each linear state's kernel template (the compiler's choice,
+    chunkTemplateOf: "diagonal", "delta" or None for the generic core)."""
     graph = p["graph"] = _Graph(p)
     n = len(p["states"])
     linear = {lin["state"] for lin in p["linear"]}
@@ -543,7 +527,7 @@ def _prepare(p):
     p.update(before=before, after=after, reads=reads, args=args, used=used, rowful=rowful,
              read_outside=read,
              run=[op for op in ops if op["op"] not in ("param", "constant")],
-             templates=[_template(lin, used) for lin in p["linear"]])
+             templates=[lin["template"] for lin in p["linear"]])
     return p
 
 

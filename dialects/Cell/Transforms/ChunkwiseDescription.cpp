@@ -108,6 +108,9 @@ std::string describeChunkwise(DefOp def) {
                                          {"queries", factors(r.queries)},
                                          {"scales", factors(r.scales)}});
     l["reads"] = std::move(reads);
+    ChunkTemplate t = chunkTemplateOf(s, split);
+    l["template"] = t == ChunkTemplate::None ? llvm::json::Value(nullptr)
+                                             : llvm::json::Value(chunkTemplateName(t));
     if (s.delta) {
       l["delta_key"] = id(s.deltaKey);
       l["delta_target"] = id(s.deltaTarget);

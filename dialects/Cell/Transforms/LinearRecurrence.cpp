@@ -563,6 +563,8 @@ ChunkwiseSplit analyzeChunkwise(DefOp def) {
     else if (isa<ReduceOp>(op) && core.contains(&op))
       phase = ChunkPhase::Read;
     split.phases[&op] = phase;
+    if (core.contains(&op))
+      split.core.insert(&op);
     if (phase == ChunkPhase::Prologue)
       ++split.prologueOps;
     else if (core.contains(&op))
@@ -571,6 +573,43 @@ ChunkwiseSplit analyzeChunkwise(DefOp def) {
       ++split.epilogueOps;
   }
   return split;
+}
+
+bool readUsedOutsideCore(const LinearRead &read, const ChunkwiseSplit &split) {
+  ReduceOp reduce = read.reduce;
+  return llvm::any_of(reduce.getResult().getUsers(),
+                      [&](Operation *user) { return !split.core.contains(user); });
+}
+
+ChunkTemplate chunkTemplateOf(const LinearState &state, const ChunkwiseSplit &split) {
+  if (!state.reason.empty())
+    return ChunkTemplate::None;
+  bool rows = llvm::any_of(state.gates, [](const LinearFactor &f) {
+    return f.kind == GateKind::Row;
+  });
+  bool columns = llvm::any_of(state.gates, [](const LinearFactor &f) {
+    return f.kind == GateKind::Column || f.kind == GateKind::Full;
+  });
+  bool readsFit = llvm::all_of(state.reads, [&](const LinearRead &r) {
+    return (r.afterUpdate && r.contractsK) || !readUsedOutsideCore(r, split);
+  });
+  if (columns || !readsFit)
+    return ChunkTemplate::None;
+  if (state.delta)
+    return rows ? ChunkTemplate::None : ChunkTemplate::Delta;
+  return state.sources.size() == 1 ? ChunkTemplate::Diagonal : ChunkTemplate::None;
+}
+
+const char *chunkTemplateName(ChunkTemplate t) {
+  switch (t) {
+  case ChunkTemplate::Diagonal:
+    return "diagonal";
+  case ChunkTemplate::Delta:
+    return "delta";
+  case ChunkTemplate::None:
+    break;
+  }
+  return "generic";
 }
 
 void printChunkwise(ModuleOp module, llvm::raw_ostream &os) {
@@ -664,6 +703,11 @@ void printChunkwise(ModuleOp module, llvm::raw_ostream &os) {
           os << ", times " << list(r.scales);
         os << "\n";
       }
+      ChunkTemplate t = chunkTemplateOf(s, split);
+      os << "    core: " << chunkTemplateName(t)
+         << (t == ChunkTemplate::None ? " (torch's reverse mode over the chunk program)"
+                                      : " template (the runtime's chunk kernels)")
+         << "\n";
     }
     auto states = [&](ArrayRef<unsigned> indices) {
       std::string text;

@@ -20,6 +20,7 @@
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 
 #include <string>
 
@@ -89,12 +90,28 @@ struct ChunkwiseSplit {
   SmallVector<unsigned> gateOnlyStates, postStates;
   unsigned prologueOps = 0, coreOps = 0, epilogueOps = 0;
   DenseMap<Operation *, ChunkPhase> phases;
+  /// The ops of the qualifying states' updates and reads.
+  llvm::DenseSet<Operation *> core;
   /// True when at least one matrix state qualifies.
   bool qualifies() const;
 };
 
 /// Analyses a cell after cell-split-projections.
 ChunkwiseSplit analyzeChunkwise(DefOp def);
+
+/// Whether something outside the core uses a read's result (an output, a
+/// state, the rest of the step): the delta rule's read-back is the core's.
+bool readUsedOutsideCore(const LinearRead &read, const ChunkwiseSplit &split);
+
+/// The kernel template a qualifying state's core fits (the runtime's
+/// ChunkCore kernels, cellc._chunkcore): Diagonal (scalar or row gates, one
+/// outer-product term) or Delta (the delta rule with scalar gates), with
+/// every read used outside the core a q @ S after the update. None: the
+/// generic core (torch's reverse mode, resets, reads before the update,
+/// column gates).
+enum class ChunkTemplate { None, Diagonal, Delta };
+ChunkTemplate chunkTemplateOf(const LinearState &state, const ChunkwiseSplit &split);
+const char *chunkTemplateName(ChunkTemplate t);
 
 /// The ids that describeChunkwise gives the values of `def`: the inputs,
 /// the states, then each op's results, in order.
