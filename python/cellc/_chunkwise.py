@@ -29,8 +29,9 @@ from . import _cellc
 from ._chunkcore import _kept
 from ._front import _check_lengths
 
-#: The chunk length where the call names none.
-DEFAULT_CHUNK = 64
+#: The chunk length where the call names none (jit::defaultChunkLength):
+#: 64, or the power of two (at least 16) that holds a shorter sequence.
+chunk_length = _cellc.default_chunk_length
 
 #: Whether the prologue runs as compiled kernels (cell-chunk-part: the
 #: pipeline's kernels and derived backward) rather than op by op in torch.
@@ -152,27 +153,34 @@ def not_qualifying(front, p):
 
 
 #: form="auto" takes the chunk form for sequences of at least this many
-#: chunks (bench/cpu/chunkwise.py: docs/benchmarks.md).
-AUTO_MIN_CHUNKS = 4
+#: chunks (bench/cpu/chunkwise.py: docs/benchmarks.md; jit::kAutoMinChunks,
+#: which `cellc --emit=plan --form=auto` reads too).
+AUTO_MIN_CHUNKS = _cellc.AUTO_MIN_CHUNKS
 
 
 def choose(front, c, chunk=None):
     """form="auto": "chunk" where the chunk form is expected to be faster,
-    else "step". The chunk form where gradients are wanted on the CPU, the
-    sequence has at least AUTO_MIN_CHUNKS chunks, and every linear state's
-    core runs on the runtime's kernels (a template: scalar or row gates and
-    reads after the update, or the delta rule with a scalar gate; no
-    resets); inference and step() keep the step kernels."""
+    else "step". The chunk form where gradients are wanted on the CPU, no
+    resets are given and expected() says so; inference and step() keep the
+    step kernels."""
     like = c.inputs[0]
-    T = like.shape[0]
-    L = chunk or DEFAULT_CHUNK
     if (c.cuda or not torch.is_grad_enabled() or c.resets is not None
-            or T < AUTO_MIN_CHUNKS * L or like.dtype not in (torch.float32, torch.float64)):
+            or like.dtype not in (torch.float32, torch.float64)):
         return "step"
-    p = plan(front, c.sizes, like.dtype)
-    if not p["linear"] or not all(p["templates"]):
-        return "step"
-    return "chunk"
+    return "chunk" if expected(front, c.sizes, like.dtype, like.shape[0], chunk) else "step"
+
+
+def expected(front, sizes, dtype, T, chunk=None):
+    """Whether the chunk form is expected to be faster for a training step
+    of T steps on the CPU (as `cellc --emit=plan --form=auto` says,
+    jit::chunkFormExpected): the cell has one, every linear state's core
+    runs on the runtime's kernels (a template: scalar or row gates and
+    reads after the update, or the delta rule with a scalar gate), and the
+    sequence has at least AUTO_MIN_CHUNKS chunks."""
+    if T < AUTO_MIN_CHUNKS * (chunk or chunk_length(T)):
+        return False
+    p = plan(front, sizes, dtype)
+    return bool(p["linear"]) and all(p["templates"])
 
 
 # The ops, on rows [R, n] (params as they are, constants 0-d) ------------------
@@ -490,9 +498,10 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
         outs_v = []
     for rs, os_, along in ((reads_k, outs, -2), (reads_v, outs_v, -1)):
         for r, o in zip(rs, os_):
-            scale = _factor_product(st, r["scales"], env, lead, like)
             o = o.permute(2, 0, 1, 3)                      # [T, B, H, V or K]
-            o = o * (scale.squeeze(along) if scale.dim() else scale)
+            if r["scales"]:
+                scale = _factor_product(st, r["scales"], env, lead, like)
+                o = o * (scale.squeeze(along) if scale.dim() else scale)
             values[r["result"]] = o.reshape(T, B, -1)
     return values, S.reshape(B, -1)
 
@@ -548,8 +557,7 @@ def call(front, c, chunk=None):
     p = plan(front, c.sizes, like.dtype)
     if not p["linear"]:
         raise ValueError(not_qualifying(front, p))
-    chunk = chunk or (DEFAULT_CHUNK if T >= DEFAULT_CHUNK
-                      else max(16, 1 << (T - 1).bit_length()))
+    chunk = chunk or chunk_length(T)
     graph = p["graph"]
     params = {n: t for (n, _), t in zip(front.params, c.params)}
     init = []

@@ -253,7 +253,8 @@ class Cell(Sizes, Steps, CudaTargets):
             raise RuntimeError("memory_stats: the cell has not run on the CPU yet")
         return self._last.memory_stats()
 
-    def memory_plan(self, sizes, steps, batch, recompute="full", dtype=torch.float32):
+    def memory_plan(self, sizes, steps, batch, recompute="full", dtype=torch.float32,
+                    form="step", chunk=None):
         """What one training step of `steps` x `batch` holds in `recompute`
         mode, in bytes, as cellc's runtime will allocate it (the driver run on
         a backend that only counts): a dict with "kept", "forward_peak",
@@ -261,7 +262,34 @@ class Cell(Sizes, Steps, CudaTargets):
         "final_states", "grad_outputs", "grad_inputs" and "grad_params",
         "piece_steps", and "peak" (the most held at once over the step, above
         the inputs and params) and "floor" (what any implementation holds at
-        its end)."""
+        its end).
+
+        `form`: "step", "chunk" (the chunkwise form on the CPU, chunks of
+        `chunk` steps: the same keys but "piece_steps", the parts' kept
+        bytes "prologue_kept", "core_kept", "between_kept" and
+        "epilogue_kept", and "chunk"; `cellc --emit=plan --form=chunk`
+        prints it) or "auto" (the form a call with form="auto" takes)."""
+        from . import _chunkwise, _ops
+        if form not in _ops.FORMS:
+            raise ValueError(f"form must be one of {', '.join(map(repr, _ops.FORMS))}, "
+                             f"not {form!r}")
+        if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"chunk must be a positive number of steps, not {chunk!r}")
+        if form == "auto":
+            cpu = not self.emulated and self.target != _cellc.Target.cuda.name
+            form = ("chunk" if cpu and _chunkwise.expected(self, sizes, dtype, steps, chunk)
+                    else "step")
+        if form == "chunk":
+            if self.emulated or self.target == _cellc.Target.cuda.name:
+                raise NotImplementedError("memory_plan(form='chunk') plans the CPU's chunk "
+                                          "kernels; on the CUDA target the core runs in torch")
+            if dtype not in (torch.float32, torch.float64):
+                raise TypeError(f"the chunk form runs float32 and float64, not {dtype}")
+            if not isinstance(steps, int) or not isinstance(batch, int):
+                raise TypeError("steps and batch must be integers")
+            return _cellc.chunk_plan(self.source, self.file_name, dict(sizes),
+                                     "f64" if dtype == torch.float64 else "f32", steps,
+                                     batch, recompute, chunk or 0)
         if self.emulated or self.target == _cellc.Target.cuda.name:
             # The CUDA kernels' plan: the same C++ host code plans the
             # emulator's calls and a GPU's.

@@ -16,6 +16,7 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
+#include "jit/ChunkPlan.h"
 #include "jit/CpuJit.h"
 #include "jit/KernelCache.h"
 #include "jit/TuningCache.h"
@@ -165,6 +166,34 @@ std::string chunkwise(const std::string &source, const std::string &fileName,
   for (auto def : module->getOps<mlir::cell::DefOp>())
     return mlir::cell::describeChunkwise(def);
   throw py::value_error("no cell");
+}
+
+/// What a training step of the cell's chunk form holds (jit::planChunkForm),
+/// in bytes, as Cell.memory_plan returns it; ValueError where the chunk
+/// form's kernels do not run the cell.
+py::dict chunkPlan(const std::string &source, const std::string &fileName,
+                   const std::map<std::string, int64_t> &sizes, const std::string &dtype,
+                   int64_t steps, int64_t batch, const std::string &mode, int64_t chunk) {
+  CellSource src(source, fileName);
+  mlir::MLIRContext context;
+  auto module = compiled(src, context, sizes, dtype);
+  auto recompute = parseRecompute(mode);
+  if (!recompute)
+    throw py::value_error(llvm::toString(recompute.takeError()));
+  auto plan = planChunkForm(*module, dtype, steps, batch, *recompute, chunk);
+  if (!plan)
+    throw py::value_error(llvm::toString(plan.takeError()));
+  py::dict d;
+  for (auto [name, bytes] : std::initializer_list<std::pair<const char *, int64_t>>{
+           {"kept", plan->kept}, {"forward_peak", plan->forwardPeak},
+           {"backward_peak", plan->backwardPeak}, {"outputs", plan->outputs},
+           {"final_states", plan->finalStates}, {"grad_outputs", plan->gradOutputs},
+           {"grad_inputs", plan->gradInputs}, {"grad_params", plan->gradParams},
+           {"peak", plan->peak()}, {"floor", plan->floor()}, {"chunk", plan->chunk},
+           {"prologue_kept", plan->prologueKept}, {"core_kept", plan->coreKept},
+           {"between_kept", plan->betweenKept}, {"epilogue_kept", plan->epilogueKept}})
+    d[name] = bytes;
+  return d;
 }
 
 /// Writes an AOT CUDA package of the cell at `sizes` to `dir`, with the
@@ -400,6 +429,11 @@ PYBIND11_MODULE(_cellc, m) {
   m.attr("__version__") = CELLC_VERSION;
   m.def("chunkwise", &chunkwise, py::arg("source"), py::arg("file_name"), py::arg("sizes"),
         py::arg("dtype"));
+  m.def("chunk_plan", &chunkPlan, py::arg("source"), py::arg("file_name"), py::arg("sizes"),
+        py::arg("dtype"), py::arg("steps"), py::arg("batch"), py::arg("mode"),
+        py::arg("chunk") = 0);
+  m.def("default_chunk_length", &defaultChunkLength, py::arg("steps"));
+  m.attr("AUTO_MIN_CHUNKS") = kAutoMinChunks;
   m.def("cache_dir", []() { return KernelCache::defaultDir(); });
   m.def("compiler_version", []() { return compilerVersion().str(); });
   m.def("package", &bindPackage,

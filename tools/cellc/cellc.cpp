@@ -16,6 +16,7 @@
 #include "mlir/Support/FileUtilities.h"
 #include "compiler/Conversion/Passes.h"
 #include "compiler/Conversion/Common/PhasePlan.h"
+#include "jit/ChunkPlan.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -115,6 +116,20 @@ static cl::opt<std::string> chunkPart(
              "cell of its own: prologue (what the core reads, before it) or epilogue "
              "(the rest of the step after it); --emit=chunkwise shows the split"),
     cl::init(""));
+
+static cl::opt<std::string> formFlag(
+    cl::cat(cellc::toolOptions()), "form",
+    cl::desc("With --emit=plan: the training form whose memory the plan predicts: "
+             "step (the default), chunk (the chunkwise form of a cell whose matrix "
+             "states are gated linear recurrences) or auto (the chunk form where "
+             "form=\"auto\" would take it)"),
+    cl::init("step"));
+
+static cl::opt<int64_t> chunkLength(
+    cl::cat(cellc::toolOptions()), "chunk",
+    cl::desc("With --form=chunk: the chunk length (default: 64, or the power of "
+             "two that holds a shorter sequence)"),
+    cl::init(0));
 
 static cl::opt<bool> simtObjects(
     cl::cat(cellc::toolOptions()), "simt",
@@ -291,6 +306,23 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
   }
   if (emitAction == Emit::Package)
     return writePackage(*module, context, sourceMgr);
+  if (emitAction == Emit::Plan && formFlag != "step") {
+    mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
+    std::string why;
+    bool chunk = formFlag == "chunk" ||
+                 jit::chunkFormExpected(*module, planSteps, chunkLength, why);
+    if (formFlag == "auto")
+      os << "form=auto takes the " << (chunk ? "chunk" : "step") << " form: " << why
+         << "\n";
+    if (chunk) {
+      if (llvm::Error e = jit::printChunkMemoryPlan(*module, planSteps, planBatch,
+                                                    chunkLength, os)) {
+        llvm::errs() << "cellc: error: " << llvm::toString(std::move(e)) << "\n";
+        return false;
+      }
+      return true;
+    }
+  }
   PipelineOptions options = targetsCuda() ? chosenCudaOptions(*module) : cpuOptions();
   if (saveGatesFlag >= 0)
     options.saveGates = saveGatesFlag != 0;
@@ -417,6 +449,21 @@ int main(int argc, char **argv) {
   bool cuda = targetsCuda();
   if (planSteps < 1 || planBatch < 1) {
     llvm::errs() << "cellc: error: --seq-len and --batch must be at least 1\n";
+    return 1;
+  }
+  if (formFlag != "step" && formFlag != "chunk" && formFlag != "auto") {
+    llvm::errs() << "cellc: error: unknown --form '" << formFlag
+                 << "'; expected step, chunk or auto\n";
+    return 1;
+  }
+  if ((formFlag != "step" || chunkLength != 0) && emitAction != Emit::Plan) {
+    llvm::errs() << "cellc: error: --form and --chunk apply to --emit=plan (the chunk "
+                    "form runs from Python, form=\"chunk\"; --chunk-part compiles its "
+                    "parts)\n";
+    return 1;
+  }
+  if (chunkLength < 0) {
+    llvm::errs() << "cellc: error: --chunk must be a positive number of steps\n";
     return 1;
   }
   if (emitAction == Emit::Package && (outputFilename == "-" || splitInputFile)) {
