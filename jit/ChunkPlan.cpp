@@ -217,6 +217,13 @@ llvm::Expected<ChunkPlan> cellc::jit::planChunkForm(mlir::ModuleOp cellIR,
     const int64_t K = s.heads ? s.dims[1] : s.dims[0];
     const int64_t V = s.oneColumn ? 1 : s.dims.back();
     ChunkTemplate t = chunkTemplateOf(s, analysis);
+    // The largest arrays in long double first: no count that wraps.
+    long double biggest = (long double)B * H * NC * bytes * std::max(K * V, L * L) *
+                          std::max<size_t>(1, s.reads.size());
+    if (biggest + (long double)rows * H * std::max(K, V) * bytes > 4e18L)
+      return fail(llvm::formatv("the sizes overflow: the chunk form's arrays for state {0} "
+                                "at T = {1}, B = {2} are more bytes than int64 counts",
+                                s.name, T, B));
     // A product of factors keeps them and each partial product; one factor
     // that is a prologue output as it is (varying along every dim the array
     // has) is a view of it.

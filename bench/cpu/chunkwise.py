@@ -199,14 +199,24 @@ def main():
                 f()
             med = side_by_side(runs, a.repeats)
             print(f"\n{name}, T = {T}:")
+            # What memory_plan predicts for each of cellc's runs (the peak
+            # over the inputs and params, as measured).
+            plans = {"cellc full": ("step", "full"), "cellc none": ("step", "none"),
+                     "cellc chunk": ("chunk", "none"), "cellc chunk full": ("chunk", "full")}
             for label, t in med.items():
+                planned = ""
+                if label in plans:
+                    form, mode = plans[label]
+                    bytes_ = cell.memory_plan(SIZES, T, a.batch, recompute=mode,
+                                              form=form)["peak"]
+                    planned = f"  plan {bytes_ / 2**20:8.1f} MiB"
                 out = subprocess.run([sys.executable, __file__, "--peak", name, label,
                                       "--batch", str(a.batch), "--steps", str(T)],
                                      capture_output=True, text=True, check=True)
                 mib = json.loads(out.stdout.splitlines()[-1])["peak"] / 2**20
                 print(f"  {label:16s} {t * 1e3:9.1f} ms  {med['cellc full'] / t:5.2f}x full"
                       f"  {med['torch chunkwise'] / t:5.2f}x torch chunkwise"
-                      f"  peak {mib:8.1f} MiB")
+                      f"  peak {mib:8.1f} MiB{planned}")
 
 
 if __name__ == "__main__":

@@ -220,6 +220,92 @@ def test_auto_takes_the_chunk_form_where_it_is_expected_to_be_faster():
     assert torch.equal(auto, chunk)
 
 
+#: Sizes with K != V, so that the plan's arrays differ by their widths.
+PLAN_SIZES = dict(I=12, NH=2, K=8, V=4)
+
+
+def _saved_bytes(run, caller):
+    """The bytes of every tensor autograd saves while `run` runs (torch's
+    saved-tensor hooks, each storage once), but those of `caller`'s tensors
+    (after `run`, its results too) and 0-d ones."""
+    seen = {}
+
+    def pack(t):
+        if t.dim() > 0:
+            st = t.storage()
+            seen.setdefault(st.data_ptr(), st.size() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        results = run()
+    mine = {t.storage().data_ptr() for t in caller(results)}
+    return sum(b for ptr, b in seen.items() if ptr not in mine)
+
+
+@pytest.mark.parametrize("dtype,chunk", [(torch.float32, 16), (torch.float64, None)])
+@pytest.mark.parametrize("mode", ["none", "full", "chunk:16"])
+@pytest.mark.parametrize("name", LINEAR)
+def test_the_memory_plan_counts_what_the_chunk_form_keeps(name, mode, dtype, chunk):
+    # memory_plan(form="chunk") (jit::planChunkForm) against what the chunk
+    # form's forward keeps for its backward, byte for byte: the compiled
+    # parts' driver buffers, the arrays between them, the cores' copies and
+    # chunk buffers. T = 37 is no multiple of the chunk.
+    cell = load(name)
+    T, B = 37, 3
+    g = torch.Generator().manual_seed(3)
+    params = {n: (0.3 * torch.randn(*cell.shape(n, PLAN_SIZES), generator=g,
+                                    dtype=dtype)).requires_grad_() for n, _ in cell.params}
+    if name == "retnet":
+        params["gamma"] = (0.6 + 0.3 * torch.rand(*params["gamma"].shape, generator=g,
+                                                  dtype=dtype)).requires_grad_()
+    x = torch.randn(T, B, PLAN_SIZES["I"], generator=g, dtype=dtype, requires_grad=True)
+    states = {n: (0.1 * torch.randn(B, *cell.shape(n, PLAN_SIZES), generator=g,
+                                    dtype=dtype)).requires_grad_() for n, _ in cell.states}
+    results = []
+    kept = _saved_bytes(
+        lambda: results.append(cell(x, params, states, sizes=PLAN_SIZES, form="chunk",
+                                    chunk=chunk, recompute=mode)) or results[0],
+        lambda r: [x, *params.values(), *states.values(), r[0], *r[1].values()])
+    plan = cell.memory_plan(PLAN_SIZES, T, B, recompute=mode, dtype=dtype, form="chunk",
+                            chunk=chunk)
+    assert plan["chunk"] == (chunk or 64)
+    assert plan["kept"] == kept
+    assert plan["kept"] == sum(plan[k] for k in ("prologue_kept", "core_kept",
+                                                 "between_kept", "epilogue_kept"))
+    out, final = results[0]
+    assert plan["outputs"] == out.numel() * out.element_size()
+    assert plan["final_states"] == sum(f.numel() * f.element_size() for f in final.values())
+    assert plan["peak"] >= plan["kept"] + plan["outputs"]
+    assert plan["floor"] == (plan["outputs"] + plan["grad_outputs"] + plan["grad_inputs"]
+                             + plan["grad_params"] + plan["kept"])
+
+
+def test_the_chunk_forms_memory_plan_refuses_what_it_does_not_plan():
+    gla = load("gla")
+    with pytest.raises(ValueError, match="form must be one of"):
+        gla.memory_plan(SIZES, 64, 2, form="chunks")
+    with pytest.raises(ValueError, match="chunk must be a positive number of steps"):
+        gla.memory_plan(SIZES, 64, 2, form="chunk", chunk=0)
+    with pytest.raises(ValueError, match="chunk:K"):
+        gla.memory_plan(SIZES, 64, 2, recompute="chunk:0", form="chunk")
+    with pytest.raises(ValueError, match="T >= 1"):
+        gla.memory_plan(SIZES, 0, 2, form="chunk")
+    with pytest.raises(TypeError, match="float32 and float64"):
+        gla.memory_plan(SIZES, 64, 2, form="chunk", dtype=torch.bfloat16)
+    lstm = load("lstm")
+    with pytest.raises(ValueError, match="has no chunkwise form"):
+        lstm.memory_plan(dict(I=3, H=4), 64, 2, form="chunk")
+    # A column gate runs the generic core in torch: not planned, and said so.
+    both = cellc.compile(GATED_BOTH_SIDES)
+    with pytest.raises(ValueError, match="generic core"):
+        both.memory_plan(SIZES, 64, 2, form="chunk")
+    # auto: the form a call with form="auto" takes.
+    assert "chunk" not in gla.memory_plan(SIZES, 64, 2, form="auto")
+    assert gla.memory_plan(SIZES, 256, 2, form="auto") == gla.memory_plan(
+        SIZES, 256, 2, form="chunk")
+    assert "chunk" not in lstm.memory_plan(dict(I=3, H=4), 512, 2, form="auto")
+
+
 #: Row and column gates together (GateLoop's diag(a) S diag(b)), a read of
 #: the state before its update, and both reads of it after: q @ S and S q.
 GATED_BOTH_SIDES = """
