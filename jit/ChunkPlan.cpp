@@ -18,9 +18,7 @@
 
 #include "dialects/Cell/IR/CellOps.h"
 #include "dialects/Cell/Transforms/LinearRecurrence.h"
-#include "runtime/driver/Package.h"
 
-#include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -39,49 +37,33 @@ int64_t cellc::jit::defaultChunkLength(int64_t steps) {
   return L;
 }
 
-int64_t ChunkPlan::peak() const {
-  int64_t held = outputs + finalStates;
-  return std::max(held + forwardPeak,
-                  held + gradOutputs + gradInputs + gradParams + backwardPeak);
-}
-
-int64_t ChunkPlan::floor() const {
-  return outputs + gradOutputs + gradInputs + gradParams + kept;
-}
-
 namespace {
 
 llvm::Error fail(const llvm::Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
 }
 
-/// A compiled part's plan and its interface.
+/// A compiled part of the chunk form: its kernels' interface, and whether
+/// it steps states (else it runs as one step over all T * B rows).
 struct Part {
-  driver::MemoryPlan plan;
   driver::Interface interface;
+  bool stepped = false;
 };
 
-/// Compiles the chunk form's `which` part of `cellIR` (kernels.json only)
-/// and plans it over `steps` x `rows`.
-llvm::Expected<Part> planPart(mlir::ModuleOp cellIR, llvm::StringRef which,
-                              llvm::StringRef dtype, int64_t steps, int64_t rows,
-                              const driver::Recompute &mode) {
+/// Compiles the chunk form's `which` part of `cellIR` (kernels.json only).
+llvm::Expected<Part> compilePart(mlir::ModuleOp cellIR, llvm::StringRef which,
+                                 llvm::StringRef dtype, bool stepped) {
   mlir::OwningOpRef<mlir::ModuleOp> module = cellIR.clone();
   if (llvm::Error e = takeChunkPart(*module, which))
     return std::move(e);
-  auto package = buildCpuPackage(*module, PipelineOptions(), dtype, "", /*lower=*/false);
-  if (!package)
-    return package.takeError();
-  driver::PackageInfo info;
-  if (llvm::Error e = errorOf(driver::parsePackage(package->json(), "(chunk plan)", info)))
-    return std::move(e);
-  Part part;
-  part.interface = info.interface;
-  if (llvm::Error e = errorOf(
-          driver::SequenceDriver::plan(info.interface, steps, rows, mode, part.plan)))
-    return std::move(e);
-  return part;
+  auto interface = kernelInterface(*module, PipelineOptions(), dtype);
+  if (!interface)
+    return interface.takeError();
+  return Part{std::move(*interface), stepped};
 }
+
+/// The id of a part's slot, named v<id> after chunkwiseIds.
+int64_t idOf(const driver::Slot &slot) { return std::stoll(slot.name.substr(1)); }
 
 /// The cell's split, on its IR after cell-split-projections.
 struct Analysed {
@@ -93,10 +75,8 @@ struct Analysed {
 llvm::Expected<Analysed> analyse(mlir::ModuleOp cellIR) {
   Analysed a;
   a.module = cellIR.clone();
-  mlir::PassManager pm(a.module->getContext());
-  buildPipeline(pm, Stage::Split);
-  if (mlir::failed(pm.run(*a.module)))
-    return fail("the passes failed");
+  if (llvm::Error e = runToStage(*a.module, Stage::Split))
+    return std::move(e);
   auto defs = a.module->getOps<DefOp>();
   if (defs.empty())
     return fail("no cell");
@@ -148,13 +128,16 @@ bool cellc::jit::chunkFormExpected(mlir::ModuleOp cellIR, int64_t steps, int64_t
   return true;
 }
 
-llvm::Expected<ChunkPlan> cellc::jit::planChunkForm(mlir::ModuleOp cellIR,
-                                                    llvm::StringRef dtype, int64_t T,
-                                                    int64_t B,
-                                                    const driver::Recompute &mode,
-                                                    int64_t chunk) {
+llvm::Expected<std::vector<ChunkPlan>>
+cellc::jit::planChunkForm(mlir::ModuleOp cellIR, llvm::StringRef dtype, int64_t T, int64_t B,
+                          llvm::ArrayRef<driver::Recompute> modes, int64_t chunk) {
   if (T < 1 || B < 1)
     return fail(llvm::formatv("a plan needs T >= 1 steps and B >= 1 rows; got T={0}, B={1}",
+                              T, B));
+  int64_t rows;
+  if (llvm::MulOverflow(T, B, rows))
+    return fail(llvm::formatv("the sizes overflow: T = {0} steps of B = {1} rows are more "
+                              "rows than int64 counts",
                               T, B));
   if (dtype != "f32" && dtype != "f64")
     return fail("the chunk form runs float32 and float64 cells, not " + dtype);
@@ -170,30 +153,39 @@ llvm::Expected<ChunkPlan> cellc::jit::planChunkForm(mlir::ModuleOp cellIR,
   if (std::string why = notPlanned(*analysed); !why.empty())
     return fail(why);
   llvm::DenseMap<mlir::Value, int64_t> ids = chunkwiseIds(def);
+  const int64_t blockArgs = def.getBody().front().getNumArguments();
 
-  // The compiled parts: without a state they run as one step over T * B rows.
-  bool steppedBefore = !analysis.gateOnlyStates.empty();
-  auto prologue = planPart(cellIR, "prologue", dtype, steppedBefore ? T : 1,
-                           steppedBefore ? B : T * B, mode);
+  // The compiled parts, once; their driver plans in each mode first: they
+  // check that the sizes' bytes fit int64.
+  auto prologue = compilePart(cellIR, "prologue", dtype, !analysis.gateOnlyStates.empty());
   if (!prologue)
     return prologue.takeError();
   std::optional<Part> epilogue;
   if (analysis.epilogueOps > 0) {
-    bool steppedAfter = !analysis.postStates.empty();
-    auto built = planPart(cellIR, "epilogue", dtype, steppedAfter ? T : 1,
-                          steppedAfter ? B : T * B, mode);
+    auto built = compilePart(cellIR, "epilogue", dtype, !analysis.postStates.empty());
     if (!built)
       return built.takeError();
     epilogue = std::move(*built);
   }
+  auto planPart = [&](const Part &part, const driver::Recompute &mode,
+                      driver::MemoryPlan &out) {
+    return errorOf(driver::SequenceDriver::plan(part.interface, part.stepped ? T : 1,
+                                                part.stepped ? B : rows, mode, out));
+  };
+  std::vector<driver::MemoryPlan> prePlans(modes.size()), postPlans(modes.size());
+  for (size_t m = 0; m < modes.size(); ++m) {
+    if (llvm::Error e = planPart(*prologue, modes[m], prePlans[m]))
+      return std::move(e);
+    if (epilogue)
+      if (llvm::Error e = planPart(*epilogue, modes[m], postPlans[m]))
+        return std::move(e);
+  }
 
-  ChunkPlan plan;
-  plan.chunk = L;
-  const int64_t rows = T * B;
-  // The prologue's outputs by id ("v<id>"), and those something keeps.
+  // What does not depend on the mode. The prologue's outputs by id, and
+  // those something keeps.
   llvm::DenseMap<int64_t, int64_t> outputWidth;
   for (const driver::Slot &s : prologue->interface.outputs)
-    outputWidth[std::stoll(s.name.substr(1))] = s.shape[0];
+    outputWidth[idOf(s)] = s.shape[0];
   llvm::DenseSet<int64_t> keptOutputs;
   auto isOutput = [&](mlir::Value v) { return outputWidth.count(ids.lookup(v)) != 0; };
   auto keep = [&](mlir::Value v) {
@@ -204,44 +196,55 @@ llvm::Expected<ChunkPlan> cellc::jit::planChunkForm(mlir::ModuleOp cellIR,
   for (auto [id, w] : outputWidth)
     allOutputs += rows * w * bytes;
 
-  // The cores: each state's arrays of its own (kept, or made and dropped)
-  // and the gradients its backward makes.
-  int64_t coreKept = 0, coreMade = 0, coreGrads = 0, readsBytes = 0;
-  auto array = [&](int64_t w, bool kept) {
-    (kept ? coreKept : coreMade) += rows * w * bytes;
-  };
+  // The cores: each state's arrays of its own (each kept by the next op or
+  // the core) and the gradients its backward makes.
+  int64_t coreKept = 0, coreGrads = 0, readsBytes = 0;
+  auto array = [&](int64_t w) { coreKept += rows * w * bytes; };
   for (const LinearState &s : analysis.states) {
     if (!s.reason.empty())
       continue;
     const int64_t H = s.heads ? s.dims[0] : 1;
     const int64_t K = s.heads ? s.dims[1] : s.dims[0];
     const int64_t V = s.oneColumn ? 1 : s.dims.back();
-    ChunkTemplate t = chunkTemplateOf(s, analysis);
     // The largest arrays in long double first: no count that wraps.
-    long double biggest = (long double)B * H * NC * bytes * std::max(K * V, L * L) *
+    long double biggest = (long double)B * H * NC * bytes *
+                          std::max((long double)K * V, (long double)L * L) *
                           std::max<size_t>(1, s.reads.size());
     if (biggest + (long double)rows * H * std::max(K, V) * bytes > 4e18L)
       return fail(llvm::formatv("the sizes overflow: the chunk form's arrays for state {0} "
                                 "at T = {1}, B = {2} are more bytes than int64 counts",
                                 s.name, T, B));
-    // A product of factors keeps them and each partial product; one factor
-    // that is a prologue output as it is (varying along every dim the array
-    // has) is a view of it.
-    auto factors = [&](llvm::ArrayRef<LinearFactor> list, int64_t w, int64_t dims) {
+    // The width of a product of factors: the state's dims any of them varies along.
+    auto productWidth = [&](llvm::ArrayRef<LinearFactor> list) {
+      int64_t w = 1;
+      for (size_t d = 0; d < s.dims.size(); ++d)
+        if (llvm::any_of(list, [&](const LinearFactor &f) { return f.varies[d]; }))
+          w *= s.dims[d];
+      return w;
+    };
+    // A product of `list` as _factor_product and the core make it: one
+    // prologue output that varies along each of the array's `dims` is a
+    // view of it; else the product is an array `w` wide (a copy where one
+    // factor is spread), each partial product kept by the next and the
+    // factors by the products. Negated (neg keeps nothing): a view's
+    // negation is an array; a product's takes the last product's place.
+    auto product = [&](llvm::ArrayRef<LinearFactor> list, int64_t w, int64_t dims,
+                       bool negated = false) {
       if (list.size() == 1 && isOutput(list[0].vector) &&
           llvm::count(list[0].varies, true) == dims) {
-        keep(list[0].vector);
+        negated ? array(w) : keep(list[0].vector);
         return;
       }
-      for (const LinearFactor &f : list)
-        keep(f.vector);
+      if (list.size() > 1)
+        for (const LinearFactor &f : list)
+          keep(f.vector);
       for (size_t i = 2; i < list.size(); ++i)
-        array(w, true);
-      array(w, true);
+        array(productWidth(list.take_front(i)));
+      array(w);
     };
     int64_t dimsHK = s.heads ? 2 : 1;
-    // The gate's log: a row gate exp(l) with l a prologue output is l; any
-    // other is spread over the core's rows (a copy), log(g) keeping g.
+    // The gate's log: a gate exp(l) with l a prologue output as it is is l;
+    // any other is spread over the core's rows (an array), log(g) keeping g.
     auto logGate = [&](int64_t w, int64_t dims) {
       if (s.gates.size() == 1) {
         mlir::Operation *op = s.gates[0].vector.getDefiningOp();
@@ -254,13 +257,13 @@ llvm::Expected<ChunkPlan> cellc::jit::planChunkForm(mlir::ModuleOp cellIR,
       for (const LinearFactor &f : s.gates)
         if (!llvm::isa_and_nonnull<ExpOp>(f.vector.getDefiningOp()))
           keep(f.vector);
-      array(w, true);
+      array(w);
     };
     llvm::SmallVector<const LinearRead *> used;
     for (const LinearRead &r : s.reads)
       if (readUsedOutsideCore(r, analysis))
         used.push_back(&r);
-    if (t == ChunkTemplate::Delta) {
+    if (chunkTemplateOf(s, analysis) == ChunkTemplate::Delta) {
       logGate(H, s.heads ? 1 : 0);
       // beta: a product begun from one, each partial product an array
       // (spread from one where there is no factor); the key and the target
@@ -268,22 +271,17 @@ llvm::Expected<ChunkPlan> cellc::jit::planChunkForm(mlir::ModuleOp cellIR,
       for (size_t i = 1; i < s.deltaScales.size(); ++i)
         keep(s.deltaScales[i].vector);
       for (size_t i = 0; i < std::max<size_t>(1, s.deltaScales.size()); ++i)
-        array(H, true);
+        array(H);
       keep(s.deltaKey);
       keep(s.deltaTarget);
       coreGrads += rows * (2 * H + H * K + H * V) * bytes;
     } else {
       logGate(H * K, dimsHK);
       const LinearSource &src = s.sources[0];
-      factors(src.keys, H * K, dimsHK);
+      product(src.keys, H * K, dimsHK);
       llvm::SmallVector<LinearFactor> values(src.values);
       values.append(src.scales.begin(), src.scales.end());
-      if (values.empty())
-        array(H * V, true); // ones spread over the rows
-      else
-        factors(values, H * V, s.oneColumn ? (s.heads ? 1 : 0) : dimsHK);
-      if (src.negated)
-        array(H * V, true);
+      product(values, H * V, s.oneColumn ? dimsHK - 1 : dimsHK, src.negated);
       // The pair weights of every chunk, per read.
       coreKept += B * H * NC * (int64_t)used.size() * L * L * bytes;
       coreGrads += rows * (2 * H * K + H * V) * bytes;
@@ -291,73 +289,79 @@ llvm::Expected<ChunkPlan> cellc::jit::planChunkForm(mlir::ModuleOp cellIR,
     // The state at each chunk's start.
     coreKept += B * H * NC * K * V * bytes;
     for (const LinearRead *r : used) {
-      factors(r->queries, H * K, dimsHK);
+      product(r->queries, H * K, dimsHK);
       coreGrads += rows * H * K * bytes;
-      // A scaled read keeps the core's result and makes the product.
+      // A scaled read keeps the core's result, and its scale (a product
+      // kept by the one that scales) is made as keys and values are.
       if (!r->scales.empty()) {
-        array(H * V, true);
+        array(H * V);
         for (const LinearFactor &f : r->scales)
           keep(f.vector);
+        for (size_t i = 2; i <= r->scales.size(); ++i)
+          array(productWidth(llvm::ArrayRef(r->scales).take_front(i)));
       }
       readsBytes += rows * H * V * bytes;
     }
   }
 
-  // The rest reads the reads and prologue outputs, and keeps them.
-  int64_t epilogueInputs = 0;
-  if (epilogue) {
+  // The rest keeps its inputs: the reads and the prologue's outputs it
+  // reads (the cell's own inputs are the caller's).
+  int64_t epilogueInputs = 0, readsKept = 0;
+  if (epilogue)
     for (const driver::Slot &s : epilogue->interface.inputs) {
-      int64_t id = std::stoll(s.name.substr(1));
-      epilogueInputs += rows * s.shape[0] * bytes;
+      int64_t id = idOf(s), b = rows * s.shape[0] * bytes;
+      epilogueInputs += b;
       if (outputWidth.count(id))
         keptOutputs.insert(id);
+      else if (id >= blockArgs)
+        readsKept += b;
     }
-  }
-  int64_t between = 0;
+  int64_t between = readsKept;
   for (int64_t id : keptOutputs)
     between += rows * outputWidth[id] * bytes;
-  // The reads the rest keeps (its inputs that are no prologue output).
-  int64_t readsKept = 0;
-  if (epilogue)
-    for (const driver::Slot &s : epilogue->interface.inputs)
-      if (!outputWidth.count(std::stoll(s.name.substr(1))))
-        readsKept += rows * s.shape[0] * bytes;
-
-  const driver::MemoryPlan &pre = prologue->plan;
-  plan.prologueKept = pre.driver.kept;
-  plan.epilogueKept = epilogue ? epilogue->plan.driver.kept : 0;
-  plan.betweenKept = between + readsKept;
-  plan.coreKept = coreKept;
-  plan.kept = plan.prologueKept + plan.epilogueKept + plan.betweenKept + plan.coreKept;
+  // Where nothing comes after the core, its reads are the cell's outputs.
+  if (!epilogue)
+    readsBytes = 0;
 
   // The caller's buffers: the cell's inputs, params, outputs, final states.
+  driver::MemoryPlan caller;
   for (mlir::Value v : def.getInputs())
-    plan.gradInputs += rows * width(v) * bytes;
-  def.walk([&](ParamOp p) { plan.gradParams += width(p.getResult()) * bytes; });
+    caller.gradInputs += rows * width(v) * bytes;
+  def.walk([&](ParamOp p) { caller.gradParams += width(p.getResult()) * bytes; });
   for (mlir::Value v : def.getYield().getOutputs())
-    plan.outputs += rows * width(v) * bytes;
-  plan.gradOutputs = plan.outputs;
+    caller.outputs += rows * width(v) * bytes;
+  caller.gradOutputs = caller.outputs;
   for (mlir::Value v : def.getStates())
-    plan.finalStates += B * width(v) * bytes;
+    caller.finalStates += B * width(v) * bytes;
 
-  // Forward: the prologue's own peak with its outputs; the cores beside
-  // what the prologue keeps; the rest's own peak beside all that is kept.
-  int64_t preOwn = pre.driver.forwardPeak;
-  int64_t cores = pre.driver.kept + allOutputs + coreKept + coreMade + readsBytes;
-  int64_t rest = epilogue ? plan.kept - plan.epilogueKept + epilogue->plan.driver.forwardPeak
-                          : 0;
-  plan.forwardPeak = std::max({preOwn + allOutputs, cores, rest});
-  // Backward: the rest's backward beside everything kept, with its inputs'
-  // gradients; the cores' with the reads' and their own gradients; the
-  // prologue's with its outputs' gradients.
-  int64_t restBack =
-      epilogue ? plan.kept - plan.epilogueKept + epilogue->plan.driver.backwardPeak +
-                     epilogueInputs
-               : 0;
-  int64_t coreBack = plan.kept - plan.epilogueKept + epilogueInputs + coreGrads;
-  int64_t preBack = pre.driver.backwardPeak + allOutputs;
-  plan.backwardPeak = std::max({restBack, coreBack, preBack});
-  return plan;
+  std::vector<ChunkPlan> plans;
+  for (size_t m = 0; m < modes.size(); ++m) {
+    const driver::MemoryStats &pre = prePlans[m].driver;
+    const driver::MemoryStats *post = epilogue ? &postPlans[m].driver : nullptr;
+    ChunkPlan plan;
+    plan.chunk = L;
+    plan.prologueKept = pre.kept;
+    plan.epilogueKept = post ? post->kept : 0;
+    plan.betweenKept = between;
+    plan.coreKept = coreKept;
+    plan.total = caller;
+    driver::MemoryStats &own = plan.total.driver;
+    own.kept = plan.prologueKept + plan.epilogueKept + plan.betweenKept + plan.coreKept;
+    int64_t beforeRest = own.kept - plan.epilogueKept;
+    // Forward: the prologue's own peak with its outputs; the cores beside
+    // what the prologue keeps; the rest's own peak beside all that is kept.
+    own.forwardPeak = std::max({pre.forwardPeak + allOutputs,
+                                pre.kept + allOutputs + coreKept + readsBytes,
+                                post ? beforeRest + post->forwardPeak : 0});
+    // Backward: the rest's backward beside everything kept, with its
+    // inputs' gradients; the cores' with the reads' and their own
+    // gradients; the prologue's with its outputs' gradients.
+    own.backwardPeak =
+        std::max({post ? beforeRest + post->backwardPeak + epilogueInputs : 0,
+                  beforeRest + epilogueInputs + coreGrads, pre.backwardPeak + allOutputs});
+    plans.push_back(plan);
+  }
+  return plans;
 }
 
 llvm::Error cellc::jit::printChunkMemoryPlan(mlir::ModuleOp cellIR, int64_t steps,
@@ -368,28 +372,27 @@ llvm::Error cellc::jit::printChunkMemoryPlan(mlir::ModuleOp cellIR, int64_t step
       llvm::cast<mlir::RankedTensorType>(def.getStates()[0].getType()).getElementType();
   if (!element.isF32() && !element.isF64())
     return fail("the chunk form runs float32 and float64 cells");
-  llvm::StringRef dtype = element.isF32() ? "f32" : "f64";
-  const char *modes[] = {"none", "full", "chunk:16", "chunk:64"};
-  ChunkPlan plans[4];
-  for (int m = 0; m < 4; ++m) {
-    auto plan = planChunkForm(cellIR, dtype, steps, batch,
-                              *driver::Recompute::parse(modes[m]), chunk);
-    if (!plan)
-      return plan.takeError();
-    plans[m] = *plan;
-  }
+  llvm::SmallVector<driver::Recompute> modes;
+  for (const char *mode : kPlanModes)
+    modes.push_back(*driver::Recompute::parse(mode));
+  auto plans = planChunkForm(cellIR, element.isF32() ? "f32" : "f64", steps, batch, modes,
+                             chunk);
+  if (!plans)
+    return plans.takeError();
   auto mib = [](int64_t bytes) { return llvm::formatv("{0,9:F1}", bytes / 1048576.0); };
   os << llvm::formatv("the chunk form (chunks of {0} steps): a training step of T = {1} "
                       "steps x B = {2} rows, MiB (jit::planChunkForm):\n",
-                      plans[0].chunk, steps, batch);
+                      plans->front().chunk, steps, batch);
   os << "  mode            kept  fwd peak  bwd peak      peak     floor   prologue   "
         "core  between  epilogue\n";
-  for (int m = 0; m < 4; ++m) {
-    const ChunkPlan &p = plans[m];
-    os << llvm::formatv("  {0,-10} {1} {2} {3} {4} {5} {6}{7}{8}{9}\n", modes[m],
-                        mib(p.kept), mib(p.forwardPeak), mib(p.backwardPeak), mib(p.peak()),
-                        mib(p.floor()), mib(p.prologueKept), mib(p.coreKept),
-                        mib(p.betweenKept), mib(p.epilogueKept));
+  for (size_t m = 0; m < plans->size(); ++m) {
+    const ChunkPlan &p = (*plans)[m];
+    const driver::MemoryPlan &t = p.total;
+    os << llvm::formatv("  {0,-10} {1} {2} {3} {4} {5} {6}{7}{8}{9}\n", kPlanModes[m],
+                        mib(t.driver.kept), mib(t.driver.forwardPeak),
+                        mib(t.driver.backwardPeak), mib(t.peak()), mib(t.floor()),
+                        mib(p.prologueKept), mib(p.coreKept), mib(p.betweenKept),
+                        mib(p.epilogueKept));
   }
   os << "  kept: what forward keeps for backward: the compiled prologue's and epilogue's "
         "own (their recompute mode),\n"

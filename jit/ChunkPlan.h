@@ -13,12 +13,15 @@
 #ifndef CELLC_JIT_CHUNKPLAN_H
 #define CELLC_JIT_CHUNKPLAN_H
 
-#include "compiler/Pipelines/Pipelines.h"
 #include "runtime/driver/SequenceDriver.h"
 
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
+
+#include <string>
+#include <vector>
 
 namespace cellc::jit {
 
@@ -37,37 +40,31 @@ constexpr int64_t kAutoMinChunks = 4;
 bool chunkFormExpected(mlir::ModuleOp cellIR, int64_t steps, int64_t chunk,
                        std::string &why);
 
-/// A training step of the chunk form, in bytes. The caller's buffers (the
-/// outputs and final states, the outputs' gradients, the inputs' and
-/// params' gradients) as driver::MemoryPlan has them; `kept`, the peaks and
-/// the parts' figures are the chunk form's own.
+/// A training step of the chunk form, in bytes: `total` as the step form's
+/// plan has it (its `driver` the chunk form's own kept bytes and peaks, the
+/// caller's buffers beside; no pieces), and the kept bytes by part.
 struct ChunkPlan {
   int64_t chunk = 0;
-  /// What forward keeps for backward: the parts' driver buffers, the
-  /// prologue's outputs the core or the rest reads, the core's copies and
-  /// chunk buffers, the reads the rest takes.
-  int64_t kept = 0;
-  int64_t forwardPeak = 0, backwardPeak = 0;
-  int64_t outputs = 0, finalStates = 0, gradOutputs = 0, gradInputs = 0, gradParams = 0;
-  /// The parts: the compiled prologue's and epilogue's driver plans (kept
-  /// bytes), the prologue's outputs kept, and the cores' own arrays kept.
+  driver::MemoryPlan total;
+  /// The compiled prologue's and epilogue's driver buffers, the arrays
+  /// between the parts (the prologue's outputs the core or the rest keep,
+  /// the reads the rest keeps) and the cores' own (copies, each chunk's
+  /// start state, the pair weights).
   int64_t prologueKept = 0, epilogueKept = 0, betweenKept = 0, coreKept = 0;
-  int64_t peak() const;
-  int64_t floor() const;
 };
 
-/// The plan of a training step of `steps` x `batch` rows of the cell in
-/// `cellIR` (cell IR, as the front end builds it) in the chunk form, in
-/// `mode`, chunks of `chunk` steps (0: defaultChunkLength), without resets
-/// or lengths. An error where the cell has no chunk form or its parts
-/// cannot be compiled.
-llvm::Expected<ChunkPlan> planChunkForm(mlir::ModuleOp cellIR, llvm::StringRef dtype,
-                                        int64_t steps, int64_t batch,
-                                        const driver::Recompute &mode,
-                                        int64_t chunk = 0);
+/// The plans of a training step of `steps` x `batch` rows of the cell in
+/// `cellIR` (cell IR, as the front end builds it) in the chunk form, one
+/// for each of `modes`, chunks of `chunk` steps (0: defaultChunkLength),
+/// without resets or lengths; the cell's parts are compiled once. An error
+/// where the cell has no chunk form, a state runs the generic core, or its
+/// parts cannot be compiled.
+llvm::Expected<std::vector<ChunkPlan>>
+planChunkForm(mlir::ModuleOp cellIR, llvm::StringRef dtype, int64_t steps, int64_t batch,
+              llvm::ArrayRef<driver::Recompute> modes, int64_t chunk = 0);
 
-/// `cellc --emit=plan --form=chunk`'s table: the plan in each recompute
-/// mode, beside the step form's peak.
+/// `cellc --emit=plan --form=chunk`'s table: the plan in each of
+/// kPlanModes, with the parts' kept bytes.
 llvm::Error printChunkMemoryPlan(mlir::ModuleOp cellIR, int64_t steps, int64_t batch,
                                  int64_t chunk, llvm::raw_ostream &os);
 

@@ -343,6 +343,18 @@ cellc::jit::compileCpu(llvm::StringRef source, llvm::StringRef fileName,
 // The memory table of --emit=plan
 //===----------------------------------------------------------------------===//
 
+llvm::Expected<driver::Interface> cellc::jit::kernelInterface(mlir::ModuleOp cell,
+                                                              const PipelineOptions &options,
+                                                              llvm::StringRef dtype) {
+  auto package = buildCpuPackage(cell, options, dtype, "", /*lower=*/false);
+  if (!package)
+    return package.takeError();
+  driver::PackageInfo info;
+  if (llvm::Error e = errorOf(driver::parsePackage(package->json(), "(plan)", info)))
+    return std::move(e);
+  return info.interface;
+}
+
 namespace {
 
 /// Prints what a training step of `steps` x `batch` holds on the CPU in each
@@ -355,20 +367,16 @@ llvm::Error printMemoryPlan(mlir::ModuleOp cellIR, const PipelineOptions &option
       llvm::cast<mlir::RankedTensorType>(def.getStates()[0].getType()).getElementType();
   if (!element.isF32() && !element.isF64())
     return llvm::Error::success();
-  auto package = buildCpuPackage(cellIR, options, element.isF32() ? "f32" : "f64", "",
-                                 /*lower=*/false);
-  if (!package)
-    return package.takeError();
-  driver::PackageInfo info;
-  if (llvm::Error e = errorOf(driver::parsePackage(package->json(), "(plan)", info)))
-    return e;
+  auto interface = kernelInterface(cellIR, options, element.isF32() ? "f32" : "f64");
+  if (!interface)
+    return interface.takeError();
 
   // Every plan first: an error prints no part of the table.
-  const char *modes[] = {"none", "full", "chunk:16", "chunk:64"};
+  const auto &modes = kPlanModes;
   driver::MemoryPlan plans[4];
   for (int m = 0; m < 4; ++m)
     if (llvm::Error e = errorOf(driver::SequenceDriver::plan(
-            info.interface, steps, batch, *driver::Recompute::parse(modes[m]), plans[m])))
+            *interface, steps, batch, *driver::Recompute::parse(modes[m]), plans[m])))
       return e;
   auto mib = [](int64_t bytes) { return llvm::formatv("{0,9:F1}", bytes / 1048576.0); };
   os << llvm::formatv("a training step of T = {0} steps x B = {1} rows on one thread, "

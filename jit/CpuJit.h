@@ -153,6 +153,16 @@ llvm::Error errorOf(const runtime::Status &status);
 /// A recompute mode ("none", "full", "chunk:K"), or an error that lists them.
 llvm::Expected<runtime::Recompute> parseRecompute(llvm::StringRef text);
 
+/// The slots and kernels of the CPU kernels that `options` build from `cell`
+/// (cell IR, not modified; kernels.json only, no code generation): what
+/// driver::SequenceDriver::plan plans.
+llvm::Expected<driver::Interface> kernelInterface(mlir::ModuleOp cell,
+                                                  const PipelineOptions &options,
+                                                  llvm::StringRef dtype);
+
+/// The recompute modes the memory tables of `--emit=plan` show.
+inline constexpr const char *kPlanModes[] = {"none", "full", "chunk:16", "chunk:64"};
+
 /// printStage (compiler/Pipelines), and for `--emit=plan` the memory table
 /// after the save plan: what a training step of `options.planSteps` x
 /// `options.planBatch` holds on the CPU in each recompute mode, from the

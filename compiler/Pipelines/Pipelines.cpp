@@ -61,6 +61,14 @@ void cellc::buildPipeline(OpPassManager &pm, Stage stage,
     pm.addPass(cell::createConvertKernelsToNVVM());
 }
 
+llvm::Error cellc::runToStage(ModuleOp module, Stage stage, const PipelineOptions &options) {
+  PassManager pm(module.getContext());
+  buildPipeline(pm, stage, options);
+  if (failed(pm.run(module)))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "the passes failed");
+  return llvm::Error::success();
+}
+
 llvm::Error cellc::takeChunkPart(ModuleOp module, llvm::StringRef part) {
   PassManager pm(module.getContext());
   buildPipeline(pm, Stage::Split);

@@ -105,6 +105,11 @@ llvm::Error setKnob(PipelineOptions &options, llvm::StringRef name,
 void buildPipeline(mlir::OpPassManager &pm, Stage stage,
                    const PipelineOptions &options = {});
 
+/// Runs buildPipeline's passes up to `stage` on `module`, in place. Pass
+/// errors go to the context's handler; the Error says "the passes failed".
+llvm::Error runToStage(mlir::ModuleOp module, Stage stage,
+                       const PipelineOptions &options = {});
+
 /// The dynamic shared memory a CTA may opt in to on `arch` (sm_80: 166912
 /// bytes, sm_90: 232448, ...; 49152 where unknown).
 int64_t sharedOptIn(llvm::StringRef arch);

@@ -527,7 +527,8 @@ def _prepare(p):
     read = _leaves(p, graph) | set(p["yield_outputs"]) | {p["yield_states"][i] for i in after}
     wanted = read | {p["yield_states"][i] for i in before}
     ops = graph.needed(wanted, reads | args)
-    used = (wanted | {o for op in ops for o in op["operands"]}) & reads
+    # The reads something outside the core uses (readUsedOutsideCore).
+    used = {r["result"] for lin in p["linear"] for r in lin["reads"] if r["used"]}
     # What varies by row: the inputs, the states, and what is computed from them.
     rowful = set(args) | reads
     for op in p["ops"]:

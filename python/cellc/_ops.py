@@ -360,6 +360,15 @@ def not_differentiable_again(gradients):
 FORMS = ("step", "chunk", "auto")
 
 
+def check_form(form, chunk):
+    """Raises ValueError unless `form` is one of FORMS and `chunk` is None or
+    a positive number of steps."""
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {', '.join(map(repr, FORMS))}, not {form!r}")
+    if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"chunk must be a positive number of steps, not {chunk!r}")
+
+
 def call(front, x, params, states=None, *, form="step", chunk=None, **options):
     """A call of `front` (cellc._front): checked there, run through the
     operators. Returns (output, final states): the output a tensor where the
@@ -367,10 +376,7 @@ def call(front, x, params, states=None, *, form="step", chunk=None, **options):
     its declared dims. `options`: save_gates, resets, recompute,
     batch_first, lengths, sizes. `form`: one of FORMS; `chunk`: the chunk
     form's chunk length."""
-    if form not in FORMS:
-        raise ValueError(f"form must be one of {', '.join(map(repr, FORMS))}, not {form!r}")
-    if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
-        raise ValueError(f"chunk must be a positive number of steps, not {chunk!r}")
+    check_form(form, chunk)
     c = check(front, x, params, states, **options)
     if c is None:
         return _empty_batch(front, x, params, states, **options)

@@ -265,22 +265,20 @@ class Cell(Sizes, Steps, CudaTargets):
         its end).
 
         `form`: "step", "chunk" (the chunkwise form on the CPU, chunks of
-        `chunk` steps: the same keys but "piece_steps", the parts' kept
+        `chunk` steps: the same keys but "piece_steps", and the parts' kept
         bytes "prologue_kept", "core_kept", "between_kept" and
         "epilogue_kept", and "chunk"; `cellc --emit=plan --form=chunk`
         prints it) or "auto" (the form a call with form="auto" takes)."""
         from . import _chunkwise, _ops
-        if form not in _ops.FORMS:
-            raise ValueError(f"form must be one of {', '.join(map(repr, _ops.FORMS))}, "
-                             f"not {form!r}")
-        if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
-            raise ValueError(f"chunk must be a positive number of steps, not {chunk!r}")
+        _ops.check_form(form, chunk)
+        cuda = self.emulated or self.target == _cellc.Target.cuda.name
         if form == "auto":
-            cpu = not self.emulated and self.target != _cellc.Target.cuda.name
-            form = ("chunk" if cpu and _chunkwise.expected(self, sizes, dtype, steps, chunk)
-                    else "step")
+            # As a call takes it (cellc._chunkwise.choose): the chunk form on
+            # the CPU, in float32 or float64, where it is expected faster.
+            form = ("chunk" if not cuda and dtype in (torch.float32, torch.float64)
+                    and _chunkwise.expected(self, sizes, dtype, steps, chunk) else "step")
         if form == "chunk":
-            if self.emulated or self.target == _cellc.Target.cuda.name:
+            if cuda:
                 raise NotImplementedError("memory_plan(form='chunk') plans the CPU's chunk "
                                           "kernels; on the CUDA target the core runs in torch")
             if dtype not in (torch.float32, torch.float64):
@@ -290,7 +288,7 @@ class Cell(Sizes, Steps, CudaTargets):
             return _cellc.chunk_plan(self.source, self.file_name, dict(sizes),
                                      "f64" if dtype == torch.float64 else "f32", steps,
                                      batch, recompute, chunk or 0)
-        if self.emulated or self.target == _cellc.Target.cuda.name:
+        if cuda:
             # The CUDA kernels' plan: the same C++ host code plans the
             # emulator's calls and a GPU's.
             device = torch.device("cpu") if self.emulated else torch.device("cuda")

@@ -17,6 +17,7 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
 #include "jit/ChunkPlan.h"
+#include "python/src/PlanDict.h"
 #include "jit/CpuJit.h"
 #include "jit/KernelCache.h"
 #include "jit/TuningCache.h"
@@ -159,18 +160,17 @@ std::string chunkwise(const std::string &source, const std::string &fileName,
   CellSource src(source, fileName);
   mlir::MLIRContext context;
   auto module = compiled(src, context, sizes, dtype);
-  mlir::PassManager pm(&context);
-  buildPipeline(pm, Stage::Split, PipelineOptions());
-  if (mlir::failed(pm.run(*module)))
-    throw py::value_error("the passes failed");
+  if (llvm::Error e = runToStage(*module, Stage::Split))
+    throw py::value_error(llvm::toString(std::move(e)));
   for (auto def : module->getOps<mlir::cell::DefOp>())
     return mlir::cell::describeChunkwise(def);
   throw py::value_error("no cell");
 }
 
 /// What a training step of the cell's chunk form holds (jit::planChunkForm),
-/// in bytes, as Cell.memory_plan returns it; ValueError where the chunk
-/// form's kernels do not run the cell.
+/// in bytes, as Cell.memory_plan returns it: the step form's keys but
+/// piece_steps, and the parts'; ValueError where the chunk form's kernels
+/// do not run the cell, with the passes' messages.
 py::dict chunkPlan(const std::string &source, const std::string &fileName,
                    const std::map<std::string, int64_t> &sizes, const std::string &dtype,
                    int64_t steps, int64_t batch, const std::string &mode, int64_t chunk) {
@@ -180,18 +180,17 @@ py::dict chunkPlan(const std::string &source, const std::string &fileName,
   auto recompute = parseRecompute(mode);
   if (!recompute)
     throw py::value_error(llvm::toString(recompute.takeError()));
-  auto plan = planChunkForm(*module, dtype, steps, batch, *recompute, chunk);
-  if (!plan)
-    throw py::value_error(llvm::toString(plan.takeError()));
-  py::dict d;
+  mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
+  auto plans = planChunkForm(*module, dtype, steps, batch, {*recompute}, chunk);
+  if (!plans)
+    throw py::value_error(src.diagnostics() + llvm::toString(plans.takeError()));
+  const ChunkPlan &plan = plans->front();
+  py::dict d = python::planDict(plan.total);
+  d.attr("pop")("piece_steps");
   for (auto [name, bytes] : std::initializer_list<std::pair<const char *, int64_t>>{
-           {"kept", plan->kept}, {"forward_peak", plan->forwardPeak},
-           {"backward_peak", plan->backwardPeak}, {"outputs", plan->outputs},
-           {"final_states", plan->finalStates}, {"grad_outputs", plan->gradOutputs},
-           {"grad_inputs", plan->gradInputs}, {"grad_params", plan->gradParams},
-           {"peak", plan->peak()}, {"floor", plan->floor()}, {"chunk", plan->chunk},
-           {"prologue_kept", plan->prologueKept}, {"core_kept", plan->coreKept},
-           {"between_kept", plan->betweenKept}, {"epilogue_kept", plan->epilogueKept}})
+           {"chunk", plan.chunk}, {"prologue_kept", plan.prologueKept},
+           {"core_kept", plan.coreKept}, {"between_kept", plan.betweenKept},
+           {"epilogue_kept", plan.epilogueKept}})
     d[name] = bytes;
   return d;
 }

@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "python/src/PlanDict.h"
 #include "runtime/cpu/Buffers.h"
 #include "runtime/cpu/ChunkCore.h"
 #include "runtime/cpu/CpuCell.h"
@@ -276,20 +277,6 @@ py::object lendBuffer(const std::vector<int64_t> &shape, const std::string &elem
   return py::reinterpret_steal<py::object>(capsule);
 }
 
-/// A memory plan as Python sees it: bytes by name.
-py::dict planDict(const driver::MemoryPlan &plan) {
-  py::dict d;
-  for (auto [name, bytes] : std::initializer_list<std::pair<const char *, int64_t>>{
-           {"kept", plan.driver.kept}, {"kept_outputs", plan.keptOutputs},
-           {"forward_peak", plan.driver.forwardPeak},
-           {"backward_peak", plan.driver.backwardPeak}, {"piece_steps", plan.pieceSteps},
-           {"outputs", plan.outputs}, {"final_states", plan.finalStates},
-           {"grad_outputs", plan.gradOutputs}, {"grad_inputs", plan.gradInputs},
-           {"grad_params", plan.gradParams}, {"peak", plan.peak()}, {"floor", plan.floor()}})
-    d[name] = bytes;
-  return d;
-}
-
 } // namespace
 
 PYBIND11_MODULE(_cellc_runtime, m) {
@@ -387,7 +374,7 @@ PYBIND11_MODULE(_cellc_runtime, m) {
           [](PyCell &c, int64_t steps, int64_t batch, const std::string &mode) {
             driver::MemoryPlan plan;
             check(c.cell->memoryPlan(steps, batch, PyCell::parseMode(mode), plan));
-            return planDict(plan);
+            return python::planDict(plan);
           },
           py::arg("steps"), py::arg("batch"), py::arg("mode"),
           "What a training step of steps x batch in mode holds, in bytes");

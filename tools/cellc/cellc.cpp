@@ -466,6 +466,18 @@ int main(int argc, char **argv) {
     llvm::errs() << "cellc: error: --chunk must be a positive number of steps\n";
     return 1;
   }
+  if (chunkLength != 0 && formFlag == "step") {
+    llvm::errs() << "cellc: error: --chunk is the chunk form's: it takes --form=chunk or "
+                    "--form=auto\n";
+    return 1;
+  }
+  if (formFlag != "step" && (!chunkPart.empty() || targetsCuda())) {
+    llvm::errs() << "cellc: error: --form plans the chunk form on the CPU: not with "
+                 << (chunkPart.empty() ? "--target=cuda (its core runs in torch there)"
+                                       : "--chunk-part (a part is a cell of the step form)")
+                 << "\n";
+    return 1;
+  }
   if (emitAction == Emit::Package && (outputFilename == "-" || splitInputFile)) {
     llvm::errs() << "cellc: error: --emit=package writes a directory: give it "
                     "with -o DIR\n";

@@ -105,6 +105,7 @@ std::string describeChunkwise(DefOp def) {
       reads.push_back(llvm::json::Object{{"result", id(r.reduce.getResult())},
                                          {"contracts_k", r.contractsK},
                                          {"after", r.afterUpdate},
+                                         {"used", readUsedOutsideCore(r, split)},
                                          {"queries", factors(r.queries)},
                                          {"scales", factors(r.scales)}});
     l["reads"] = std::move(reads);

@@ -428,6 +428,11 @@ LinearState StateWalk::run(SmallPtrSetImpl<Operation *> &core,
   checkGates(update[0]);
   for (unsigned i = 1; i < update.size() && state.reason.empty(); ++i)
     checkSource(update[i], update, core);
+  if (state.reason.empty() && state.delta && !state.sources.empty())
+    fail(state.sources[0].value.getDefiningOp(),
+         "the update adds " + name(state.sources[0].value) +
+             " beside the delta rule's term: the delta rule with another outer "
+             "product has no chunk form yet");
   for (auto &[reduce, form] : reads)
     if (state.reason.empty())
       checkRead(reduce, form, update);
@@ -489,7 +494,8 @@ ChunkwiseSplit analyzeChunkwise(DefOp def) {
         }
     }
   }
-  SmallPtrSet<Operation *, 32> core, linearOps;
+  SmallPtrSetImpl<Operation *> &core = split.core;
+  SmallPtrSet<Operation *, 32> linearOps;
   Deps linear(n);
   for (unsigned i = 0; i < n && dimsAttr; ++i) {
     StringRef name = cast<StringAttr>(def.getStateNames()[i]).getValue();
@@ -563,8 +569,6 @@ ChunkwiseSplit analyzeChunkwise(DefOp def) {
     else if (isa<ReduceOp>(op) && core.contains(&op))
       phase = ChunkPhase::Read;
     split.phases[&op] = phase;
-    if (core.contains(&op))
-      split.core.insert(&op);
     if (phase == ChunkPhase::Prologue)
       ++split.prologueOps;
     else if (core.contains(&op))

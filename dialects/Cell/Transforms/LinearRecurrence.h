@@ -20,7 +20,7 @@
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/DenseMap.h"
-#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 #include <string>
 
@@ -91,7 +91,7 @@ struct ChunkwiseSplit {
   unsigned prologueOps = 0, coreOps = 0, epilogueOps = 0;
   DenseMap<Operation *, ChunkPhase> phases;
   /// The ops of the qualifying states' updates and reads.
-  llvm::DenseSet<Operation *> core;
+  SmallPtrSet<Operation *, 32> core;
   /// True when at least one matrix state qualifies.
   bool qualifies() const;
 };
@@ -107,8 +107,9 @@ bool readUsedOutsideCore(const LinearRead &read, const ChunkwiseSplit &split);
 /// ChunkCore kernels, cellc._chunkcore): Diagonal (scalar or row gates, one
 /// outer-product term) or Delta (the delta rule with scalar gates), with
 /// every read used outside the core a q @ S after the update. None: the
-/// generic core (torch's reverse mode, resets, reads before the update,
-/// column gates).
+/// generic core (torch's reverse mode: reads before the update, column
+/// gates, several outer products). A call with resets takes the generic
+/// core whatever the template (cellc._chunkcore._kept).
 enum class ChunkTemplate { None, Diagonal, Delta };
 ChunkTemplate chunkTemplateOf(const LinearState &state, const ChunkwiseSplit &split);
 const char *chunkTemplateName(ChunkTemplate t);
