@@ -62,7 +62,7 @@ run)
   build=${CELLC_GPU_BUILD:-build-gpu${emulate:+-emulated}}
   say "== the runtime, without OpenBLAS (cmake -S runtime -DCELLC_RUNTIME_CPU=OFF)"
   start=$(date +%s)
-  # Each phase has a limit (7 minutes in all): a hung kernel costs one phase.
+  # Each phase has a limit (9 minutes in all): a hung kernel costs one phase.
   timeout 30 cmake -S runtime -B "$build" -DCMAKE_BUILD_TYPE=Release \
     -DCELLC_RUNTIME_CPU=OFF >>"$log" 2>&1
   timeout 60 cmake --build "$build" -j "$(nproc)" >>"$log" 2>&1
@@ -93,6 +93,9 @@ run)
   status=0
   say "== check: every package against its float64 reference"
   timeout "${CELLC_CHECK_SECONDS:-120}" $python test/gpu/check_cells.py check "$dir" $emulate \
+    2>&1 | tee -a "$log" || status=1
+  say "== the chunk form's core on its CUDA kernels (ChunkKernels.cu), then timed"
+  timeout "${CELLC_CHUNK_SECONDS:-120}" $python test/gpu/chunk_core.py $emulate \
     2>&1 | tee -a "$log" || status=1
   say "== bench"
   timeout "${CELLC_BENCH_SECONDS:-150}" $python test/gpu/check_cells.py bench "$dir" $emulate \

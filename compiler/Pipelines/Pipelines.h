@@ -223,6 +223,11 @@ llvm::Error writeSimtSharedObject(mlir::ModuleOp module, llvm::StringRef path,
 llvm::Error compileSimtObject(llvm::Module &ir, llvm::ArrayRef<std::string> kernels,
                               llvm::StringRef path, llvm::StringRef mutation = "");
 
+/// The chunk form's CUDA kernels (runtime/cuda/ChunkKernels.cu, as
+/// clang compiles them for NVPTX) in the SIMT emulator's object `path`,
+/// with writeSimtSharedObject's `mutation`.
+llvm::Error writeChunkKernelsSimt(llvm::StringRef path, llvm::StringRef mutation = "");
+
 /// The same LLVM IR, retargeted and printed (--emit=simt).
 llvm::Error printSimtIR(mlir::ModuleOp module, llvm::raw_ostream &os,
                         llvm::StringRef mutation = "");

@@ -241,7 +241,10 @@ void SimtToHost::checkAccess(llvm::Instruction *inst, llvm::Value *address,
   llvm::IRBuilder<> b(inst);
   uint64_t bytes = module.getDataLayout().getTypeStoreSize(type);
   llvm::Value *generic = b.CreateAddrSpaceCast(address, ptr);
-  if (space == 3) {
+  // A generic pointer into shared memory (clang's CUDA makes one of every
+  // __shared__ array) derives from the CTA's arena.
+  auto *call = llvm::dyn_cast<llvm::CallInst>(base);
+  if (space == 3 || (call && call->getCalledOperand() == hook(Hook::shared_base))) {
     b.CreateCall(hook(Hook::shared_access), {generic, b.getInt64(bytes), b.getInt32(write)});
     return;
   }

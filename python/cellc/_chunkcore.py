@@ -19,6 +19,8 @@ summed from its start, and every exponent taken is <= 0 where the gates are
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from . import _chunkcuda
+
 
 #: The sub-chunk of a row gate's pair weights: blocks below the diagonal
 #: are products of rescaled q and k, diagonal blocks pair by pair.
@@ -527,7 +529,8 @@ class _NativeDeltaCore(torch.autograd.Function):
 NATIVE = True
 
 
-def _kept(mode, template, a, c, k, v, S0, reads, delta, L, rows, resets, native=True):
+def _kept(mode, template, a, c, k, v, S0, reads, delta, L, rows, resets, native=True,
+          cuda_seed=None):
     """The core: on a kernel template where the state fits one (`template`,
     the compiler's chunkTemplateOf) and no resets are given, which keeps the
     state at each chunk's start and the core's inputs whatever the mode;
@@ -535,9 +538,17 @@ def _kept(mode, template, a, c, k, v, S0, reads, delta, L, rows, resets, native=
     what autograd keeps; `full` keeps the core's inputs and the state
     between chunks, and computes each chunk again in the backward;
     `chunk:K` keeps the state every K steps, and computes each span of K
-    steps again. `native` False: the templates in torch, as on a GPU (the
-    CUDA target's calls, emulated ones included)."""
+    steps again. `native` False: the templates in torch. `cuda_seed` (the
+    CUDA target's calls): the diagonal template on the CUDA kernels
+    (cellc._chunkcuda: a GPU's, or for CPU tensors the SIMT emulator's with
+    that shuffle seed) where they hold the shape, else in torch."""
     T = a.shape[2]
+    if (template not in (None, "delta") and resets is None and cuda_seed is not None
+            and _chunkcuda.usable(a.device, T, a.shape[0] * a.shape[1], a.shape[3],
+                                  v.shape[3], L, len(reads), a.dtype, cuda_seed)):
+        *outs, S = _chunkcuda.DiagonalCore.apply(cuda_seed, a, k, v, S0, L,
+                                                 *[q for q, _ in reads])
+        return list(outs), S
     if template is not None and resets is None:
         native = (native and NATIVE and a.device.type == "cpu"
                   and a.dtype in (torch.float32, torch.float64))

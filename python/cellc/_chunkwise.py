@@ -418,7 +418,7 @@ def _leaves(p, graph):
 
 
 def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=None,
-                  mode="none", used=None, template=None, native=True):
+                  mode="none", used=None, template=None, native=True, cuda_seed=None):
     """A linear state's reads (id: [T, B, n]) and its final value [B, K*V*H].
     After a sample's last step (`live` [T, B] false) its gates are 1 and
     its keys 0: the state stays as it is."""
@@ -486,7 +486,8 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
 
     rb = None if resets is None else resets.t()
     outs, S = _kept(mode, template, bhtk(a), bhtk(c), bhtk(k), bhtk(v), S0,
-                    queries(reads_k, st.K, -1), delta, chunk, rows, rb, native)
+                    queries(reads_k, st.K, -1), delta, chunk, rows, rb, native,
+                    cuda_seed)
     if reads_v:
         if delta is not None:
             raise NotImplementedError("form='chunk': S q reads of a delta-rule state are not "
@@ -556,6 +557,8 @@ def call(front, c, chunk=None):
         # A reset after a sample's last step restarts nothing that is kept.
         resets = resets if live is None else resets & live
     p = plan(front, c.sizes, like.dtype)
+    # The CUDA target's calls run the diagonal core on the CUDA kernels.
+    cuda_seed = getattr(front, "shuffle_seed", 0) if c.cuda else None
     if not p["linear"]:
         raise ValueError(not_qualifying(front, p))
     chunk = chunk or chunk_length(T)
@@ -628,7 +631,8 @@ def call(front, c, chunk=None):
         values, finals[lin["state"]] = _linear_state(_State(lin), lin, env, graph, T, B,
                                                      init[lin["state"]], chunk, like, live,
                                                      resets, c.mode, used, template,
-                                                     native=not c.cuda)
+                                                     native=not c.cuda,
+                                                     cuda_seed=cuda_seed)
         env.update(values)
     post = (epilogue(front, c.sizes, like.dtype, like.device)
             if COMPILED_PROLOGUE and rest else None)

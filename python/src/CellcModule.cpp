@@ -433,6 +433,16 @@ PYBIND11_MODULE(_cellc, m) {
         py::arg("chunk") = 0);
   m.def("default_chunk_length", &defaultChunkLength, py::arg("steps"));
   m.attr("AUTO_MIN_CHUNKS") = kAutoMinChunks;
+  m.def(
+      "chunk_kernels_simt",
+      [](const std::string &path, const std::string &mutation) {
+        if (llvm::Error e = writeChunkKernelsSimt(path, mutation))
+          raiseError(std::move(e));
+      },
+      py::arg("path"), py::arg("mutation") = "",
+      "Writes the SIMT emulator's object of the chunk form's CUDA kernels "
+      "(runtime/cuda/ChunkKernels.cu) to `path`, with a planted bug "
+      "(`mutation`, as package()'s simt_mutation)");
   m.def("cache_dir", []() { return KernelCache::defaultDir(); });
   m.def("compiler_version", []() { return compilerVersion().str(); });
   m.def("package", &bindPackage,

@@ -67,6 +67,38 @@ typedef struct cellc_call {
  * workspace given is smaller than `needed`, and nothing ran. */
 #define CELLC_WORKSPACE_TOO_SMALL 2
 
+/* The chunk form's diagonal core (runtime/cuda/ChunkKernels.cu), f32, on
+ * time-major arrays as runtime/cpu/ChunkCore.h takes them, with the reads
+ * stacked: q [reads, T, BH, K], out and dout [reads, T, BH, V], pairs
+ * [BH, NC, reads, L, L]. Opened on a GPU (`device` >= 0: the PTX the
+ * runtime carries) or in the SIMT emulator (`device` -1: `simt_object`,
+ * which cellc._cellc.chunk_kernels_simt writes from the same IR). The
+ * backward takes dout and dEnd whole (zeros where no gradient came).
+ * cellc_cuda_chunk_admit says whether the device launches both kernels at
+ * the shape (their shared memory grows as K V + L (K + V) + L^2). */
+typedef struct cellc_chunk_shape {
+  int64_t BH, T;
+  int32_t K, V, L, reads;
+} cellc_chunk_shape;
+
+void *cellc_cuda_chunk_open(int32_t device, const char *simt_object, uint64_t shuffle_seed,
+                            char *error, size_t size);
+void cellc_cuda_chunk_free(void *kernels);
+/* The PTX the runtime loads on a GPU. */
+const char *cellc_cuda_chunk_ptx(void);
+int cellc_cuda_chunk_admit(void *kernels, const cellc_chunk_shape *shape, char *error,
+                           size_t size);
+int cellc_cuda_chunk_forward(void *kernels, const cellc_chunk_shape *shape, const float *a,
+                             const float *k, const float *v, const float *S0, const float *q,
+                             float *out, float *starts, float *end, float *pairs,
+                             void *stream, char *error, size_t size);
+int cellc_cuda_chunk_backward(void *kernels, const cellc_chunk_shape *shape, const float *a,
+                              const float *k, const float *v, const float *starts,
+                              const float *end, const float *pairs, const float *q,
+                              const float *dout, const float *dEnd, float *da, float *dk,
+                              float *dv, float *dS0, float *dq, void *stream, char *error,
+                              size_t size);
+
 /* Whether a CUDA driver and a device are there: 1, or 0 with why. */
 int cellc_cuda_available(char *error, size_t size);
 

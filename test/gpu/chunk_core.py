@@ -1,0 +1,127 @@
+"""The GPU check of the chunk form's diagonal core (runtime/cuda/ChunkKernels.cu,
+cellc._chunkcuda): its CUDA kernels against the torch template in float64,
+forward and every gradient, with scalar and row gates; then forward +
+backward timed beside the torch template in float32 and fla's chunk_gla
+where fla is installed.
+
+It runs where there are only torch and libcellc_runtime.so ($CELLC_CUDA_LIB):
+python/cellc's cuda.py, _chunkcuda.py and _chunkcore.py are loaded from the
+tree as a package without its __init__ (no extension). With --emulate the
+check runs in the SIMT emulator at a small shape, and the timing is left out.
+
+Usage: chunk_core.py [--emulate]   exit 1 on a failure
+"""
+
+import os
+import sys
+import time
+import types
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EMULATE = "--emulate" in sys.argv
+if not EMULATE:
+    package = types.ModuleType("cellc")
+    package.__path__ = [os.path.join(HERE, "..", "..", "python", "cellc")]
+    sys.modules["cellc"] = package
+# In the emulator, cellc as installed or built (its compiler writes the
+# kernels' emulated object).
+from cellc import _chunkcore, _chunkcuda  # noqa: E402
+
+DEV = torch.device("cpu" if EMULATE else "cuda")
+
+
+def inputs(B, H, T, K, V, rows, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = -0.3 * torch.rand(B, H, T, K if rows else 1, generator=g, dtype=torch.float64)
+    a = a.expand(B, H, T, K)
+    k = torch.randn(B, H, T, K, generator=g, dtype=torch.float64) / K ** 0.5
+    v = torch.randn(B, H, T, V, generator=g, dtype=torch.float64)
+    S0 = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
+    q = torch.randn(B, H, T, K, generator=g, dtype=torch.float64) / K ** 0.5
+    return [t.to(DEV, dtype).contiguous().requires_grad_() for t in (a, k, v, S0, q)]
+
+
+def rel(a, b):
+    return ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def check():
+    shape = (1, 2, 37, 8, 12, 16) if EMULATE else (2, 4, 1000, 64, 64, 64)
+    B, H, T, K, V, L = shape
+    failed = 0
+    for rows in (True, False):
+        ref = inputs(*shape[:5], rows, torch.float64)
+        got = inputs(*shape[:5], rows, torch.float32)
+        want = _chunkcore._DiagonalCore.apply(ref[0], *ref[1:4], L, rows, ref[4])
+        outs = _chunkcuda.DiagonalCore.apply(0, got[0], *got[1:4], L, got[4])
+        g = [torch.randn(o.shape, dtype=torch.float64, device=DEV) for o in want]
+        dwant = torch.autograd.grad(want, ref, g)
+        dgot = torch.autograd.grad(outs, got, [x.float() for x in g])
+        errs = {"out": rel(outs[0], want[0]), "end": rel(outs[1], want[1])}
+        errs.update({f"d{n}": rel(d, w) for n, d, w in zip(["a", "k", "v", "S0", "q"],
+                                                             dgot, dwant)})
+        worst = max(errs.values())
+        ok = worst < 1e-4
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} chunk core B={B} H={H} T={T} K={K} V={V} L={L} "
+              f"{'row' if rows else 'scalar'} gates: worst rel {worst:.2e} "
+              + " ".join(f"{n}={e:.1e}" for n, e in errs.items()), flush=True)
+    return failed
+
+
+def timed(fn, repeats=5):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def bench():
+    B, H, T, K, V, L = 16, 8, 4096, 64, 64, 64
+    a, k, v, S0, q = inputs(B, H, T, K, V, True, torch.float32)
+    print(f"\n| GLA core, B={B} H={H} T={T} K=V={K} L={L}, f32, fwd+bwd | ms (median of 5) "
+          "| peak MiB |\n|---|---|---|", flush=True)
+
+    def ours():
+        out, end = _chunkcuda.DiagonalCore.apply(0, a, k, v, S0, L, q)
+        torch.autograd.grad((out.sum(), end.sum()), (a, k, v, S0, q))
+
+    def template():
+        out, end = _chunkcore._DiagonalCore.apply(a, k, v, S0, L, True, q)
+        torch.autograd.grad((out.sum(), end.sum()), (a, k, v, S0, q))
+
+    runs = [("cellc CUDA kernels", ours), ("cellc torch template", template)]
+    try:
+        from fla.ops.gla import chunk_gla
+        qf, kf, vf, gf = (t.detach().transpose(1, 2).contiguous().requires_grad_()
+                          for t in (q, k, v, a))
+
+        def fla():
+            o, s = chunk_gla(qf, kf, vf, gf, scale=1.0, initial_state=S0,
+                             output_final_state=True)
+            torch.autograd.grad((o.sum(), s.sum()), (qf, kf, vf, gf))
+        runs.append(("fla chunk_gla", fla))
+    except Exception as e:  # fla absent, or another version's API
+        print(f"(fla: {type(e).__name__}: {e})", flush=True)
+    for name, fn in runs:
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            ms = timed(fn)
+            peak = torch.cuda.max_memory_allocated() / 2 ** 20
+            print(f"| {name} | {ms:.2f} | {peak:.0f} |", flush=True)
+        except Exception as e:
+            print(f"| {name} | failed: {type(e).__name__}: {str(e)[:200]} | |", flush=True)
+
+
+if __name__ == "__main__":
+    failures = check()
+    if not EMULATE and not failures:
+        bench()
+    sys.exit(1 if failures else 0)

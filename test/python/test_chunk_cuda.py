@@ -1,0 +1,176 @@
+"""The chunk form's diagonal core as CUDA kernels (runtime/cuda/ChunkKernels.cu,
+cellc._chunkcuda), run in the SIMT emulator: against the torch template in
+float64, in the chunk form of the examples against their step kernels, and
+with a barrier taken out (the emulator must say where the race is)."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import cellc
+from cellc import _chunkcore, _chunkcuda, _chunkwise
+from cellc.cuda import CudaError
+from test_chunkwise import EXAMPLES, SIZES, arguments, rel, run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CPU = torch.device("cpu")
+
+
+def _inputs(B, H, T, K, V, reads, rows, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = -0.6 * torch.rand(B, H, T, K if rows else 1, generator=g, dtype=torch.float64)
+    a = a.expand(B, H, T, K).contiguous()
+    k = torch.randn(B, H, T, K, generator=g, dtype=torch.float64)
+    v = torch.randn(B, H, T, V, generator=g, dtype=torch.float64)
+    S0 = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
+    qs = [torch.randn(B, H, T, K, generator=g, dtype=torch.float64) for _ in range(reads)]
+    return [a, k, v, S0, *qs]
+
+
+# (B, H, T, K, V, L, reads): T not a multiple of L; one chunk; V over two
+# column tiles of the forward (64 a CTA); K != V.
+SHAPES = [(2, 2, 37, 8, 12, 16, 2), (1, 2, 16, 4, 70, 16, 1), (1, 1, 9, 16, 6, 4, 1)]
+
+
+@pytest.mark.parametrize("rows", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_cuda_core_matches_the_torch_template(shape, rows):
+    B, H, T, K, V, L, R = shape
+    ins = [t.requires_grad_() for t in _inputs(B, H, T, K, V, R, rows)]
+    want = _chunkcore._DiagonalCore.apply(ins[0], *ins[1:4], L, rows, *ins[4:])
+    g = torch.Generator().manual_seed(5)
+    grads = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in want]
+    # The first read's output takes no gradient: zeros, not garbage.
+    grads[0] = None
+    pairs = [(o, w) for o, w in zip(want, grads) if w is not None]
+    dwant = torch.autograd.grad([o for o, _ in pairs], ins, [w for _, w in pairs])
+    f32 = [t.detach().float().requires_grad_() for t in ins]
+    got = _chunkcuda.DiagonalCore.apply(0, f32[0], *f32[1:4], L, *f32[4:])
+    assert len(got) == len(want)
+    for o, w in zip(got, want):
+        assert o.dtype == torch.float32 and w.abs().max() > 0
+        assert rel(o.double(), w) < 1e-5
+    dgot = torch.autograd.grad([got[i] for i, w in enumerate(grads) if w is not None], f32,
+                               [w.float() for w in grads if w is not None])
+    for name, d, w in zip(["a", "k", "v", "S0"] + [f"q{r}" for r in range(R)], dgot, dwant):
+        if name == "q0":
+            assert w.abs().max() == 0 and d.abs().max() == 0
+            continue
+        assert w.abs().max() > 0, name
+        assert rel(d.double(), w) < 1e-5, name
+
+
+@pytest.mark.parametrize("mode", ["none", "full"])
+@pytest.mark.parametrize("name", ["gla", "retnet", "mlstm"])
+def test_the_chunk_form_trains_on_the_cuda_core_in_the_emulator(name, mode, monkeypatch):
+    # target="cuda-emu" with lengths and no resets: the diagonal core runs
+    # on the CUDA kernels in the emulator, the rest as before, in float32,
+    # against the step kernels in float64.
+    T, B = 23, 3
+    cell = cellc.compile(os.path.join(EXAMPLES, name + ".cell"))
+    x, params, states = arguments(cell, name, T, B, torch.float64, seed=4)
+    options = dict(lengths=[T, 11, 18])
+    want = run(cell, x, params, states, **options)
+    emu = cellc.compile(os.path.join(EXAMPLES, name + ".cell"), target="cuda-emu")
+    ran, real = [], _chunkcuda.DiagonalCore.apply
+
+    def counted(*args):
+        ran.append(args[5])
+        return real(*args)
+    monkeypatch.setattr(_chunkcuda.DiagonalCore, "apply", counted)
+    f32 = lambda t: t.detach().float().requires_grad_()
+    got = run(emu, f32(x), {n: f32(t) for n, t in params.items()},
+              {n: f32(t) for n, t in states.items()}, form="chunk", chunk=8, recompute=mode,
+              **options)
+    # mLSTM has two linear states (C and n): a core each.
+    assert ran == [8] * (2 if name == "mlstm" else 1)
+    assert rel(got[0].double(), want[0]) < 2e-5
+    for n in want[1]:
+        assert rel(got[1][n].double(), want[1][n]) < 2e-5, n
+    for n in want[2]:
+        assert want[2][n].abs().max() > 0, n
+        assert rel(got[2][n].double(), want[2][n]) < 2e-5, n
+
+
+def test_a_shape_the_kernels_do_not_hold_runs_the_torch_template(monkeypatch):
+    # K = V = 256 at L = 64: the backward's shared memory (the state's
+    # gradient alone is 256 KiB) is more than a GPU grants a CTA.
+    kern = _chunkcuda.kernels(CPU)
+    assert not _chunkcuda.usable(CPU, 64, 1, 256, 256, 64, 1, torch.float32)
+    assert _chunkcuda.usable(CPU, 64, 1, 64, 64, 64, 1, torch.float32)
+    assert not _chunkcuda.usable(CPU, 64, 1, 64, 64, 64, 1, torch.float64)
+    assert kern.admits(_chunkcuda._shape(64, 1, 64, 64, 64, 1))
+    ran = []
+    monkeypatch.setattr(_chunkcuda.DiagonalCore, "apply", lambda *a: ran.append(a))
+    ins = [t.float() for t in _inputs(1, 1, 70, 256, 256, 1, True)]
+    outs, S = _chunkcore._kept("none", "diagonal", ins[0], None, ins[1], ins[2], ins[3],
+                               [(ins[4], True)], None, 64, True, None, native=False,
+                               cuda_seed=0)
+    want = _chunkcore._DiagonalCore.apply(ins[0], *ins[1:4], 64, True, ins[4])
+    assert ran == []
+    assert rel(outs[0], want[0]) == 0 and rel(S, want[1]) == 0
+
+
+def test_the_kernels_refuse_a_bad_shape_and_a_missing_object():
+    kern = _chunkcuda.kernels(CPU)
+    buf = cellc.cuda._error_buffer()
+    shape = _chunkcuda._shape(0, 1, 4, 4, 4, 1)
+    assert kern._lib.cellc_cuda_chunk_admit(kern._handle, shape, buf, len(buf)) == 1
+    assert "T, K, V, L and reads >= 1" in buf.value.decode()
+    # A call at the shape: the same words, and nothing runs.
+    with pytest.raises(CudaError, match=r"reads >= 1 \(BH=1, T=0\)"):
+        kern.call("forward", shape, [torch.zeros(1)] * 9, torch.zeros(1))
+    lib = _chunkcuda._lib()
+    assert not lib.cellc_cuda_chunk_open(-1, b"/nonexistent/chunk.so", 0, buf, len(buf))
+    assert "/nonexistent/chunk.so" in buf.value.decode()
+
+
+@pytest.mark.parametrize("barrier", [2, 8])
+def test_the_emulator_finds_a_missing_barrier_in_the_chunk_kernels(barrier, tmp_path,
+                                                                   monkeypatch):
+    # Without the N-th bar.sync (2: in the forward, before a read's pairs;
+    # 8: in the backward), threads race on shared memory: the emulator
+    # says so and names the kernel.
+    path = str(tmp_path / "planted.so")
+    cellc._cellc.chunk_kernels_simt(path, f"drop-barrier:{barrier}")
+    monkeypatch.setattr(_chunkcuda, "_OBJECT", path)
+    monkeypatch.setattr(_chunkcuda, "_OPEN", {})
+    ins = [t.float().requires_grad_() for t in _inputs(1, 2, 20, 8, 8, 1, True)]
+    kernel = "forward" if barrier == 2 else "backward"
+    with pytest.raises(CudaError, match=f"shared-memory race in kernel "
+                                         f"cellc_chunk_diag_{kernel}"):
+        out = _chunkcuda.DiagonalCore.apply(0, ins[0], *ins[1:4], 8, ins[4])
+        torch.autograd.grad(out, ins, [torch.ones_like(o) for o in out])
+
+
+@pytest.mark.skipif(shutil.which("clang-19") is None, reason="needs clang-19")
+def test_the_kernels_ptx_and_ir_are_what_the_script_writes(tmp_path):
+    (tmp_path / "ptx").mkdir()
+    (tmp_path / "ll").mkdir()
+    subprocess.run([os.path.join(ROOT, "scripts", "gen-chunk-kernels.sh"),
+                    str(tmp_path / "ptx"), str(tmp_path / "ll")], check=True,
+                   capture_output=True)
+    for made, kept in [("ptx/ChunkKernels.ptx.inc", "runtime/cuda/ChunkKernels.ptx.inc"),
+                       ("ll/ChunkKernels.ll.inc", "compiler/Pipelines/ChunkKernels.ll.inc")]:
+        with open(os.path.join(ROOT, kept)) as f:
+            assert (tmp_path / made).read_text() == f.read(), \
+                "run scripts/gen-chunk-kernels.sh"
+
+
+PTXAS = os.environ.get("PTXAS", "/usr/local/cuda/bin/ptxas")
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="needs ptxas (the CUDA toolkit)")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_kernels_ptx_assembles_without_spills(arch, tmp_path):
+    with open(os.path.join(ROOT, "runtime/cuda/ChunkKernels.ptx.inc")) as f:
+        lines = f.read().splitlines()
+    ptx = tmp_path / "chunk.ptx"
+    ptx.write_text("\n".join(lines[2:-1]) + "\n")
+    report = subprocess.run([PTXAS, f"-arch={arch}", "-v", str(ptx), "-o", os.devnull],
+                            check=True, capture_output=True, text=True).stderr
+    assert report.count("0 bytes spill stores") == 2, report
+    assert "cellc_chunk_diag_forward" in report and "cellc_chunk_diag_backward" in report
