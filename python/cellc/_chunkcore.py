@@ -539,15 +539,20 @@ def _kept(mode, template, a, c, k, v, S0, reads, delta, L, rows, resets, native=
     between chunks, and computes each chunk again in the backward;
     `chunk:K` keeps the state every K steps, and computes each span of K
     steps again. `native` False: the templates in torch. `cuda_seed` (the
-    CUDA target's calls): the diagonal template on the CUDA kernels
-    (cellc._chunkcuda: a GPU's, or for CPU tensors the SIMT emulator's with
-    that shuffle seed) where they hold the shape, else in torch."""
+    CUDA target's calls): the templates on the CUDA kernels (cellc._chunkcuda:
+    a GPU's, or for CPU tensors the SIMT emulator's with that shuffle seed)
+    where they hold the shape, else in torch."""
     T = a.shape[2]
-    if (template not in (None, "delta") and resets is None and cuda_seed is not None
-            and _chunkcuda.usable(a.device, T, a.shape[0] * a.shape[1], a.shape[3],
-                                  v.shape[3], L, len(reads), a.dtype, cuda_seed)):
-        *outs, S = _chunkcuda.DiagonalCore.apply(cuda_seed, a, k, v, S0, L,
-                                                 *[q for q, _ in reads])
+    if (template is not None and resets is None and cuda_seed is not None
+            and _chunkcuda.usable(a.device, T, k.shape[0] * k.shape[1], k.shape[3],
+                                  v.shape[3], L, len(reads), a.dtype, cuda_seed,
+                                  delta=template == "delta")):
+        qs = [q for q, _ in reads]
+        if template == "delta":
+            *outs, S = _chunkcuda.DeltaCore.apply(cuda_seed, a[..., 0], k, v, delta, S0, L,
+                                                  *qs)
+        else:
+            *outs, S = _chunkcuda.DiagonalCore.apply(cuda_seed, a, k, v, S0, L, *qs)
         return list(outs), S
     if template is not None and resets is None:
         native = (native and NATIVE and a.device.type == "cpu"

@@ -1,8 +1,8 @@
-"""The chunk form's diagonal core on CUDA kernels (runtime/cuda/ChunkKernels.cu,
-through the runtime's C interface, cellc_cuda_chunk_*): on a GPU, or in the
-SIMT emulator for the CUDA target's emulated calls. The same arguments,
-results and adjoint as cellc._chunkcore's _DiagonalCore, in float32, on the
-time-major arrays the CPU's kernels take."""
+"""The chunk form's kernel templates on CUDA kernels (runtime/cuda/ChunkKernels.cu,
+through the runtime's C interface, cellc_cuda_chunk_* and _delta_*): on a
+GPU, or in the SIMT emulator for the CUDA target's emulated calls. The same
+arguments, results and adjoints as cellc._chunkcore's _DiagonalCore and
+_DeltaCore, in float32, on the time-major arrays the CPU's kernels take."""
 
 import atexit
 import ctypes
@@ -34,9 +34,11 @@ def _lib():
                                               ctypes.c_uint64] + err
         lib.cellc_cuda_chunk_open.restype = P
         lib.cellc_cuda_chunk_free.argtypes = [P]
-        lib.cellc_cuda_chunk_admit.argtypes = [P, shape] + err
+        lib.cellc_cuda_chunk_admit.argtypes = [P, shape, ctypes.c_int32] + err
         lib.cellc_cuda_chunk_forward.argtypes = [P, shape] + [P] * 10 + err
         lib.cellc_cuda_chunk_backward.argtypes = [P, shape] + [P] * 15 + err
+        lib.cellc_cuda_delta_forward.argtypes = [P, shape] + [P] * 10 + err
+        lib.cellc_cuda_delta_backward.argtypes = [P, shape] + [P] * 16 + err
         _TYPED = True
     return lib
 
@@ -64,16 +66,16 @@ class _Kernels:
             self._lib.cellc_cuda_chunk_free(self._handle)
             self._handle = None
 
-    def admits(self, shape):
+    def admits(self, shape, delta=False):
         buf = _cuda._error_buffer()
-        return self._lib.cellc_cuda_chunk_admit(self._handle, ctypes.byref(shape), buf,
-                                                len(buf)) == 0
+        return self._lib.cellc_cuda_chunk_admit(self._handle, ctypes.byref(shape), int(delta),
+                                                buf, len(buf)) == 0
 
     def call(self, name, shape, tensors, like):
         stream = (None if self.emulated
                   else torch.cuda.current_stream(like.device).cuda_stream)
         buf = _cuda._error_buffer()
-        fn = getattr(self._lib, "cellc_cuda_chunk_" + name)
+        fn = getattr(self._lib, "cellc_cuda_" + name)
         if fn(self._handle, ctypes.byref(shape), *[t.data_ptr() for t in tensors], stream,
               buf, len(buf)):
             _cuda._raise(buf)
@@ -116,12 +118,13 @@ def _shape(T, BH, K, V, L, reads):
     return _Shape(BH, T, K, V, L, reads)
 
 
-def usable(device, T, BH, K, V, L, reads, dtype, seed=0):
-    """Whether the kernels run this core: float32, and their shared memory
-    within what the device grants a CTA."""
+def usable(device, T, BH, K, V, L, reads, dtype, seed=0, delta=False):
+    """Whether the kernels run this core (the diagonal template, or the
+    delta rule's): float32, and their shared memory within what the device
+    grants a CTA."""
     if dtype != torch.float32:
         return False
-    return kernels(device, seed).admits(_shape(T, BH, K, V, L, reads))
+    return kernels(device, seed).admits(_shape(T, BH, K, V, L, reads), delta)
 
 
 def _time_major(t):
@@ -146,7 +149,7 @@ class DiagonalCore(torch.autograd.Function):
         starts, end = v.new_empty((Bn, H, NC, K, V)), v.new_empty((Bn, H, K, V))
         pairs = v.new_empty((Bn * H, NC, R, L, L))
         kern = kernels(a.device, seed)
-        kern.call("forward", shape, [a, k, v, S0, q, out, starts, end, pairs], v)
+        kern.call("chunk_forward", shape, [a, k, v, S0, q, out, starts, end, pairs], v)
         ctx.save_for_backward(a, k, v, starts, end, pairs, q)
         ctx.shape, ctx.kern = shape, kern
         return (*[o.permute(1, 2, 0, 3) for o in out], end)
@@ -159,7 +162,48 @@ class DiagonalCore(torch.autograd.Function):
         dEnd = torch.zeros_like(end) if grads[-1] is None else grads[-1].contiguous()
         da, dk, dv = torch.empty_like(a), torch.empty_like(k), torch.empty_like(v)
         dS0, dq = torch.empty_like(end), torch.empty_like(q)
-        ctx.kern.call("backward", ctx.shape,
+        ctx.kern.call("chunk_backward", ctx.shape,
                       [a, k, v, starts, end, pairs, q, douts, dEnd, da, dk, dv, dS0, dq], v)
         bhtk = lambda t: t.permute(1, 2, 0, 3)
         return (None, bhtk(da), bhtk(dk), bhtk(dv), dS0, None, *[bhtk(d) for d in dq])
+
+
+class DeltaCore(torch.autograd.Function):
+    """_DeltaCore (cellc._chunkcore) on the CUDA kernels: a [B, H, T] (a
+    scalar log-gate a step), k and each q [B, H, T, K], the targets w
+    [B, H, T, V], beta [B, H, T, 1], S0 [B, H, K, V]; the reads' outputs
+    [B, H, T, V] and the end state."""
+
+    @staticmethod
+    def forward(ctx, seed, a, k, w, beta, S0, L, *qs):
+        Bn, H, T, K = k.shape
+        V = w.shape[-1]
+        R, NC = len(qs), -(-T // L)
+        shape = _shape(T, Bn * H, K, V, L, R)
+        a = a.permute(2, 0, 1).contiguous()
+        beta = beta[..., 0].permute(2, 0, 1).contiguous()
+        k, w = _time_major(k), _time_major(w)
+        q = torch.stack([_time_major(x) for x in qs])
+        S0 = S0.contiguous()
+        out = w.new_empty((R, T, Bn, H, V))
+        starts, end = w.new_empty((Bn, H, NC, K, V)), w.new_empty((Bn, H, K, V))
+        kern = kernels(k.device, seed)
+        kern.call("delta_forward", shape, [a, k, w, beta, S0, q, out, starts, end], w)
+        ctx.save_for_backward(a, k, w, beta, starts, end, q)
+        ctx.shape, ctx.kern = shape, kern
+        return (*[o.permute(1, 2, 0, 3) for o in out], end)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        a, k, w, beta, starts, end, q = ctx.saved_tensors
+        douts = torch.stack([torch.zeros_like(w) if g is None else _time_major(g)
+                             for g in grads[:-1]])
+        dEnd = torch.zeros_like(end) if grads[-1] is None else grads[-1].contiguous()
+        da, dk, dw = torch.empty_like(a), torch.empty_like(k), torch.empty_like(w)
+        dbeta, dS0, dq = torch.empty_like(beta), torch.empty_like(end), torch.empty_like(q)
+        ctx.kern.call("delta_backward", ctx.shape,
+                      [a, k, w, beta, starts, end, q, douts, dEnd, da, dk, dw, dbeta, dS0,
+                       dq], w)
+        bhtk = lambda t: t.permute(1, 2, 0, 3)
+        return (None, da.permute(1, 2, 0), bhtk(dk), bhtk(dw),
+                dbeta.permute(1, 2, 0)[..., None], dS0, None, *[bhtk(d) for d in dq])

@@ -276,3 +276,336 @@ extern "C" __global__ void cellc_chunk_diag_backward(
   for (int i = th; i < K * V; i += nt)
     dS0[bh * i64(K) * V + i] = dS[i];
 }
+
+//===----------------------------------------------------------------------===//
+// The delta rule with a scalar gate (DeltaNet, gated DeltaNet), as
+// runtime/cpu/ChunkCore's deltaForward and deltaBackward: a and beta
+// [T, BH], k [T, BH, K], the targets w [T, BH, V]. Within a chunk the new
+// values U = (I + M)^-1 beta (w - e^A k S), M_ij = beta_i (k_i . k_j)
+// e^{A_i - A_j} below the diagonal, by substitution a column a thread;
+// the state passes as S' = e^{A_L} S + (k e^{A_L - A})^T U. The columns of
+// the state are independent, so the forward takes a CTA per (sample and
+// head, tile of BV columns).
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The chunk's scalar log-gates summed from its start, and beta, [n].
+__device__ void loadScalars(const float *a, const float *beta, i64 t0, int n, i64 BH, int bh,
+                            float *A, float *bt) {
+  for (int i = thread(); i < n; i += threads()) {
+    A[i] = a[(t0 + i) * BH + bh];
+    bt[i] = beta[(t0 + i) * BH + bh];
+  }
+  __syncthreads();
+  if (thread() == 0)
+    for (int i = 1; i < n; ++i)
+      A[i] += A[i - 1];
+}
+
+__device__ inline float dot(const float *x, const float *y, int n) {
+  float s = 0.0f;
+  for (int i = 0; i < n; ++i)
+    s += x[i] * y[i];
+  return s;
+}
+
+} // namespace
+
+/// Grid (BH, ceil(V / BV)), dynamic shared memory
+/// 4 * (K * BV + 2 * L * K + L * BV + 2 * L * L + 2 * L) bytes.
+extern "C" __global__ void cellc_chunk_delta_forward(
+    const float *a, const float *k, const float *w, const float *beta, const float *S0,
+    const float *q, float *out, float *starts, float *end, i64 BH, i64 T, int K, int V,
+    int L, int R, int BV) {
+  extern __shared__ float smem[];
+  const int bh = ctaX(), v0 = ctaY() * BV, bv = imin(BV, V - v0);
+  float *S = smem, *ks = S + K * BV, *qs = ks + L * K, *U = qs + L * K, *M = U + L * BV,
+        *P = M + L * L, *A = P + L * L, *bt = A + L;
+  const int nt = threads(), th = thread();
+  const i64 NC = (T + L - 1) / L;
+  for (int i = th; i < K * bv; i += nt) {
+    int r = i / bv, c = i % bv;
+    S[r * BV + c] = S0[(bh * i64(K) + r) * V + v0 + c];
+  }
+  for (i64 ch = 0; ch < NC; ++ch) {
+    const i64 t0 = ch * L;
+    const int n = int(T - t0 < L ? T - t0 : L);
+    __syncthreads();
+    for (int i = th; i < K * bv; i += nt) {
+      int r = i / bv, c = i % bv;
+      starts[((bh * NC + ch) * K + r) * V + v0 + c] = S[r * BV + c];
+    }
+    loadRows(k, t0, n, BH, bh, K, 0, K, ks, K);
+    loadScalars(a, beta, t0, n, BH, bh, A, bt);
+    __syncthreads();
+    for (int i = th; i < n * n; i += nt) {
+      int r = i / n, s = i % n;
+      M[r * L + s] = s < r ? bt[r] * dot(ks + r * K, ks + s * K, K) * expOf(A[r] - A[s]) : 0.0f;
+    }
+    for (int i = th; i < n * bv; i += nt) {
+      int t = i / bv, c = i % bv;
+      float kS = 0.0f;
+      for (int r = 0; r < K; ++r)
+        kS += ks[t * K + r] * S[r * BV + c];
+      U[t * BV + c] = bt[t] * (w[((t0 + t) * BH + bh) * V + v0 + c] - expOf(A[t]) * kS);
+    }
+    __syncthreads();
+    for (int c = th; c < bv; c += nt)
+      for (int t = 1; t < n; ++t) {
+        float x = U[t * BV + c];
+        for (int s = 0; s < t; ++s)
+          x -= M[t * L + s] * U[s * BV + c];
+        U[t * BV + c] = x;
+      }
+    for (int read = 0; read < R; ++read) {
+      __syncthreads();
+      loadRows(q + read * T * BH * K, t0, n, BH, bh, K, 0, K, qs, K);
+      __syncthreads();
+      for (int i = th; i < n * n; i += nt) {
+        int t = i / n, s = i % n;
+        P[t * L + s] = s <= t ? dot(qs + t * K, ks + s * K, K) * expOf(A[t] - A[s]) : 0.0f;
+      }
+      __syncthreads();
+      float *o = out + read * T * BH * V;
+      for (int i = th; i < n * bv; i += nt) {
+        int t = i / bv, c = i % bv;
+        float inter = 0.0f, acc = 0.0f;
+        for (int r = 0; r < K; ++r)
+          inter += qs[t * K + r] * S[r * BV + c];
+        for (int s = 0; s <= t; ++s)
+          acc += P[t * L + s] * U[s * BV + c];
+        o[((t0 + t) * BH + bh) * V + v0 + c] = expOf(A[t]) * inter + acc;
+      }
+    }
+    __syncthreads();
+    for (int i = th; i < K * bv; i += nt) {
+      int r = i / bv, c = i % bv;
+      float An = A[n - 1];
+      float s = expOf(An) * S[r * BV + c];
+      for (int t = 0; t < n; ++t)
+        s += ks[t * K + r] * expOf(An - A[t]) * U[t * BV + c];
+      S[r * BV + c] = s;
+    }
+  }
+  __syncthreads();
+  for (int i = th; i < K * bv; i += nt) {
+    int r = i / bv, c = i % bv;
+    end[(bh * i64(K) + r) * V + v0 + c] = S[r * BV + c];
+  }
+}
+
+/// Grid (BH), dynamic shared memory
+/// 4 * (K * V + 2 * L * K + 3 * L * V + 3 * L * L + 3 * L) bytes. The
+/// state's gradient after the chunk is in shared memory (G), the one before
+/// it grows in dS0 (a thread its elements), which ends as its own; dk and
+/// dbeta grow in place as the diagonal backward's sums do.
+extern "C" __global__ void cellc_chunk_delta_backward(
+    const float *a, const float *k, const float *w, const float *beta, const float *starts,
+    const float *end, const float *q, const float *dout, const float *dEnd, float *da,
+    float *dk, float *dw, float *dbeta, float *dS0, float *dq, i64 BH, i64 T, int K, int V,
+    int L, int R) {
+  extern __shared__ float smem[];
+  const int bh = ctaX(), nt = threads(), th = thread();
+  float *G = smem, *ks = G + K * V, *qs = ks + L * K, *U = qs + L * K, *dU = U + L * V,
+        *dos = dU + L * V, *KK = dos + L * V, *W1 = KK + L * L, *W2 = W1 + L * L,
+        *A = W2 + L * L, *bt = A + L, *dA = bt + L;
+  const i64 NC = (T + L - 1) / L;
+  float *Gp = dS0 + bh * i64(K) * V;
+  for (int i = th; i < K * V; i += nt)
+    G[i] = dEnd[bh * i64(K) * V + i];
+  for (i64 ch = NC - 1; ch >= 0; --ch) {
+    const i64 t0 = ch * L;
+    const int n = int(T - t0 < L ? T - t0 : L);
+    const float *Sc = starts + (bh * NC + ch) * i64(K) * V;
+    __syncthreads();
+    loadRows(k, t0, n, BH, bh, K, 0, K, ks, K);
+    loadScalars(a, beta, t0, n, BH, bh, A, bt);
+    __syncthreads();
+    const float AL = A[n - 1], gL = expOf(AL);
+    for (int i = th; i < n * n; i += nt) {
+      int r = i / n, s = i % n;
+      KK[r * L + s] = dot(ks + r * K, ks + s * K, K);
+    }
+    for (int i = th; i < n * V; i += nt) {
+      int t = i / V, c = i % V;
+      float kS = 0.0f, kG = 0.0f;
+      for (int r = 0; r < K; ++r) {
+        kS += ks[t * K + r] * Sc[r * V + c];
+        kG += ks[t * K + r] * G[r * V + c];
+      }
+      U[t * V + c] = bt[t] * (w[((t0 + t) * BH + bh) * V + c] - expOf(A[t]) * kS);
+      // The new values' gradient from the state passed on.
+      dU[t * V + c] = expOf(AL - A[t]) * kG;
+    }
+    for (int i = th; i < K * V; i += nt)
+      Gp[i] = gL * G[i];
+    for (int i = th; i < n; i += nt)
+      dA[i] = 0.0f;
+    for (int i = th; i < n * K; i += nt) {
+      int t = i / K, r = i % K;
+      dk[((t0 + t) * BH + bh) * K + r] = 0.0f;
+    }
+    __syncthreads();
+    // U = (I + M)^-1 U0, a column a thread.
+    for (int c = th; c < V; c += nt)
+      for (int t = 1; t < n; ++t) {
+        float x = U[t * V + c];
+        for (int s = 0; s < t; ++s)
+          x -= bt[t] * KK[t * L + s] * expOf(A[t] - A[s]) * U[s * V + c];
+        U[t * V + c] = x;
+      }
+    for (int read = 0; read < R; ++read) {
+      __syncthreads();
+      loadRows(q + read * T * BH * K, t0, n, BH, bh, K, 0, K, qs, K);
+      loadRows(dout + read * T * BH * V, t0, n, BH, bh, V, 0, V, dos, V);
+      __syncthreads();
+      // W1: q k^T, and W2: (do U^T) e^{A_i - A_j}, on and below the diagonal.
+      for (int i = th; i < n * n; i += nt) {
+        int r = i / n, s = i % n;
+        bool lower = s <= r;
+        W1[r * L + s] = lower ? dot(qs + r * K, ks + s * K, K) : 0.0f;
+        W2[r * L + s] =
+            lower ? dot(dos + r * V, U + s * V, V) * expOf(A[r] - A[s]) : 0.0f;
+      }
+      __syncthreads();
+      for (int i = th; i < n * V; i += nt) {
+        int s = i / V, c = i % V;
+        float acc = 0.0f;
+        for (int t = s; t < n; ++t)
+          acc += W1[t * L + s] * expOf(A[t] - A[s]) * dos[t * V + c];
+        dU[s * V + c] += acc;
+      }
+      for (int i = th; i < K * V; i += nt) {
+        int r = i / V, c = i % V;
+        float acc = 0.0f;
+        for (int t = 0; t < n; ++t)
+          acc += qs[t * K + r] * expOf(A[t]) * dos[t * V + c];
+        Gp[i] += acc;
+      }
+      float *dqr = dq + read * T * BH * K;
+      for (int i = th; i < n * K; i += nt) {
+        int t = i / K, r = i % K;
+        float inter = 0.0f, acc = 0.0f, back = 0.0f;
+        for (int c = 0; c < V; ++c)
+          inter += dos[t * V + c] * Sc[r * V + c];
+        for (int s = 0; s <= t; ++s)
+          acc += W2[t * L + s] * ks[s * K + r];
+        for (int u = t; u < n; ++u)
+          back += W2[u * L + t] * qs[u * K + r];
+        i64 g = ((t0 + t) * BH + bh) * K + r;
+        dqr[g] = expOf(A[t]) * inter + acc;
+        dk[g] += back;
+      }
+      for (int t = th; t < n; t += nt) {
+        float seen = 0.0f;
+        for (int c = 0; c < V; ++c) {
+          float qS = 0.0f;
+          for (int r = 0; r < K; ++r)
+            qS += qs[t * K + r] * Sc[r * V + c];
+          seen += dos[t * V + c] * qS;
+        }
+        // The decay's gradient: e^A in the state's read, and the pairs'.
+        float e = expOf(A[t]) * seen;
+        for (int s = 0; s < n; ++s)
+          e += W2[t * L + s] * W1[t * L + s] - W2[s * L + t] * W1[s * L + t];
+        dA[t] += e;
+      }
+    }
+    __syncthreads();
+    // dR = (I + M)^-T dU, a column a thread.
+    for (int c = th; c < V; c += nt)
+      for (int t = n - 2; t >= 0; --t) {
+        float x = dU[t * V + c];
+        for (int s = t + 1; s < n; ++s)
+          x -= bt[s] * KK[s * L + t] * expOf(A[s] - A[t]) * dU[s * V + c];
+        dU[t * V + c] = x;
+      }
+    __syncthreads();
+    const float *dR = dU;
+    for (int i = th; i < K * V; i += nt) {
+      int r = i / V, c = i % V;
+      float acc = 0.0f;
+      for (int t = 0; t < n; ++t)
+        acc += bt[t] * expOf(A[t]) * ks[t * K + r] * dR[t * V + c];
+      Gp[i] -= acc;
+    }
+    for (int i = th; i < n * V; i += nt) {
+      int t = i / V, c = i % V;
+      dw[((t0 + t) * BH + bh) * V + c] = bt[t] * dR[t * V + c];
+    }
+    for (int i = th; i < n * K; i += nt) {
+      int t = i / K, r = i % K;
+      float acc = 0.0f;
+      for (int c = 0; c < V; ++c)
+        acc += dR[t * V + c] * Sc[r * V + c];
+      dk[((t0 + t) * BH + bh) * K + r] -= bt[t] * expOf(A[t]) * acc;
+    }
+    // W1: -dR U^T below the diagonal (the gradient of M).
+    for (int i = th; i < n * n; i += nt) {
+      int r = i / n, s = i % n;
+      W1[r * L + s] = s < r ? -dot(dR + r * V, U + s * V, V) : 0.0f;
+    }
+    __syncthreads();
+    for (int t = th; t < n; t += nt) {
+      float sdb = 0.0f, sda = 0.0f, e = expOf(A[t]);
+      for (int c = 0; c < V; ++c) {
+        float kS = 0.0f;
+        for (int r = 0; r < K; ++r)
+          kS += ks[t * K + r] * Sc[r * V + c];
+        float wc = w[((t0 + t) * BH + bh) * V + c];
+        sdb += dR[t * V + c] * (wc - e * kS);
+        sda += dR[t * V + c] * kS;
+      }
+      float dAt = -bt[t] * e * sda;
+      for (int s = 0; s < t; ++s) {
+        float d = expOf(A[t] - A[s]), m = W1[t * L + s];
+        sdb += m * KK[t * L + s] * d;
+        dAt += m * bt[t] * KK[t * L + s] * d;
+      }
+      for (int u = t + 1; u < n; ++u)
+        dAt -= W1[u * L + t] * bt[u] * KK[u * L + t] * expOf(A[u] - A[t]);
+      // The state passed on: e^{A_L} S + (k e^{A_L - A})^T U.
+      float Ek = 0.0f;
+      for (int r = 0; r < K; ++r) {
+        float UG = 0.0f;
+        for (int c = 0; c < V; ++c)
+          UG += U[t * V + c] * G[r * V + c];
+        Ek += ks[t * K + r] * expOf(AL - A[t]) * UG;
+      }
+      dA[t] += dAt - Ek;
+      W2[t] = Ek;
+      dbeta[(t0 + t) * BH + bh] = sdb;
+    }
+    for (int i = th; i < n * K; i += nt) {
+      int t = i / K, r = i % K;
+      // The symmetric gradient of k k^T: beta_i e^{A_i - A_j} dM_ij, j < i.
+      float acc = 0.0f;
+      for (int s = 0; s < t; ++s)
+        acc += W1[t * L + s] * bt[t] * expOf(A[t] - A[s]) * ks[s * K + r];
+      for (int u = t + 1; u < n; ++u)
+        acc += W1[u * L + t] * bt[u] * expOf(A[u] - A[t]) * ks[u * K + r];
+      float UG = 0.0f;
+      for (int c = 0; c < V; ++c)
+        UG += U[t * V + c] * G[r * V + c];
+      dk[((t0 + t) * BH + bh) * K + r] += acc + expOf(AL - A[t]) * UG;
+    }
+    __syncthreads();
+    if (th == 0) {
+      float sum = 0.0f;
+      for (int i = 0; i < K * V; ++i)
+        sum += Sc[i] * G[i];
+      float dLast = gL * sum;
+      for (int t = 0; t < n; ++t)
+        dLast += W2[t];
+      float acc = dLast;
+      for (int t = n - 1; t >= 0; --t) {
+        acc += dA[t];
+        da[(t0 + t) * BH + bh] = acc;
+      }
+    }
+    __syncthreads();
+    for (int i = th; i < K * V; i += nt)
+      G[i] = Gp[i];
+  }
+}

@@ -67,15 +67,19 @@ typedef struct cellc_call {
  * workspace given is smaller than `needed`, and nothing ran. */
 #define CELLC_WORKSPACE_TOO_SMALL 2
 
-/* The chunk form's diagonal core (runtime/cuda/ChunkKernels.cu), f32, on
+/* The chunk form's cores (runtime/cuda/ChunkKernels.cu), f32, on
  * time-major arrays as runtime/cpu/ChunkCore.h takes them, with the reads
  * stacked: q [reads, T, BH, K], out and dout [reads, T, BH, V], pairs
  * [BH, NC, reads, L, L]. Opened on a GPU (`device` >= 0: the PTX the
  * runtime carries) or in the SIMT emulator (`device` -1: `simt_object`,
  * which cellc._cellc.chunk_kernels_simt writes from the same IR). The
- * backward takes dout and dEnd whole (zeros where no gradient came).
- * cellc_cuda_chunk_admit says whether the device launches both kernels at
- * the shape (their shared memory grows as K V + L (K + V) + L^2). */
+ * backwards take dout and dEnd whole (zeros where no gradient came). The
+ * diagonal template: cellc_cuda_chunk_forward and _backward; the delta
+ * rule with a scalar gate: cellc_cuda_delta_forward and _backward, with a
+ * and beta [T, BH] and the targets w [T, BH, V].
+ * cellc_cuda_chunk_admit says whether the device launches both kernels of
+ * a template (`delta` 0 or 1) at the shape (their shared memory grows as
+ * K V + L (K + V) + L^2). */
 typedef struct cellc_chunk_shape {
   int64_t BH, T;
   int32_t K, V, L, reads;
@@ -86,8 +90,8 @@ void *cellc_cuda_chunk_open(int32_t device, const char *simt_object, uint64_t sh
 void cellc_cuda_chunk_free(void *kernels);
 /* The PTX the runtime loads on a GPU. */
 const char *cellc_cuda_chunk_ptx(void);
-int cellc_cuda_chunk_admit(void *kernels, const cellc_chunk_shape *shape, char *error,
-                           size_t size);
+int cellc_cuda_chunk_admit(void *kernels, const cellc_chunk_shape *shape, int32_t delta,
+                           char *error, size_t size);
 int cellc_cuda_chunk_forward(void *kernels, const cellc_chunk_shape *shape, const float *a,
                              const float *k, const float *v, const float *S0, const float *q,
                              float *out, float *starts, float *end, float *pairs,
@@ -98,6 +102,16 @@ int cellc_cuda_chunk_backward(void *kernels, const cellc_chunk_shape *shape, con
                               const float *dout, const float *dEnd, float *da, float *dk,
                               float *dv, float *dS0, float *dq, void *stream, char *error,
                               size_t size);
+int cellc_cuda_delta_forward(void *kernels, const cellc_chunk_shape *shape, const float *a,
+                             const float *k, const float *w, const float *beta,
+                             const float *S0, const float *q, float *out, float *starts,
+                             float *end, void *stream, char *error, size_t size);
+int cellc_cuda_delta_backward(void *kernels, const cellc_chunk_shape *shape, const float *a,
+                              const float *k, const float *w, const float *beta,
+                              const float *starts, const float *end, const float *q,
+                              const float *dout, const float *dEnd, float *da, float *dk,
+                              float *dw, float *dbeta, float *dS0, float *dq, void *stream,
+                              char *error, size_t size);
 
 /* Whether a CUDA driver and a device are there: 1, or 0 with why. */
 int cellc_cuda_available(char *error, size_t size);

@@ -1,8 +1,9 @@
-"""The GPU check of the chunk form's diagonal core (runtime/cuda/ChunkKernels.cu,
-cellc._chunkcuda): its CUDA kernels against the torch template in float64,
-forward and every gradient, with scalar and row gates; then forward +
-backward timed beside the torch template in float32 and fla's chunk_gla
-where fla is installed.
+"""The GPU check of the chunk form's kernel templates (runtime/cuda/ChunkKernels.cu,
+cellc._chunkcuda): the diagonal core with scalar and row gates and the delta
+rule's, their CUDA kernels against the torch templates in float64, forward
+and every gradient; then forward + backward timed beside the torch
+templates in float32 and fla's chunk_gla and chunk_gated_delta_rule where
+fla is installed.
 
 It runs where there are only torch and libcellc_runtime.so ($CELLC_CUDA_LIB):
 python/cellc's cuda.py, _chunkcuda.py and _chunkcore.py are loaded from the
@@ -71,6 +72,39 @@ def check():
     return failed
 
 
+def delta_inputs(B, H, T, K, V, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = -0.3 * torch.rand(B, H, T, generator=g, dtype=torch.float64)
+    k = torch.nn.functional.normalize(
+        torch.randn(B, H, T, K, generator=g, dtype=torch.float64), dim=-1)
+    w = torch.randn(B, H, T, V, generator=g, dtype=torch.float64)
+    beta = torch.rand(B, H, T, 1, generator=g, dtype=torch.float64)
+    S0 = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
+    q = torch.randn(B, H, T, K, generator=g, dtype=torch.float64) / K ** 0.5
+    return [t.to(DEV, dtype).contiguous().requires_grad_() for t in (a, k, w, beta, S0, q)]
+
+
+def check_delta():
+    shape = (1, 2, 37, 8, 12, 16) if EMULATE else (2, 4, 1000, 64, 64, 64)
+    B, H, T, K, V, L = shape
+    ref = delta_inputs(*shape[:5], torch.float64)
+    got = delta_inputs(*shape[:5], torch.float32)
+    want = _chunkcore._DeltaCore.apply(*ref[:5], L, ref[5])
+    outs = _chunkcuda.DeltaCore.apply(0, *got[:5], L, got[5])
+    g = [torch.randn(o.shape, dtype=torch.float64, device=DEV) for o in want]
+    dwant = torch.autograd.grad(want, ref, g)
+    dgot = torch.autograd.grad(outs, got, [x.float() for x in g])
+    errs = {"out": rel(outs[0], want[0]), "end": rel(outs[1], want[1])}
+    errs.update({f"d{n}": rel(d, w) for n, d, w in zip(["a", "k", "w", "beta", "S0", "q"],
+                                                         dgot, dwant)})
+    worst = max(errs.values())
+    ok = worst < 1e-4
+    print(f"{'ok  ' if ok else 'FAIL'} delta core B={B} H={H} T={T} K={K} V={V} L={L}: "
+          f"worst rel {worst:.2e} " + " ".join(f"{n}={e:.1e}" for n, e in errs.items()),
+          flush=True)
+    return int(not ok)
+
+
 def timed(fn, repeats=5):
     fn()
     torch.cuda.synchronize()
@@ -86,7 +120,7 @@ def timed(fn, repeats=5):
 def bench():
     B, H, T, K, V, L = 16, 8, 4096, 64, 64, 64
     a, k, v, S0, q = inputs(B, H, T, K, V, True, torch.float32)
-    print(f"\n| GLA core, B={B} H={H} T={T} K=V={K} L={L}, f32, fwd+bwd | ms (median of 5) "
+    print(f"\n| core, B={B} H={H} T={T} K=V={K} L={L}, f32, fwd+bwd | ms (median of 5) "
           "| peak MiB |\n|---|---|---|", flush=True)
 
     def ours():
@@ -97,7 +131,7 @@ def bench():
         out, end = _chunkcore._DiagonalCore.apply(a, k, v, S0, L, True, q)
         torch.autograd.grad((out.sum(), end.sum()), (a, k, v, S0, q))
 
-    runs = [("cellc CUDA kernels", ours), ("cellc torch template", template)]
+    runs = [("GLA core: cellc CUDA kernels", ours), ("GLA core: cellc torch template", template)]
     try:
         from fla.ops.gla import chunk_gla
         qf, kf, vf, gf = (t.detach().transpose(1, 2).contiguous().requires_grad_()
@@ -107,9 +141,37 @@ def bench():
             o, s = chunk_gla(qf, kf, vf, gf, scale=1.0, initial_state=S0,
                              output_final_state=True)
             torch.autograd.grad((o.sum(), s.sum()), (qf, kf, vf, gf))
-        runs.append(("fla chunk_gla", fla))
+        runs.append(("GLA core: fla chunk_gla", fla))
     except Exception as e:  # fla absent, or another version's API
         print(f"(fla: {type(e).__name__}: {e})", flush=True)
+    a1 = a[..., 0].detach().contiguous().requires_grad_()
+    kn = torch.nn.functional.normalize(k.detach(), dim=-1).requires_grad_()
+    beta = torch.rand(B, H, T, 1, device=DEV).requires_grad_()
+
+    def delta_ours():
+        out, end = _chunkcuda.DeltaCore.apply(0, a1, kn, v, beta, S0, L, q)
+        torch.autograd.grad((out.sum(), end.sum()), (a1, kn, v, beta, S0, q))
+
+    def delta_template():
+        out, end = _chunkcore._DeltaCore.apply(a1, kn, v, beta, S0, L, q)
+        torch.autograd.grad((out.sum(), end.sum()), (a1, kn, v, beta, S0, q))
+
+    runs += [("gated DeltaNet core: cellc CUDA kernels", delta_ours),
+             ("gated DeltaNet core: cellc torch template", delta_template)]
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        qf, kf, vf = (t.detach().transpose(1, 2).contiguous().requires_grad_()
+                      for t in (q, kn, v))
+        gf = a1.detach().transpose(1, 2).contiguous().requires_grad_()
+        bf = beta.detach()[..., 0].transpose(1, 2).contiguous().requires_grad_()
+
+        def delta_fla():
+            o, s = chunk_gated_delta_rule(qf, kf, vf, gf, bf, scale=1.0, initial_state=S0,
+                                          output_final_state=True)
+            torch.autograd.grad((o.sum(), s.sum()), (qf, kf, vf, gf, bf))
+        runs.append(("gated DeltaNet core: fla chunk_gated_delta_rule", delta_fla))
+    except Exception as e:
+        print(f"(fla gated delta rule: {type(e).__name__}: {e})", flush=True)
     for name, fn in runs:
         try:
             torch.cuda.reset_peak_memory_stats()
@@ -121,7 +183,7 @@ def bench():
 
 
 if __name__ == "__main__":
-    failures = check()
+    failures = check() + check_delta()
     if not EMULATE and not failures:
         bench()
     sys.exit(1 if failures else 0)

@@ -1,7 +1,8 @@
-"""The chunk form's diagonal core as CUDA kernels (runtime/cuda/ChunkKernels.cu,
-cellc._chunkcuda), run in the SIMT emulator: against the torch template in
-float64, in the chunk form of the examples against their step kernels, and
-with a barrier taken out (the emulator must say where the race is)."""
+"""The chunk form's kernel templates as CUDA kernels (runtime/cuda/ChunkKernels.cu,
+cellc._chunkcuda: the diagonal core and the delta rule's), run in the SIMT
+emulator: against the torch templates in float64, in the chunk form of the
+examples against their step kernels, and with a barrier taken out (the
+emulator must say where the race is)."""
 
 import os
 import shutil
@@ -63,24 +64,65 @@ def test_the_cuda_core_matches_the_torch_template(shape, rows):
         assert rel(d.double(), w) < 1e-5, name
 
 
+def _delta_inputs(B, H, T, K, V, reads, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = -0.6 * torch.rand(B, H, T, generator=g, dtype=torch.float64)
+    k = torch.nn.functional.normalize(
+        torch.randn(B, H, T, K, generator=g, dtype=torch.float64), dim=-1)
+    w = torch.randn(B, H, T, V, generator=g, dtype=torch.float64)
+    beta = torch.rand(B, H, T, 1, generator=g, dtype=torch.float64)
+    S0 = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
+    qs = [torch.randn(B, H, T, K, generator=g, dtype=torch.float64) for _ in range(reads)]
+    return [a, k, w, beta, S0, *qs]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_cuda_delta_core_matches_the_torch_template(shape):
+    B, H, T, K, V, L, R = shape
+    ins = [t.requires_grad_() for t in _delta_inputs(B, H, T, K, V, R)]
+    want = _chunkcore._DeltaCore.apply(*ins[:5], L, *ins[5:])
+    g = torch.Generator().manual_seed(5)
+    grads = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in want]
+    grads[0] = None
+    keep = [i for i, w in enumerate(grads) if w is not None]
+    dwant = torch.autograd.grad([want[i] for i in keep], ins, [grads[i] for i in keep])
+    f32 = [t.detach().float().requires_grad_() for t in ins]
+    got = _chunkcuda.DeltaCore.apply(0, *f32[:5], L, *f32[5:])
+    assert len(got) == len(want)
+    for o, w in zip(got, want):
+        assert o.dtype == torch.float32 and w.abs().max() > 0
+        assert rel(o.double(), w) < 1e-5
+    dgot = torch.autograd.grad([got[i] for i in keep], f32, [grads[i].float() for i in keep])
+    names = ["a", "k", "w", "beta", "S0"] + [f"q{r}" for r in range(R)]
+    for name, d, w in zip(names, dgot, dwant):
+        assert d.shape == w.shape, name
+        if name == "q0":
+            assert w.abs().max() == 0 and d.abs().max() == 0
+            continue
+        assert w.abs().max() > 0, name
+        assert rel(d.double(), w) < 1e-5, name
+
+
 @pytest.mark.parametrize("mode", ["none", "full"])
-@pytest.mark.parametrize("name", ["gla", "retnet", "mlstm"])
+@pytest.mark.parametrize("name", ["gla", "retnet", "mlstm", "deltanet", "gated_deltanet"])
 def test_the_chunk_form_trains_on_the_cuda_core_in_the_emulator(name, mode, monkeypatch):
-    # target="cuda-emu" with lengths and no resets: the diagonal core runs
-    # on the CUDA kernels in the emulator, the rest as before, in float32,
-    # against the step kernels in float64.
+    # target="cuda-emu" with lengths and no resets: the core runs on its
+    # CUDA kernels in the emulator, the rest as before, in float32, against
+    # the step kernels in float64.
     T, B = 23, 3
     cell = cellc.compile(os.path.join(EXAMPLES, name + ".cell"))
     x, params, states = arguments(cell, name, T, B, torch.float64, seed=4)
     options = dict(lengths=[T, 11, 18])
     want = run(cell, x, params, states, **options)
     emu = cellc.compile(os.path.join(EXAMPLES, name + ".cell"), target="cuda-emu")
-    ran, real = [], _chunkcuda.DiagonalCore.apply
+    delta = "delta" in name
+    core = _chunkcuda.DeltaCore if delta else _chunkcuda.DiagonalCore
+    ran, real = [], core.apply
 
     def counted(*args):
-        ran.append(args[5])
+        ran.append(args[6 if delta else 5])
         return real(*args)
-    monkeypatch.setattr(_chunkcuda.DiagonalCore, "apply", counted)
+    monkeypatch.setattr(core, "apply", counted)
     f32 = lambda t: t.detach().float().requires_grad_()
     got = run(emu, f32(x), {n: f32(t) for n, t in params.items()},
               {n: f32(t) for n, t in states.items()}, form="chunk", chunk=8, recompute=mode,
@@ -103,6 +145,10 @@ def test_a_shape_the_kernels_do_not_hold_runs_the_torch_template(monkeypatch):
     assert _chunkcuda.usable(CPU, 64, 1, 64, 64, 64, 1, torch.float32)
     assert not _chunkcuda.usable(CPU, 64, 1, 64, 64, 64, 1, torch.float64)
     assert kern.admits(_chunkcuda._shape(64, 1, 64, 64, 64, 1))
+    # The delta rule's backward holds more: K = V = 128 fits at L = 32, not
+    # at L = 64.
+    assert _chunkcuda.usable(CPU, 64, 1, 128, 128, 32, 1, torch.float32, delta=True)
+    assert not _chunkcuda.usable(CPU, 64, 1, 128, 128, 64, 1, torch.float32, delta=True)
     ran = []
     monkeypatch.setattr(_chunkcuda.DiagonalCore, "apply", lambda *a: ran.append(a))
     ins = [t.float() for t in _inputs(1, 1, 70, 256, 256, 1, True)]
@@ -118,31 +164,40 @@ def test_the_kernels_refuse_a_bad_shape_and_a_missing_object():
     kern = _chunkcuda.kernels(CPU)
     buf = cellc.cuda._error_buffer()
     shape = _chunkcuda._shape(0, 1, 4, 4, 4, 1)
-    assert kern._lib.cellc_cuda_chunk_admit(kern._handle, shape, buf, len(buf)) == 1
+    assert kern._lib.cellc_cuda_chunk_admit(kern._handle, shape, 0, buf, len(buf)) == 1
     assert "T, K, V, L and reads >= 1" in buf.value.decode()
     # A call at the shape: the same words, and nothing runs.
     with pytest.raises(CudaError, match=r"reads >= 1 \(BH=1, T=0\)"):
-        kern.call("forward", shape, [torch.zeros(1)] * 9, torch.zeros(1))
+        kern.call("chunk_forward", shape, [torch.zeros(1)] * 9, torch.zeros(1))
     lib = _chunkcuda._lib()
     assert not lib.cellc_cuda_chunk_open(-1, b"/nonexistent/chunk.so", 0, buf, len(buf))
     assert "/nonexistent/chunk.so" in buf.value.decode()
 
 
-@pytest.mark.parametrize("barrier", [2, 8])
+# The N-th bar.sync of ChunkKernels.cu's IR (from 0: the diagonal forward's
+# 0-5, its backward's 6-14, the delta rule's forward 15-23 and backward
+# 24-35).
+@pytest.mark.parametrize("barrier", [2, 8, 17, 28])
 def test_the_emulator_finds_a_missing_barrier_in_the_chunk_kernels(barrier, tmp_path,
                                                                    monkeypatch):
-    # Without the N-th bar.sync (2: in the forward, before a read's pairs;
-    # 8: in the backward), threads race on shared memory: the emulator
-    # says so and names the kernel.
-    path = str(tmp_path / "planted.so")
+    # Without one bar.sync, threads race on shared memory: the emulator says
+    # so and names the kernel. (The object has its own path: dlopen would
+    # give back one already open.)
+    path = str(tmp_path / f"planted{barrier}.so")
     cellc._cellc.chunk_kernels_simt(path, f"drop-barrier:{barrier}")
     monkeypatch.setattr(_chunkcuda, "_OBJECT", path)
     monkeypatch.setattr(_chunkcuda, "_OPEN", {})
-    ins = [t.float().requires_grad_() for t in _inputs(1, 2, 20, 8, 8, 1, True)]
-    kernel = "forward" if barrier == 2 else "backward"
-    with pytest.raises(CudaError, match=f"shared-memory race in kernel "
-                                         f"cellc_chunk_diag_{kernel}"):
-        out = _chunkcuda.DiagonalCore.apply(0, ins[0], *ins[1:4], 8, ins[4])
+    delta = barrier >= 15
+    kernel = ("delta_" if delta else "diag_") + (
+        "forward" if barrier in (2, 17) else "backward")
+    if delta:
+        ins = [t.float().requires_grad_() for t in _delta_inputs(1, 2, 20, 8, 8, 1)]
+        core = lambda: _chunkcuda.DeltaCore.apply(0, *ins[:5], 8, ins[5])
+    else:
+        ins = [t.float().requires_grad_() for t in _inputs(1, 2, 20, 8, 8, 1, True)]
+        core = lambda: _chunkcuda.DiagonalCore.apply(0, ins[0], *ins[1:4], 8, ins[4])
+    with pytest.raises(CudaError, match=f"shared-memory race in kernel cellc_chunk_{kernel}"):
+        out = core()
         torch.autograd.grad(out, ins, [torch.ones_like(o) for o in out])
 
 
@@ -172,5 +227,6 @@ def test_the_kernels_ptx_assembles_without_spills(arch, tmp_path):
     ptx.write_text("\n".join(lines[2:-1]) + "\n")
     report = subprocess.run([PTXAS, f"-arch={arch}", "-v", str(ptx), "-o", os.devnull],
                             check=True, capture_output=True, text=True).stderr
-    assert report.count("0 bytes spill stores") == 2, report
-    assert "cellc_chunk_diag_forward" in report and "cellc_chunk_diag_backward" in report
+    assert report.count("0 bytes spill stores") == 4, report
+    for kernel in ("diag_forward", "diag_backward", "delta_forward", "delta_backward"):
+        assert f"cellc_chunk_{kernel}" in report
