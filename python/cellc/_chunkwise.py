@@ -561,6 +561,10 @@ def call(front, c, chunk=None):
     cuda_seed = getattr(front, "shuffle_seed", 0) if c.cuda else None
     if not p["linear"]:
         raise ValueError(not_qualifying(front, p))
+    if not chunk and not c.cuda:
+        # A length cellc.autotune(form="chunk") found for this shape.
+        from . import _chunktune
+        chunk = _chunktune.tuned(front, c.sizes, like.dtype, B, T)
     chunk = chunk or chunk_length(T)
     graph = p["graph"]
     params = {n: t for (n, _), t in zip(front.params, c.params)}

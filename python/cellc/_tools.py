@@ -28,6 +28,13 @@ def run(name, args):
         sys.stderr.write("cellc: unknown tool '%s'; expected one of %s\n"
                          % (name, ", ".join(TOOLS)))
         return 2
+    if name == "cellc-tune" and ("--form=chunk" in args or "--form" in args and
+                                 args[args.index("--form") + 1:][:1] == ["chunk"]):
+        # The chunk form runs in Python, which tunes its length.
+        from . import _chunktune
+        return _chunktune.main([a for i, a in enumerate(args)
+                                if a != "--form=chunk" and a != "--form" and
+                                not (i and args[i - 1] == "--form")])
     path = tool_path(name)
     if path is None:
         sys.stderr.write("cellc: the '%s' executable is not installed beside "

@@ -280,11 +280,13 @@ class Cell(Sizes, Steps, CudaTargets):
         if form == "chunk":
             if cuda:
                 raise NotImplementedError("memory_plan(form='chunk') plans the CPU's chunk "
-                                          "kernels; on the CUDA target the core runs in torch")
+                                          "kernels, not the CUDA target's")
             if dtype not in (torch.float32, torch.float64):
                 raise TypeError(f"the chunk form runs float32 and float64, not {dtype}")
             if not isinstance(steps, int) or not isinstance(batch, int):
                 raise TypeError("steps and batch must be integers")
+            from . import _chunktune
+            chunk = chunk or _chunktune.tuned(self, sizes, dtype, batch, steps)
             return _cellc.chunk_plan(self.source, self.file_name, dict(sizes),
                                      "f64" if dtype == torch.float64 else "f32", steps,
                                      batch, recompute, chunk or 0)
@@ -299,16 +301,39 @@ class Cell(Sizes, Steps, CudaTargets):
 
 def autotune(cell, sizes, *, batch, seq_len=100, target="cpu", dtype=torch.float32,
              save_gates=True, budget=60.0, store=True, compile_only=False,
-             progress=True, json_path=None):
+             progress=True, json_path=None, form="step", recompute="none"):
     """Tunes the kernel config of `cell` (a Cell, cell text or .cell path) at
     `sizes` (e.g. {"I": 256, "H": 256}) for a training step of `seq_len` x
     `batch`, as `cellc-tune` does: each candidate is checked against the
     default config and timed; the winner goes to the tuning cache, which the
     JIT then reads for this batch's power-of-two bucket. Returns the results:
     a dict with "candidates", "winner_config", "seconds", "key" and "table"
-    (the printed table). Progress goes to stderr."""
+    (the printed table). Progress goes to stderr.
+
+    `form="chunk"`: the chunk form's length instead (cellc._chunktune), on
+    the CPU in `recompute` mode: each of 16, 32, 64 and 128 (those up to
+    seq_len's power of two) checked against the default length and timed;
+    form="chunk" calls that name no chunk then take the winner."""
     if not isinstance(cell, Cell):
         cell = compile(cell)
+    if form not in ("step", "chunk"):
+        raise ValueError(f"form must be 'step' or 'chunk', not {form!r}")
+    if form == "chunk":
+        from . import _chunktune
+        if target != "cpu" or compile_only:
+            raise ValueError("form='chunk' tunes the chunk length on the CPU (target='cpu', "
+                             "compile_only=False)")
+        if not isinstance(batch, int) or batch < 1 or not isinstance(seq_len, int) or \
+                seq_len < 1:
+            raise ValueError(f"batch and seq_len must be positive integers, got {batch!r} "
+                             f"and {seq_len!r}")
+        result = _chunktune.tune(cell, sizes, batch=batch, seq_len=seq_len, dtype=dtype,
+                                 budget=budget, store=store, progress=progress,
+                                 recompute=recompute)
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(result, f, indent=2)
+        return result
     if dtype not in _DTYPES:
         raise TypeError(f"cellc autotunes float32 and float64 cells, not {dtype}")
     if not isinstance(batch, int) or batch < 1 or not isinstance(seq_len, int) or seq_len < 1:

@@ -72,6 +72,11 @@ static cl::opt<bool>
     noStore(cl::cat(cellc::toolOptions()), "no-store",
             cl::desc("Do not write the winner to the tuning cache"),
             cl::init(false));
+static cl::opt<std::string>
+    form(cl::cat(cellc::toolOptions()), "form",
+         cl::desc("step: the step kernels' knobs; chunk: the chunk form's length, "
+                  "which Python runs (python3 -m cellc cellc-tune --form=chunk)"),
+         cl::init("step"));
 static cl::opt<bool>
     listKnobs(cl::cat(cellc::toolOptions()), "list-knobs",
               cl::desc("Print the target's knobs and their values"),
@@ -101,6 +106,12 @@ int main(int argc, char **argv) {
   cellc::hideLibraryOptions();
   cl::ParseCommandLineOptions(argc, argv,
                               "cellc-tune: autotune the kernel config of a cell\n");
+  if (form == "chunk")
+    return usage("the chunk form runs in Python, which tunes its length: python3 -m cellc "
+                 "cellc-tune --form=chunk CELL -D NAME=N... --batch B --seq-len T, or "
+                 "cellc.autotune(cell, sizes, batch=B, seq_len=T, form=\"chunk\")");
+  if (form != "step")
+    return usage("--form must be step or chunk, not '" + form + "'");
   auto parsedTarget = parseTuneTarget(target);
   if (!parsedTarget)
     return usage(llvm::toString(parsedTarget.takeError()));
