@@ -409,6 +409,11 @@ llvm::Error SimtToHost::rewriteInlineAsm(llvm::CallInst *call, llvm::StringRef t
   if (text.starts_with("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ") &&
       call->arg_size() == 10)
     replacement = emitMma(call, Bf16M16N8K16);
+  // The same tf32 product as the intrinsic, as CUDA C++ spells it
+  // (runtime/cuda/ChunkKernels.cu): a, b, c in the intrinsic's order.
+  if (text.starts_with("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 ") &&
+      call->arg_size() == 10)
+    replacement = emitMma(call, Tf32M16N8K8);
   if (!replacement)
     return fail("cellc: the SIMT emulator has no hook for the inline PTX '" + text +
                 "' (" + where(call) + ")");

@@ -18,7 +18,14 @@ from . import cuda as _cuda
 class _Shape(ctypes.Structure):
     """cellc_chunk_shape (runtime/cuda/CudaC.h)."""
     _fields_ = [("BH", ctypes.c_int64), ("T", ctypes.c_int64), ("K", ctypes.c_int32),
-                ("V", ctypes.c_int32), ("L", ctypes.c_int32), ("reads", ctypes.c_int32)]
+                ("V", ctypes.c_int32), ("L", ctypes.c_int32), ("reads", ctypes.c_int32),
+                ("tensor_cores", ctypes.c_int32)]
+
+
+#: The forwards' products on the tensor cores (3xTF32, about f32's
+#: precision) where the shape tiles (K and L multiples of 16, V of 8);
+#: False: on FMAs.
+TENSOR_CORES = True
 
 
 _TYPED = False
@@ -115,7 +122,7 @@ def kernels(device, seed=0):
 
 
 def _shape(T, BH, K, V, L, reads):
-    return _Shape(BH, T, K, V, L, reads)
+    return _Shape(BH, T, K, V, L, reads, int(TENSOR_CORES))
 
 
 def usable(device, T, BH, K, V, L, reads, dtype, seed=0, delta=False):

@@ -50,6 +50,12 @@ int64_t chunks(const cellc_chunk_shape &s) { return (s.T + s.L - 1) / s.L; }
 
 enum class Kernel { DiagForward, DiagBackward, DeltaForward, DeltaBackward };
 
+/// Whether the forwards run their products on the tensor cores: asked, and
+/// the tiles fit (16 rows of K and of a chunk, 8 columns of V).
+bool tensorCores(const cellc_chunk_shape &s) {
+  return s.tensor_cores && s.K % 16 == 0 && s.L % 16 == 0 && s.V % 8 == 0;
+}
+
 /// The launch of one kernel: a CTA per (sample and head, column tile) in the
 /// forwards, per sample and head in the backwards, with the shared memory
 /// each kernel's comment gives.
@@ -75,8 +81,11 @@ cuda::LaunchSpec launchOf(const cellc_chunk_shape &s, Kernel kernel) {
     floats = K * V + 2 * L * K + 3 * L * V + 3 * L * L + 3 * L;
     break;
   }
-  if (kernel == Kernel::DiagForward || kernel == Kernel::DeltaForward)
+  if (kernel == Kernel::DiagForward || kernel == Kernel::DeltaForward) {
     spec.gridY = unsigned((V + BV - 1) / BV);
+    if (tensorCores(s))
+      spec.kernel += "_tc";
+  }
   if (floats * 4 > (int64_t(1) << 31))
     throw std::runtime_error("the chunk kernels' shared memory overflows");
   spec.gridX = unsigned(s.BH);
@@ -112,9 +121,10 @@ void *cellc_cuda_chunk_open(int32_t device, const char *simt_object, uint64_t sh
       kernels->device =
           std::make_unique<emu::EmuDevice>(simt_object, simt_object, shuffle_seed);
     } else {
-      std::vector<std::string> names = {"cellc_chunk_diag_forward", "cellc_chunk_diag_backward",
-                                        "cellc_chunk_delta_forward",
-                                        "cellc_chunk_delta_backward"};
+      std::vector<std::string> names = {
+          "cellc_chunk_diag_forward",     "cellc_chunk_diag_backward",
+          "cellc_chunk_delta_forward",    "cellc_chunk_delta_backward",
+          "cellc_chunk_diag_forward_tc", "cellc_chunk_delta_forward_tc"};
       kernels->device =
           std::make_unique<cuda::GpuDevice>(device, kChunkPtx, kChunkPtx, names);
     }

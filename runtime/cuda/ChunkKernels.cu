@@ -609,3 +609,271 @@ extern "C" __global__ void cellc_chunk_delta_backward(
       G[i] = Gp[i];
   }
 }
+
+//===----------------------------------------------------------------------===//
+// The forwards on the tensor cores (mma.sync m16n8k8, tf32 operands), where
+// K is a multiple of 16, V of 8 and L of 16: the products over the chunk
+// (the reads' q e^A S and P v or P U, the state's k^T v and the delta rule's
+// k S) as 16 x 8 tiles a warp, each in three tf32 products (3xTF32: the
+// high parts', and each low part's with the other's high part), which keep
+// about f32's precision. The pair weights stay on FMAs: a row gate's need
+// an exponent per pair and column. A chunk's rows past its last step are
+// zeros in shared memory.
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+__device__ inline int lane() { return __nvvm_read_ptx_sreg_laneid(); }
+
+/// x as a high tf32 part (its top 10 mantissa bits, as the tensor cores
+/// read it) and what is left, exactly.
+__device__ inline void split(float x, unsigned &hi, unsigned &lo) {
+  unsigned bits = __builtin_bit_cast(unsigned, x) & 0xffffe000u;
+  hi = bits;
+  lo = __builtin_bit_cast(unsigned, x - __builtin_bit_cast(float, bits));
+}
+
+/// d += a b over one m16n8k8 tile, the warp's lanes holding the PTX ISA's
+/// fragments.
+__device__ inline void mma(float d[4], const unsigned a[4], const unsigned b[2]) {
+  float r0, r1, r2, r3;
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+               : "=f"(r0), "=f"(r1), "=f"(r2), "=f"(r3)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+                 "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]));
+  d[0] = r0;
+  d[1] = r1;
+  d[2] = r2;
+  d[3] = r3;
+}
+
+/// The lane's part of a 16 x 8 tile (the C fragment: d0 (g, 2q), d1
+/// (g, 2q + 1), d2 (g + 8, 2q), d3 (g + 8, 2q + 1), g = lane / 4, q =
+/// lane % 4) plus the product of 16 rows of A and 8 columns of B over
+/// `depth` (a multiple of 8), with A(i, k) = A[i * ai + k * ak] and
+/// B(k, j) = B[k * bk + j * bj]. The whole warp calls it.
+__device__ void tile(float d[4], const float *A, int ai, int ak, const float *B, int bk,
+                     int bj, int depth) {
+  const int g = lane() >> 2, q = lane() & 3;
+  for (int k0 = 0; k0 < depth; k0 += 8) {
+    const float a[4] = {A[g * ai + (k0 + q) * ak], A[(g + 8) * ai + (k0 + q) * ak],
+                        A[g * ai + (k0 + q + 4) * ak], A[(g + 8) * ai + (k0 + q + 4) * ak]};
+    const float b[2] = {B[(k0 + q) * bk + g * bj], B[(k0 + q + 4) * bk + g * bj]};
+    unsigned ah[4], al[4], bh[2], bl[2];
+    for (int i = 0; i < 4; ++i)
+      split(a[i], ah[i], al[i]);
+    for (int i = 0; i < 2; ++i)
+      split(b[i], bh[i], bl[i]);
+    mma(d, al, bh);
+    mma(d, ah, bl);
+    mma(d, ah, bh);
+  }
+}
+
+/// The row and column of each of the lane's four elements in a tile at
+/// (r0, c0).
+__device__ inline int tileRow(int r0, int e) { return r0 + (lane() >> 2) + (e >= 2 ? 8 : 0); }
+__device__ inline int tileColumn(int c0, int e) { return c0 + 2 * (lane() & 3) + (e & 1); }
+
+/// Rows [n, L) of an [L, width] block with stride ld: zeros.
+__device__ void zeroRows(float *x, int n, int L, int width, int ld) {
+  for (int i = thread(); i < (L - n) * width; i += threads())
+    x[(n + i / width) * ld + i % width] = 0.0f;
+}
+
+} // namespace
+
+/// cellc_chunk_diag_forward on the tensor cores: the same grid, shared
+/// memory and results.
+extern "C" __global__ void cellc_chunk_diag_forward_tc(
+    const float *a, const float *k, const float *v, const float *S0, const float *q,
+    float *out, float *starts, float *end, float *pairs, i64 BH, i64 T, int K, int V, int L,
+    int R, int BV) {
+  extern __shared__ float smem[];
+  const int bh = ctaX(), v0 = ctaY() * BV, bv = imin(BV, V - v0);
+  float *S = smem, *A = S + K * BV, *ks = A + L * K, *qs = ks + L * K, *vs = qs + L * K,
+        *P = vs + L * BV;
+  const int nt = threads(), th = thread(), warp = th / 32, warps = nt / 32;
+  const i64 NC = (T + L - 1) / L;
+  for (int i = th; i < K * bv; i += nt) {
+    int r = i / bv, c = i % bv;
+    S[r * BV + c] = S0[(bh * i64(K) + r) * V + v0 + c];
+  }
+  for (i64 ch = 0; ch < NC; ++ch) {
+    const i64 t0 = ch * L;
+    const int n = int(T - t0 < L ? T - t0 : L);
+    __syncthreads();
+    for (int i = th; i < K * bv; i += nt) {
+      int r = i / bv, c = i % bv;
+      starts[((bh * NC + ch) * K + r) * V + v0 + c] = S[r * BV + c];
+    }
+    loadRows(k, t0, n, BH, bh, K, 0, K, ks, K);
+    loadRows(v, t0, n, BH, bh, V, v0, bv, vs, BV);
+    zeroRows(ks, n, L, K, K);
+    zeroRows(vs, n, L, bv, BV);
+    zeroRows(A, n, L, K, K);
+    loadGates(a, t0, n, BH, bh, K, A);
+    for (int read = 0; read < R; ++read) {
+      __syncthreads();
+      loadRows(q + read * T * BH * K, t0, n, BH, bh, K, 0, K, qs, K);
+      zeroRows(qs, n, L, K, K);
+      __syncthreads();
+      float *saved = pairs + ((bh * NC + ch) * R + read) * i64(L) * L;
+      for (int i = th; i < L * L; i += nt) {
+        int t = i / L, s = i % L;
+        float p = 0.0f;
+        if (s <= t && t < n)
+          for (int c = 0; c < K; ++c)
+            p += qs[t * K + c] * ks[s * K + c] * expOf(A[t * K + c] - A[s * K + c]);
+        P[i] = p;
+        if (ctaY() == 0)
+          saved[i] = p;
+      }
+      __syncthreads();
+      for (int i = th; i < L * K; i += nt)
+        qs[i] *= expOf(A[i]);
+      __syncthreads();
+      // out = (q e^A) S + P v, a 16 x 8 tile a warp at a time.
+      float *o = out + read * T * BH * V;
+      const int across = bv / 8;
+      for (int t = warp; t < (L / 16) * across; t += warps) {
+        const int r0 = (t / across) * 16, c0 = (t % across) * 8;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile(d, qs + r0 * K, K, 1, S + c0, BV, 1, K);
+        tile(d, P + r0 * L, L, 1, vs + c0, BV, 1, L);
+        for (int e = 0; e < 4; ++e) {
+          int r = tileRow(r0, e), c = tileColumn(c0, e);
+          if (r < n)
+            o[((t0 + r) * BH + bh) * V + v0 + c] = d[e];
+        }
+      }
+    }
+    __syncthreads();
+    const float *An = A + (n - 1) * K;
+    for (int i = th; i < n * K; i += nt)
+      ks[i] *= expOf(An[i % K] - A[i]);
+    __syncthreads();
+    // S = e^{A_L} S + (k e^{A_L - A})^T v, a tile a warp at a time.
+    const int across = bv / 8;
+    for (int t = warp; t < (K / 16) * across; t += warps) {
+      const int r0 = (t / across) * 16, c0 = (t % across) * 8;
+      float d[4];
+      for (int e = 0; e < 4; ++e) {
+        int r = tileRow(r0, e), c = tileColumn(c0, e);
+        d[e] = expOf(An[r]) * S[r * BV + c];
+      }
+      tile(d, ks + r0, 1, K, vs + c0, BV, 1, L);
+      for (int e = 0; e < 4; ++e)
+        S[tileRow(r0, e) * BV + tileColumn(c0, e)] = d[e];
+    }
+  }
+  __syncthreads();
+  for (int i = th; i < K * bv; i += nt) {
+    int r = i / bv, c = i % bv;
+    end[(bh * i64(K) + r) * V + v0 + c] = S[r * BV + c];
+  }
+}
+
+/// cellc_chunk_delta_forward on the tensor cores: the same grid, shared
+/// memory and results.
+extern "C" __global__ void cellc_chunk_delta_forward_tc(
+    const float *a, const float *k, const float *w, const float *beta, const float *S0,
+    const float *q, float *out, float *starts, float *end, i64 BH, i64 T, int K, int V,
+    int L, int R, int BV) {
+  extern __shared__ float smem[];
+  const int bh = ctaX(), v0 = ctaY() * BV, bv = imin(BV, V - v0);
+  float *S = smem, *ks = S + K * BV, *qs = ks + L * K, *U = qs + L * K, *M = U + L * BV,
+        *P = M + L * L, *A = P + L * L, *bt = A + L;
+  const int nt = threads(), th = thread(), warp = th / 32, warps = nt / 32;
+  const int across = bv / 8;
+  const i64 NC = (T + L - 1) / L;
+  for (int i = th; i < K * bv; i += nt) {
+    int r = i / bv, c = i % bv;
+    S[r * BV + c] = S0[(bh * i64(K) + r) * V + v0 + c];
+  }
+  for (i64 ch = 0; ch < NC; ++ch) {
+    const i64 t0 = ch * L;
+    const int n = int(T - t0 < L ? T - t0 : L);
+    __syncthreads();
+    for (int i = th; i < K * bv; i += nt) {
+      int r = i / bv, c = i % bv;
+      starts[((bh * NC + ch) * K + r) * V + v0 + c] = S[r * BV + c];
+    }
+    loadRows(k, t0, n, BH, bh, K, 0, K, ks, K);
+    zeroRows(ks, n, L, K, K);
+    for (int i = th; i < L; i += nt)
+      if (i >= n)
+        A[i] = bt[i] = 0.0f;
+    loadScalars(a, beta, t0, n, BH, bh, A, bt);
+    __syncthreads();
+    for (int i = th; i < n * n; i += nt) {
+      int r = i / n, s = i % n;
+      M[r * L + s] = s < r ? bt[r] * dot(ks + r * K, ks + s * K, K) * expOf(A[r] - A[s]) : 0.0f;
+    }
+    // U0 = beta (w - e^A k S): k S a tile a warp at a time.
+    for (int t = warp; t < (L / 16) * across; t += warps) {
+      const int r0 = (t / across) * 16, c0 = (t % across) * 8;
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile(d, ks + r0 * K, K, 1, S + c0, BV, 1, K);
+      for (int e = 0; e < 4; ++e) {
+        int r = tileRow(r0, e), c = tileColumn(c0, e);
+        U[r * BV + c] =
+            r < n ? bt[r] * (w[((t0 + r) * BH + bh) * V + v0 + c] - expOf(A[r]) * d[e]) : 0.0f;
+      }
+    }
+    __syncthreads();
+    for (int c = th; c < bv; c += nt)
+      for (int t = 1; t < n; ++t) {
+        float x = U[t * BV + c];
+        for (int s = 0; s < t; ++s)
+          x -= M[t * L + s] * U[s * BV + c];
+        U[t * BV + c] = x;
+      }
+    for (int read = 0; read < R; ++read) {
+      __syncthreads();
+      loadRows(q + read * T * BH * K, t0, n, BH, bh, K, 0, K, qs, K);
+      zeroRows(qs, n, L, K, K);
+      __syncthreads();
+      for (int i = th; i < L * L; i += nt) {
+        int t = i / L, s = i % L;
+        P[i] = s <= t && t < n ? dot(qs + t * K, ks + s * K, K) * expOf(A[t] - A[s]) : 0.0f;
+      }
+      __syncthreads();
+      for (int i = th; i < L * K; i += nt)
+        qs[i] *= expOf(A[i / K]);
+      __syncthreads();
+      float *o = out + read * T * BH * V;
+      for (int t = warp; t < (L / 16) * across; t += warps) {
+        const int r0 = (t / across) * 16, c0 = (t % across) * 8;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile(d, qs + r0 * K, K, 1, S + c0, BV, 1, K);
+        tile(d, P + r0 * L, L, 1, U + c0, BV, 1, L);
+        for (int e = 0; e < 4; ++e) {
+          int r = tileRow(r0, e), c = tileColumn(c0, e);
+          if (r < n)
+            o[((t0 + r) * BH + bh) * V + v0 + c] = d[e];
+        }
+      }
+    }
+    __syncthreads();
+    const float An = A[n - 1];
+    for (int i = th; i < n * K; i += nt)
+      ks[i] *= expOf(An - A[i / K]);
+    __syncthreads();
+    for (int t = warp; t < (K / 16) * across; t += warps) {
+      const int r0 = (t / across) * 16, c0 = (t % across) * 8;
+      float d[4];
+      for (int e = 0; e < 4; ++e)
+        d[e] = expOf(An) * S[tileRow(r0, e) * BV + tileColumn(c0, e)];
+      tile(d, ks + r0, 1, K, U + c0, BV, 1, L);
+      for (int e = 0; e < 4; ++e)
+        S[tileRow(r0, e) * BV + tileColumn(c0, e)] = d[e];
+    }
+  }
+  __syncthreads();
+  for (int i = th; i < K * bv; i += nt) {
+    int r = i / bv, c = i % bv;
+    end[(bh * i64(K) + r) * V + v0 + c] = S[r * BV + c];
+  }
+}

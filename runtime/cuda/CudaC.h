@@ -83,6 +83,9 @@ typedef struct cellc_call {
 typedef struct cellc_chunk_shape {
   int64_t BH, T;
   int32_t K, V, L, reads;
+  /* 1: the forwards' products on the tensor cores (3xTF32) where K and L
+   * are multiples of 16 and V of 8; 0: on FMAs. */
+  int32_t tensor_cores;
 } cellc_chunk_shape;
 
 void *cellc_cuda_chunk_open(int32_t device, const char *simt_object, uint64_t shuffle_seed,

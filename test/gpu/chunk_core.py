@@ -49,7 +49,7 @@ def rel(a, b):
 
 
 def check():
-    shape = (1, 2, 37, 8, 12, 16) if EMULATE else (2, 4, 1000, 64, 64, 64)
+    shape = (1, 2, 37, 16, 24, 16) if EMULATE else (2, 4, 1000, 64, 64, 64)
     B, H, T, K, V, L = shape
     failed = 0
     for rows in (True, False):
@@ -85,7 +85,7 @@ def delta_inputs(B, H, T, K, V, dtype, seed=0):
 
 
 def check_delta():
-    shape = (1, 2, 37, 8, 12, 16) if EMULATE else (2, 4, 1000, 64, 64, 64)
+    shape = (1, 2, 37, 16, 24, 16) if EMULATE else (2, 4, 1000, 64, 64, 64)
     B, H, T, K, V, L = shape
     ref = delta_inputs(*shape[:5], torch.float64)
     got = delta_inputs(*shape[:5], torch.float32)
@@ -131,7 +131,18 @@ def bench():
         out, end = _chunkcore._DiagonalCore.apply(a, k, v, S0, L, True, q)
         torch.autograd.grad((out.sum(), end.sum()), (a, k, v, S0, q))
 
-    runs = [("GLA core: cellc CUDA kernels", ours), ("GLA core: cellc torch template", template)]
+    def fmas(fn):
+        def run():
+            _chunkcuda.TENSOR_CORES = False
+            try:
+                fn()
+            finally:
+                _chunkcuda.TENSOR_CORES = True
+        return run
+
+    runs = [("GLA core: cellc CUDA kernels", ours),
+            ("GLA core: cellc CUDA kernels, forward on FMAs", fmas(ours)),
+            ("GLA core: cellc torch template", template)]
     try:
         from fla.ops.gla import chunk_gla
         qf, kf, vf, gf = (t.detach().transpose(1, 2).contiguous().requires_grad_()
@@ -157,6 +168,7 @@ def bench():
         torch.autograd.grad((out.sum(), end.sum()), (a1, kn, v, beta, S0, q))
 
     runs += [("gated DeltaNet core: cellc CUDA kernels", delta_ours),
+             ("gated DeltaNet core: cellc CUDA kernels, forward on FMAs", fmas(delta_ours)),
              ("gated DeltaNet core: cellc torch template", delta_template)]
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -182,8 +194,19 @@ def bench():
             print(f"| {name} | failed: {type(e).__name__}: {str(e)[:200]} | |", flush=True)
 
 
+def both(fn):
+    """`fn` with the forwards' products on the tensor cores, then on FMAs."""
+    failed = 0
+    for tc in (True, False):
+        _chunkcuda.TENSOR_CORES = tc
+        print(f"-- forwards on {'the tensor cores' if tc else 'FMAs'}", flush=True)
+        failed += fn()
+    _chunkcuda.TENSOR_CORES = True
+    return failed
+
+
 if __name__ == "__main__":
-    failures = check() + check_delta()
+    failures = both(check) + both(check_delta)
     if not EMULATE and not failures:
         bench()
     sys.exit(1 if failures else 0)

@@ -32,13 +32,27 @@ def _inputs(B, H, T, K, V, reads, rows, seed=0):
 
 
 # (B, H, T, K, V, L, reads): T not a multiple of L; one chunk; V over two
-# column tiles of the forward (64 a CTA); K != V.
-SHAPES = [(2, 2, 37, 8, 12, 16, 2), (1, 2, 16, 4, 70, 16, 1), (1, 1, 9, 16, 6, 4, 1)]
+# column tiles of the forward (64 a CTA); K != V; the last two tile the
+# tensor cores (K and L multiples of 16, V of 8), the last over two column
+# tiles of which the second is 8 wide.
+SHAPES = [(2, 2, 37, 8, 12, 16, 2), (1, 2, 16, 4, 70, 16, 1), (1, 1, 9, 16, 6, 4, 1),
+          (1, 2, 37, 16, 24, 16, 2), (1, 1, 80, 32, 72, 32, 1)]
+TILED = SHAPES[3:]
+
+
+@pytest.fixture(params=[True, False], ids=["tensor-cores", "fmas"])
+def tensor_cores(request, monkeypatch):
+    """The forwards' products on the tensor cores where the shape tiles, or
+    on FMAs."""
+    monkeypatch.setattr(_chunkcuda, "TENSOR_CORES", request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("rows", [True, False])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_the_cuda_core_matches_the_torch_template(shape, rows):
+def test_the_cuda_core_matches_the_torch_template(shape, rows, tensor_cores):
+    if not tensor_cores and shape not in TILED:
+        pytest.skip("the same kernels either way")
     B, H, T, K, V, L, R = shape
     ins = [t.requires_grad_() for t in _inputs(B, H, T, K, V, R, rows)]
     want = _chunkcore._DiagonalCore.apply(ins[0], *ins[1:4], L, rows, *ins[4:])
@@ -77,7 +91,9 @@ def _delta_inputs(B, H, T, K, V, reads, seed=0):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_the_cuda_delta_core_matches_the_torch_template(shape):
+def test_the_cuda_delta_core_matches_the_torch_template(shape, tensor_cores):
+    if not tensor_cores and shape not in TILED:
+        pytest.skip("the same kernels either way")
     B, H, T, K, V, L, R = shape
     ins = [t.requires_grad_() for t in _delta_inputs(B, H, T, K, V, R)]
     want = _chunkcore._DeltaCore.apply(*ins[:5], L, *ins[5:])
@@ -201,6 +217,34 @@ def test_the_emulator_finds_a_missing_barrier_in_the_chunk_kernels(barrier, tmp_
         torch.autograd.grad(out, ins, [torch.ones_like(o) for o in out])
 
 
+@pytest.mark.parametrize("delta", [False, True])
+def test_the_tensor_core_forwards_read_the_fragments_the_isa_lays_out(delta, tmp_path,
+                                                                     monkeypatch):
+    # With each mma.sync's A registers 0 and 1 swapped (rows g and g + 8 of
+    # the A fragment), the forwards on the tensor cores are wrong and those
+    # on FMAs are not: the emulator runs the products on its mma.sync.
+    path = str(tmp_path / f"swapped{int(delta)}.so")
+    cellc._cellc.chunk_kernels_simt(path, "swap-mma-a")
+    monkeypatch.setattr(_chunkcuda, "_OBJECT", path)
+    monkeypatch.setattr(_chunkcuda, "_OPEN", {})
+    B, H, T, K, V, L, R = TILED[0]
+    errors = {}
+    for tc in (True, False):
+        monkeypatch.setattr(_chunkcuda, "TENSOR_CORES", tc)
+        if delta:
+            ins = _delta_inputs(B, H, T, K, V, R)
+            want = _chunkcore._DeltaCore.apply(*ins[:5], L, *ins[5:])
+            got = _chunkcuda.DeltaCore.apply(0, *[t.float() for t in ins[:5]], L,
+                                             *[t.float() for t in ins[5:]])
+        else:
+            ins = _inputs(B, H, T, K, V, R, True)
+            want = _chunkcore._DiagonalCore.apply(ins[0], *ins[1:4], L, True, *ins[4:])
+            f32 = [t.float() for t in ins]
+            got = _chunkcuda.DiagonalCore.apply(0, f32[0], *f32[1:4], L, *f32[4:])
+        errors[tc] = rel(got[0].double(), want[0])
+    assert errors[True] > 1e-2 and errors[False] < 1e-5, errors
+
+
 @pytest.mark.skipif(shutil.which("clang-19") is None, reason="needs clang-19")
 def test_the_kernels_ptx_and_ir_are_what_the_script_writes(tmp_path):
     (tmp_path / "ptx").mkdir()
@@ -227,6 +271,7 @@ def test_the_kernels_ptx_assembles_without_spills(arch, tmp_path):
     ptx.write_text("\n".join(lines[2:-1]) + "\n")
     report = subprocess.run([PTXAS, f"-arch={arch}", "-v", str(ptx), "-o", os.devnull],
                             check=True, capture_output=True, text=True).stderr
-    assert report.count("0 bytes spill stores") == 4, report
-    for kernel in ("diag_forward", "diag_backward", "delta_forward", "delta_backward"):
+    assert report.count("0 bytes spill stores") == 6, report
+    for kernel in ("diag_forward", "diag_backward", "delta_forward", "delta_backward",
+                   "diag_forward_tc", "delta_forward_tc"):
         assert f"cellc_chunk_{kernel}" in report

@@ -36,7 +36,7 @@ def test_the_gpu_script_runs_in_the_emulator(tmp_path):
     assert "18 of 18 checks passed" in log and "FAIL" not in log, log
     # The chunk form's cores on their CUDA kernels: row and scalar gates,
     # and the delta rule.
-    assert log.count("ok   chunk core B=1 H=2 T=37") == 2, log
-    assert log.count("ok   delta core B=1 H=2 T=37") == 1, log
+    assert log.count("ok   chunk core B=1 H=2 T=37") == 4, log
+    assert log.count("ok   delta core B=1 H=2 T=37") == 2, log
     assert "| lstm-B4-T4-H16 | cellc tiled none |" in log, log
     assert "| lstm-B4-T4-H16 | cellc tiled full |" in log, log
