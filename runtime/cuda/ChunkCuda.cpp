@@ -50,7 +50,7 @@ int64_t chunks(const cellc_chunk_shape &s) { return (s.T + s.L - 1) / s.L; }
 
 enum class Kernel { DiagForward, DiagBackward, DeltaForward, DeltaBackward };
 
-/// Whether the forwards run their products on the tensor cores: asked, and
+/// Whether the kernels run their products on the tensor cores: asked, and
 /// the tiles fit (16 rows of K and of a chunk, 8 columns of V).
 bool tensorCores(const cellc_chunk_shape &s) {
   return s.tensor_cores && s.K % 16 == 0 && s.L % 16 == 0 && s.V % 8 == 0;
@@ -71,6 +71,10 @@ cuda::LaunchSpec launchOf(const cellc_chunk_shape &s, Kernel kernel) {
   case Kernel::DiagBackward:
     spec.kernel = "cellc_chunk_diag_backward";
     floats = K * V + 3 * L * K + 2 * L * V + L * L + K;
+    if (tensorCores(s)) {
+      spec.kernel += "_tc";
+      floats += L * K;
+    }
     break;
   case Kernel::DeltaForward:
     spec.kernel = "cellc_chunk_delta_forward";
@@ -79,6 +83,10 @@ cuda::LaunchSpec launchOf(const cellc_chunk_shape &s, Kernel kernel) {
   case Kernel::DeltaBackward:
     spec.kernel = "cellc_chunk_delta_backward";
     floats = K * V + 2 * L * K + 3 * L * V + 3 * L * L + 3 * L;
+    if (tensorCores(s)) {
+      spec.kernel += "_tc";
+      floats += L * K + L * L;
+    }
     break;
   }
   if (kernel == Kernel::DiagForward || kernel == Kernel::DeltaForward) {
@@ -124,7 +132,8 @@ void *cellc_cuda_chunk_open(int32_t device, const char *simt_object, uint64_t sh
       std::vector<std::string> names = {
           "cellc_chunk_diag_forward",     "cellc_chunk_diag_backward",
           "cellc_chunk_delta_forward",    "cellc_chunk_delta_backward",
-          "cellc_chunk_diag_forward_tc", "cellc_chunk_delta_forward_tc"};
+          "cellc_chunk_diag_forward_tc", "cellc_chunk_delta_forward_tc",
+          "cellc_chunk_diag_backward_tc", "cellc_chunk_delta_backward_tc"};
       kernels->device =
           std::make_unique<cuda::GpuDevice>(device, kChunkPtx, kChunkPtx, names);
     }

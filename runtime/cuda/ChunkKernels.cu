@@ -32,6 +32,10 @@
 #define __global__ __attribute__((global))
 #define __device__ __attribute__((device))
 #define __shared__ __attribute__((shared))
+// Every kernel runs 256 threads a CTA (ChunkCuda.cpp). No launch bounds:
+// with them ptxas caps the registers low and spills; without, the most a
+// kernel takes (220) still launches 256 threads.
+#define KERNEL extern "C" __global__
 
 typedef long long i64;
 
@@ -92,7 +96,7 @@ __device__ void loadRows(const float *x, i64 t0, int n, i64 BH, int bh, int stri
 
 /// Grid (BH, ceil(V / BV)), dynamic shared memory
 /// 4 * (K * BV + 3 * L * K + L * BV + L * L) bytes.
-extern "C" __global__ void cellc_chunk_diag_forward(
+KERNEL void cellc_chunk_diag_forward(
     const float *a, const float *k, const float *v, const float *S0, const float *q,
     float *out, float *starts, float *end, float *pairs, i64 BH, i64 T, int K, int V, int L,
     int R, int BV) {
@@ -165,7 +169,7 @@ extern "C" __global__ void cellc_chunk_diag_forward(
 /// and dEnd [BH, K, V] whole (zeros where no gradient came). da, dk and dv
 /// hold each element's sums as they grow: a thread owns the same elements
 /// in every loop over them.
-extern "C" __global__ void cellc_chunk_diag_backward(
+KERNEL void cellc_chunk_diag_backward(
     const float *a, const float *k, const float *v, const float *starts, const float *end,
     const float *pairs, const float *q, const float *dout, const float *dEnd, float *da,
     float *dk, float *dv, float *dS0, float *dq, i64 BH, i64 T, int K, int V, int L, int R) {
@@ -314,7 +318,7 @@ __device__ inline float dot(const float *x, const float *y, int n) {
 
 /// Grid (BH, ceil(V / BV)), dynamic shared memory
 /// 4 * (K * BV + 2 * L * K + L * BV + 2 * L * L + 2 * L) bytes.
-extern "C" __global__ void cellc_chunk_delta_forward(
+KERNEL void cellc_chunk_delta_forward(
     const float *a, const float *k, const float *w, const float *beta, const float *S0,
     const float *q, float *out, float *starts, float *end, i64 BH, i64 T, int K, int V,
     int L, int R, int BV) {
@@ -400,7 +404,7 @@ extern "C" __global__ void cellc_chunk_delta_forward(
 /// state's gradient after the chunk is in shared memory (G), the one before
 /// it grows in dS0 (a thread its elements), which ends as its own; dk and
 /// dbeta grow in place as the diagonal backward's sums do.
-extern "C" __global__ void cellc_chunk_delta_backward(
+KERNEL void cellc_chunk_delta_backward(
     const float *a, const float *k, const float *w, const float *beta, const float *starts,
     const float *end, const float *q, const float *dout, const float *dEnd, float *da,
     float *dk, float *dw, float *dbeta, float *dS0, float *dq, i64 BH, i64 T, int K, int V,
@@ -686,7 +690,7 @@ __device__ void zeroRows(float *x, int n, int L, int width, int ld) {
 
 /// cellc_chunk_diag_forward on the tensor cores: the same grid, shared
 /// memory and results.
-extern "C" __global__ void cellc_chunk_diag_forward_tc(
+KERNEL void cellc_chunk_diag_forward_tc(
     const float *a, const float *k, const float *v, const float *S0, const float *q,
     float *out, float *starts, float *end, float *pairs, i64 BH, i64 T, int K, int V, int L,
     int R, int BV) {
@@ -777,7 +781,7 @@ extern "C" __global__ void cellc_chunk_diag_forward_tc(
 
 /// cellc_chunk_delta_forward on the tensor cores: the same grid, shared
 /// memory and results.
-extern "C" __global__ void cellc_chunk_delta_forward_tc(
+KERNEL void cellc_chunk_delta_forward_tc(
     const float *a, const float *k, const float *w, const float *beta, const float *S0,
     const float *q, float *out, float *starts, float *end, i64 BH, i64 T, int K, int V,
     int L, int R, int BV) {
@@ -875,5 +879,413 @@ extern "C" __global__ void cellc_chunk_delta_forward_tc(
   for (int i = th; i < K * bv; i += nt) {
     int r = i / bv, c = i % bv;
     end[(bh * i64(K) + r) * V + v0 + c] = S[r * BV + c];
+  }
+}
+
+/// cellc_chunk_diag_backward on the tensor cores: the same grid and
+/// results, with an [L, K] block more of shared memory
+/// (4 * (K * V + 4 * L * K + 2 * L * V + L * L + K) bytes). The products
+/// over V and over the chunk run as tiles; the pairs' terms, whose row
+/// gates take an exponent per pair and column, on FMAs, each lane its own
+/// four elements of a tile of dq and dk.
+KERNEL void cellc_chunk_diag_backward_tc(
+    const float *a, const float *k, const float *v, const float *starts, const float *end,
+    const float *pairs, const float *q, const float *dout, const float *dEnd, float *da,
+    float *dk, float *dv, float *dS0, float *dq, i64 BH, i64 T, int K, int V, int L, int R) {
+  extern __shared__ float smem[];
+  const int bh = ctaX(), nt = threads(), th = thread(), warp = th / 32, warps = nt / 32;
+  float *dS = smem, *A = dS + K * V, *ks = A + L * K, *qs = ks + L * K, *vs = qs + L * K,
+        *dos = vs + L * V, *dP = dos + L * V, *Gn = dP + L * L, *kt = Gn + K;
+  const i64 NC = (T + L - 1) / L;
+  for (int i = th; i < K * V; i += nt)
+    dS[i] = dEnd[bh * i64(K) * V + i];
+  for (i64 ch = NC - 1; ch >= 0; --ch) {
+    const i64 t0 = ch * L;
+    const int n = int(T - t0 < L ? T - t0 : L);
+    const float *Sc = starts + (bh * NC + ch) * i64(K) * V;
+    const float *Se = ch + 1 < NC ? Sc + i64(K) * V : end + bh * i64(K) * V;
+    __syncthreads();
+    loadRows(k, t0, n, BH, bh, K, 0, K, ks, K);
+    loadRows(v, t0, n, BH, bh, V, 0, V, vs, V);
+    zeroRows(ks, n, L, K, K);
+    zeroRows(vs, n, L, V, V);
+    zeroRows(A, n, L, K, K);
+    loadGates(a, t0, n, BH, bh, K, A);
+    __syncthreads();
+    const float *An = A + (n - 1) * K;
+    for (int r = th; r < K; r += nt) {
+      float g = 0.0f;
+      for (int c = 0; c < V; ++c)
+        g += dS[r * V + c] * Se[r * V + c];
+      Gn[r] = g;
+    }
+    for (int i = th; i < L * K; i += nt)
+      kt[i] = ks[i] * expOf(An[i % K] - A[i]);
+    __syncthreads();
+    // From the state's gradient: dv = (k e^{A_L - A}) dS, dk = e^{A_L - A}
+    // (v dS^T).
+    for (int t = warp; t < (L / 16) * (V / 8); t += warps) {
+      const int r0 = (t / (V / 8)) * 16, c0 = (t % (V / 8)) * 8;
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile(d, kt + r0 * K, K, 1, dS + c0, V, 1, K);
+      for (int e = 0; e < 4; ++e) {
+        int s = tileRow(r0, e), c = tileColumn(c0, e);
+        if (s < n)
+          dv[((t0 + s) * BH + bh) * V + c] = d[e];
+      }
+    }
+    for (int t = warp; t < (L / 16) * (K / 8); t += warps) {
+      const int r0 = (t / (K / 8)) * 16, c0 = (t % (K / 8)) * 8;
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile(d, vs + r0 * V, V, 1, dS + c0 * V, 1, V, V);
+      for (int e = 0; e < 4; ++e) {
+        int s = tileRow(r0, e), r = tileColumn(c0, e);
+        if (s < n) {
+          i64 g = ((t0 + s) * BH + bh) * K + r;
+          dk[g] = expOf(An[r] - A[s * K + r]) * d[e];
+          da[g] = 0.0f;
+        }
+      }
+    }
+    __syncthreads();
+    for (int i = th; i < K * V; i += nt)
+      dS[i] *= expOf(An[i / V]);
+    for (int read = 0; read < R; ++read) {
+      __syncthreads();
+      loadRows(q + read * T * BH * K, t0, n, BH, bh, K, 0, K, qs, K);
+      loadRows(dout + read * T * BH * V, t0, n, BH, bh, V, 0, V, dos, V);
+      zeroRows(qs, n, L, K, K);
+      zeroRows(dos, n, L, V, V);
+      __syncthreads();
+      // dP = do v^T on and below the diagonal; kt = q e^A.
+      for (int t = warp; t < (L / 16) * (L / 8); t += warps) {
+        const int r0 = (t / (L / 8)) * 16, c0 = (t % (L / 8)) * 8;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile(d, dos + r0 * V, V, 1, vs + c0 * V, 1, V, V);
+        for (int e = 0; e < 4; ++e) {
+          int r = tileRow(r0, e), s = tileColumn(c0, e);
+          dP[r * L + s] = s <= r && r < n ? d[e] : 0.0f;
+        }
+      }
+      for (int i = th; i < L * K; i += nt)
+        kt[i] = qs[i] * expOf(A[i]);
+      __syncthreads();
+      const float *P = pairs + ((bh * NC + ch) * R + read) * i64(L) * L;
+      // dv += P^T do.
+      for (int t = warp; t < (L / 16) * (V / 8); t += warps) {
+        const int r0 = (t / (V / 8)) * 16, c0 = (t % (V / 8)) * 8;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile(d, P + r0, 1, L, dos + c0, V, 1, L);
+        for (int e = 0; e < 4; ++e) {
+          int s = tileRow(r0, e), c = tileColumn(c0, e);
+          if (s < n)
+            dv[((t0 + s) * BH + bh) * V + c] += d[e];
+        }
+      }
+      // dq = e^A (do Sc^T) + the pairs' (on FMAs), dk += the pairs'.
+      float *dqr = dq + read * T * BH * K;
+      for (int t = warp; t < (L / 16) * (K / 8); t += warps) {
+        const int r0 = (t / (K / 8)) * 16, c0 = (t % (K / 8)) * 8;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile(d, dos + r0 * V, V, 1, Sc + c0 * V, 1, V, V);
+        for (int e = 0; e < 4; ++e) {
+          int u = tileRow(r0, e), r = tileColumn(c0, e);
+          if (u >= n)
+            continue;
+          float acc = expOf(A[u * K + r]) * d[e], back = 0.0f;
+          for (int s = 0; s <= u; ++s)
+            acc += dP[u * L + s] * ks[s * K + r] * expOf(A[u * K + r] - A[s * K + r]);
+          for (int x = u; x < n; ++x)
+            back += dP[x * L + u] * qs[x * K + r] * expOf(A[x * K + r] - A[u * K + r]);
+          i64 g = ((t0 + u) * BH + bh) * K + r;
+          dqr[g] = acc;
+          dk[g] += back;
+          da[g] += qs[u * K + r] * acc;
+        }
+      }
+      // dS += (q e^A)^T do.
+      for (int t = warp; t < (K / 16) * (V / 8); t += warps) {
+        const int r0 = (t / (V / 8)) * 16, c0 = (t % (V / 8)) * 8;
+        float d[4];
+        for (int e = 0; e < 4; ++e)
+          d[e] = dS[tileRow(r0, e) * V + tileColumn(c0, e)];
+        tile(d, kt + r0, 1, K, dos + c0, V, 1, L);
+        for (int e = 0; e < 4; ++e)
+          dS[tileRow(r0, e) * V + tileColumn(c0, e)] = d[e];
+      }
+    }
+    __syncthreads();
+    for (int r = th; r < K; r += nt) {
+      float acc = Gn[r];
+      for (int t = n - 1; t >= 0; --t) {
+        i64 g = ((t0 + t) * BH + bh) * K + r;
+        acc += da[g] - ks[t * K + r] * dk[g];
+        da[g] = acc;
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = th; i < K * V; i += nt)
+    dS0[bh * i64(K) * V + i] = dS[i];
+}
+
+/// cellc_chunk_delta_backward on the tensor cores: the same grid and
+/// results, with an [L, K] block and an [L, L] one more of shared memory
+/// (4 * (K * V + 3 * L * K + 3 * L * V + 4 * L * L + 3 * L) bytes). The
+/// products over K, V and the chunk run as tiles; the solves (a column a
+/// thread) and the sums a step on FMAs. Each sum a step that a product's
+/// rows meet (q . dq, k . (dR Sc^T), k . (U G^T)) is taken from the
+/// product's tile, stored in X, by a thread a step.
+KERNEL void cellc_chunk_delta_backward_tc(
+    const float *a, const float *k, const float *w, const float *beta, const float *starts,
+    const float *end, const float *q, const float *dout, const float *dEnd, float *da,
+    float *dk, float *dw, float *dbeta, float *dS0, float *dq, i64 BH, i64 T, int K, int V,
+    int L, int R) {
+  extern __shared__ float smem[];
+  const int bh = ctaX(), nt = threads(), th = thread(), warp = th / 32, warps = nt / 32;
+  float *G = smem, *ks = G + K * V, *qs = ks + L * K, *X = qs + L * K, *U = X + L * K,
+        *dU = U + L * V, *dos = dU + L * V, *KK = dos + L * V, *W1 = KK + L * L,
+        *W2 = W1 + L * L, *W3 = W2 + L * L, *A = W3 + L * L, *bt = A + L, *dA = bt + L;
+  const i64 NC = (T + L - 1) / L;
+  float *Gp = dS0 + bh * i64(K) * V;
+  for (int i = th; i < K * V; i += nt)
+    G[i] = dEnd[bh * i64(K) * V + i];
+  // An [rows x cols] product's tiles, a warp at a time: `body(r0, c0)`.
+  auto tiles = [&](int rows, int cols, auto body) {
+    for (int t = warp; t < (rows / 16) * (cols / 8); t += warps)
+      body((t / (cols / 8)) * 16, (t % (cols / 8)) * 8);
+  };
+  for (i64 ch = NC - 1; ch >= 0; --ch) {
+    const i64 t0 = ch * L;
+    const int n = int(T - t0 < L ? T - t0 : L);
+    const float *Sc = starts + (bh * NC + ch) * i64(K) * V;
+    __syncthreads();
+    loadRows(k, t0, n, BH, bh, K, 0, K, ks, K);
+    zeroRows(ks, n, L, K, K);
+    for (int i = th; i < L; i += nt)
+      if (i >= n)
+        A[i] = bt[i] = 0.0f;
+    loadScalars(a, beta, t0, n, BH, bh, A, bt);
+    __syncthreads();
+    const float AL = A[n - 1], gL = expOf(AL);
+    // KK = k k^T; U0 = beta (w - e^A k Sc) and dU = e^{A_L - A} k G.
+    tiles(L, L, [&](int r0, int c0) {
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile(d, ks + r0 * K, K, 1, ks + c0 * K, 1, K, K);
+      for (int e = 0; e < 4; ++e)
+        KK[tileRow(r0, e) * L + tileColumn(c0, e)] = d[e];
+    });
+    tiles(L, V, [&](int r0, int c0) {
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, g[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile(d, ks + r0 * K, K, 1, Sc + c0, V, 1, K);
+      tile(g, ks + r0 * K, K, 1, G + c0, V, 1, K);
+      for (int e = 0; e < 4; ++e) {
+        int t = tileRow(r0, e), c = tileColumn(c0, e);
+        bool live = t < n;
+        U[t * V + c] =
+            live ? bt[t] * (w[((t0 + t) * BH + bh) * V + c] - expOf(A[t]) * d[e]) : 0.0f;
+        dU[t * V + c] = live ? expOf(AL - A[t]) * g[e] : 0.0f;
+      }
+    });
+    for (int i = th; i < K * V; i += nt)
+      Gp[i] = gL * G[i];
+    for (int i = th; i < n; i += nt)
+      dA[i] = 0.0f;
+    for (int i = th; i < n * K; i += nt) {
+      int t = i / K, r = i % K;
+      dk[((t0 + t) * BH + bh) * K + r] = 0.0f;
+    }
+    __syncthreads();
+    for (int c = th; c < V; c += nt)
+      for (int t = 1; t < n; ++t) {
+        float x = U[t * V + c];
+        for (int s = 0; s < t; ++s)
+          x -= bt[t] * KK[t * L + s] * expOf(A[t] - A[s]) * U[s * V + c];
+        U[t * V + c] = x;
+      }
+    for (int read = 0; read < R; ++read) {
+      __syncthreads();
+      loadRows(q + read * T * BH * K, t0, n, BH, bh, K, 0, K, qs, K);
+      loadRows(dout + read * T * BH * V, t0, n, BH, bh, V, 0, V, dos, V);
+      zeroRows(qs, n, L, K, K);
+      zeroRows(dos, n, L, V, V);
+      __syncthreads();
+      // W1 = q k^T, W3 = W1 e^{A_t - A_s} and W2 = (do U^T) e^{A_t - A_s}, on
+      // and below the diagonal; X = q e^A.
+      tiles(L, L, [&](int r0, int c0) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, g[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile(d, qs + r0 * K, K, 1, ks + c0 * K, 1, K, K);
+        tile(g, dos + r0 * V, V, 1, U + c0 * V, 1, V, V);
+        for (int e = 0; e < 4; ++e) {
+          int t = tileRow(r0, e), s = tileColumn(c0, e);
+          bool lower = s <= t && t < n;
+          float decay = lower ? expOf(A[t] - A[s]) : 0.0f;
+          W1[t * L + s] = lower ? d[e] : 0.0f;
+          W3[t * L + s] = d[e] * decay;
+          W2[t * L + s] = g[e] * decay;
+        }
+      });
+      for (int i = th; i < L * K; i += nt)
+        X[i] = qs[i] * expOf(A[i / K]);
+      __syncthreads();
+      // dU += W3^T do; Gp += (q e^A)^T do.
+      tiles(L, V, [&](int r0, int c0) {
+        float d[4];
+        for (int e = 0; e < 4; ++e)
+          d[e] = dU[tileRow(r0, e) * V + tileColumn(c0, e)];
+        tile(d, W3 + r0, 1, L, dos + c0, V, 1, L);
+        for (int e = 0; e < 4; ++e)
+          dU[tileRow(r0, e) * V + tileColumn(c0, e)] = d[e];
+      });
+      tiles(K, V, [&](int r0, int c0) {
+        float d[4];
+        for (int e = 0; e < 4; ++e)
+          d[e] = Gp[tileRow(r0, e) * V + tileColumn(c0, e)];
+        tile(d, X + r0, 1, K, dos + c0, V, 1, L);
+        for (int e = 0; e < 4; ++e)
+          Gp[tileRow(r0, e) * V + tileColumn(c0, e)] = d[e];
+      });
+      // dq = e^A (do Sc^T) + W2 k; dk += W2^T q.
+      float *dqr = dq + read * T * BH * K;
+      tiles(L, K, [&](int r0, int c0) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile(d, dos + r0 * V, V, 1, Sc + c0 * V, 1, V, V);
+        for (int e = 0; e < 4; ++e)
+          d[e] *= expOf(A[tileRow(r0, e)]);
+        tile(d, W2 + r0 * L, L, 1, ks + c0, K, 1, L);
+        tile(b, W2 + r0, 1, L, qs + c0, K, 1, L);
+        for (int e = 0; e < 4; ++e) {
+          int t = tileRow(r0, e), r = tileColumn(c0, e);
+          if (t < n) {
+            i64 g = ((t0 + t) * BH + bh) * K + r;
+            dqr[g] = d[e];
+            dk[g] += b[e];
+          }
+        }
+      });
+      __syncthreads();
+      // The decay's gradient: q . dq a step (the state's read and the pairs
+      // W2 W1 of the step as the later one), less the pairs as the earlier.
+      for (int t = th; t < n; t += nt) {
+        float e = 0.0f;
+        for (int r = 0; r < K; ++r)
+          e += qs[t * K + r] * dqr[((t0 + t) * BH + bh) * K + r];
+        for (int s = t; s < n; ++s)
+          e -= W2[s * L + t] * W1[s * L + t];
+        dA[t] += e;
+      }
+    }
+    __syncthreads();
+    // dR = (I + M)^-T dU, a column a thread.
+    for (int c = th; c < V; c += nt)
+      for (int t = n - 2; t >= 0; --t) {
+        float x = dU[t * V + c];
+        for (int s = t + 1; s < n; ++s)
+          x -= bt[s] * KK[s * L + t] * expOf(A[s] - A[t]) * dU[s * V + c];
+        dU[t * V + c] = x;
+      }
+    for (int i = th; i < L * K; i += nt)
+      X[i] = bt[i / K] * expOf(A[i / K]) * ks[i];
+    __syncthreads();
+    const float *dR = dU;
+    // Gp -= (beta e^A k)^T dR; W1 = -dR U^T below the diagonal (M's
+    // gradient).
+    tiles(K, V, [&](int r0, int c0) {
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile(d, X + r0, 1, K, dR + c0, V, 1, L);
+      for (int e = 0; e < 4; ++e)
+        Gp[tileRow(r0, e) * V + tileColumn(c0, e)] -= d[e];
+    });
+    tiles(L, L, [&](int r0, int c0) {
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile(d, dR + r0 * V, V, 1, U + c0 * V, 1, V, V);
+      for (int e = 0; e < 4; ++e) {
+        int t = tileRow(r0, e), s = tileColumn(c0, e);
+        W1[t * L + s] = s < t && t < n ? -d[e] : 0.0f;
+      }
+    });
+    for (int i = th; i < n * V; i += nt) {
+      int t = i / V, c = i % V;
+      dw[((t0 + t) * BH + bh) * V + c] = bt[t] * dR[t * V + c];
+    }
+    __syncthreads();
+    // X = dR Sc^T: dk -= beta e^A X. W2 = the symmetric gradient of k k^T.
+    tiles(L, K, [&](int r0, int c0) {
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile(d, dR + r0 * V, V, 1, Sc + c0 * V, 1, V, V);
+      for (int e = 0; e < 4; ++e) {
+        int t = tileRow(r0, e), r = tileColumn(c0, e);
+        X[t * K + r] = d[e];
+        if (t < n)
+          dk[((t0 + t) * BH + bh) * K + r] -= bt[t] * expOf(A[t]) * d[e];
+      }
+    });
+    for (int i = th; i < L * L; i += nt) {
+      int t = i / L, s = i % L;
+      float x = 0.0f;
+      if (s < t)
+        x = W1[t * L + s] * bt[t] * expOf(A[t] - A[s]);
+      else if (t < s)
+        x = W1[s * L + t] * bt[s] * expOf(A[s] - A[t]);
+      W2[i] = x;
+    }
+    __syncthreads();
+    // beta's and the decay's gradients from R = beta (w - e^A k S) and M.
+    for (int t = th; t < n; t += nt) {
+      float kX = 0.0f, dRw = 0.0f, e = expOf(A[t]);
+      for (int r = 0; r < K; ++r)
+        kX += ks[t * K + r] * X[t * K + r];
+      for (int c = 0; c < V; ++c)
+        dRw += dR[t * V + c] * w[((t0 + t) * BH + bh) * V + c];
+      float sdb = dRw - e * kX, dAt = -bt[t] * e * kX;
+      for (int s = 0; s < t; ++s) {
+        float d = expOf(A[t] - A[s]), m = W1[t * L + s];
+        sdb += m * KK[t * L + s] * d;
+        dAt += m * bt[t] * KK[t * L + s] * d;
+      }
+      for (int u = t + 1; u < n; ++u)
+        dAt -= W1[u * L + t] * bt[u] * KK[u * L + t] * expOf(A[u] - A[t]);
+      dA[t] += dAt;
+      dbeta[(t0 + t) * BH + bh] = sdb;
+    }
+    __syncthreads();
+    // X = U G^T: the state passed on, e^{A_L} S + (k e^{A_L - A})^T U;
+    // dk += W2 k + e^{A_L - A} X.
+    tiles(L, K, [&](int r0, int c0) {
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile(d, U + r0 * V, V, 1, G + c0 * V, 1, V, V);
+      tile(b, W2 + r0 * L, L, 1, ks + c0, K, 1, L);
+      for (int e = 0; e < 4; ++e) {
+        int t = tileRow(r0, e), r = tileColumn(c0, e);
+        X[t * K + r] = d[e];
+        if (t < n)
+          dk[((t0 + t) * BH + bh) * K + r] += b[e] + expOf(AL - A[t]) * d[e];
+      }
+    });
+    __syncthreads();
+    for (int t = th; t < n; t += nt) {
+      float Ek = 0.0f;
+      for (int r = 0; r < K; ++r)
+        Ek += ks[t * K + r] * X[t * K + r];
+      Ek *= expOf(AL - A[t]);
+      dA[t] -= Ek;
+      W3[t] = Ek;
+    }
+    __syncthreads();
+    if (th == 0) {
+      float sum = 0.0f;
+      for (int i = 0; i < K * V; ++i)
+        sum += Sc[i] * G[i];
+      float acc = gL * sum;
+      for (int t = 0; t < n; ++t)
+        acc += W3[t];
+      for (int t = n - 1; t >= 0; --t) {
+        acc += dA[t];
+        da[(t0 + t) * BH + bh] = acc;
+      }
+    }
+    __syncthreads();
+    for (int i = th; i < K * V; i += nt)
+      G[i] = Gp[i];
   }
 }
