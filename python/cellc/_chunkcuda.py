@@ -22,7 +22,7 @@ class _Shape(ctypes.Structure):
                 ("tensor_cores", ctypes.c_int32)]
 
 
-#: The forwards' products on the tensor cores (3xTF32, about f32's
+#: The kernels' products on the tensor cores (3xTF32, about f32's
 #: precision) where the shape tiles (K and L multiples of 16, V of 8);
 #: False: on FMAs.
 TENSOR_CORES = True

@@ -83,7 +83,7 @@ typedef struct cellc_call {
 typedef struct cellc_chunk_shape {
   int64_t BH, T;
   int32_t K, V, L, reads;
-  /* 1: the forwards' products on the tensor cores (3xTF32) where K and L
+  /* 1: the kernels' products on the tensor cores (3xTF32) where K and L
    * are multiples of 16 and V of 8; 0: on FMAs. */
   int32_t tensor_cores;
 } cellc_chunk_shape;

@@ -141,7 +141,7 @@ def bench():
         return run
 
     runs = [("GLA core: cellc CUDA kernels", ours),
-            ("GLA core: cellc CUDA kernels, forward on FMAs", fmas(ours)),
+            ("GLA core: cellc CUDA kernels on FMAs", fmas(ours)),
             ("GLA core: cellc torch template", template)]
     try:
         from fla.ops.gla import chunk_gla
@@ -168,7 +168,7 @@ def bench():
         torch.autograd.grad((out.sum(), end.sum()), (a1, kn, v, beta, S0, q))
 
     runs += [("gated DeltaNet core: cellc CUDA kernels", delta_ours),
-             ("gated DeltaNet core: cellc CUDA kernels, forward on FMAs", fmas(delta_ours)),
+             ("gated DeltaNet core: cellc CUDA kernels on FMAs", fmas(delta_ours)),
              ("gated DeltaNet core: cellc torch template", delta_template)]
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -195,11 +195,11 @@ def bench():
 
 
 def both(fn):
-    """`fn` with the forwards' products on the tensor cores, then on FMAs."""
+    """`fn` with the kernels' products on the tensor cores, then on FMAs."""
     failed = 0
     for tc in (True, False):
         _chunkcuda.TENSOR_CORES = tc
-        print(f"-- forwards on {'the tensor cores' if tc else 'FMAs'}", flush=True)
+        print(f"-- products on {'the tensor cores' if tc else 'FMAs'}", flush=True)
         failed += fn()
     _chunkcuda.TENSOR_CORES = True
     return failed
