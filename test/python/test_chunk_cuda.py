@@ -42,7 +42,7 @@ TILED = SHAPES[3:]
 
 @pytest.fixture(params=[True, False], ids=["tensor-cores", "fmas"])
 def tensor_cores(request, monkeypatch):
-    """The forwards' products on the tensor cores where the shape tiles, or
+    """The kernels' products on the tensor cores where the shape tiles, or
     on FMAs."""
     monkeypatch.setattr(_chunkcuda, "TENSOR_CORES", request.param)
     return request.param
