@@ -67,6 +67,8 @@ class _Kernels:
         if not self._handle:
             _cuda._raise(buf)
         self.emulated = index is None
+        #: fitting()'s answers, by shape.
+        self._fits = {}
 
     def __del__(self):
         if getattr(self, "_handle", None):
@@ -77,6 +79,23 @@ class _Kernels:
         buf = _cuda._error_buffer()
         return self._lib.cellc_cuda_chunk_admit(self._handle, ctypes.byref(shape), int(delta),
                                                 buf, len(buf)) == 0
+
+    def fitting(self, shape, delta=False):
+        """`shape` as the kernels run it on this device: with its products on
+        the tensor cores where asked and their kernels fit, else on FMAs
+        where those fit (the tensor cores' take more shared memory); None
+        where neither does."""
+        key = (shape.BH, shape.T, shape.K, shape.V, shape.L, shape.reads,
+               shape.tensor_cores, bool(delta))
+        if key not in self._fits:
+            found = None
+            for tc in ([1, 0] if shape.tensor_cores else [0]):
+                s = _Shape(shape.BH, shape.T, shape.K, shape.V, shape.L, shape.reads, tc)
+                if self.admits(s, delta):
+                    found = s
+                    break
+            self._fits[key] = found
+        return self._fits[key]
 
     def call(self, name, shape, tensors, like):
         stream = (None if self.emulated
@@ -128,10 +147,21 @@ def _shape(T, BH, K, V, L, reads):
 def usable(device, T, BH, K, V, L, reads, dtype, seed=0, delta=False):
     """Whether the kernels run this core (the diagonal template, or the
     delta rule's): float32, and their shared memory within what the device
-    grants a CTA."""
+    grants a CTA, on the tensor cores or on FMAs (fitting())."""
     if dtype != torch.float32:
         return False
-    return kernels(device, seed).admits(_shape(T, BH, K, V, L, reads), delta)
+    return kernels(device, seed).fitting(_shape(T, BH, K, V, L, reads), delta) is not None
+
+
+def _fitted(kern, shape, delta):
+    """The shape the kernels run (fitting()), or the device's refusal."""
+    fit = kern.fitting(shape, delta)
+    if fit is None:
+        buf = _cuda._error_buffer()
+        kern._lib.cellc_cuda_chunk_admit(kern._handle, ctypes.byref(shape), int(delta), buf,
+                                         len(buf))
+        raise _cuda.CudaError(buf.value.decode())
+    return fit
 
 
 def _time_major(t):
@@ -156,6 +186,7 @@ class DiagonalCore(torch.autograd.Function):
         starts, end = v.new_empty((Bn, H, NC, K, V)), v.new_empty((Bn, H, K, V))
         pairs = v.new_empty((Bn * H, NC, R, L, L))
         kern = kernels(a.device, seed)
+        shape = _fitted(kern, shape, False)
         kern.call("chunk_forward", shape, [a, k, v, S0, q, out, starts, end, pairs], v)
         ctx.save_for_backward(a, k, v, starts, end, pairs, q)
         ctx.shape, ctx.kern = shape, kern
@@ -195,6 +226,7 @@ class DeltaCore(torch.autograd.Function):
         out = w.new_empty((R, T, Bn, H, V))
         starts, end = w.new_empty((Bn, H, NC, K, V)), w.new_empty((Bn, H, K, V))
         kern = kernels(k.device, seed)
+        shape = _fitted(kern, shape, True)
         kern.call("delta_forward", shape, [a, k, w, beta, S0, q, out, starts, end], w)
         ctx.save_for_backward(a, k, w, beta, starts, end, q)
         ctx.shape, ctx.kern = shape, kern

@@ -167,6 +167,10 @@ def choose(front, c, chunk=None):
     if (c.cuda or not torch.is_grad_enabled() or c.resets is not None
             or like.dtype not in (torch.float32, torch.float64)):
         return "step"
+    if not chunk:
+        # The length the call will take: a tuned one (cellc._chunktune).
+        from . import _chunktune
+        chunk = _chunktune.tuned(front, c.sizes, like.dtype, like.shape[1], like.shape[0])
     return "chunk" if expected(front, c.sizes, like.dtype, like.shape[0], chunk) else "step"
 
 

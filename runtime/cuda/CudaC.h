@@ -78,8 +78,9 @@ typedef struct cellc_call {
  * rule with a scalar gate: cellc_cuda_delta_forward and _backward, with a
  * and beta [T, BH] and the targets w [T, BH, V].
  * cellc_cuda_chunk_admit says whether the device launches both kernels of
- * a template (`delta` 0 or 1) at the shape (their shared memory grows as
- * K V + L (K + V) + L^2). */
+ * a template (`delta` 0 or 1) at the shape, as the driver (or the
+ * emulator's device model) answers for their block and shared memory,
+ * which grows as K V + L (K + V) + L^2. */
 typedef struct cellc_chunk_shape {
   int64_t BH, T;
   int32_t K, V, L, reads;

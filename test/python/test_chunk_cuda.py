@@ -176,6 +176,27 @@ def test_a_shape_the_kernels_do_not_hold_runs_the_torch_template(monkeypatch):
     assert rel(outs[0], want[0]) == 0 and rel(S, want[1]) == 0
 
 
+def test_the_kernels_fall_back_to_fmas_where_the_tensor_cores_do_not_fit(monkeypatch):
+    # The delta rule at K = V = 96, L = 64: its tensor-core backward needs
+    # 250,624 bytes of shared memory (more than the 232,448 a CTA may have),
+    # its FMA one less: the call runs on FMAs, and still matches.
+    kern = _chunkcuda.kernels(CPU)
+    fit = kern.fitting(_chunkcuda._shape(70, 1, 96, 96, 64, 1), delta=True)
+    assert fit is not None and fit.tensor_cores == 0
+    assert kern.fitting(_chunkcuda._shape(70, 1, 96, 96, 64, 1), delta=False).tensor_cores == 1
+    assert kern.fitting(_chunkcuda._shape(70, 1, 128, 128, 64, 1), delta=False) is None
+    monkeypatch.setattr(_chunkcuda, "TENSOR_CORES", True)
+    ins = [t.requires_grad_() for t in _delta_inputs(1, 1, 70, 96, 96, 1)]
+    want = _chunkcore._DeltaCore.apply(*ins[:5], 64, ins[5])
+    f32 = [t.detach().float().requires_grad_() for t in ins]
+    got = _chunkcuda.DeltaCore.apply(0, *f32[:5], 64, f32[5])
+    assert rel(got[0].double(), want[0]) < 1e-5 and rel(got[1].double(), want[1]) < 1e-5
+    # A call at a shape neither fits says why, in the driver's words.
+    big = [t.float() for t in _inputs(1, 1, 70, 128, 128, 1, True)]
+    with pytest.raises(CudaError, match="shared memory"):
+        _chunkcuda.DiagonalCore.apply(0, big[0], *big[1:4], 64, big[4])
+
+
 def test_the_kernels_refuse_a_bad_shape_and_a_missing_object():
     kern = _chunkcuda.kernels(CPU)
     buf = cellc.cuda._error_buffer()

@@ -67,6 +67,11 @@ def test_autotune_times_each_length_and_calls_take_the_winner(cache, monkeypatch
     named_out, _ = cell(x, params, sizes=SIZES, form="chunk", chunk=16)
     assert ran == [16, 16]
     assert torch.equal(tuned_out, named_out)
+    # form="auto" decides at the length the call takes: 70 steps are 4
+    # chunks of 16 (the chunk form), not of the default 64 (the step form).
+    x.requires_grad_()
+    cell(x, params, sizes=SIZES, form="auto")
+    assert ran == [16, 16, 16]
     assert cell.memory_plan(SIZES, 70, 3, "none", form="chunk")["chunk"] == 16
     assert cell.memory_plan(SIZES, 70, 3, "none", form="chunk", chunk=32)["chunk"] == 32
 
