@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 #include <cstring>
 #include <vector>
 
@@ -55,12 +58,26 @@ template <typename F> F *const *out(void *const *p) {
   return reinterpret_cast<F *const *>(p);
 }
 
+/// Subnormal floats as zeros, in and out, on this thread while it lives
+/// (MXCSR's FTZ and DAZ). A chunk's decays e^{A_i - A_j} over many steps
+/// of a strong gate fall below f32's normal range, and every product with
+/// one then takes a microcode assist: gated DeltaNet's chunk of 64 ran 3x
+/// slower than one of 32 on such gates. What is flushed is below 1.2e-38.
+struct FlushSubnormals {
+#if defined(__SSE__)
+  unsigned saved = _mm_getcsr();
+  FlushSubnormals() { _mm_setcsr(saved | 0x8040u); }
+  ~FlushSubnormals() { _mm_setcsr(saved); }
+#endif
+};
+
 /// Runs `one(F(), bh)` for every (sample, head) on the runtime's threads,
 /// with F the element type of `dtype`.
 template <typename One>
 void perHead(DType dtype, const Shape &s, int threads, const One &one) {
   auto run = [&](auto zero) {
     parallelRanges(s.BH, threads, 1, [&](int64_t b0, int64_t b1) {
+      FlushSubnormals flush;
       for (int64_t bh = b0; bh < b1; ++bh)
         one(zero, bh);
     });

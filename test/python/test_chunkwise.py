@@ -731,3 +731,17 @@ def test_a_gate_read_as_it_is_takes_lengths(stepped, compiled, monkeypatch):
         assert rel(got[1][n], want[1][n]) < 1e-10, n
     for n in want[2]:
         assert want[2][n].abs().max() > 0 and rel(got[2][n], want[2][n]) < 1e-10, n
+
+
+def test_the_cpu_core_flushes_subnormals_on_its_threads_only():
+    # The runtime's chunk core runs with subnormal floats as zeros (a
+    # chunk's decays of a strong gate fall below f32's normal range, and
+    # each product with one is 100 times slower), and gives the caller's
+    # thread its own floating-point state back.
+    cell = load("gated_deltanet")
+    x, params, states = arguments(cell, "gated_deltanet", 40, 2, torch.float32)
+    tiny = lambda: (torch.tensor([1e-20]) * torch.tensor([1e-20])).item()
+    assert tiny() != 0
+    out, _ = cell(x, params, states, sizes=SIZES, form="chunk", chunk=16)
+    out.sum().backward()
+    assert tiny() != 0
