@@ -8,6 +8,9 @@ packages=(
   build-essential cmake ninja-build ccache git
   # LLVM/MLIR 19: libMLIR.so, mlir-tblgen, FileCheck, lit, not, count.
   llvm-19-dev libmlir-19-dev mlir-19-tools llvm-19-tools
+  # lld's static libraries: the CPU kernels are linked in-process, with no C
+  # compiler on the machine that compiles a cell.
+  liblld-19-dev
   # clang-19 and its runtimes, for the libFuzzer target.
   clang-19 libclang-rt-19-dev
   # The CPU runtime's BLAS, tests and benchmarks.

@@ -3,13 +3,15 @@
 // The CPU's counterpart of PTX.cpp: the kernels in the LLVM dialect become
 // LLVM IR, optimized at O3 and compiled for the host CPU (its model and
 // features, as the JIT did), position-independent, with a packed entry per
-// kernel; the system's C compiler links the object into a shared object that
-// the runtime opens with dlopen.
+// kernel; lld's ELF driver, linked into cellc (run in a child process),
+// links the object into a shared object that the runtime opens with dlopen
+// (no C compiler on the machine; `$CELLC_CC` names one to use instead).
 //
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Pipelines/Pipelines.h"
 
+#include "lld/Common/Driver.h"
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
@@ -25,7 +27,14 @@
 #include "llvm/TargetParser/Host.h"
 #include "llvm/TargetParser/SubtargetFeature.h"
 
+#include <cerrno>
+#include <dlfcn.h>
+#include <link.h>
 #include <mutex>
+#include <sys/wait.h>
+#include <unistd.h>
+
+LLD_HAS_DRIVER(elf)
 
 using namespace cellc;
 
@@ -88,17 +97,84 @@ hostMachine(llvm::CodeGenOptLevel level) {
   return machine;
 }
 
-/// The C compiler that links shared objects: `$CELLC_CC`, else cc, gcc or
-/// clang on the PATH.
-static llvm::Expected<std::string> linker() {
-  if (const char *cc = std::getenv("CELLC_CC"); cc && *cc)
-    return std::string(cc);
-  for (const char *name : {"cc", "gcc", "clang"})
-    if (auto path = llvm::sys::findProgramByName(name))
-      return *path;
-  return fail("cellc: no C compiler (cc, gcc or clang) on the PATH to link the CPU "
-              "kernels into a shared object; install one (Debian: build-essential) "
-              "or set CELLC_CC");
+/// The file this process loaded the shared library `soname` from ("" where
+/// it has not).
+static std::string loadedLibrary(const char *soname) {
+  void *handle = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
+  if (!handle)
+    return "";
+  std::string path;
+  struct link_map *map = nullptr;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name)
+    path = map->l_name;
+  dlclose(handle);
+  return path;
+}
+
+/// Links `object` into the shared object `path` with lld's ELF driver, built
+/// into cellc: as `cc -shared -o path object -lm` does, with the C library
+/// and libm this process runs (the kernels call sched_yield, and exp and
+/// tanh in f64) as needed libraries. It runs in a child of this process:
+/// lld resets every LLVM command-line option of the process it runs in
+/// (a tool's `-o` among them) and keeps global state between links.
+static llvm::Error linkInProcess(llvm::StringRef object, llvm::StringRef path) {
+  std::string out = path.str(), in = object.str();
+  std::vector<std::string> libraries;
+  for (const char *soname : {"libc.so.6", "libm.so.6"})
+    if (std::string lib = loadedLibrary(soname); !lib.empty())
+      libraries.push_back(lib);
+  std::vector<const char *> args = {"ld.lld",      "-shared",   "--hash-style=gnu",
+                                    "--threads=1", "-o",        out.c_str(),
+                                    in.c_str(),    "--as-needed"};
+  for (const std::string &lib : libraries)
+    args.push_back(lib.c_str());
+  int pipeFds[2];
+  if (pipe(pipeFds) != 0)
+    return fail("cellc: cannot link the CPU kernels: pipe failed");
+  pid_t child = fork();
+  if (child < 0) {
+    close(pipeFds[0]);
+    close(pipeFds[1]);
+    return fail("cellc: cannot link the CPU kernels: fork failed");
+  }
+  if (child == 0) {
+    close(pipeFds[0]);
+    std::string messages;
+    llvm::raw_string_ostream os(messages);
+    lld::Result result = lld::lldMain(args, os, os, {{lld::Gnu, &lld::elf::link}});
+    os.flush();
+    for (size_t done = 0; done < messages.size();) {
+      ssize_t n = write(pipeFds[1], messages.data() + done, messages.size() - done);
+      if (n <= 0)
+        break;
+      done += size_t(n);
+    }
+    _exit(result.retCode == 0 ? 0 : 1);
+  }
+  close(pipeFds[1]);
+  std::string messages;
+  char buffer[4096];
+  for (ssize_t n; (n = read(pipeFds[0], buffer, sizeof buffer)) != 0;) {
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      break;
+    messages.append(buffer, size_t(n));
+  }
+  close(pipeFds[0]);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return fail("cellc: linking the CPU kernels into " + path + " (lld) failed" +
+                (messages.empty() ? "" : ": " + messages));
+  return llvm::Error::success();
+}
+
+/// `$CELLC_CC`, a C compiler to link with instead, or "".
+static std::string externalLinker() {
+  const char *cc = std::getenv("CELLC_CC");
+  return cc ? cc : "";
 }
 
 std::vector<std::string> cellc::hostVectorFeatures() {
@@ -151,18 +227,25 @@ llvm::Error cellc::compileHostSharedObject(llvm::Module &ir, llvm::StringRef pat
       return fail("cellc: the host target cannot emit object files");
     codegen.run(ir);
   }
-  auto cc = linker();
-  if (!cc) {
+  std::string cc = externalLinker();
+  if (cc.empty()) {
+    llvm::Error linked = linkInProcess(object, path);
     llvm::sys::fs::remove(object);
-    return cc.takeError();
+    return linked;
+  }
+  auto program = llvm::sys::findProgramByName(cc);
+  if (!program) {
+    llvm::sys::fs::remove(object);
+    return fail("cellc: CELLC_CC is '" + cc + "', which is not a program on the PATH; unset "
+                "it to link with cellc's own lld");
   }
   std::string message;
   // libm: the f64 kernels call tanh and friends.
-  llvm::SmallVector<llvm::StringRef> args = {*cc, "-shared", "-o", path, object, "-lm"};
-  int status = llvm::sys::ExecuteAndWait(*cc, args, std::nullopt, {}, 0, 0, &message);
+  llvm::SmallVector<llvm::StringRef> args = {*program, "-shared", "-o", path, object, "-lm"};
+  int status = llvm::sys::ExecuteAndWait(*program, args, std::nullopt, {}, 0, 0, &message);
   llvm::sys::fs::remove(object);
   if (status != 0)
-    return fail("cellc: linking the CPU kernels into " + path + " with " + *cc +
-                " failed" + (message.empty() ? "" : ": " + message));
+    return fail("cellc: linking the CPU kernels into " + path + " with " + cc + " failed" +
+                (message.empty() ? "" : ": " + message));
   return llvm::Error::success();
 }

@@ -188,12 +188,12 @@ llvm::Error writeCpuPackage(const CpuPackage &package, llvm::StringRef dir);
 
 /// Compiles `module` (CPU kernels in the LLVM dialect) at O3 for the host
 /// CPU into the shared object `path`, with an entry `cellc_packed_<k>(void
-/// **args)` for each kernel; links with `$CELLC_CC` or the system's cc.
+/// **args)` for each kernel; links in-process with lld (or with `$CELLC_CC`).
 llvm::Error writeHostSharedObject(mlir::ModuleOp module, llvm::StringRef path);
 
 /// Compiles `ir` at `optLevel` for the host CPU (its triple, model and
-/// features, PIC) into the shared object `path`; links with `$CELLC_CC` or
-/// cc.
+/// features, PIC) into the shared object `path`; links in-process with lld
+/// (or with `$CELLC_CC`, a C compiler).
 llvm::Error compileHostSharedObject(llvm::Module &ir, llvm::StringRef path,
                                     unsigned optLevel = 3);
 

@@ -376,3 +376,64 @@ def test_a_gru_per_row_f64_package(tmp_path):
     x = torch.randn(5, 1, I, dtype=torch.float64)
     out, _ = pkg(x, params)
     torch.testing.assert_close(out, ref(x)[0], rtol=0, atol=1e-10)
+
+
+def _no_compiler_path(tmp_path):
+    """A PATH with no cc, gcc or clang on it (the tools cellc runs for a CPU
+    package are its own)."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("env", "true"):
+        os.symlink(shutil.which(tool), bare / tool)
+    return str(bare)
+
+
+def test_cpu_kernels_link_with_no_c_compiler(tmp_path):
+    # lld's ELF driver is built into cellc: with no C compiler on the PATH a
+    # cell compiles and trains, and `cellc --emit=package` writes both
+    # variants where -o says (lld resets a process's LLVM options, cellc's
+    # -o among them: it links in a child).
+    env = dict(os.environ, PATH=_no_compiler_path(tmp_path),
+               CELLC_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("CELLC_CC", None)
+    script = """
+import torch, cellc
+cell = cellc.compile("examples/gru.cell")
+sizes = {"I": 6, "H": 5}
+g = torch.Generator().manual_seed(0)
+x = torch.randn(7, 3, 6, generator=g, dtype=torch.float64, requires_grad=True)
+p = {n: torch.randn(*cell.shape(n, sizes), generator=g, dtype=torch.float64)
+     for n, _ in cell.params}
+out, _ = cell(x, p)
+out.sum().backward()
+print("ok", float(out.abs().sum()), float(x.grad.abs().sum()))
+"""
+    ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with_cc = subprocess.run([sys.executable, "-c", script],
+                             env=dict(env, PATH=os.environ["PATH"],
+                                      CELLC_CC=shutil.which("cc") or "cc",
+                                      CELLC_CACHE_DIR=str(tmp_path / "cache-cc")),
+                             cwd=ROOT, capture_output=True, text=True)
+    assert with_cc.returncode == 0, with_cc.stderr
+    # The same kernels, linked by lld or by cc: the same results.
+    assert done.stdout == with_cc.stdout and done.stdout.startswith("ok ")
+    out = tmp_path / "pkg"
+    made = subprocess.run([os.path.join(TOOLS, "cellc"), os.path.join(ROOT, "examples",
+                           "gru.cell"), "-D", "H=16", "-D", "I=8", "--emit=package",
+                           "--target=cpu", "-o", str(out)], env=env, capture_output=True)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout == b""
+    assert sorted(os.listdir(out)) == ["kernels.json", "replay.so", "save.so"]
+
+
+def test_a_named_linker_that_is_not_there_is_an_error(tmp_path):
+    env = dict(os.environ, CELLC_CC="no-such-cc", CELLC_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([os.path.join(TOOLS, "cellc"), os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        "examples", "gru.cell"), "-D", "H=16", "-D", "I=8", "--emit=package",
+        "--target=cpu", "-o", str(tmp_path / "pkg")], env=env, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "CELLC_CC is 'no-such-cc', which is not a program on the PATH" in done.stderr
