@@ -212,9 +212,9 @@ def test_the_kernels_refuse_a_bad_shape_and_a_missing_object():
 
 
 # The N-th bar.sync of ChunkKernels.cu's IR (from 0: the diagonal forward's
-# 0-5, its backward's 6-14, the delta rule's forward 15-23 and backward
-# 24-35).
-@pytest.mark.parametrize("barrier", [2, 8, 17, 28])
+# 0-5, its backward's 6-14, the delta rule's forward 34-42 and backward
+# 43-54; between and after them the tensor cores' kernels).
+@pytest.mark.parametrize("barrier", [2, 8, 36, 47])
 def test_the_emulator_finds_a_missing_barrier_in_the_chunk_kernels(barrier, tmp_path,
                                                                    monkeypatch):
     # Without one bar.sync, threads race on shared memory: the emulator says
@@ -224,9 +224,9 @@ def test_the_emulator_finds_a_missing_barrier_in_the_chunk_kernels(barrier, tmp_
     cellc._cellc.chunk_kernels_simt(path, f"drop-barrier:{barrier}")
     monkeypatch.setattr(_chunkcuda, "_OBJECT", path)
     monkeypatch.setattr(_chunkcuda, "_OPEN", {})
-    delta = barrier >= 15
+    delta = barrier >= 34
     kernel = ("delta_" if delta else "diag_") + (
-        "forward" if barrier in (2, 17) else "backward")
+        "forward" if barrier in (2, 36) else "backward")
     if delta:
         ins = [t.float().requires_grad_() for t in _delta_inputs(1, 2, 20, 8, 8, 1)]
         core = lambda: _chunkcuda.DeltaCore.apply(0, *ins[:5], 8, ins[5])
