@@ -340,11 +340,13 @@ def _along(st, f, position):
     return any(on and st.role[d] == position for d, on in enumerate(f["varies"]))
 
 
-def _log_gates(st, lin, env, graph, lead, like, live=None):
+def _log_gates(st, lin, env, graph, lead, like, live=None, spread=True):
     """The row and column log-gates, [T, B, H, K] and [T, B, H, V] (None
-    where no gate varies along the columns). After a sample's last step
-    (`live` [T, B] false) a gate is 1 whatever the prologue left there (its
-    compiled kernels write zeros; computed from padding, anything)."""
+    where no gate varies along the columns); `spread` False (a scalar gate,
+    the delta rule's): the row's [T, B, H, 1], so that its gradient is not
+    summed from a spread copy. After a sample's last step (`live` [T, B]
+    false) a gate is 1 whatever the prologue left there (its compiled
+    kernels write zeros; computed from padding, anything)."""
     row = col = None
     rowful = graph.p["rowful"]
     dead = lambda t, fill: (t if live is None else
@@ -370,7 +372,7 @@ def _log_gates(st, lin, env, graph, lead, like, live=None):
             row = log if row is None else row + log
     zero = torch.zeros((), dtype=like.dtype, device=like.device)
     full = lambda t, shape: (zero if t is None else t).expand(*lead, *shape)
-    row = full(row, (st.H, st.K, 1)).squeeze(-1)
+    row = full(row, (st.H, st.K if spread else 1, 1)).squeeze(-1)
     return row, None if col is None else full(col, (st.H, 1, st.V)).squeeze(-2)
 
 
@@ -427,7 +429,10 @@ def _linear_state(st, lin, env, graph, T, B, S0, chunk, like, live=None, resets=
     After a sample's last step (`live` [T, B] false) its gates are 1 and
     its keys 0: the state stays as it is."""
     lead = (T, B)
-    a, c = _log_gates(st, lin, env, graph, lead, like, live)
+    # The delta rule's gate is a step's scalar: its gradient, [T, B, H, 1],
+    # not one spread over K and summed back (a [T, B, H*K] array more in
+    # the backward).
+    a, c = _log_gates(st, lin, env, graph, lead, like, live, spread="delta_key" not in lin)
     rows = any(_along(st, f, 1) for f in lin["gates"])
     columns = c is not None
     if c is None:
