@@ -11,17 +11,21 @@
 //===----------------------------------------------------------------------===//
 
 
-/// Grid (BH, ceil(V / BV)), dynamic shared memory
-/// 4 * (K * BV + 2 * L * K + L * BV + 2 * L * L + 2 * L) bytes.
-KERNEL void cellc_chunk_delta_forward(
-    const float *a, const float *k, const float *w, const float *beta, const float *S0,
-    const float *q, float *out, float *starts, float *end, i64 BH, i64 T, int K, int V,
-    int L, int R, int BV) {
+namespace {
+
+/// The delta rule's forward, its products on FMAs or (`TC`) on the tensor
+/// cores: the two kernels below.
+template <bool TC>
+__device__ void deltaForward(const float *a, const float *k, const float *w,
+                             const float *beta, const float *S0, const float *q, float *out,
+                             float *starts, float *end, i64 BH, i64 T, int K, int V, int L,
+                             int R, int BV) {
   extern __shared__ float smem[];
   const int bh = ctaX(), v0 = ctaY() * BV, bv = imin(BV, V - v0);
   float *S = smem, *ks = S + K * BV, *qs = ks + L * K, *U = qs + L * K, *M = U + L * BV,
         *P = M + L * L, *A = P + L * L, *bt = A + L;
-  const int nt = threads(), th = thread();
+  const int nt = threads(), th = thread(), warp = th / 32, warps = nt / 32;
+  const int across = bv / 8;
   const i64 NC = (T + L - 1) / L;
   for (int i = th; i < K * bv; i += nt) {
     int r = i / bv, c = i % bv;
@@ -36,20 +40,42 @@ KERNEL void cellc_chunk_delta_forward(
       starts[((bh * NC + ch) * K + r) * V + v0 + c] = S[r * BV + c];
     }
     loadRows(k, t0, n, BH, bh, K, 0, K, ks, K);
+    if constexpr (TC) {
+      zeroRows(ks, n, L, K, K);
+      for (int i = th; i < L; i += nt)
+        if (i >= n)
+          A[i] = bt[i] = 0.0f;
+    }
     loadScalars(a, beta, t0, n, BH, bh, A, bt);
     __syncthreads();
     for (int i = th; i < n * n; i += nt) {
       int r = i / n, s = i % n;
       M[r * L + s] = s < r ? bt[r] * dot(ks + r * K, ks + s * K, K) * expOf(A[r] - A[s]) : 0.0f;
     }
-    for (int i = th; i < n * bv; i += nt) {
-      int t = i / bv, c = i % bv;
-      float kS = 0.0f;
-      for (int r = 0; r < K; ++r)
-        kS += ks[t * K + r] * S[r * BV + c];
-      U[t * BV + c] = bt[t] * (w[((t0 + t) * BH + bh) * V + v0 + c] - expOf(A[t]) * kS);
+    // U0 = beta (w - e^A k S).
+    if constexpr (TC) {
+      for (int t = warp; t < (L / 16) * across; t += warps) {
+        const int r0 = (t / across) * 16, c0 = (t % across) * 8;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile(d, ks + r0 * K, K, 1, S + c0, BV, 1, K);
+        for (int e = 0; e < 4; ++e) {
+          int r = tileRow(r0, e), c = tileColumn(c0, e);
+          U[r * BV + c] = r < n ? bt[r] * (w[((t0 + r) * BH + bh) * V + v0 + c] -
+                                           expOf(A[r]) * d[e])
+                                : 0.0f;
+        }
+      }
+    } else {
+      for (int i = th; i < n * bv; i += nt) {
+        int t = i / bv, c = i % bv;
+        float kS = 0.0f;
+        for (int r = 0; r < K; ++r)
+          kS += ks[t * K + r] * S[r * BV + c];
+        U[t * BV + c] = bt[t] * (w[((t0 + t) * BH + bh) * V + v0 + c] - expOf(A[t]) * kS);
+      }
     }
     __syncthreads();
+    // U = (I + M)^-1 U0, a column a thread.
     for (int c = th; c < bv; c += nt)
       for (int t = 1; t < n; ++t) {
         float x = U[t * BV + c];
@@ -60,31 +86,67 @@ KERNEL void cellc_chunk_delta_forward(
     for (int read = 0; read < R; ++read) {
       __syncthreads();
       loadRows(q + read * T * BH * K, t0, n, BH, bh, K, 0, K, qs, K);
+      if constexpr (TC)
+        zeroRows(qs, n, L, K, K);
       __syncthreads();
-      for (int i = th; i < n * n; i += nt) {
-        int t = i / n, s = i % n;
-        P[t * L + s] = s <= t ? dot(qs + t * K, ks + s * K, K) * expOf(A[t] - A[s]) : 0.0f;
+      for (int i = th; i < L * L; i += nt) {
+        int t = i / L, s = i % L;
+        P[i] = s <= t && t < n ? dot(qs + t * K, ks + s * K, K) * expOf(A[t] - A[s]) : 0.0f;
       }
       __syncthreads();
+      // out = e^A (q S) + P U.
       float *o = out + read * T * BH * V;
-      for (int i = th; i < n * bv; i += nt) {
-        int t = i / bv, c = i % bv;
-        float inter = 0.0f, acc = 0.0f;
-        for (int r = 0; r < K; ++r)
-          inter += qs[t * K + r] * S[r * BV + c];
-        for (int s = 0; s <= t; ++s)
-          acc += P[t * L + s] * U[s * BV + c];
-        o[((t0 + t) * BH + bh) * V + v0 + c] = expOf(A[t]) * inter + acc;
+      if constexpr (TC) {
+        for (int i = th; i < L * K; i += nt)
+          qs[i] *= expOf(A[i / K]);
+        __syncthreads();
+        for (int t = warp; t < (L / 16) * across; t += warps) {
+          const int r0 = (t / across) * 16, c0 = (t % across) * 8;
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          tile(d, qs + r0 * K, K, 1, S + c0, BV, 1, K);
+          tile(d, P + r0 * L, L, 1, U + c0, BV, 1, L);
+          for (int e = 0; e < 4; ++e) {
+            int r = tileRow(r0, e), c = tileColumn(c0, e);
+            if (r < n)
+              o[((t0 + r) * BH + bh) * V + v0 + c] = d[e];
+          }
+        }
+      } else {
+        for (int i = th; i < n * bv; i += nt) {
+          int t = i / bv, c = i % bv;
+          float inter = 0.0f, acc = 0.0f;
+          for (int r = 0; r < K; ++r)
+            inter += qs[t * K + r] * S[r * BV + c];
+          for (int s = 0; s <= t; ++s)
+            acc += P[t * L + s] * U[s * BV + c];
+          o[((t0 + t) * BH + bh) * V + v0 + c] = expOf(A[t]) * inter + acc;
+        }
       }
     }
     __syncthreads();
-    for (int i = th; i < K * bv; i += nt) {
-      int r = i / bv, c = i % bv;
-      float An = A[n - 1];
-      float s = expOf(An) * S[r * BV + c];
-      for (int t = 0; t < n; ++t)
-        s += ks[t * K + r] * expOf(An - A[t]) * U[t * BV + c];
-      S[r * BV + c] = s;
+    // S = e^{A_L} S + (k e^{A_L - A})^T U.
+    const float An = A[n - 1];
+    if constexpr (TC) {
+      for (int i = th; i < n * K; i += nt)
+        ks[i] *= expOf(An - A[i / K]);
+      __syncthreads();
+      for (int t = warp; t < (K / 16) * across; t += warps) {
+        const int r0 = (t / across) * 16, c0 = (t % across) * 8;
+        float d[4];
+        for (int e = 0; e < 4; ++e)
+          d[e] = expOf(An) * S[tileRow(r0, e) * BV + tileColumn(c0, e)];
+        tile(d, ks + r0, 1, K, U + c0, BV, 1, L);
+        for (int e = 0; e < 4; ++e)
+          S[tileRow(r0, e) * BV + tileColumn(c0, e)] = d[e];
+      }
+    } else {
+      for (int i = th; i < K * bv; i += nt) {
+        int r = i / bv, c = i % bv;
+        float s = expOf(An) * S[r * BV + c];
+        for (int t = 0; t < n; ++t)
+          s += ks[t * K + r] * expOf(An - A[t]) * U[t * BV + c];
+        S[r * BV + c] = s;
+      }
     }
   }
   __syncthreads();
@@ -92,6 +154,25 @@ KERNEL void cellc_chunk_delta_forward(
     int r = i / bv, c = i % bv;
     end[(bh * i64(K) + r) * V + v0 + c] = S[r * BV + c];
   }
+}
+
+} // namespace
+
+/// Grid (BH, ceil(V / BV)), dynamic shared memory
+/// 4 * (K * BV + 2 * L * K + L * BV + 2 * L * L + 2 * L) bytes.
+KERNEL void cellc_chunk_delta_forward(const float *a, const float *k, const float *w,
+                                      const float *beta, const float *S0, const float *q,
+                                      float *out, float *starts, float *end, i64 BH, i64 T,
+                                      int K, int V, int L, int R, int BV) {
+  deltaForward<false>(a, k, w, beta, S0, q, out, starts, end, BH, T, K, V, L, R, BV);
+}
+
+/// The same on the tensor cores: the same grid, shared memory and results.
+KERNEL void cellc_chunk_delta_forward_tc(const float *a, const float *k, const float *w,
+                                         const float *beta, const float *S0, const float *q,
+                                         float *out, float *starts, float *end, i64 BH,
+                                         i64 T, int K, int V, int L, int R, int BV) {
+  deltaForward<true>(a, k, w, beta, S0, q, out, starts, end, BH, T, K, V, L, R, BV);
 }
 
 /// Grid (BH), dynamic shared memory
@@ -306,110 +387,6 @@ KERNEL void cellc_chunk_delta_backward(
     __syncthreads();
     for (int i = th; i < K * V; i += nt)
       G[i] = Gp[i];
-  }
-}
-
-
-/// cellc_chunk_delta_forward on the tensor cores: the same grid, shared
-/// memory and results.
-KERNEL void cellc_chunk_delta_forward_tc(
-    const float *a, const float *k, const float *w, const float *beta, const float *S0,
-    const float *q, float *out, float *starts, float *end, i64 BH, i64 T, int K, int V,
-    int L, int R, int BV) {
-  extern __shared__ float smem[];
-  const int bh = ctaX(), v0 = ctaY() * BV, bv = imin(BV, V - v0);
-  float *S = smem, *ks = S + K * BV, *qs = ks + L * K, *U = qs + L * K, *M = U + L * BV,
-        *P = M + L * L, *A = P + L * L, *bt = A + L;
-  const int nt = threads(), th = thread(), warp = th / 32, warps = nt / 32;
-  const int across = bv / 8;
-  const i64 NC = (T + L - 1) / L;
-  for (int i = th; i < K * bv; i += nt) {
-    int r = i / bv, c = i % bv;
-    S[r * BV + c] = S0[(bh * i64(K) + r) * V + v0 + c];
-  }
-  for (i64 ch = 0; ch < NC; ++ch) {
-    const i64 t0 = ch * L;
-    const int n = int(T - t0 < L ? T - t0 : L);
-    __syncthreads();
-    for (int i = th; i < K * bv; i += nt) {
-      int r = i / bv, c = i % bv;
-      starts[((bh * NC + ch) * K + r) * V + v0 + c] = S[r * BV + c];
-    }
-    loadRows(k, t0, n, BH, bh, K, 0, K, ks, K);
-    zeroRows(ks, n, L, K, K);
-    for (int i = th; i < L; i += nt)
-      if (i >= n)
-        A[i] = bt[i] = 0.0f;
-    loadScalars(a, beta, t0, n, BH, bh, A, bt);
-    __syncthreads();
-    for (int i = th; i < n * n; i += nt) {
-      int r = i / n, s = i % n;
-      M[r * L + s] = s < r ? bt[r] * dot(ks + r * K, ks + s * K, K) * expOf(A[r] - A[s]) : 0.0f;
-    }
-    // U0 = beta (w - e^A k S): k S a tile a warp at a time.
-    for (int t = warp; t < (L / 16) * across; t += warps) {
-      const int r0 = (t / across) * 16, c0 = (t % across) * 8;
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      tile(d, ks + r0 * K, K, 1, S + c0, BV, 1, K);
-      for (int e = 0; e < 4; ++e) {
-        int r = tileRow(r0, e), c = tileColumn(c0, e);
-        U[r * BV + c] =
-            r < n ? bt[r] * (w[((t0 + r) * BH + bh) * V + v0 + c] - expOf(A[r]) * d[e]) : 0.0f;
-      }
-    }
-    __syncthreads();
-    for (int c = th; c < bv; c += nt)
-      for (int t = 1; t < n; ++t) {
-        float x = U[t * BV + c];
-        for (int s = 0; s < t; ++s)
-          x -= M[t * L + s] * U[s * BV + c];
-        U[t * BV + c] = x;
-      }
-    for (int read = 0; read < R; ++read) {
-      __syncthreads();
-      loadRows(q + read * T * BH * K, t0, n, BH, bh, K, 0, K, qs, K);
-      zeroRows(qs, n, L, K, K);
-      __syncthreads();
-      for (int i = th; i < L * L; i += nt) {
-        int t = i / L, s = i % L;
-        P[i] = s <= t && t < n ? dot(qs + t * K, ks + s * K, K) * expOf(A[t] - A[s]) : 0.0f;
-      }
-      __syncthreads();
-      for (int i = th; i < L * K; i += nt)
-        qs[i] *= expOf(A[i / K]);
-      __syncthreads();
-      float *o = out + read * T * BH * V;
-      for (int t = warp; t < (L / 16) * across; t += warps) {
-        const int r0 = (t / across) * 16, c0 = (t % across) * 8;
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        tile(d, qs + r0 * K, K, 1, S + c0, BV, 1, K);
-        tile(d, P + r0 * L, L, 1, U + c0, BV, 1, L);
-        for (int e = 0; e < 4; ++e) {
-          int r = tileRow(r0, e), c = tileColumn(c0, e);
-          if (r < n)
-            o[((t0 + r) * BH + bh) * V + v0 + c] = d[e];
-        }
-      }
-    }
-    __syncthreads();
-    const float An = A[n - 1];
-    for (int i = th; i < n * K; i += nt)
-      ks[i] *= expOf(An - A[i / K]);
-    __syncthreads();
-    for (int t = warp; t < (K / 16) * across; t += warps) {
-      const int r0 = (t / across) * 16, c0 = (t % across) * 8;
-      float d[4];
-      for (int e = 0; e < 4; ++e)
-        d[e] = expOf(An) * S[tileRow(r0, e) * BV + tileColumn(c0, e)];
-      tile(d, ks + r0, 1, K, U + c0, BV, 1, L);
-      for (int e = 0; e < 4; ++e)
-        S[tileRow(r0, e) * BV + tileColumn(c0, e)] = d[e];
-    }
-  }
-  __syncthreads();
-  for (int i = th; i < K * bv; i += nt) {
-    int r = i / bv, c = i % bv;
-    end[(bh * i64(K) + r) * V + v0 + c] = S[r * BV + c];
   }
 }
 

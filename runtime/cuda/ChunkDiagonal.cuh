@@ -12,17 +12,20 @@
 //===----------------------------------------------------------------------===//
 
 
-/// Grid (BH, ceil(V / BV)), dynamic shared memory
-/// 4 * (K * BV + 3 * L * K + L * BV + L * L) bytes.
-KERNEL void cellc_chunk_diag_forward(
-    const float *a, const float *k, const float *v, const float *S0, const float *q,
-    float *out, float *starts, float *end, float *pairs, i64 BH, i64 T, int K, int V, int L,
-    int R, int BV) {
+namespace {
+
+/// The diagonal forward, its products on FMAs or (`TC`) on the tensor cores:
+/// the two kernels below.
+template <bool TC>
+__device__ void diagForward(const float *a, const float *k, const float *v, const float *S0,
+                            const float *q, float *out, float *starts, float *end,
+                            float *pairs, i64 BH, i64 T, int K, int V, int L, int R, int BV) {
   extern __shared__ float smem[];
   const int bh = ctaX(), v0 = ctaY() * BV, bv = imin(BV, V - v0);
   float *S = smem, *A = S + K * BV, *ks = A + L * K, *qs = ks + L * K, *vs = qs + L * K,
         *P = vs + L * BV;
-  const int nt = threads(), th = thread();
+  const int nt = threads(), th = thread(), warp = th / 32, warps = nt / 32;
+  const int across = bv / 8;
   const i64 NC = (T + L - 1) / L;
   for (int i = th; i < K * bv; i += nt) {
     int r = i / bv, c = i % bv;
@@ -38,9 +41,17 @@ KERNEL void cellc_chunk_diag_forward(
     }
     loadRows(k, t0, n, BH, bh, K, 0, K, ks, K);
     loadRows(v, t0, n, BH, bh, V, v0, bv, vs, BV);
+    if constexpr (TC) {
+      zeroRows(ks, n, L, K, K);
+      zeroRows(vs, n, L, bv, BV);
+      zeroRows(A, n, L, K, K);
+    }
     loadGates(a, t0, n, BH, bh, K, A);
     for (int read = 0; read < R; ++read) {
+      __syncthreads();
       loadRows(q + read * T * BH * K, t0, n, BH, bh, K, 0, K, qs, K);
+      if constexpr (TC)
+        zeroRows(qs, n, L, K, K);
       __syncthreads();
       float *saved = pairs + ((bh * NC + ch) * R + read) * i64(L) * L;
       for (int i = th; i < L * L; i += nt) {
@@ -54,25 +65,61 @@ KERNEL void cellc_chunk_diag_forward(
           saved[i] = p;
       }
       __syncthreads();
+      // out = (q e^A) S + P v.
       float *o = out + read * T * BH * V;
-      for (int i = th; i < n * bv; i += nt) {
-        int t = i / bv, c = i % bv;
-        float acc = 0.0f;
-        for (int r = 0; r < K; ++r)
-          acc += qs[t * K + r] * expOf(A[t * K + r]) * S[r * BV + c];
-        for (int s = 0; s <= t; ++s)
-          acc += P[t * L + s] * vs[s * BV + c];
-        o[((t0 + t) * BH + bh) * V + v0 + c] = acc;
+      if constexpr (TC) {
+        for (int i = th; i < L * K; i += nt)
+          qs[i] *= expOf(A[i]);
+        __syncthreads();
+        for (int t = warp; t < (L / 16) * across; t += warps) {
+          const int r0 = (t / across) * 16, c0 = (t % across) * 8;
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          tile(d, qs + r0 * K, K, 1, S + c0, BV, 1, K);
+          tile(d, P + r0 * L, L, 1, vs + c0, BV, 1, L);
+          for (int e = 0; e < 4; ++e) {
+            int r = tileRow(r0, e), c = tileColumn(c0, e);
+            if (r < n)
+              o[((t0 + r) * BH + bh) * V + v0 + c] = d[e];
+          }
+        }
+      } else {
+        for (int i = th; i < n * bv; i += nt) {
+          int t = i / bv, c = i % bv;
+          float acc = 0.0f;
+          for (int r = 0; r < K; ++r)
+            acc += qs[t * K + r] * expOf(A[t * K + r]) * S[r * BV + c];
+          for (int s = 0; s <= t; ++s)
+            acc += P[t * L + s] * vs[s * BV + c];
+          o[((t0 + t) * BH + bh) * V + v0 + c] = acc;
+        }
       }
-      __syncthreads();
     }
-    for (int i = th; i < K * bv; i += nt) {
-      int r = i / bv, c = i % bv;
-      float An = A[(n - 1) * K + r];
-      float s = expOf(An) * S[r * BV + c];
-      for (int t = 0; t < n; ++t)
-        s += ks[t * K + r] * expOf(An - A[t * K + r]) * vs[t * BV + c];
-      S[r * BV + c] = s;
+    __syncthreads();
+    // S = e^{A_L} S + (k e^{A_L - A})^T v.
+    const float *An = A + (n - 1) * K;
+    if constexpr (TC) {
+      for (int i = th; i < n * K; i += nt)
+        ks[i] *= expOf(An[i % K] - A[i]);
+      __syncthreads();
+      for (int t = warp; t < (K / 16) * across; t += warps) {
+        const int r0 = (t / across) * 16, c0 = (t % across) * 8;
+        float d[4];
+        for (int e = 0; e < 4; ++e) {
+          int r = tileRow(r0, e), c = tileColumn(c0, e);
+          d[e] = expOf(An[r]) * S[r * BV + c];
+        }
+        tile(d, ks + r0, 1, K, vs + c0, BV, 1, L);
+        for (int e = 0; e < 4; ++e)
+          S[tileRow(r0, e) * BV + tileColumn(c0, e)] = d[e];
+      }
+    } else {
+      for (int i = th; i < K * bv; i += nt) {
+        int r = i / bv, c = i % bv;
+        float s = expOf(An[r]) * S[r * BV + c];
+        for (int t = 0; t < n; ++t)
+          s += ks[t * K + r] * expOf(An[r] - A[t * K + r]) * vs[t * BV + c];
+        S[r * BV + c] = s;
+      }
     }
   }
   __syncthreads();
@@ -80,6 +127,25 @@ KERNEL void cellc_chunk_diag_forward(
     int r = i / bv, c = i % bv;
     end[(bh * i64(K) + r) * V + v0 + c] = S[r * BV + c];
   }
+}
+
+} // namespace
+
+/// Grid (BH, ceil(V / BV)), dynamic shared memory
+/// 4 * (K * BV + 3 * L * K + L * BV + L * L) bytes.
+KERNEL void cellc_chunk_diag_forward(const float *a, const float *k, const float *v,
+                                     const float *S0, const float *q, float *out,
+                                     float *starts, float *end, float *pairs, i64 BH, i64 T,
+                                     int K, int V, int L, int R, int BV) {
+  diagForward<false>(a, k, v, S0, q, out, starts, end, pairs, BH, T, K, V, L, R, BV);
+}
+
+/// The same on the tensor cores: the same grid, shared memory and results.
+KERNEL void cellc_chunk_diag_forward_tc(const float *a, const float *k, const float *v,
+                                        const float *S0, const float *q, float *out,
+                                        float *starts, float *end, float *pairs, i64 BH,
+                                        i64 T, int K, int V, int L, int R, int BV) {
+  diagForward<true>(a, k, v, S0, q, out, starts, end, pairs, BH, T, K, V, L, R, BV);
 }
 
 /// Grid (BH), dynamic shared memory
@@ -197,98 +263,6 @@ KERNEL void cellc_chunk_diag_backward(
   __syncthreads();
   for (int i = th; i < K * V; i += nt)
     dS0[bh * i64(K) * V + i] = dS[i];
-}
-
-
-/// cellc_chunk_diag_forward on the tensor cores: the same grid, shared
-/// memory and results.
-KERNEL void cellc_chunk_diag_forward_tc(
-    const float *a, const float *k, const float *v, const float *S0, const float *q,
-    float *out, float *starts, float *end, float *pairs, i64 BH, i64 T, int K, int V, int L,
-    int R, int BV) {
-  extern __shared__ float smem[];
-  const int bh = ctaX(), v0 = ctaY() * BV, bv = imin(BV, V - v0);
-  float *S = smem, *A = S + K * BV, *ks = A + L * K, *qs = ks + L * K, *vs = qs + L * K,
-        *P = vs + L * BV;
-  const int nt = threads(), th = thread(), warp = th / 32, warps = nt / 32;
-  const i64 NC = (T + L - 1) / L;
-  for (int i = th; i < K * bv; i += nt) {
-    int r = i / bv, c = i % bv;
-    S[r * BV + c] = S0[(bh * i64(K) + r) * V + v0 + c];
-  }
-  for (i64 ch = 0; ch < NC; ++ch) {
-    const i64 t0 = ch * L;
-    const int n = int(T - t0 < L ? T - t0 : L);
-    __syncthreads();
-    for (int i = th; i < K * bv; i += nt) {
-      int r = i / bv, c = i % bv;
-      starts[((bh * NC + ch) * K + r) * V + v0 + c] = S[r * BV + c];
-    }
-    loadRows(k, t0, n, BH, bh, K, 0, K, ks, K);
-    loadRows(v, t0, n, BH, bh, V, v0, bv, vs, BV);
-    zeroRows(ks, n, L, K, K);
-    zeroRows(vs, n, L, bv, BV);
-    zeroRows(A, n, L, K, K);
-    loadGates(a, t0, n, BH, bh, K, A);
-    for (int read = 0; read < R; ++read) {
-      __syncthreads();
-      loadRows(q + read * T * BH * K, t0, n, BH, bh, K, 0, K, qs, K);
-      zeroRows(qs, n, L, K, K);
-      __syncthreads();
-      float *saved = pairs + ((bh * NC + ch) * R + read) * i64(L) * L;
-      for (int i = th; i < L * L; i += nt) {
-        int t = i / L, s = i % L;
-        float p = 0.0f;
-        if (s <= t && t < n)
-          for (int c = 0; c < K; ++c)
-            p += qs[t * K + c] * ks[s * K + c] * expOf(A[t * K + c] - A[s * K + c]);
-        P[i] = p;
-        if (ctaY() == 0)
-          saved[i] = p;
-      }
-      __syncthreads();
-      for (int i = th; i < L * K; i += nt)
-        qs[i] *= expOf(A[i]);
-      __syncthreads();
-      // out = (q e^A) S + P v, a 16 x 8 tile a warp at a time.
-      float *o = out + read * T * BH * V;
-      const int across = bv / 8;
-      for (int t = warp; t < (L / 16) * across; t += warps) {
-        const int r0 = (t / across) * 16, c0 = (t % across) * 8;
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        tile(d, qs + r0 * K, K, 1, S + c0, BV, 1, K);
-        tile(d, P + r0 * L, L, 1, vs + c0, BV, 1, L);
-        for (int e = 0; e < 4; ++e) {
-          int r = tileRow(r0, e), c = tileColumn(c0, e);
-          if (r < n)
-            o[((t0 + r) * BH + bh) * V + v0 + c] = d[e];
-        }
-      }
-    }
-    __syncthreads();
-    const float *An = A + (n - 1) * K;
-    for (int i = th; i < n * K; i += nt)
-      ks[i] *= expOf(An[i % K] - A[i]);
-    __syncthreads();
-    // S = e^{A_L} S + (k e^{A_L - A})^T v, a tile a warp at a time.
-    const int across = bv / 8;
-    for (int t = warp; t < (K / 16) * across; t += warps) {
-      const int r0 = (t / across) * 16, c0 = (t % across) * 8;
-      float d[4];
-      for (int e = 0; e < 4; ++e) {
-        int r = tileRow(r0, e), c = tileColumn(c0, e);
-        d[e] = expOf(An[r]) * S[r * BV + c];
-      }
-      tile(d, ks + r0, 1, K, vs + c0, BV, 1, L);
-      for (int e = 0; e < 4; ++e)
-        S[tileRow(r0, e) * BV + tileColumn(c0, e)] = d[e];
-    }
-  }
-  __syncthreads();
-  for (int i = th; i < K * bv; i += nt) {
-    int r = i / bv, c = i % bv;
-    end[(bh * i64(K) + r) * V + v0 + c] = S[r * BV + c];
-  }
 }
 
 

@@ -211,11 +211,17 @@ def test_the_kernels_refuse_a_bad_shape_and_a_missing_object():
     assert "/nonexistent/chunk.so" in buf.value.decode()
 
 
-# The N-th bar.sync of ChunkKernels.cu's IR (from 0: the diagonal forward's
-# 0-5, its backward's 6-14, the delta rule's forward 34-42 and backward
-# 43-54; between and after them the tensor cores' kernels).
-@pytest.mark.parametrize("barrier", [2, 8, 36, 47])
-def test_the_emulator_finds_a_missing_barrier_in_the_chunk_kernels(barrier, tmp_path,
+# The N-th bar.sync of ChunkKernels.cu's IR (from 0, in the module's order:
+# the diagonal forward's 0-6, on the tensor cores 7-15, its backward 16-24
+# and 25-34, the delta rule's forward 35-43 and 44-54, backward 55-66 and
+# 67-82), one a kernel.
+BARRIERS = [(2, "diag_forward"), (9, "diag_forward_tc"), (18, "diag_backward"),
+            (27, "diag_backward_tc"), (37, "delta_forward"), (46, "delta_forward_tc"),
+            (59, "delta_backward"), (70, "delta_backward_tc")]
+
+
+@pytest.mark.parametrize("barrier,kernel", BARRIERS)
+def test_the_emulator_finds_a_missing_barrier_in_the_chunk_kernels(barrier, kernel, tmp_path,
                                                                    monkeypatch):
     # Without one bar.sync, threads race on shared memory: the emulator says
     # so and names the kernel. (The object has its own path: dlopen would
@@ -224,16 +230,15 @@ def test_the_emulator_finds_a_missing_barrier_in_the_chunk_kernels(barrier, tmp_
     cellc._cellc.chunk_kernels_simt(path, f"drop-barrier:{barrier}")
     monkeypatch.setattr(_chunkcuda, "_OBJECT", path)
     monkeypatch.setattr(_chunkcuda, "_OPEN", {})
-    delta = barrier >= 34
-    kernel = ("delta_" if delta else "diag_") + (
-        "forward" if barrier in (2, 36) else "backward")
-    if delta:
-        ins = [t.float().requires_grad_() for t in _delta_inputs(1, 2, 20, 8, 8, 1)]
-        core = lambda: _chunkcuda.DeltaCore.apply(0, *ins[:5], 8, ins[5])
+    monkeypatch.setattr(_chunkcuda, "TENSOR_CORES", kernel.endswith("_tc"))
+    # A shape the tensor cores tile: K = V = L = 16, two chunks and a half.
+    if kernel.startswith("delta"):
+        ins = [t.float().requires_grad_() for t in _delta_inputs(1, 2, 40, 16, 16, 1)]
+        core = lambda: _chunkcuda.DeltaCore.apply(0, *ins[:5], 16, ins[5])
     else:
-        ins = [t.float().requires_grad_() for t in _inputs(1, 2, 20, 8, 8, 1, True)]
-        core = lambda: _chunkcuda.DiagonalCore.apply(0, ins[0], *ins[1:4], 8, ins[4])
-    with pytest.raises(CudaError, match=f"shared-memory race in kernel cellc_chunk_{kernel}"):
+        ins = [t.float().requires_grad_() for t in _inputs(1, 2, 40, 16, 16, 1, True)]
+        core = lambda: _chunkcuda.DiagonalCore.apply(0, ins[0], *ins[1:4], 16, ins[4])
+    with pytest.raises(CudaError, match=f"shared-memory race in kernel cellc_chunk_{kernel},"):
         out = core()
         torch.autograd.grad(out, ins, [torch.ones_like(o) for o in out])
 
