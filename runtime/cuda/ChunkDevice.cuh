@@ -49,6 +49,17 @@ __device__ inline float expOf(float x) {
   return e * __builtin_bit_cast(float, (int(n) + 127) << 23);
 }
 
+/// The CTA's state tile, [K, bv] at row stride BV in shared memory, from the
+/// [K, V] matrix `m` at column v0, or back into it.
+__device__ void stateIn(float *S, const float *m, int K, int V, int v0, int bv, int BV) {
+  for (int i = thread(); i < K * bv; i += threads())
+    S[(i / bv) * BV + i % bv] = m[i64(i / bv) * V + v0 + i % bv];
+}
+__device__ void stateOut(const float *S, float *m, int K, int V, int v0, int bv, int BV) {
+  for (int i = thread(); i < K * bv; i += threads())
+    m[i64(i / bv) * V + v0 + i % bv] = S[(i / bv) * BV + i % bv];
+}
+
 /// The chunk's log-gates [n, K] from a, summed from its start, per column.
 __device__ void loadGates(const float *a, i64 t0, int n, i64 BH, int bh, int K, float *A) {
   for (int i = thread(); i < n * K; i += threads()) {

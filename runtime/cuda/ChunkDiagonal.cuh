@@ -27,18 +27,12 @@ __device__ void diagForward(const float *a, const float *k, const float *v, cons
   const int nt = threads(), th = thread(), warp = th / 32, warps = nt / 32;
   const int across = bv / 8;
   const i64 NC = (T + L - 1) / L;
-  for (int i = th; i < K * bv; i += nt) {
-    int r = i / bv, c = i % bv;
-    S[r * BV + c] = S0[(bh * i64(K) + r) * V + v0 + c];
-  }
+  stateIn(S, S0 + bh * i64(K) * V, K, V, v0, bv, BV);
   for (i64 ch = 0; ch < NC; ++ch) {
     const i64 t0 = ch * L;
     const int n = int(T - t0 < L ? T - t0 : L);
     __syncthreads();
-    for (int i = th; i < K * bv; i += nt) {
-      int r = i / bv, c = i % bv;
-      starts[((bh * NC + ch) * K + r) * V + v0 + c] = S[r * BV + c];
-    }
+    stateOut(S, starts + (bh * NC + ch) * K * V, K, V, v0, bv, BV);
     loadRows(k, t0, n, BH, bh, K, 0, K, ks, K);
     loadRows(v, t0, n, BH, bh, V, v0, bv, vs, BV);
     if constexpr (TC) {
@@ -123,10 +117,7 @@ __device__ void diagForward(const float *a, const float *k, const float *v, cons
     }
   }
   __syncthreads();
-  for (int i = th; i < K * bv; i += nt) {
-    int r = i / bv, c = i % bv;
-    end[(bh * i64(K) + r) * V + v0 + c] = S[r * BV + c];
-  }
+  stateOut(S, end + bh * i64(K) * V, K, V, v0, bv, BV);
 }
 
 } // namespace
