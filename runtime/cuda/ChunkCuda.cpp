@@ -134,8 +134,7 @@ void *cellc_cuda_chunk_open(int32_t device, const char *simt_object, uint64_t sh
           "cellc_chunk_delta_forward",    "cellc_chunk_delta_backward",
           "cellc_chunk_diag_forward_tc", "cellc_chunk_delta_forward_tc",
           "cellc_chunk_diag_backward_tc", "cellc_chunk_delta_backward_tc"};
-      kernels->device =
-          std::make_unique<cuda::GpuDevice>(device, kChunkPtx, kChunkPtx, names);
+      kernels->device = std::make_unique<cuda::GpuDevice>(device, kChunkPtx, names);
     }
   });
   return failed ? nullptr : kernels.release();

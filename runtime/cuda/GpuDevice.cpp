@@ -51,8 +51,15 @@ constexpr int64_t kMaxBlocks = 4096;
 GpuDevice::GpuDevice(int device, const std::string &replayPtx, const std::string &savePtx,
                      const std::vector<std::string> &kernels)
     : device(device) {
-  variants[0] = std::make_unique<Module>(device, replayPtx, kernels);
-  variants[1] = std::make_unique<Module>(device, savePtx, kernels);
+  variants[0] = std::make_shared<Module>(device, replayPtx, kernels);
+  variants[1] = std::make_shared<Module>(device, savePtx, kernels);
+  host = &hostKernels(device);
+}
+
+GpuDevice::GpuDevice(int device, const std::string &ptx,
+                     const std::vector<std::string> &kernels)
+    : device(device) {
+  variants[0] = variants[1] = std::make_shared<Module>(device, ptx, kernels);
   host = &hostKernels(device);
 }
 

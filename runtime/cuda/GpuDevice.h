@@ -26,6 +26,9 @@ public:
   /// PTX, a cubin for another GPU).
   GpuDevice(int device, const std::string &replayPtx, const std::string &savePtx,
             const std::vector<std::string> &kernels);
+  /// Kernels with no variants (the chunk form's cores): one module, loaded
+  /// and JIT-compiled by the driver once.
+  GpuDevice(int device, const std::string &ptx, const std::vector<std::string> &kernels);
 
   /// Registers per thread of a package's kernel, from the driver.
   int registers(const std::string &kernel, bool saveGates);
@@ -69,7 +72,9 @@ private:
   void *stream = nullptr;
   /// Whether `begin` made the device's context current.
   bool current = false;
-  std::unique_ptr<Module> variants[2];
+  /// The replaying and the gate-saving variant (one module for both where
+  /// the kernels have no variants).
+  std::shared_ptr<Module> variants[2];
   /// The runtime's kernels on this device (shared by every cell on it).
   Module *host = nullptr;
 };
