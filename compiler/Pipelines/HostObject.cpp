@@ -20,7 +20,9 @@
 #include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/Module.h"
 #include "llvm/MC/TargetRegistry.h"
+#include "llvm/Support/CrashRecoveryContext.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Program.h"
 #include "llvm/Support/TargetSelect.h"
 #include "llvm/Target/TargetMachine.h"
@@ -28,7 +30,9 @@
 #include "llvm/TargetParser/SubtargetFeature.h"
 
 #include <cerrno>
+#include <cstring>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <link.h>
 #include <mutex>
 #include <sys/wait.h>
@@ -116,58 +120,68 @@ static std::string loadedLibrary(const char *soname) {
 /// and libm this process runs (the kernels call sched_yield, and exp and
 /// tanh in f64) as needed libraries. It runs in a child of this process:
 /// lld resets every LLVM command-line option of the process it runs in
-/// (a tool's `-o` among them) and keeps global state between links.
+/// (a tool's `-o` among them) and keeps global state between links. The
+/// child writes its result code and lld's messages to a file, which the
+/// parent reads once the child is gone: a pipe's end would stay open in
+/// any process that another thread forks meanwhile, and a process that
+/// ignores SIGCHLD gets no exit status.
 static llvm::Error linkInProcess(llvm::StringRef object, llvm::StringRef path) {
   std::string out = path.str(), in = object.str();
   std::vector<std::string> libraries;
   for (const char *soname : {"libc.so.6", "libm.so.6"})
     if (std::string lib = loadedLibrary(soname); !lib.empty())
       libraries.push_back(lib);
-  std::vector<const char *> args = {"ld.lld",      "-shared",   "--hash-style=gnu",
-                                    "--threads=1", "-o",        out.c_str(),
-                                    in.c_str(),    "--as-needed"};
+  std::vector<const char *> args = {"ld.lld",        "-shared",      "--hash-style=gnu",
+                                    "--eh-frame-hdr", "--build-id",   "--threads=1",
+                                    "-o",             out.c_str(),    in.c_str(),
+                                    "--as-needed"};
   for (const std::string &lib : libraries)
     args.push_back(lib.c_str());
-  int pipeFds[2];
-  if (pipe(pipeFds) != 0)
-    return fail("cellc: cannot link the CPU kernels: pipe failed");
+  llvm::SmallString<128> report;
+  int fd;
+  if (std::error_code ec = llvm::sys::fs::createTemporaryFile("cellc-lld", "txt", fd, report))
+    return fail("cellc: cannot link the CPU kernels: no temporary file: " + ec.message());
+  close(fd);
   pid_t child = fork();
   if (child < 0) {
-    close(pipeFds[0]);
-    close(pipeFds[1]);
-    return fail("cellc: cannot link the CPU kernels: fork failed");
+    int error = errno;
+    llvm::sys::fs::remove(report);
+    return fail("cellc: cannot link the CPU kernels: fork failed: " +
+                std::string(strerror(error)));
   }
   if (child == 0) {
-    close(pipeFds[0]);
+    // lld's fatal errors return here, with their message, rather than exit.
+    llvm::CrashRecoveryContext::Enable();
     std::string messages;
     llvm::raw_string_ostream os(messages);
     lld::Result result = lld::lldMain(args, os, os, {{lld::Gnu, &lld::elf::link}});
     os.flush();
-    for (size_t done = 0; done < messages.size();) {
-      ssize_t n = write(pipeFds[1], messages.data() + done, messages.size() - done);
-      if (n <= 0)
-        break;
-      done += size_t(n);
+    std::string text = "rc=" + std::to_string(result.retCode) + "\n" + messages;
+    int outFd = open(report.c_str(), O_WRONLY | O_TRUNC);
+    bool written = outFd >= 0;
+    for (size_t done = 0; written && done < text.size();) {
+      ssize_t n = write(outFd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR)
+        continue;
+      written = n > 0;
+      done += n > 0 ? size_t(n) : 0;
     }
-    _exit(result.retCode == 0 ? 0 : 1);
+    if (outFd >= 0)
+      close(outFd);
+    _exit(written && result.retCode == 0 ? 0 : 1);
   }
-  close(pipeFds[1]);
-  std::string messages;
-  char buffer[4096];
-  for (ssize_t n; (n = read(pipeFds[0], buffer, sizeof buffer)) != 0;) {
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      break;
-    messages.append(buffer, size_t(n));
+  while (waitpid(child, nullptr, 0) < 0 && errno == EINTR) {
   }
-  close(pipeFds[0]);
-  int status = 0;
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+  // The result is the report's, whether or not this process saw the exit.
+  auto text = llvm::MemoryBuffer::getFile(report);
+  llvm::sys::fs::remove(report);
+  llvm::StringRef body = text ? (*text)->getBuffer() : "";
+  if (!body.consume_front("rc=0\n"))
     return fail("cellc: linking the CPU kernels into " + path + " (lld) failed" +
-                (messages.empty() ? "" : ": " + messages));
+                (body.empty() ? std::string(": the linker's process ended with no report")
+                              : ": " + body.drop_until([](char c) { return c == '\n'; })
+                                           .drop_front()
+                                           .str()));
   return llvm::Error::success();
 }
 

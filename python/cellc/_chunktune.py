@@ -40,12 +40,13 @@ def _dtype_name(dtype):
     return "f64" if dtype == torch.float64 else "f32"
 
 
-def key(cell, sizes, dtype, batch, steps):
+def key(cell, sizes, dtype, batch, steps, mode="none"):
     """The tuning cache's key: cellc-tune's (the cell's text, the CPU, the
-    sizes, the dtype, the compiler and the batch's bucket) and the sequence
-    length's bucket."""
+    sizes, the dtype, the compiler and the batch's bucket), the sequence
+    length's bucket and the recompute mode."""
     base = _cellc.tuning_key(cell.source, dict(sizes), _dtype_name(dtype), _bucket(batch))
-    return hashlib.sha256(f"{base}|chunk-length|T{_bucket(steps)}".encode()).hexdigest()[:40]
+    text = f"{base}|chunk-length|T{_bucket(steps)}|{mode or 'none'}"
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
 def _path(k):
@@ -55,23 +56,27 @@ def _path(k):
 _FOUND = {}
 
 
-def tuned(cell, sizes, dtype, batch, steps):
-    """The tuned chunk length for this call's shape, or None."""
-    k = (cell.source, tuple(sorted(dict(sizes).items())), dtype, _bucket(batch),
-         _bucket(steps))
+def tuned(cell, sizes, dtype, batch, steps, mode="none"):
+    """The tuned chunk length for this call's shape and recompute mode, or
+    None. What a file held is remembered (by its path and time); that there
+    is none is not, so that another process's tune is seen."""
+    path = _path(key(cell, sizes, dtype, batch, steps, mode))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    k = (path, st.st_ino, st.st_size, st.st_mtime_ns)
     if k not in _FOUND:
         found = None
-        path = _path(key(cell, sizes, dtype, batch, steps))
-        if os.path.exists(path):
-            try:
-                with open(path) as f:
-                    found = json.load(f)["chunk"]
-                if not isinstance(found, int) or found < 1:
-                    raise ValueError(f"chunk {found!r}")
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                warnings.warn(f"the tuned chunk length in {path} is unreadable ({e}); it is "
-                              "ignored", RuntimeWarning, stacklevel=3)
-                found = None
+        try:
+            with open(path) as f:
+                found = json.load(f)["chunk"]
+            if not isinstance(found, int) or found < 1:
+                raise ValueError(f"chunk {found!r}")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            warnings.warn(f"the tuned chunk length in {path} is unreadable ({e}); it is "
+                          "ignored", RuntimeWarning, stacklevel=3)
+            found = None
         _FOUND[k] = found
     return _FOUND[k]
 
@@ -180,7 +185,7 @@ def tune(cell, sizes, *, batch, seq_len, dtype=torch.float32, budget=60.0, store
             lines.append(f"{L:>6} {r['ms']:>9.2f} {results[default]['ms'] / r['ms']:>7.2f}x"
                          + note)
     table = "\n".join(lines) + "\n"
-    k = key(cell, sizes, dtype, batch, seq_len)
+    k = key(cell, sizes, dtype, batch, seq_len, recompute)
     stored = None
     if store:
         stored = _path(k)
@@ -189,9 +194,16 @@ def tune(cell, sizes, *, batch, seq_len, dtype=torch.float32, budget=60.0, store
                  "dtype": _dtype_name(dtype), "batch": batch, "seq_len": seq_len,
                  "medians_ms": {str(L): results[L]["ms"] for L in lengths}}
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(stored), suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(entry, f, indent=2)
-        os.replace(tmp, stored)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(entry, f, indent=2)
+            # Readable by whoever shares the cache, as cellc-tune's entries.
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, stored)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
         _FOUND.clear()
     return {"candidates": [results[L] for L in lengths], "winner_config": {"chunk": winner},
             "default_config": {"chunk": default}, "seconds": time.perf_counter() - start,
@@ -223,9 +235,18 @@ def main(argv):
             if not name or not value.isdigit():
                 raise ValueError(f"-D {d}: expected NAME=N")
             sizes[name] = int(value)
-        budget = args.budget
-        scale = 60.0 if budget.endswith("m") else 1.0
-        budget = float(budget.rstrip("sm")) * scale
+        text, scale = args.budget, 1.0
+        if text.endswith("m"):
+            text, scale = text[:-1], 60.0
+        elif text.endswith("s"):
+            text = text[:-1]
+        try:
+            budget = float(text) * scale
+        except ValueError:
+            budget = float("nan")
+        if not budget > 0 or budget == float("inf"):
+            raise ValueError(f"--budget '{args.budget}': expected seconds (90, 60s) or "
+                             "minutes (2m)")
         if args.batch < 1 or args.seq_len < 1:
             raise ValueError("--batch and --seq-len must be positive")
         cell = compile_cell(args.cell)

@@ -170,7 +170,8 @@ def choose(front, c, chunk=None):
     if not chunk:
         # The length the call will take: a tuned one (cellc._chunktune).
         from . import _chunktune
-        chunk = _chunktune.tuned(front, c.sizes, like.dtype, like.shape[1], like.shape[0])
+        chunk = _chunktune.tuned(front, c.sizes, like.dtype, like.shape[1], like.shape[0],
+                                 c.mode)
     return "chunk" if expected(front, c.sizes, like.dtype, like.shape[0], chunk) else "step"
 
 
@@ -573,7 +574,7 @@ def call(front, c, chunk=None):
     if not chunk and not c.cuda:
         # A length cellc.autotune(form="chunk") found for this shape.
         from . import _chunktune
-        chunk = _chunktune.tuned(front, c.sizes, like.dtype, B, T)
+        chunk = _chunktune.tuned(front, c.sizes, like.dtype, B, T, c.mode)
     chunk = chunk or chunk_length(T)
     graph = p["graph"]
     params = {n: t for (n, _), t in zip(front.params, c.params)}

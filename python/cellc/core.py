@@ -274,7 +274,11 @@ class Cell(Sizes, Steps, CudaTargets):
         cuda = self.emulated or self.target == _cellc.Target.cuda.name
         if form == "auto":
             # As a call takes it (cellc._chunkwise.choose): the chunk form on
-            # the CPU, in float32 or float64, where it is expected faster.
+            # the CPU, in float32 or float64, where it is expected faster at
+            # the length the call takes (a tuned one: cellc._chunktune).
+            if not chunk and not cuda:
+                from . import _chunktune
+                chunk = _chunktune.tuned(self, sizes, dtype, batch, steps, recompute)
             form = ("chunk" if not cuda and dtype in (torch.float32, torch.float64)
                     and _chunkwise.expected(self, sizes, dtype, steps, chunk) else "step")
         if form == "chunk":
@@ -286,7 +290,7 @@ class Cell(Sizes, Steps, CudaTargets):
             if not isinstance(steps, int) or not isinstance(batch, int):
                 raise TypeError("steps and batch must be integers")
             from . import _chunktune
-            chunk = chunk or _chunktune.tuned(self, sizes, dtype, batch, steps)
+            chunk = chunk or _chunktune.tuned(self, sizes, dtype, batch, steps, recompute)
             return _cellc.chunk_plan(self.source, self.file_name, dict(sizes),
                                      "f64" if dtype == torch.float64 else "f32", steps,
                                      batch, recompute, chunk or 0)
@@ -320,9 +324,10 @@ def autotune(cell, sizes, *, batch, seq_len=100, target="cpu", dtype=torch.float
         raise ValueError(f"form must be 'step' or 'chunk', not {form!r}")
     if form == "chunk":
         from . import _chunktune
-        if target != "cpu" or compile_only:
+        if (target != "cpu" or compile_only or cell.emulated
+                or cell.target == _cellc.Target.cuda.name):
             raise ValueError("form='chunk' tunes the chunk length on the CPU (target='cpu', "
-                             "compile_only=False)")
+                             "compile_only=False, a cell compiled for the CPU)")
         if not isinstance(batch, int) or batch < 1 or not isinstance(seq_len, int) or \
                 seq_len < 1:
             raise ValueError(f"batch and seq_len must be positive integers, got {batch!r} "

@@ -54,10 +54,14 @@ def test_autotune_times_each_length_and_calls_take_the_winner(cache, monkeypatch
     assert _chunktune.tuned(cell, SIZES, torch.float32, 4, 100) == winner
     assert _chunktune.tuned(cell, SIZES, torch.float32, 3, 300) is None
     assert _chunktune.tuned(cell, SIZES, torch.float64, 3, 70) is None
+    # Tuned in `none`: another recompute mode has its own entry.
+    assert _chunktune.tuned(cell, SIZES, torch.float32, 3, 70, "full") is None
+    assert oct(os.stat(result["stored"]).st_mode & 0o777) == "0o644"
     # Another winner planted: the call and the plan take it.
-    with open(result["stored"], "w") as f:
+    # Another process's entry is seen (no stale cache of what was there).
+    with open(result["stored"] + ".new", "w") as f:
         json.dump({"chunk": 16}, f)
-    monkeypatch.setattr(_chunktune, "_FOUND", {})
+    os.replace(result["stored"] + ".new", result["stored"])
     ran = _lengths_run(monkeypatch)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(70, 3, SIZES["I"], generator=g)
@@ -74,6 +78,8 @@ def test_autotune_times_each_length_and_calls_take_the_winner(cache, monkeypatch
     assert ran == [16, 16, 16]
     assert cell.memory_plan(SIZES, 70, 3, "none", form="chunk")["chunk"] == 16
     assert cell.memory_plan(SIZES, 70, 3, "none", form="chunk", chunk=32)["chunk"] == 32
+    # form="auto" plans what the call takes: the chunk form at 16.
+    assert cell.memory_plan(SIZES, 70, 3, "none", form="auto")["chunk"] == 16
 
 
 def test_a_broken_entry_warns_and_the_default_length_stands(cache, monkeypatch):
@@ -101,6 +107,9 @@ def test_autotune_refuses_what_it_cannot_tune(cache):
         cellc.autotune(GLA, SIZES, batch=2, seq_len=20, form="chunk", target="cuda")
     with pytest.raises(TypeError, match="float32 and float64"):
         cellc.autotune(GLA, SIZES, batch=2, seq_len=20, form="chunk", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="a cell compiled for the CPU"):
+        cellc.autotune(cellc.compile(GLA, target="cuda-emu"), SIZES, batch=2, seq_len=20,
+                       form="chunk")
     # Nothing was stored.
     assert not os.path.exists(cache / "tuning" / "chunk")
 
@@ -121,6 +130,11 @@ def test_the_command_line_tunes_the_chunk_length(cache, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "cellc", "cellc-tune", "--form", "chunk", GLA,
                           "-D", "I=x", "--batch", "2"], capture_output=True, text=True, env=env)
     assert bad.returncode == 1 and "-D I=x: expected NAME=N" in bad.stderr
+    for budget in ("500ms", "0", "-5", "nan", "2mm"):
+        bad = subprocess.run([sys.executable, "-m", "cellc", "cellc-tune", "--form=chunk", GLA,
+                              "-D", "I=12", "--batch", "2", "--budget", budget],
+                             capture_output=True, text=True, env=env)
+        assert bad.returncode == 1 and f"--budget '{budget}'" in bad.stderr, budget
     # The C++ tool says where the chunk form is tuned.
     tool = os.path.join(os.environ.get("CELLC_BUILD_DIR", os.path.join(ROOT, "build")),
                         "bin", "cellc-tune")

@@ -736,12 +736,22 @@ def test_a_gate_read_as_it_is_takes_lengths(stepped, compiled, monkeypatch):
 def test_the_cpu_core_flushes_subnormals_on_its_threads_only():
     # The runtime's chunk core runs with subnormal floats as zeros (a
     # chunk's decays of a strong gate fall below f32's normal range, and
-    # each product with one is 100 times slower), and gives the caller's
-    # thread its own floating-point state back.
-    cell = load("gated_deltanet")
-    x, params, states = arguments(cell, "gated_deltanet", 40, 2, torch.float32)
-    tiny = lambda: (torch.tensor([1e-20]) * torch.tensor([1e-20])).item()
-    assert tiny() != 0
-    out, _ = cell(x, params, states, sizes=SIZES, form="chunk", chunk=16)
-    out.sum().backward()
-    assert tiny() != 0
+    # each product with one is 100 times slower) on each of its threads, and
+    # gives the caller's thread its own floating-point state back.
+    from cellc import _chunkcore
+    B, H, T, K, V = 2, 4, 3, 4, 4
+    a = torch.zeros(B, H, T, K)
+    a[:, :, 0] = -90.0                      # e^-90 = 8.2e-40: subnormal in f32
+    k = torch.zeros(B, H, T, K)
+    v = torch.zeros(B, H, T, V)
+    S0, q = torch.ones(B, H, K, V), torch.ones(B, H, T, K)
+    torch_out = _chunkcore._DiagonalCore.apply(a, k, v, S0, 16, True, q)[0]
+    assert (torch_out[:, :, 0] > 0).all() and (torch_out[:, :, 0] < 1e-38).all()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        native_out = _chunkcore._NativeDiagonalCore.apply(a, k, v, S0, 16, True, q)[0]
+    finally:
+        torch.set_num_threads(threads)
+    assert (native_out[:, :, 0] == 0).all()
+    assert (torch.tensor([1e-20]) * torch.tensor([1e-20])).item() != 0
