@@ -43,9 +43,11 @@ def _dtype_name(dtype):
 def key(cell, sizes, dtype, batch, steps, mode="none"):
     """The tuning cache's key: cellc-tune's (the cell's text, the CPU, the
     sizes, the dtype, the compiler and the batch's bucket), the sequence
-    length's bucket and the recompute mode."""
+    length's bucket, the recompute mode, and the threads the core and the
+    compiled parts run on (torch's, and the cell's)."""
     base = _cellc.tuning_key(cell.source, dict(sizes), _dtype_name(dtype), _bucket(batch))
-    text = f"{base}|chunk-length|T{_bucket(steps)}|{mode or 'none'}"
+    threads = f"{torch.get_num_threads()}/{getattr(cell, 'threads', 0)}"
+    text = f"{base}|chunk-length|T{_bucket(steps)}|{mode or 'none'}|threads {threads}"
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 

@@ -54,8 +54,15 @@ def test_autotune_times_each_length_and_calls_take_the_winner(cache, monkeypatch
     assert _chunktune.tuned(cell, SIZES, torch.float32, 4, 100) == winner
     assert _chunktune.tuned(cell, SIZES, torch.float32, 3, 300) is None
     assert _chunktune.tuned(cell, SIZES, torch.float64, 3, 70) is None
-    # Tuned in `none`: another recompute mode has its own entry.
+    # Tuned in `none`: another recompute mode has its own entry, and so has
+    # another thread count.
     assert _chunktune.tuned(cell, SIZES, torch.float32, 3, 70, "full") is None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert _chunktune.tuned(cell, SIZES, torch.float32, 3, 70) is None
+    finally:
+        torch.set_num_threads(threads)
     assert oct(os.stat(result["stored"]).st_mode & 0o777) == "0o644"
     # Another winner planted: the call and the plan take it.
     # Another process's entry is seen (no stale cache of what was there).
