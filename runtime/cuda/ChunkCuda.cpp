@@ -150,20 +150,8 @@ int cellc_cuda_chunk_admit(void *kernels, const cellc_chunk_shape *shape, int32_
     checkShape(*shape);
     auto &k = *static_cast<ChunkKernels *>(kernels);
     for (Kernel kernel : delta ? std::vector{Kernel::DeltaForward, Kernel::DeltaBackward}
-                               : std::vector{Kernel::DiagForward, Kernel::DiagBackward}) {
-      cuda::LaunchSpec spec = launchOf(*shape, kernel);
-      check(k.device->admit(spec));
-      // A GPU admits any grid that is not cooperative: whether a CTA's
-      // shared memory fits is the driver's answer (cuFuncSetAttribute and
-      // the occupancy query), asked here rather than at the launch.
-      cuda::Residency fits;
-      check(k.device->residency(spec, fits));
-      if (fits.perSm < 1)
-        throw std::runtime_error("kernel " + spec.kernel + ": a CTA of " +
-                                 std::to_string(spec.block) + " threads and " +
-                                 std::to_string(spec.sharedBytes) +
-                                 " bytes of shared memory: the device keeps none resident");
-    }
+                               : std::vector{Kernel::DiagForward, Kernel::DiagBackward})
+      check(k.device->admit(launchOf(*shape, kernel)));
   });
 }
 

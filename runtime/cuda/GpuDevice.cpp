@@ -98,12 +98,16 @@ Status GpuDevice::residency(const LaunchSpec &spec, Residency &out) {
 }
 
 Status GpuDevice::admit(const LaunchSpec &spec) {
-  if (!spec.cooperative)
-    return Status();
+  // The driver's answer for the block and shared memory (cuFuncSetAttribute
+  // and the occupancy query, asked once a shape), before the launch.
   Residency fits;
   if (Status e = residency(spec, fits))
     return e;
-  if (int64_t(spec.gridX) * spec.gridY > fits.total())
+  if (fits.perSm < 1)
+    return Status::error("kernel " + spec.kernel + ": a CTA of " + std::to_string(spec.block) +
+                         " threads and " + std::to_string(spec.sharedBytes) +
+                         " bytes of dynamic shared memory: the device keeps none resident");
+  if (spec.cooperative && int64_t(spec.gridX) * spec.gridY > fits.total())
     return cooperativeTooLarge(spec, fits);
   return Status();
 }
