@@ -100,6 +100,15 @@ run)
   say "== bench"
   timeout "${CELLC_BENCH_SECONDS:-150}" $python test/gpu/check_cells.py bench "$dir" $emulate \
     2>&1 | tee -a "$log" || status=1
+  # Last, as it is slow: the chunk kernels at the small shape under
+  # compute-sanitizer's memcheck (out-of-bounds and misaligned accesses,
+  # which the emulator's bounds do not see in the driver's allocations).
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [ -z "$emulate" ] && [ -x "$sanitizer" ]; then
+    say "== compute-sanitizer memcheck: the chunk kernels at a small shape"
+    timeout "${CELLC_SANITIZER_SECONDS:-60}" "$sanitizer" --tool memcheck --error-exitcode 3 \
+      $python test/gpu/chunk_core.py --small 2>&1 | tail -40 | tee -a "$log" || status=1
+  fi
   exit $status
   ;;
 *) echo "usage: $0 package|wheels|run [--emulate] [DIR]" >&2; exit 2 ;;

@@ -10,7 +10,7 @@ python/cellc's cuda.py, _chunkcuda.py and _chunkcore.py are loaded from the
 tree as a package without its __init__ (no extension). With --emulate the
 check runs in the SIMT emulator at a small shape, and the timing is left out.
 
-Usage: chunk_core.py [--emulate]   exit 1 on a failure
+Usage: chunk_core.py [--emulate | --small]   exit 1 on a failure
 """
 
 import os
@@ -22,6 +22,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EMULATE = "--emulate" in sys.argv
+#: The emulator's small shape on a GPU too, with no timing (for
+#: compute-sanitizer, which runs each access through its checks).
+SMALL = EMULATE or "--small" in sys.argv
 if not EMULATE:
     package = types.ModuleType("cellc")
     package.__path__ = [os.path.join(HERE, "..", "..", "python", "cellc")]
@@ -49,7 +52,7 @@ def rel(a, b):
 
 
 def check():
-    shape = (1, 2, 37, 16, 24, 16) if EMULATE else (2, 4, 1000, 64, 64, 64)
+    shape = (1, 2, 37, 16, 24, 16) if SMALL else (2, 4, 1000, 64, 64, 64)
     B, H, T, K, V, L = shape
     failed = 0
     for rows in (True, False):
@@ -85,7 +88,7 @@ def delta_inputs(B, H, T, K, V, dtype, seed=0):
 
 
 def check_delta():
-    shape = (1, 2, 37, 16, 24, 16) if EMULATE else (2, 4, 1000, 64, 64, 64)
+    shape = (1, 2, 37, 16, 24, 16) if SMALL else (2, 4, 1000, 64, 64, 64)
     B, H, T, K, V, L = shape
     ref = delta_inputs(*shape[:5], torch.float64)
     got = delta_inputs(*shape[:5], torch.float32)
@@ -207,6 +210,10 @@ def both(fn):
 
 if __name__ == "__main__":
     failures = both(check) + both(check_delta)
-    if not EMULATE and not failures:
+    if not EMULATE and "--small" not in sys.argv:
+        # One GPU run a session: time the kernels even where a check failed,
+        # and say so beside the table.
+        if failures:
+            print(f"(timed although {failures} checks failed above)", flush=True)
         bench()
     sys.exit(1 if failures else 0)
