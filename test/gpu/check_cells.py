@@ -366,7 +366,9 @@ def fla_peer(name, B, T, NH, K, V):
     def train():
         out = chunk_gated_delta_rule(q, k, v, g, beta)[0]
         out.sum().backward()
-    row(name, "fla chunk_gated_delta_rule fp32", lambda: chunk_gated_delta_rule(q, k, v, g, beta),
+    sys.path.insert(0, HERE)
+    from chunk_core import fla_refusal_lifted
+    row(name, "fla chunk_gated_delta_rule fp32" + fla_refusal_lifted(), lambda: chunk_gated_delta_rule(q, k, v, g, beta),
         train)
 
 
