@@ -167,7 +167,8 @@ def bench():
         qf, kf, vf, gf = (t.detach().transpose(1, 2).contiguous().requires_grad_()
                           for t in (q, k, v, a))
 
-        def fla():
+        # Bound now: the delta rule's fla run below takes these names again.
+        def fla(qf=qf, kf=kf, vf=vf, gf=gf):
             try:
                 o, s = chunk_gla(qf, kf, vf, gf, scale=1.0, initial_state=S0,
                                  output_final_state=True)
@@ -200,7 +201,7 @@ def bench():
         gf = a1.detach().transpose(1, 2).contiguous().requires_grad_()
         bf = beta.detach()[..., 0].transpose(1, 2).contiguous().requires_grad_()
 
-        def delta_fla():
+        def delta_fla(qf=qf, kf=kf, vf=vf, gf=gf, bf=bf):
             o, s = chunk_gated_delta_rule(qf, kf, vf, gf, bf, scale=1.0, initial_state=S0,
                                           output_final_state=True)
             torch.autograd.grad((o.sum(), s.sum()), (qf, kf, vf, gf, bf))

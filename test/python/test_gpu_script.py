@@ -32,6 +32,15 @@ def test_the_gpu_script_runs_in_the_emulator(tmp_path):
     linked = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
     assert "libcellc" not in linked and not any(
         name in linked for name in ("openblas", "libgomp", "libblas")), linked
+    # It keeps its C++ to itself (libstdc++ linked in, the C interface alone
+    # exported): on an H200 machine, torch 2.11's exported std:: instances
+    # took the place of a runtime's own, and it crashed in its first call.
+    assert "libstdc++" not in linked and "libgcc_s" not in linked, linked
+    exported = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True,
+                              text=True, check=True).stdout.split("\n")
+    others = [line for line in exported if line and not line.split()[-1].startswith("cellc_")]
+    assert not others, others[:10]
+    assert any(line.endswith(" cellc_cuda_package_open") for line in exported), exported[:10]
     # Three cells in two configurations, each in three recompute modes.
     assert "18 of 18 checks passed" in log and "FAIL" not in log, log
     # The chunk form's cores on their CUDA kernels: row and scalar gates,
