@@ -67,7 +67,7 @@ run)
   else
     say "== the runtime, without OpenBLAS (cmake -S runtime -DCELLC_RUNTIME_CPU=OFF)"
     start=$(date +%s)
-    # Each phase has a limit (9 minutes in all): a hung kernel costs one phase.
+    # Each phase has a limit (9 minutes in all: call it with timeout_s 580): a hung kernel costs one phase.
     timeout 30 cmake -S runtime -B "$build" -DCMAKE_BUILD_TYPE=Release \
       -DCELLC_RUNTIME_CPU=OFF >>"$log" 2>&1
     timeout 60 cmake --build "$build" -j "$(nproc)" >>"$log" 2>&1
@@ -98,13 +98,13 @@ run)
   fi
   status=0
   say "== check: every package against its float64 reference"
-  timeout "${CELLC_CHECK_SECONDS:-120}" $python test/gpu/check_cells.py check "$dir" $emulate \
+  timeout "${CELLC_CHECK_SECONDS:-150}" $python test/gpu/check_cells.py check "$dir" $emulate \
     2>&1 | tee -a "$log" || status=1
   say "== the chunk form's core on its CUDA kernels (ChunkKernels.cu), then timed"
-  timeout "${CELLC_CHUNK_SECONDS:-120}" $python test/gpu/chunk_core.py $emulate \
+  timeout "${CELLC_CHUNK_SECONDS:-150}" $python test/gpu/chunk_core.py $emulate \
     2>&1 | tee -a "$log" || status=1
   say "== bench"
-  timeout "${CELLC_BENCH_SECONDS:-150}" $python test/gpu/check_cells.py bench "$dir" $emulate \
+  timeout "${CELLC_BENCH_SECONDS:-180}" $python test/gpu/check_cells.py bench "$dir" $emulate \
     2>&1 | tee -a "$log" || status=1
   # Last, as it is slow: the chunk kernels at the small shape under
   # compute-sanitizer's memcheck (out-of-bounds and misaligned accesses,
@@ -112,7 +112,7 @@ run)
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -z "$emulate" ] && [ -x "$sanitizer" ] && [ "${CELLC_SANITIZER:-1}" != 0 ]; then
     say "== compute-sanitizer memcheck: the chunk kernels at a small shape"
-    timeout "${CELLC_SANITIZER_SECONDS:-60}" "$sanitizer" --tool memcheck --error-exitcode 3 \
+    timeout "${CELLC_SANITIZER_SECONDS:-45}" "$sanitizer" --tool memcheck --error-exitcode 3 \
       $python test/gpu/chunk_core.py --small 2>&1 | tail -40 | tee -a "$log" || status=1
   fi
   exit $status
