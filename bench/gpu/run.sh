@@ -67,7 +67,8 @@ run)
   else
     say "== the runtime, without OpenBLAS (cmake -S runtime -DCELLC_RUNTIME_CPU=OFF)"
     start=$(date +%s)
-    # Each phase has a limit (9 minutes in all: call it with timeout_s 580): a hung kernel costs one phase.
+    # Each phase has a limit (9 minutes in all: call it with timeout_s 580):
+    # a hung kernel costs one phase.
     timeout 30 cmake -S runtime -B "$build" -DCMAKE_BUILD_TYPE=Release \
       -DCELLC_RUNTIME_CPU=OFF >>"$log" 2>&1
     timeout 60 cmake --build "$build" -j "$(nproc)" >>"$log" 2>&1
