@@ -9,14 +9,23 @@ loaded by path, alone. With --emulate, the same script runs the packages'
 kernels in the SIMT emulator on the CPU (make test), where the peers, which
 need a GPU, are left out.
 
-Usage: check_cells.py check PACKAGES [--emulate]   exit 1 on a failure
+Usage: check_cells.py check PACKAGES [--emulate] [--from=N]   exit 1 on a failure
        check_cells.py bench PACKAGES [--emulate]   a markdown table
+
+A call that has not returned after $CELLC_CHECK_ROW_SECONDS (60 s) is a hang:
+the script prints `HUNG at N` (N, the package's place in the check's order)
+with Python's stacks, and exits 3; `--from=N+1` goes on after it
+(bench/gpu/run.sh does). The first H200 run's check stopped after 24 rows
+with nothing printed, most likely in a call that never returned.
 """
 
+import faulthandler
 import importlib.util
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 import torch
@@ -28,6 +37,32 @@ cuda = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cuda)
 
 EMULATE = "--emulate" in sys.argv
+#: How long a row may take before it is a hang.
+ROW_SECONDS = float(os.environ.get("CELLC_CHECK_ROW_SECONDS", "60"))
+# A phase's `timeout` (SIGTERM) prints where Python was.
+faulthandler.register(signal.SIGTERM, all_threads=True)
+
+
+class watchdog:
+    """A block that has not ended after ROW_SECONDS is a hang: say which, with
+    Python's stacks, and exit 3 (a hung kernel never gives the thread back)."""
+
+    def __init__(self, what, seconds=None):
+        self.what, self.seconds = what, seconds or ROW_SECONDS
+
+    def fire(self):
+        print(f"HUNG {self.what}: no return after {self.seconds:g} s", flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        os._exit(3)
+
+    def __enter__(self):
+        self.timer = threading.Timer(self.seconds, self.fire)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
 DEV = torch.device("cpu" if EMULATE else "cuda")
 #: Relative to the largest magnitude of the float64 reference (as
 #: test_emulator.py's): fp32 FMAs; tf32 products (10-bit mantissas); bf16
@@ -83,13 +118,16 @@ def worst_error(got, want):
     return name, errors[name]
 
 
-def check(root):
+def check(root, first=0):
     m = manifest(root)
     failed, rows = 0, 0
     # The cells users train most first: a phase cut off by its time limit
     # has checked those.
-    for entry in sorted(m["checks"], key=lambda e: (FIRST.index(e["cell"])
-                                                    if e["cell"] in FIRST else len(FIRST))):
+    order = sorted(m["checks"], key=lambda e: (FIRST.index(e["cell"])
+                                               if e["cell"] in FIRST else len(FIRST)))
+    for place, entry in enumerate(order):
+        if place < first:
+            continue
         label = f"{entry['cell']:15} {entry['variant']:16}"
         path = os.path.join(root, entry["dir"])
         if not entry["built"]:
@@ -102,7 +140,8 @@ def check(root):
                           weights_only=False)
         started = time.perf_counter()
         try:
-            cell = load(path)
+            with watchdog(f"at {place} {label} loading"):
+                cell = load(path)
         except Exception as e:  # noqa: BLE001 - a failure is a row
             print(f"{label} FAIL to load: {e}", flush=True)
             failed += 1
@@ -119,8 +158,9 @@ def check(root):
             rows += 1
             started = time.perf_counter()
             try:
-                got = run_cell(cell, ref["data"], mode, cell.storage)
-                name, error = worst_error(got, want)
+                with watchdog(f"at {place} {label} {mode}"):
+                    got = run_cell(cell, ref["data"], mode, cell.storage)
+                    name, error = worst_error(got, want)
                 ok = error <= tolerance
             except Exception as e:  # noqa: BLE001
                 name, error, ok = f"{type(e).__name__}: {e}", float("nan"), False
@@ -131,8 +171,9 @@ def check(root):
             print(f"{label} {mode:8} worst {name} {error:.1e} (tolerance {tolerance:.0e}) "
                   f"{'ok' if ok else 'FAIL'} ({took})", flush=True)
         if entry["cell"] in ("lstm", "gru") and not EMULATE:
-            failed += not check_against_torch(entry["cell"], cell, ref["data"], tolerance,
-                                              label)
+            with watchdog(f"at {place} {label} against torch"):
+                failed += not check_against_torch(entry["cell"], cell, ref["data"],
+                                                  tolerance, label)
     print(f"{rows - failed} of {rows} checks passed", flush=True)
     return failed
 
@@ -231,10 +272,12 @@ def peak_mib(fn):
 
 def row(shape, name, forward, train):
     try:
-        with torch.no_grad():
-            f = median_ms(forward)
-        t = median_ms(train)
-        m = peak_mib(train)
+        # Twice a check row's time: Triton compiles the peers' kernels here.
+        with watchdog(f"in the bench: {shape} {name}", 2 * ROW_SECONDS):
+            with torch.no_grad():
+                f = median_ms(forward)
+            t = median_ms(train)
+            m = peak_mib(train)
         print(f"| {shape} | {name} | {f:.3f} | {t:.3f} | {m:.0f} |", flush=True)
     except Exception as e:  # noqa: BLE001 - a miss is a row too
         print(f"| {shape} | {name} | error: {type(e).__name__}: {str(e)[:160]} | | |",
@@ -391,6 +434,7 @@ def fla_peer(name, B, T, NH, K, V):
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    start = [int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--from=")]
     if len(args) != 2 or args[0] not in ("check", "bench"):
         sys.exit(__doc__)
     what, root = args
@@ -402,5 +446,5 @@ if __name__ == "__main__":
     else:
         print("the SIMT emulator, on the CPU; torch", torch.__version__, flush=True)
     if what == "check":
-        sys.exit(1 if check(root) else 0)
+        sys.exit(1 if check(root, start[-1] if start else 0) else 0)
     bench(root)

@@ -49,3 +49,15 @@ def test_the_gpu_script_runs_in_the_emulator(tmp_path):
     assert log.count("ok   delta core B=1 H=2 T=37") == 2, log
     assert "| lstm-B4-T4-H16 | cellc tiled none |" in log, log
     assert "| lstm-B4-T4-H16 | cellc tiled full |" in log, log
+    # A call that never returns is a hang: the check says where, with
+    # Python's stacks, and goes on from the next package (here every call
+    # "hangs" after a millisecond: each of the six packages in turn).
+    env["CELLC_CHECK_ROW_SECONDS"] = "0.001"
+    hung = subprocess.run([SCRIPT, "run", "--emulate", packages], env=env,
+                          capture_output=True, text=True, timeout=900)
+    log = (tmp_path / "gpu-run-emulated.log").read_text()
+    assert hung.returncode != 0, log
+    places = [line.split()[2] for line in log.splitlines() if line.startswith("HUNG at ")]
+    assert places == [str(i) for i in range(6)], log
+    assert "the check's time ran out" not in log, log
+    assert "Current thread" in hung.stdout + hung.stderr + log, hung.stderr[-2000:]
