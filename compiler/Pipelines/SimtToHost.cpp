@@ -140,6 +140,11 @@ void SimtToHost::declareHookTable() {
   table = new llvm::GlobalVariable(module, type, /*isConstant=*/false,
                                    llvm::GlobalValue::ExternalLinkage,
                                    llvm::Constant::getNullValue(type), "cellc_emu_hooks");
+  // The table's length and the hooks' signatures are this compiler's: the
+  // runtime loads only an object with as many hooks as it has.
+  new llvm::GlobalVariable(module, i64, true, llvm::GlobalValue::ExternalLinkage,
+                           llvm::ConstantInt::get(i64, size_t(Hook::Count)),
+                           "cellc_emu_hook_count");
 }
 
 /// A function that calls the hook through the table: inlined at each use.
@@ -321,8 +326,12 @@ llvm::Error SimtToHost::rewriteIntrinsic(llvm::CallInst *call, llvm::StringRef n
     if (std::optional<Hook> reg = specialRegister(rest))
       replacement = b.CreateCall(hook(*reg));
   } else if (name == "llvm.nvvm.barrier0") {
-    if (barriers++ != dropBarrier)
-      b.CreateCall(hook(Hook::barrier));
+    // The site, so that the emulator can hold the lanes of a warp to one
+    // bar.sync: NVPTX writes barrier0 as `bar.sync 0`, which is
+    // barrier.sync.aligned.
+    int site = barriers++;
+    if (site != dropBarrier)
+      b.CreateCall(hook(Hook::barrier), {b.getInt32(site)});
     call->eraseFromParent();
     return llvm::Error::success();
   } else if (rest.consume_front("llvm.nvvm.shfl.sync.")) {

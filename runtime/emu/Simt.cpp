@@ -51,6 +51,8 @@ struct Thread {
   unsigned tid = 0;
   State state = State::Runnable;
   WarpOp op;
+  /// The bar.sync it waits at (its site in the kernel's module).
+  int32_t barrierSite = -1;
   ~Thread() {
     if (stack)
       munmap(stack, kStackBytes);
@@ -133,10 +135,31 @@ void releaseBarrier(Cta &cta) {
   grid->spins = 0;
 }
 
-void hook_barrier() {
+std::string warpName(Thread &t);
+
+/// bar.sync is barrier.sync.aligned: the lanes of a warp that wait at one
+/// must wait at the same one. On a GPU a warp whose lanes reach two
+/// different bar.sync counts at the first, and the CTA hangs or goes on
+/// early; here each thread would count on its own.
+void checkAligned(Thread &t) {
+  unsigned first = t.tid / kWarp * kWarp;
+  for (unsigned i = first; i < first + kWarp && i < t.cta->threads.size(); ++i) {
+    Thread &u = *t.cta->threads[i];
+    if (u.state == State::AtBarrier && u.barrierSite != t.barrierSite)
+      abortLaunch(warpName(t) + ": lane " + std::to_string(t.tid - first) +
+                  " waits at bar.sync #" + std::to_string(t.barrierSite) + " and lane " +
+                  std::to_string(i - first) + " at bar.sync #" +
+                  std::to_string(u.barrierSite) +
+                  " (bar.sync is aligned: a warp's lanes must wait at the same one)");
+  }
+}
+
+void hook_barrier(int32_t site) {
   Thread &t = self();
   ++grid->stats.barriers;
   t.state = State::AtBarrier;
+  t.barrierSite = site;
+  checkAligned(t);
   releaseBarrier(*t.cta);
   yieldThread();
 }
@@ -581,6 +604,10 @@ Module::Module(const std::string &path) {
   if (!table || !count || !bytes)
     throw EmuError("cuda-emu: " + path + " is not an emulated CUDA object (no hook table)");
   std::vector<void *> hooks = hookTable();
+  auto *hookCount = static_cast<const int64_t *>(object.symbol("cellc_emu_hook_count"));
+  if (!hookCount || *hookCount != int64_t(hooks.size()))
+    throw EmuError("cuda-emu: " + path + " was written by another cellc (its hooks are not "
+                   "this runtime's): write it again with this one");
   std::copy(hooks.begin(), hooks.end(), table);
   struct Row {
     int64_t offset, bytes;

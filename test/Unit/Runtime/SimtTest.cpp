@@ -173,6 +173,47 @@ define void @neighbours(ptr %out) {
             "byte 4 of words (offset 4), which thread 0 read since the last bar.sync");
 }
 
+TEST(SimtTest, AWarpSplitBetweenTwoBarriersIsAnError) {
+  // bar.sync is barrier.sync.aligned: lanes 0-15 of a warp wait at one and
+  // lanes 16-31 at another. Every thread reaches a barrier once, so counted
+  // thread by thread the CTA would go on; on a GPU it is undefined (a hang).
+  // The same split across warps (whole warps at each) is what the PTX ISA
+  // allows.
+  auto kernel = [](const char *split) {
+    return std::string(kDeclarations) + R"(
+define void @split(ptr %out) {
+  %tid = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()
+  %low = )" + split + R"(
+  br i1 %low, label %a, label %b
+a:
+  call void @llvm.nvvm.barrier0()
+  br label %done
+b:
+  call void @llvm.nvvm.barrier0()
+  br label %done
+done:
+  %i = zext i32 %tid to i64
+  %slot = getelementptr i32, ptr %out, i64 %i
+  store i32 %tid, ptr %slot
+  ret void
+}
+)";
+  };
+  std::vector<int32_t> out(64);
+  auto lanes = emulate(kernel("icmp ult i32 %tid, 16"), {"split"});
+  ASSERT_TRUE(lanes);
+  std::string message = errorOf(*lanes, "split", 32, out);
+  EXPECT_NE(message.find("cuda-emu: warp 0 of kernel split"), std::string::npos) << message;
+  EXPECT_NE(message.find("at bar.sync #1 and lane 0 at bar.sync #0 (bar.sync is aligned: a "
+                         "warp's lanes must wait at the same one)"),
+            std::string::npos)
+      << message;
+  auto warps = emulate(kernel("icmp ult i32 %tid, 32"), {"split"});
+  ASSERT_TRUE(warps);
+  EXPECT_EQ(errorOf(*warps, "split", 64, out), "");
+  EXPECT_EQ(out[63], 63);
+}
+
 TEST(SimtTest, AStorePastTheBufferIsAnError) {
   std::string ir = std::string(kDeclarations) + R"(
 define void @shifted(ptr %out) {
