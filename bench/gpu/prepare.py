@@ -15,6 +15,7 @@ Usage: prepare.py OUT [--emulate]
   script end to end on the CPU.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -25,6 +26,11 @@ import torch
 import cellc
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+#: test/gpu/check_cells.py, which holds each package to its reference.
+_spec = importlib.util.spec_from_file_location(
+    "check_cells", os.path.join(EXAMPLES, "..", "test", "gpu", "check_cells.py"))
+CHECK = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(CHECK)
 
 #: Each check variant: its CUDA options, as `Cell.cuda_package` takes them.
 VARIANTS = {
@@ -45,7 +51,7 @@ SHAPE = (12, 19)
 EMU_SIZES = {"I": 5, "H": 16, "NH": 2, "D": 16, "G": 2, "P": 16, "K": 8, "V": 16, "N": 16}
 EMU_SHAPE = (5, 5)
 EMU_CELLS = ("lstm", "gru", "gated_deltanet")
-EMU_VARIANTS = ("tiled", "persistent-bf16")
+EMU_VARIANTS = ("tiled", "tf32", "persistent-bf16")
 
 #: The benchmark: (name, cell, sizes, B, T), with the variants each runs.
 BENCH = [
@@ -162,6 +168,13 @@ def main(out, emulate):
             # One reference for every mode: the CPU's modes agree in float64
             # (test_functional.py), and the GPU's are each held to it.
             refs[storage] = {"data": d, "want": reference(cell, *d, "none")}
+        # The tf32 packages' reference: on the f32 data as their tensor cores
+        # read it (check_cells.reference_of rounds the data again there),
+        # in float32, which their tolerance of 1e-2 leaves room for.
+        d = tuple({n: CHECK.as_tf32(t) for n, t in ts.items()} for ts in data[:3]) + data[3:]
+        want = reference(cell, *d, "none")
+        refs["tf32"] = {"want": {part: {n: t.float() for n, t in ts.items()}
+                                 for part, ts in want.items()}}
         torch.save(refs, os.path.join(out, f"reference-{name}.pt"))
         for variant, options in variants.items():
             path = os.path.join(out, f"check-{name}-{variant}")

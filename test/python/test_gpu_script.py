@@ -41,8 +41,8 @@ def test_the_gpu_script_runs_in_the_emulator(tmp_path):
     others = [line for line in exported if line and not line.split()[-1].startswith("cellc_")]
     assert not others, others[:10]
     assert any(line.endswith(" cellc_cuda_package_open") for line in exported), exported[:10]
-    # Three cells in two configurations, each in three recompute modes.
-    assert "18 of 18 checks passed" in log and "FAIL" not in log, log
+    # Three cells in three configurations, each in three recompute modes.
+    assert "27 of 27 checks passed" in log and "FAIL" not in log, log
     # The chunk form's cores on their CUDA kernels: row and scalar gates,
     # and the delta rule.
     assert log.count("ok   chunk core B=1 H=2 T=37") == 4, log
@@ -51,13 +51,13 @@ def test_the_gpu_script_runs_in_the_emulator(tmp_path):
     assert "| lstm-B4-T4-H16 | cellc tiled full |" in log, log
     # A call that never returns is a hang: the check says where, with
     # Python's stacks, and goes on from the next package (here every call
-    # "hangs" after a millisecond: each of the six packages in turn).
+    # "hangs" after a millisecond: each of the nine packages in turn).
     env["CELLC_CHECK_ROW_SECONDS"] = "0.001"
     hung = subprocess.run([SCRIPT, "run", "--emulate", packages], env=env,
                           capture_output=True, text=True, timeout=900)
     log = (tmp_path / "gpu-run-emulated.log").read_text()
     assert hung.returncode != 0, log
     places = [line.split()[2] for line in log.splitlines() if line.startswith("HUNG at ")]
-    assert places == [str(i) for i in range(6)], log
+    assert places == [str(i) for i in range(9)], log
     assert "the check's time ran out" not in log, log
     assert "Current thread" in hung.stdout + hung.stderr + log, hung.stderr[-2000:]
