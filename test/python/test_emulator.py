@@ -274,6 +274,26 @@ def test_heads_split_a_backward_whose_input_gradient_is_zero():
     compare(source, {"strategy": "persistent"}, "ieee", ["none", "full", "chunk:2"], seed=7)
 
 
+@pytest.mark.parametrize("strategy", ["batch-tiled", "persistent"])
+def test_a_reduction_of_many_terms_splits_over_a_warp(strategy, monkeypatch):
+    # Gated DeltaNet's decay gradient sums K * V = 256 terms a head. A warp
+    # takes each element, its lanes every 32nd term, combined by shuffles
+    # (TiledBuilder::forEachItemElement); before, one thread summed all the
+    # terms at every step while its CTA waited (on an H200 the backward took
+    # ten times the forward). The reductions inside a term stay each lane's:
+    # split over the warp too, they deadlocked.
+    monkeypatch.setitem(SIZES, "K", 16)
+    with open(os.path.join(EXAMPLES, "gated_deltanet.cell")) as f:
+        source = f.read()
+    sizes = {n: SIZES[n] for n in ("I", "NH", "K", "V")}
+    path = cellc.compile(source).cuda_package(sizes, strategy=strategy)
+    ptx = cuda.Package(path).ptx["replay"]
+    backward = ptx[ptx.index(".entry gated_deltanet_bwd"):]
+    assert "shfl.sync.bfly" in backward
+    compare(source, {"strategy": strategy}, "ieee", ["none", "full", "chunk:2"], seed=11)
+    compare(source, {"strategy": strategy}, "bf16", ["full"], seed=12)
+
+
 # The checks, each shown to catch a planted bug ---------------------------------
 
 

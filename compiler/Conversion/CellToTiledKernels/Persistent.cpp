@@ -139,6 +139,8 @@ public:
     });
   }
 
+  int64_t elementsPerCta(int64_t n) const override { return sliceOf(n); }
+
   /// A CTA's partials, then the next CTA's.
   void forEachPartial(int64_t n, function_ref<Value(Value j)> term,
                       function_ref<void(Value slot, Value partial)> sink) override {

@@ -98,18 +98,7 @@ void TiledBuilder::sinkPartial(Value first, Value partial,
   if (!gpu)
     return sink(builder.create<arith::AddIOp>(loc, first, tid), partial);
   // A butterfly over the warp's 32 lanes, each row of the tile apart.
-  Value sum = partial;
-  Value width = builder.create<arith::ConstantIntOp>(loc, 32, 32);
-  for (int64_t s = 0; s < tile; ++s) {
-    Value x = builder.create<vector::ExtractOp>(loc, sum, s);
-    for (int64_t offset = 16; offset >= 1; offset /= 2) {
-      Value by = builder.create<arith::ConstantIntOp>(loc, offset, 32);
-      auto shuffle = builder.create<gpu::ShuffleOp>(loc, x, by, width,
-                                                    gpu::ShuffleMode::XOR);
-      x = builder.create<arith::AddFOp>(loc, x, shuffle.getShuffleResult());
-    }
-    sum = builder.create<vector::InsertOp>(loc, x, sum, s);
-  }
+  Value sum = warpAllReduce(partial, ReduceCombine{Combine::Sum});
   Value lane = builder.create<arith::RemUIOp>(loc, tid, index(32));
   Value warp = builder.create<arith::DivUIOp>(loc, tid, index(32));
   Value isFirst = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, lane, index(0));
@@ -117,6 +106,57 @@ void TiledBuilder::sinkPartial(Value first, Value partial,
   OpBuilder::InsertionGuard guard(builder);
   builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
   sink(builder.create<arith::AddIOp>(loc, first, warp), sum);
+}
+
+/// Each row of the tile apart.
+Value TiledBuilder::warpAllReduce(Value v, const ReduceCombine &combine) {
+  Value width = builder.create<arith::ConstantIntOp>(loc, 32, 32);
+  for (int64_t s = 0; s < tile; ++s) {
+    Value x = builder.create<vector::ExtractOp>(loc, v, s);
+    for (int64_t offset = 16; offset >= 1; offset /= 2) {
+      Value by = builder.create<arith::ConstantIntOp>(loc, offset, 32);
+      auto shuffle = builder.create<gpu::ShuffleOp>(loc, x, by, width,
+                                                    gpu::ShuffleMode::XOR);
+      x = combine.combine(builder, loc, x, shuffle.getShuffleResult());
+    }
+    v = builder.create<vector::InsertOp>(loc, x, v, s);
+  }
+  return v;
+}
+
+void TiledBuilder::forEachItemElement(int64_t n, function_ref<void(Value j)> body) {
+  // A reduction of at least this many terms is worth a warp.
+  constexpr int64_t kWarpTerms = 256;
+  int64_t warps = ntidStatic / 32;
+  bool heavy = false;
+  if (gpu && plan && warps > 0 && ntidStatic % 32 == 0 &&
+      strategy->elementsPerCta(n) <= warps)
+    plan->block.walk([&](ReduceOp r) {
+      int64_t terms = 1;
+      for (auto [d, extent] : llvm::enumerate(r.getShape()))
+        if (!llvm::is_contained(r.getKept(), int64_t(d)))
+          terms *= extent;
+      heavy |= terms >= kWarpTerms;
+    });
+  if (!heavy)
+    return forEachElement(n, body);
+  // The strategy's loop over the elements, with warps for threads: each
+  // warp's lanes take the same elements.
+  Value threadId = tid, threads = ntid;
+  Value lane = builder.create<arith::RemUIOp>(loc, tid, index(32));
+  tid = builder.create<arith::DivUIOp>(loc, tid, index(32));
+  ntid = index(warps);
+  strategy->forEachElement(n, [&](Value j) {
+    tid = threadId;
+    ntid = threads;
+    warpLane = lane;
+    writeGuard = builder.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, lane, index(0));
+    body(j);
+    warpLane = Value();
+    writeGuard = Value();
+  });
+  tid = threadId;
+  ntid = threads;
 }
 
 /// The sum of `term(j)` for j from `begin` to `end` by `step`.
@@ -231,10 +271,16 @@ Value TiledBuilder::evalExpandOrReduce(Operation *op, const Index &i) {
       count *= shape[d];
     }
   // An operand that the plan left unwritten (Options::reducesInPlace) is
-  // evaluated at each element summed.
+  // evaluated at each element summed. In a warp-an-element loop the lanes
+  // take every 32nd term and combine theirs by shuffles.
   bool inPlace = !buffer;
-  return reduceRange(ReduceCombine{cast<ReduceOp>(op).getCombineKind()}, index(0),
-                     index(count), index(1), [&](Value r) {
+  ReduceCombine combine{cast<ReduceOp>(op).getCombineKind()};
+  // A reduction inside a term is the lane's own: its lanes are at other
+  // terms (and at a count under 32, some at none).
+  Value lanes = warpLane;
+  warpLane = Value();
+  Value sum = reduceRange(combine, lanes ? lanes : index(0), index(count),
+                          index(lanes ? 32 : 1), [&](Value r) {
     Value from = base;
     for (int64_t d : llvm::reverse(others))
       from = addScaled(from, peel(r, d), stride[d]);
@@ -245,6 +291,8 @@ Value TiledBuilder::evalExpandOrReduce(Operation *op, const Index &i) {
     scopes.pop_back();
     return x;
   });
+  warpLane = lanes;
+  return lanes ? warpAllReduce(sum, combine) : sum;
 }
 
 void TiledBuilder::forRange(Value begin, Value end, Value step,

@@ -150,12 +150,24 @@ public:
   /// cell.expand and cell.reduce at element `i`, from the input's buffer.
   Value evalExpandOrReduce(Operation *op, const Index &i);
   void forEachElement(int64_t n, function_ref<void(Value j)> body) override;
+  /// On CUDA, where the step has a reduction of many terms and a CTA has no
+  /// more of the `n` elements than warps: a warp an element, its lanes
+  /// splitting each reduction's terms (evalExpandOrReduce), lane 0 writing.
+  /// Else a thread an element, which sums the terms alone: gated
+  /// DeltaNet's decay gradient, 4,096 terms a head, ran in one thread of
+  /// its CTA at every step while the other 255 waited.
+  void forEachItemElement(int64_t n, function_ref<void(Value j)> body) override;
   void barrier() override;
   /// The reductions, and the products that the strategy computes whole.
   bool computesProduct(Operation *op) override;
   void emitProduct(Operation *op, Value out) override;
   /// A reduction into the buffer `out` (`[1, BT]`), through `partials`.
   void emitSum(SumOp sum, Value out);
+  /// In forEachItemElement's warp-an-element loops: this thread's lane.
+  Value warpLane;
+  /// `v` (a lane vector) combined over the warp's 32 lanes by `combine`,
+  /// in every lane (a butterfly of shuffles).
+  Value warpAllReduce(Value v, const ReduceCombine &combine);
   /// The partial sums of a reduction (`TileStrategy::partialSlots` of them),
   /// two sets used in turn, allocated with the states when the step has a
   /// reduction.
@@ -235,6 +247,8 @@ public:
   virtual Value localIndex(Value buffer, Value j) { return j; }
   /// A loop over this thread's elements of `[0, n)`.
   virtual void forEachElement(int64_t n, function_ref<void(Value j)> body) = 0;
+  /// How many of `[0, n)` a CTA's threads split.
+  virtual int64_t elementsPerCta(int64_t n) const { return n; }
   /// The sum of `term(j)` over this thread's elements of `[0, n)`, handed
   /// to `sink` with the thread's slot among `partialSlots()` (the tile's
   /// threads, of every CTA of the tile).

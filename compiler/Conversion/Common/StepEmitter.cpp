@@ -273,7 +273,7 @@ LogicalResult StepEmitter::emitPhases(ArrayRef<Item> roots) {
       if (entry.second == p)
         bySize[sizeOf(entry.first.value)].push_back(k);
     for (auto &[n, members] : bySize) {
-      forEachElement(n, [&](Value j) {
+      forEachItemElement(n, [&](Value j) {
         scopes.emplace_back();
         for (unsigned k : members) {
           Item &item = flat[k].first;
@@ -282,11 +282,15 @@ LogicalResult StepEmitter::emitPhases(ArrayRef<Item> roots) {
             for (auto &[sink, offset] : item.sinks)
               sink(builder, loc, v, j, offset);
           };
-          if (!item.guard) {
+          Value when = item.guard;
+          if (writeGuard)
+            when = when ? builder.create<arith::AndIOp>(loc, when, writeGuard).getResult()
+                        : writeGuard;
+          if (!when) {
             write();
             continue;
           }
-          auto ifOp = builder.create<scf::IfOp>(loc, item.guard, false);
+          auto ifOp = builder.create<scf::IfOp>(loc, when, false);
           OpBuilder::InsertionGuard guard(builder);
           builder.setInsertionPoint(ifOp.thenBlock()->getTerminator());
           write();

@@ -127,6 +127,14 @@ public:
   virtual Value loadParam(Value param, Value j) = 0;
   /// A loop over the elements `[0, n)` that this program computes.
   virtual void forEachElement(int64_t n, function_ref<void(Value j)> body) = 0;
+  /// The loop over a phase's items of size `n`: forEachElement, unless the
+  /// strategy gives each element a group of threads (TiledBuilder: a warp,
+  /// whose lanes split the terms of the reductions they evaluate); then
+  /// `writeGuard` is set in the body, and only where it holds are the
+  /// items written.
+  virtual void forEachItemElement(int64_t n, function_ref<void(Value j)> body) {
+    forEachElement(n, body);
+  }
   /// The end of a phase: what it wrote is visible to the next one.
   virtual void barrier() = 0;
   /// Whether the cross-unit op `op` is computed whole at the start of its
@@ -140,6 +148,8 @@ public:
   virtual Value evalBroadcast(Value one);
 
 protected:
+  /// Set by forEachItemElement: the threads that write an element.
+  Value writeGuard;
   using Key = std::tuple<Value, Value, int64_t>;
   SmallVector<DenseMap<Key, Value>> scopes = SmallVector<DenseMap<Key, Value>>(1);
   Value lookup(const Key &key) {
