@@ -141,7 +141,9 @@ void TiledBuilder::forEachItemElement(int64_t n, function_ref<void(Value j)> bod
   if (!heavy)
     return forEachElement(n, body);
   // The strategy's loop over the elements, with warps for threads: each
-  // warp's lanes take the same elements.
+  // warp's lanes take the same elements. Both strategies build their loop's
+  // bounds from tid and ntid before they call the body, once; inside it the
+  // thread's own are back.
   Value threadId = tid, threads = ntid;
   Value lane = builder.create<arith::RemUIOp>(loc, tid, index(32));
   tid = builder.create<arith::DivUIOp>(loc, tid, index(32));
