@@ -94,17 +94,7 @@ __device__ void deltaForward(const float *a, const float *k, const float *w,
         for (int i = th; i < L * K; i += nt)
           qs[i] *= expOf(A[i / K]);
         __syncthreads();
-        for (int t = warp; t < (L / 16) * across; t += warps) {
-          const int r0 = (t / across) * 16, c0 = (t % across) * 8;
-          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          tile(d, qs + r0 * K, K, 1, S + c0, BV, 1, K);
-          tile(d, P + r0 * L, L, 1, U + c0, BV, 1, L);
-          for (int e = 0; e < 4; ++e) {
-            int r = tileRow(r0, e), c = tileColumn(c0, e);
-            if (r < n)
-              o[((t0 + r) * BH + bh) * V + v0 + c] = d[e];
-          }
-        }
+        readTiles(o, qs, S, P, U, K, L, BV, across, n, t0, BH, bh, V, v0);
       } else {
         for (int i = th; i < n * bv; i += nt) {
           int t = i / bv, c = i % bv;

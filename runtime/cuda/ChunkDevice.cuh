@@ -174,6 +174,27 @@ __device__ void tile(float d[4], const float *A, int ai, int ak, const float *B,
 __device__ inline int tileRow(int r0, int e) { return r0 + (lane() >> 2) + (e >= 2 ? 8 : 0); }
 __device__ inline int tileColumn(int c0, int e) { return c0 + 2 * (lane() & 3) + (e & 1); }
 
+/// The tensor cores' output rows of a read, a warp a 16 x 8 tile:
+/// o[(t0 + r) * BH + bh, v0 + c] = (qs S + P X)[r, c] for the chunk's n rows,
+/// with qs [L, K] (the queries already scaled by their gates), P [L, L] and
+/// S, X [., BV] in shared memory, and bv = 8 * across columns.
+__device__ void readTiles(float *o, const float *qs, const float *S, const float *P,
+                          const float *X, int K, int L, int BV, int across, int n, i64 t0,
+                          i64 BH, int bh, int V, int v0) {
+  const int warp = thread() / 32, warps = threads() / 32;
+  for (int t = warp; t < (L / 16) * across; t += warps) {
+    const int r0 = (t / across) * 16, c0 = (t % across) * 8;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    tile(d, qs + r0 * K, K, 1, S + c0, BV, 1, K);
+    tile(d, P + r0 * L, L, 1, X + c0, BV, 1, L);
+    for (int e = 0; e < 4; ++e) {
+      int r = tileRow(r0, e), c = tileColumn(c0, e);
+      if (r < n)
+        o[((t0 + r) * BH + bh) * V + v0 + c] = d[e];
+    }
+  }
+}
+
 /// Rows [n, L) of an [L, width] block with stride ld: zeros.
 __device__ void zeroRows(float *x, int n, int L, int width, int ld) {
   for (int i = thread(); i < (L - n) * width; i += threads())
