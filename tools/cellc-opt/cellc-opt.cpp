@@ -11,7 +11,10 @@
 #include "mlir/InitAllPasses.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 
-int main(int argc, char **argv) {
+/// cellc-opt's main, a C function so that libcellc.so can export it;
+/// tools/ToolMain.cpp makes it the executable. Its options are MLIR's, which
+/// MlirOptMain registers when it runs.
+extern "C" int cellc_tool_opt(int argc, char **argv) {
   cellc::setToolVersionPrinter("cellc-opt");
   mlir::registerAllPasses();
   mlir::cell::registerCellPasses();

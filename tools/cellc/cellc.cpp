@@ -33,40 +33,10 @@
 using namespace cellc;
 namespace cl = llvm::cl;
 
-static cl::opt<std::string> inputFilename(cl::cat(cellc::toolOptions()),
-                                          cl::Positional,
-                                          cl::desc("<cell file>"),
-                                          cl::init("-"),
-                                          cl::value_desc("filename"));
-
-static cl::opt<std::string> outputFilename(cl::cat(cellc::toolOptions()), "o",
-                                           cl::desc("Output file"),
-                                           cl::value_desc("filename"),
-                                           cl::init("-"));
-
-static cl::list<std::string>
-    sizeBindings(cl::cat(cellc::toolOptions()), "D", cl::Prefix,
-                 cl::desc("Bind a symbolic size, as in -D H=256"),
-                 cl::value_desc("NAME=VALUE"));
-
-// The stages come from KernelInterface.def (registered in main).
-static cl::opt<Emit> emitAction(cl::cat(cellc::toolOptions()), "emit",
-                                cl::desc("The stage to print"),
-                                cl::init(Emit::Mlir));
-
-static cl::opt<std::string> targetName(
-    cl::cat(cellc::toolOptions()), "target",
-    cl::desc("cpu (the default) or cuda; --emit=nvvm, ptx and simt imply "
-             "cuda"),
-    cl::init(""));
-
-static cl::opt<std::string> arch(cl::cat(cellc::toolOptions()), "arch",
-                                 cl::desc("CUDA architecture for --emit=ptx"),
-                                 cl::init("sm_90"));
-
+namespace {
 /// The kernel knobs of Knobs.def, a flag each (--batch-tile, ...): its
 /// integer, or its word as given ("": none named).
-static struct KnobFlags {
+struct KnobFlags {
 #define CELLC_INT_KNOB(Name, Member, Default, Uses, Help)                      \
   cl::opt<int64_t> Member{flagOf(#Name), cl::cat(cellc::toolOptions()),         \
                           cl::desc(Help), cl::init(Default)};
@@ -80,85 +50,118 @@ static struct KnobFlags {
     static std::deque<std::string> flags;
     return flags.emplace_back(findKnob(name)->flag());
   }
-} knobs;
+};
 
-static cl::opt<int> saveGatesFlag(
-    cl::cat(cellc::toolOptions()), "save-gates",
-    cl::desc("With --emit=kernels or llvm: specialize SAVE_GATES to 0 or 1 (by "
-             "default the kernels keep the flag, and llvm takes 1)"),
-    cl::init(-1));
+/// cellc's options, and the words among them parsed. They register with
+/// LLVM's parser when constructed, in cellc_tool_cellc: at namespace scope they
+/// would register when libcellc.so loads, beside cellc-tune's of the same
+/// names (--arch, --target, -D, ...), and LLVM aborts on a name registered twice.
+struct Flags {
+  cl::opt<std::string> inputFilename{cl::cat(cellc::toolOptions()), cl::Positional,
+                                     cl::desc("<cell file>"), cl::init("-"),
+                                     cl::value_desc("filename")};
 
-static cl::opt<bool> splitInputFile(
-    cl::cat(cellc::toolOptions()), "split-input-file",
-    cl::desc("Compile each part of the input between '# -----' lines on its "
-             "own, keeping line numbers, as mlir-opt does for tests"),
-    cl::init(false));
+  cl::opt<std::string> outputFilename{cl::cat(cellc::toolOptions()), "o",
+                                      cl::desc("Output file"),
+                                      cl::value_desc("filename"), cl::init("-")};
 
-static cl::opt<int64_t> planSteps(
-    cl::cat(cellc::toolOptions()), "seq-len",
-    cl::desc(
-        "With --emit=plan: the steps T of the training step whose memory the "
-        "plan predicts (100)"),
-    cl::init(100));
+  cl::list<std::string> sizeBindings{cl::cat(cellc::toolOptions()), "D", cl::Prefix,
+                                     cl::desc("Bind a symbolic size, as in -D H=256"),
+                                     cl::value_desc("NAME=VALUE")};
 
-static cl::opt<int64_t> planBatch(
-    cl::cat(cellc::toolOptions()), "batch",
-    cl::desc("With --emit=plan: the batch rows B of that training step (64)"),
-    cl::init(64));
+  // The stages come from KernelInterface.def (registered in cellc_tool_cellc).
+  cl::opt<Emit> emitAction{cl::cat(cellc::toolOptions()), "emit",
+                           cl::desc("The stage to print"), cl::init(Emit::Mlir)};
 
-static cl::opt<std::string> dtype(cl::cat(cellc::toolOptions()), "dtype",
-                                  cl::desc("Element type: f32, f64, f16, bf16"),
-                                  cl::init("f32"));
+  cl::opt<std::string> targetName{
+      cl::cat(cellc::toolOptions()), "target",
+      cl::desc("cpu (the default) or cuda; --emit=nvvm, ptx and simt imply "
+               "cuda"),
+      cl::init("")};
 
-static cl::opt<std::string> chunkPart(
-    cl::cat(cellc::toolOptions()), "chunk-part",
-    cl::desc("Compile a part of the cell's chunkwise form instead of the cell, as a "
-             "cell of its own: prologue (what the core reads, before it) or epilogue "
-             "(the rest of the step after it); --emit=chunkwise shows the split"),
-    cl::init(""));
+  cl::opt<std::string> arch{cl::cat(cellc::toolOptions()), "arch",
+                            cl::desc("CUDA architecture for --emit=ptx"),
+                            cl::init("sm_90")};
 
-static cl::opt<std::string> formFlag(
-    cl::cat(cellc::toolOptions()), "form",
-    cl::desc("With --emit=plan: the training form whose memory the plan predicts: "
-             "step (the default), chunk (the chunkwise form of a cell whose matrix "
-             "states are gated linear recurrences) or auto (the chunk form where "
-             "form=\"auto\" would take it)"),
-    cl::init("step"));
+  KnobFlags knobs;
 
-static cl::opt<int64_t> chunkLength(
-    cl::cat(cellc::toolOptions()), "chunk",
-    cl::desc("With --form=chunk: the chunk length (default: 64, or the power of "
-             "two that holds a shorter sequence)"),
-    cl::init(0));
+  cl::opt<int> saveGatesFlag{
+      cl::cat(cellc::toolOptions()), "save-gates",
+      cl::desc("With --emit=kernels or llvm: specialize SAVE_GATES to 0 or 1 (by "
+               "default the kernels keep the flag, and llvm takes 1)"),
+      cl::init(-1)};
 
-static cl::opt<bool> simtObjects(
-    cl::cat(cellc::toolOptions()), "simt",
-    cl::desc(
-        "With --emit=package --target=cuda: also the kernels compiled for the "
-        "SIMT emulator, save.simt.so and replay.simt.so (Python's "
-        "target=\"cuda-emu\" runs them)"),
-    cl::init(false));
+  cl::opt<bool> splitInputFile{
+      cl::cat(cellc::toolOptions()), "split-input-file",
+      cl::desc("Compile each part of the input between '# -----' lines on its "
+               "own, keeping line numbers, as mlir-opt does for tests"),
+      cl::init(false)};
 
-/// The command line's words, parsed once through KernelInterface.h.
-static struct {
-  std::optional<Target> target;
-  std::optional<Strategy> strategy;
-  Precision precision = Precision::Ieee;
-  Storage storage = Storage::F32;
-} words;
+  cl::opt<int64_t> planSteps{
+      cl::cat(cellc::toolOptions()), "seq-len",
+      cl::desc("With --emit=plan: the steps T of the training step whose memory the "
+               "plan predicts (100)"),
+      cl::init(100)};
+
+  cl::opt<int64_t> planBatch{
+      cl::cat(cellc::toolOptions()), "batch",
+      cl::desc("With --emit=plan: the batch rows B of that training step (64)"),
+      cl::init(64)};
+
+  cl::opt<std::string> dtype{cl::cat(cellc::toolOptions()), "dtype",
+                             cl::desc("Element type: f32, f64, f16, bf16"),
+                             cl::init("f32")};
+
+  cl::opt<std::string> chunkPart{
+      cl::cat(cellc::toolOptions()), "chunk-part",
+      cl::desc("Compile a part of the cell's chunkwise form instead of the cell, as a "
+               "cell of its own: prologue (what the core reads, before it) or epilogue "
+               "(the rest of the step after it); --emit=chunkwise shows the split"),
+      cl::init("")};
+
+  cl::opt<std::string> formFlag{
+      cl::cat(cellc::toolOptions()), "form",
+      cl::desc("With --emit=plan: the training form whose memory the plan predicts: "
+               "step (the default), chunk (the chunkwise form of a cell whose matrix "
+               "states are gated linear recurrences) or auto (the chunk form where "
+               "form=\"auto\" would take it)"),
+      cl::init("step")};
+
+  cl::opt<int64_t> chunkLength{
+      cl::cat(cellc::toolOptions()), "chunk",
+      cl::desc("With --form=chunk: the chunk length (default: 64, or the power of "
+               "two that holds a shorter sequence)"),
+      cl::init(0)};
+
+  cl::opt<bool> simtObjects{
+      cl::cat(cellc::toolOptions()), "simt",
+      cl::desc("With --emit=package --target=cuda: also the kernels compiled for the "
+               "SIMT emulator, save.simt.so and replay.simt.so (Python's "
+               "target=\"cuda-emu\" runs them)"),
+      cl::init(false)};
+
+  /// The command line's words, parsed once through KernelInterface.h.
+  struct {
+    std::optional<Target> target;
+    std::optional<Strategy> strategy;
+    Precision precision = Precision::Ieee;
+    Storage storage = Storage::F32;
+  } words;
+};
+} // namespace
 
 /// Whether the kernels are built for CUDA: asked for, or implied by the stage.
-static bool targetsCuda() {
-  return words.target == Target::Cuda || emitAction == Emit::Nvvm ||
-         emitAction == Emit::Ptx || emitAction == Emit::Simt ||
-         (emitAction == Emit::Package && words.target != Target::Cpu);
+static bool targetsCuda(const Flags &flags) {
+  return flags.words.target == Target::Cuda || flags.emitAction == Emit::Nvvm ||
+         flags.emitAction == Emit::Ptx || flags.emitAction == Emit::Simt ||
+         (flags.emitAction == Emit::Package && flags.words.target != Target::Cpu);
 }
 
 /// Copies the integer knobs that `Use` (KnobCpu or KnobCuda) takes from the
 /// command line into `options`: all of them, or with `namedOnly` those the
-/// command line names. The words come parsed, in `words`.
+/// command line names. The words come parsed, in Flags::words.
 template <unsigned Use, typename Options>
-static void copyKnobs(Options &options, bool namedOnly = false) {
+static void copyKnobs(Options &options, const KnobFlags &knobs, bool namedOnly = false) {
 #define CELLC_INT_KNOB(Name, Member, Default, Uses, Help)                      \
   if constexpr (((Uses) & Use) != 0)                                           \
     if (!namedOnly || knobs.Member.getNumOccurrences())                        \
@@ -167,25 +170,25 @@ static void copyKnobs(Options &options, bool namedOnly = false) {
 }
 
 /// The options of the CPU kernels the command line asks for.
-static PipelineOptions cpuOptions() {
+static PipelineOptions cpuOptions(const Flags &flags) {
   PipelineOptions options;
-  options.strategy = words.strategy.value_or(Strategy::Batched);
-  copyKnobs<KnobCpu>(options);
+  options.strategy = flags.words.strategy.value_or(Strategy::Batched);
+  copyKnobs<KnobCpu>(options, flags.knobs);
   return options;
 }
 
 /// The options of the CUDA kernels the command line asks for.
-static PipelineOptions cudaOptions() {
+static PipelineOptions cudaOptions(const Flags &flags) {
   PipelineOptions options;
-  options.strategy = words.strategy.value_or(Strategy::BatchTiled);
+  options.strategy = flags.words.strategy.value_or(Strategy::BatchTiled);
   options.target = Target::Cuda;
-  copyKnobs<KnobCuda>(options);
+  copyKnobs<KnobCuda>(options, flags.knobs);
   // Named: the persistent strategy's limit; none named: 0 lets the choice
   // take the architecture's opt-in (chooseCudaStrategy).
-  if (!knobs.sharedLimit.getNumOccurrences() && !words.strategy)
+  if (!flags.knobs.sharedLimit.getNumOccurrences() && !flags.words.strategy)
     options.sharedLimit = 0;
-  options.precision = words.precision;
-  options.storage = words.storage;
+  options.precision = flags.words.precision;
+  options.storage = flags.words.storage;
   return options;
 }
 
@@ -229,18 +232,19 @@ static void printSummary(mlir::ModuleOp module, llvm::raw_ostream &os) {
 
 /// The CUDA options for `cell`: the command line's, with the strategy chosen
 /// as Python chooses it when none is named.
-static PipelineOptions chosenCudaOptions(mlir::ModuleOp cell) {
-  PipelineOptions options = cudaOptions();
-  return words.strategy ? options : chooseCudaStrategy(cell, options, arch);
+static PipelineOptions chosenCudaOptions(mlir::ModuleOp cell, const Flags &flags) {
+  PipelineOptions options = cudaOptions(flags);
+  return flags.words.strategy ? options : chooseCudaStrategy(cell, options, flags.arch);
 }
 
 /// The CPU package's kernels as the JIT builds them for this host, with the
 /// command line's knobs where it gives them.
-static jit::CpuOptions cpuPackageOptions() {
+static jit::CpuOptions cpuPackageOptions(const Flags &flags) {
   jit::CpuOptions options;
-  options.kernels = words.strategy == Strategy::PerRow ? jit::CpuOptions::Kernels::PerRow
-                                                       : jit::CpuOptions::Kernels::Batched;
-  copyKnobs<KnobCpu>(options, /*namedOnly=*/true);
+  options.kernels = flags.words.strategy == Strategy::PerRow
+                        ? jit::CpuOptions::Kernels::PerRow
+                        : jit::CpuOptions::Kernels::Batched;
+  copyKnobs<KnobCpu>(options, flags.knobs, /*namedOnly=*/true);
   return options;
 }
 
@@ -251,18 +255,18 @@ static jit::CpuOptions cpuPackageOptions() {
 /// compiled for this host instead; with --simt, the CUDA package's kernels
 /// for the SIMT emulator too.
 static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
-                         llvm::SourceMgr &sourceMgr) {
+                         llvm::SourceMgr &sourceMgr, const Flags &flags) {
   mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
   auto write = [&]() -> llvm::Error {
-    if (targetsCuda())
-      return cellc::writePackage(cell, outputFilename, chosenCudaOptions(cell), arch, dtype,
-                                 simtObjects);
-    jit::CpuOptions options = cpuPackageOptions();
-    auto package = buildCpuPackage(cell, jit::pipelineOptionsOf(options), dtype,
+    if (targetsCuda(flags))
+      return cellc::writePackage(cell, flags.outputFilename, chosenCudaOptions(cell, flags),
+                                 flags.arch, flags.dtype, flags.simtObjects);
+    jit::CpuOptions options = cpuPackageOptions(flags);
+    auto package = buildCpuPackage(cell, jit::pipelineOptionsOf(options), flags.dtype,
                                    jit::kernelConfigText(options));
     if (!package)
       return package.takeError();
-    return writeCpuPackage(*package, outputFilename);
+    return writeCpuPackage(*package, flags.outputFilename);
   };
   if (llvm::Error e = write()) {
     llvm::errs() << llvm::toString(std::move(e)) << "\n";
@@ -275,11 +279,12 @@ static bool writePackage(mlir::ModuleOp cell, mlir::MLIRContext &context,
 /// after reporting an error.
 static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
                           mlir::MLIRContext &context, const SizeBindings &sizes,
-                          mlir::FloatType elementType, llvm::raw_ostream &os) {
+                          mlir::FloatType elementType, llvm::raw_ostream &os,
+                          const Flags &flags) {
   llvm::SourceMgr sourceMgr;
   sourceMgr.AddNewSourceBuffer(std::move(buffer), llvm::SMLoc());
   CellDiagnostics diag(sourceMgr, llvm::errs());
-  if (emitAction == Emit::Ast) {
+  if (flags.emitAction == Emit::Ast) {
     llvm::StringRef text =
         sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID())->getBuffer();
     Parser parser(text, diag);
@@ -293,43 +298,46 @@ static bool processBuffer(std::unique_ptr<llvm::MemoryBuffer> buffer,
       compileCellSource(context, sizes, elementType, diag);
   if (!module)
     return false;
-  if (!chunkPart.empty()) {
+  if (!flags.chunkPart.empty()) {
     mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
-    if (llvm::Error e = takeChunkPart(*module, chunkPart)) {
+    if (llvm::Error e = takeChunkPart(*module, flags.chunkPart)) {
       llvm::consumeError(std::move(e));
       return false;
     }
   }
-  if (emitAction == Emit::Summary) {
+  if (flags.emitAction == Emit::Summary) {
     printSummary(*module, os);
     return true;
   }
-  if (emitAction == Emit::Package)
-    return writePackage(*module, context, sourceMgr);
-  if (emitAction == Emit::Plan && formFlag != "step") {
+  if (flags.emitAction == Emit::Package)
+    return writePackage(*module, context, sourceMgr, flags);
+  if (flags.emitAction == Emit::Plan && flags.formFlag != "step") {
     mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
     std::string why;
-    bool chunk = formFlag == "chunk" ||
-                 jit::chunkFormExpected(*module, planSteps, chunkLength, why);
-    if (formFlag == "auto")
+    bool chunk = flags.formFlag == "chunk" ||
+                 jit::chunkFormExpected(*module, flags.planSteps, flags.chunkLength,
+                                        why);
+    if (flags.formFlag == "auto")
       os << "form=auto takes the " << (chunk ? "chunk" : "step") << " form: " << why
          << "\n";
     if (chunk) {
-      if (llvm::Error e = jit::printChunkMemoryPlan(*module, planSteps, planBatch,
-                                                    chunkLength, os)) {
+      if (llvm::Error e = jit::printChunkMemoryPlan(
+              *module, flags.planSteps, flags.planBatch, flags.chunkLength, os)) {
         llvm::errs() << "cellc: error: " << llvm::toString(std::move(e)) << "\n";
         return false;
       }
       return true;
     }
   }
-  PipelineOptions options = targetsCuda() ? chosenCudaOptions(*module) : cpuOptions();
-  if (saveGatesFlag >= 0)
-    options.saveGates = saveGatesFlag != 0;
-  options.planSteps = planSteps;
-  options.planBatch = planBatch;
+  PipelineOptions options =
+      targetsCuda(flags) ? chosenCudaOptions(*module, flags) : cpuOptions(flags);
+  if (flags.saveGatesFlag >= 0)
+    options.saveGates = flags.saveGatesFlag != 0;
+  options.planSteps = flags.planSteps;
+  options.planBatch = flags.planBatch;
   mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context, llvm::errs());
-  if (llvm::Error e = jit::printStage(*module, emitAction, options, arch, os)) {
+  if (llvm::Error e =
+          jit::printStage(*module, flags.emitAction, options, flags.arch, os)) {
     // Pass failures were reported through the handler already.
     std::string message = llvm::toString(std::move(e));
     if (message != "the passes failed")
@@ -377,26 +385,31 @@ static int cacheCommand(int argc, char **argv) {
   return 1;
 }
 
-int main(int argc, char **argv) {
+/// cellc's main, a C function so that libcellc.so can export it;
+/// tools/ToolMain.cpp makes it the executable. As a main does, it exits on
+/// --help, --version and a bad option, and shuts LLVM down when it returns
+/// (InitLLVM's destructor).
+extern "C" int cellc_tool_cellc(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   if (argc > 1 && llvm::StringRef(argv[1]) == "cache")
     return cacheCommand(argc, argv);
+  Flags flags;
   mlir::registerAsmPrinterCLOptions();
   mlir::registerMLIRContextCLOptions();
   cellc::setToolVersionPrinter("cellc");
   cellc::hideLibraryOptions();
   for (const Word &w : Words<Emit>())
-    emitAction.getParser().addLiteralOption(w.name, *parse<Emit>(w.name), w.help);
+    flags.emitAction.getParser().addLiteralOption(w.name, *parse<Emit>(w.name), w.help);
   cl::ParseCommandLineOptions(argc, argv, "cellc: a compiler for recurrent cells\n");
 
-  auto fileOrErr = llvm::MemoryBuffer::getFileOrSTDIN(inputFilename);
+  auto fileOrErr = llvm::MemoryBuffer::getFileOrSTDIN(flags.inputFilename);
   if (std::error_code ec = fileOrErr.getError()) {
-    llvm::errs() << "cellc: error: cannot open '" << inputFilename
+    llvm::errs() << "cellc: error: cannot open '" << flags.inputFilename
                  << "': " << ec.message() << "\n";
     return 1;
   }
   SizeBindings sizes;
-  for (const std::string &text : sizeBindings) {
+  for (const std::string &text : flags.sizeBindings) {
     auto binding = parseSizeBinding(text);
     if (!binding) {
       llvm::errs() << "cellc: error: " << llvm::toString(binding.takeError())
@@ -408,16 +421,17 @@ int main(int argc, char **argv) {
 
   std::string errorMessage;
   auto output = mlir::openOutputFile(
-      emitAction == Emit::Package ? std::string("-") : std::string(outputFilename),
+      flags.emitAction == Emit::Package ? std::string("-")
+                                        : std::string(flags.outputFilename),
       &errorMessage);
   if (!output) {
     llvm::errs() << "cellc: error: " << errorMessage << "\n";
     return 1;
   }
   mlir::MLIRContext context;
-  mlir::FloatType elementType = parseElementType(context, dtype);
+  mlir::FloatType elementType = parseElementType(context, flags.dtype);
   if (!elementType) {
-    llvm::errs() << "cellc: error: unknown dtype '" << dtype
+    llvm::errs() << "cellc: error: unknown dtype '" << flags.dtype
                  << "'; expected f32, f64, f16 or bf16\n";
     return 1;
   }
@@ -435,105 +449,113 @@ int main(int argc, char **argv) {
                  << "'; expected " << expected << "\n";
     return false;
   };
-  if (!parseWord(words.target, targetName, "target", Words<Target>::expected()) ||
-      !parseWord(words.strategy, knobs.strategy, "strategy",
+  if (!parseWord(flags.words.target, flags.targetName, "target",
+                 Words<Target>::expected()) ||
+      !parseWord(flags.words.strategy, flags.knobs.strategy, "strategy",
                  "batched or per-row (CPU), batch-tiled or persistent (CUDA)"))
     return 1;
   std::optional<Precision> precisionWord;
   std::optional<Storage> storageWord;
-  if (!parseWord(precisionWord, knobs.precision, "precision", Words<Precision>::expected()) ||
-      !parseWord(storageWord, knobs.storage, "storage", Words<Storage>::expected()))
+  if (!parseWord(precisionWord, flags.knobs.precision, "precision",
+                 Words<Precision>::expected()) ||
+      !parseWord(storageWord, flags.knobs.storage, "storage",
+                 Words<Storage>::expected()))
     return 1;
-  words.precision = precisionWord.value_or(Precision::Ieee);
-  words.storage = storageWord.value_or(Storage::F32);
-  bool cuda = targetsCuda();
-  if (planSteps < 1 || planBatch < 1) {
+  flags.words.precision = precisionWord.value_or(Precision::Ieee);
+  flags.words.storage = storageWord.value_or(Storage::F32);
+  bool cuda = targetsCuda(flags);
+  if (flags.planSteps < 1 || flags.planBatch < 1) {
     llvm::errs() << "cellc: error: --seq-len and --batch must be at least 1\n";
     return 1;
   }
-  if (formFlag != "step" && formFlag != "chunk" && formFlag != "auto") {
-    llvm::errs() << "cellc: error: unknown --form '" << formFlag
+  if (flags.formFlag != "step" && flags.formFlag != "chunk" && flags.formFlag != "auto") {
+    llvm::errs() << "cellc: error: unknown --form '" << flags.formFlag
                  << "'; expected step, chunk or auto\n";
     return 1;
   }
-  if ((formFlag != "step" || chunkLength != 0) && emitAction != Emit::Plan) {
+  if ((flags.formFlag != "step" || flags.chunkLength != 0) &&
+      flags.emitAction != Emit::Plan) {
     llvm::errs() << "cellc: error: --form and --chunk apply to --emit=plan (the chunk "
                     "form runs from Python, form=\"chunk\"; --chunk-part compiles its "
                     "parts)\n";
     return 1;
   }
-  if (chunkLength < 0) {
+  if (flags.chunkLength < 0) {
     llvm::errs() << "cellc: error: --chunk must be a positive number of steps\n";
     return 1;
   }
-  if (chunkLength != 0 && formFlag == "step") {
+  if (flags.chunkLength != 0 && flags.formFlag == "step") {
     llvm::errs() << "cellc: error: --chunk is the chunk form's: it takes --form=chunk or "
                     "--form=auto\n";
     return 1;
   }
-  if (formFlag != "step" && (!chunkPart.empty() || targetsCuda())) {
+  if (flags.formFlag != "step" && (!flags.chunkPart.empty() || targetsCuda(flags))) {
     llvm::errs() << "cellc: error: --form plans the chunk form on the CPU: not with "
-                 << (chunkPart.empty() ? "--target=cuda (its core runs in torch there)"
-                                       : "--chunk-part (a part is a cell of the step form)")
+                 << (flags.chunkPart.empty()
+                         ? "--target=cuda (its core runs in torch there)"
+                         : "--chunk-part (a part is a cell of the step form)")
                  << "\n";
     return 1;
   }
-  if (emitAction == Emit::Package && (outputFilename == "-" || splitInputFile)) {
+  if (flags.emitAction == Emit::Package &&
+      (flags.outputFilename == "-" || flags.splitInputFile)) {
     llvm::errs() << "cellc: error: --emit=package writes a directory: give it "
                     "with -o DIR\n";
     return 1;
   }
-  if (words.strategy && isCudaStrategy(*words.strategy) && !cuda) {
-    llvm::errs() << "cellc: error: --strategy=" << knobs.strategy
+  if (flags.words.strategy && isCudaStrategy(*flags.words.strategy) && !cuda) {
+    llvm::errs() << "cellc: error: --strategy=" << flags.knobs.strategy
                  << " is a CUDA strategy; it needs --target=cuda\n";
     return 1;
   }
-  if (words.strategy && !isCudaStrategy(*words.strategy) && cuda) {
-    llvm::errs() << "cellc: error: --strategy=" << knobs.strategy
+  if (flags.words.strategy && !isCudaStrategy(*flags.words.strategy) && cuda) {
+    llvm::errs() << "cellc: error: --strategy=" << flags.knobs.strategy
                  << " is a CPU strategy; the CUDA ones are batch-tiled and "
                     "persistent\n";
     return 1;
   }
-  if (knobs.sharedLimit.getNumOccurrences() && words.strategy &&
-      words.strategy != Strategy::Persistent) {
+  if (flags.knobs.sharedLimit.getNumOccurrences() && flags.words.strategy &&
+      flags.words.strategy != Strategy::Persistent) {
     llvm::errs() << "cellc: error: --shared-limit sizes the persistent "
                     "strategy's dynamic shared memory; the batch-tiled kernels "
                     "use 48 KiB of static shared memory\n";
     return 1;
   }
-  if (words.storage != Storage::F32 && !cuda) {
-    llvm::errs() << "cellc: error: --storage=" << knobs.storage
+  if (flags.words.storage != Storage::F32 && !cuda) {
+    llvm::errs() << "cellc: error: --storage=" << flags.knobs.storage
                  << " is for the CUDA kernels; it needs --target=cuda\n";
     return 1;
   }
-  if (words.precision != Precision::Ieee && !cuda) {
-    llvm::errs() << "cellc: error: --precision=" << knobs.precision
+  if (flags.words.precision != Precision::Ieee && !cuda) {
+    llvm::errs() << "cellc: error: --precision=" << flags.knobs.precision
                  << " runs the matvecs on tensor cores; it needs --target=cuda\n";
     return 1;
   }
-  if (words.target == Target::Cpu && cuda) {
+  if (flags.words.target == Target::Cpu && cuda) {
     llvm::errs() << "cellc: error: --emit=nvvm and ptx are for --target=cuda\n";
     return 1;
   }
-  if (cuda && emitAction == Emit::Llvm) {
+  if (cuda && flags.emitAction == Emit::Llvm) {
     llvm::errs() << "cellc: error: --emit=llvm is the CPU's lowering; use "
                     "--emit=nvvm or --emit=ptx with --target=cuda\n";
     return 1;
   }
-  if (emitAction == Emit::Package && !cuda && dtype != "f32" && dtype != "f64") {
-    llvm::errs() << "cellc: error: the CPU runs f32 and f64 cells, not " << dtype << "\n";
+  if (flags.emitAction == Emit::Package && !cuda && flags.dtype != "f32" &&
+      flags.dtype != "f64") {
+    llvm::errs() << "cellc: error: the CPU runs f32 and f64 cells, not " << flags.dtype
+                 << "\n";
     return 1;
   }
-  if (cuda && dtype != "f32") {
+  if (cuda && flags.dtype != "f32") {
     llvm::errs() << "cellc: error: --target=cuda compiles f32 cells for now, "
-                    "not " << dtype << "\n";
+                    "not " << flags.dtype << "\n";
     return 1;
   }
 
   std::unique_ptr<llvm::MemoryBuffer> input = std::move(*fileOrErr);
-  if (!splitInputFile) {
+  if (!flags.splitInputFile) {
     bool ok = processBuffer(std::move(input), context, sizes, elementType,
-                            output->os());
+                            output->os(), flags);
     output->keep();
     return ok ? 0 : 1;
   }
@@ -561,7 +583,7 @@ int main(int argc, char **argv) {
       output->os() << "// -----\n";
     ok &= processBuffer(llvm::MemoryBuffer::getMemBufferCopy(
                             padded, input->getBufferIdentifier()),
-                        context, sizes, elementType, output->os());
+                        context, sizes, elementType, output->os(), flags);
   }
   output->keep();
   return ok ? 0 : 1;
