@@ -11,7 +11,7 @@ the CUDA runtimes) includes nothing of LLVM or MLIR. From the bottom:
             nothing of the dialect or the compiler (the words only)
   jit       jit/: compile to a CPU package, the kernel and tuning caches
   tuner     tuner/
-  tools     tools/, python/src, bench, test
+  tools     tools/, bench, test
 
 And each CMake target links, directly, exactly the project libraries whose
 headers its files include (OWNERS says which library a file is in).
@@ -44,7 +44,7 @@ OWNERS = [
     ("runtime/driver/", "cellc_runtime"), ("runtime/cpu/", "cellc_runtime"),
     ("runtime/cuda/", "cellc_runtime"), ("runtime/emu/", "cellc_runtime"),
 ]
-TARGET = re.compile(r"(?:add_library|add_executable|add_llvm_executable|pybind11_add_module)"
+TARGET = re.compile(r"(?:add_library|add_executable|add_llvm_executable)"
                     r"\s*\(([^)]*)\)")
 LINK = re.compile(r"target_link_libraries\s*\(([^)]*)\)")
 
@@ -112,14 +112,14 @@ def layer_of(path):
         return "jit"
     if path.startswith("tuner/"):
         return "tuner"
-    if path.startswith(("tools/", "python/src/", "bench/", "test/")):
+    if path.startswith(("tools/", "bench/", "test/")):
         return "tools"
     return None
 
 
 def check(root):
     failures, seen = [], set()
-    for top in ("dialects", "compiler", "runtime", "jit", "tuner", "tools", "python/src",
+    for top in ("dialects", "compiler", "runtime", "jit", "tuner", "tools",
                 "bench", "test"):
         for dirpath, _, files in os.walk(os.path.join(root, top)):
             for name in files:

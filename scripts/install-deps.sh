@@ -15,8 +15,9 @@ packages=(
   clang-19 libclang-rt-19-dev
   # The CPU runtime's BLAS, tests and benchmarks.
   libgtest-dev libbenchmark-dev libopenblas-dev
-  # The Python package: its extension, and torch for autograd and the tests.
-  python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
+  # The Python package (its libraries are loaded with ctypes), and torch for
+  # autograd and the tests.
+  python3 python3-numpy python3-pytest python3-torch
   # pytest's workers: make pytest runs the suite's files on JOBS of them.
   python3-pytest-xdist
   # The CPU benchmark's strongest peer (bench/cpu): oneDNN's RNN primitives.

@@ -14,9 +14,9 @@ from . import _cellc
 
 def _compiler_build():
     """The compiler's version and this build of it (the size and time of the
-    extension that holds it): a CUDA package that another build wrote, whose
+    library that holds it): a CUDA package that another build wrote, whose
     kernels may differ under the same version, is not reused."""
-    st = os.stat(_cellc.__file__)
+    st = os.stat(_cellc.library_path)
     return f"{_cellc.compiler_version()}-{st.st_size}-{st.st_mtime_ns}"
 
 

@@ -3,7 +3,9 @@
 `pip install .` puts the tools in `cellc/bin/` and these functions on the
 PATH as `cellc`, `cellc-opt` and `cellc-tune`; `python3 -m cellc TOOL ...`
 starts them too. In a build tree (`PYTHONPATH=build/python`) the tools are in
-`build/bin/`.
+`build/bin/`. The wheel has no executables: each tool is a function of the
+compiler library (cellc_tool_*, tools/CompilerC.h's library), run in this
+process, which it ends.
 """
 
 import os
@@ -22,6 +24,38 @@ def tool_path(name):
     return None
 
 
+#: Each tool's function in libcellc_compiler.so.
+_ENTRIES = {"cellc": "cellc_tool_cellc", "cellc-opt": "cellc_tool_opt",
+            "cellc-tune": "cellc_tool_tune"}
+
+
+def command(name):
+    """The command line that starts tool `name`: its executable, or this
+    Python running it from the library (`python -m cellc NAME`)."""
+    path = tool_path(name)
+    return [path] if path else [sys.executable, "-m", "cellc", name]
+
+
+def run_in_process(name, args):
+    """Runs tool `name` on `args` in this process, through the compiler
+    library, and exits with its code. LLVM's parser ends the process itself
+    on --help, --version and a bad option, and the tool's output goes to
+    the file descriptors, after what Python has buffered."""
+    import ctypes
+    from . import _cellc
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = [os.fsencode(a) for a in [name] + list(args)]
+    array = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
+    entry = getattr(_cellc._LIB, _ENTRIES[name])
+    entry.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    entry.restype = ctypes.c_int
+    code = entry(len(argv), array)
+    # LLVM's stdout is flushed when the process exits (its static's
+    # destructor); os._exit would skip that.
+    sys.exit(code)
+
+
 def run(name, args):
     """Replaces this process with tool `name` run on `args`."""
     if name not in TOOLS:
@@ -37,10 +71,7 @@ def run(name, args):
                                 not (i and args[i - 1] == "--form")])
     path = tool_path(name)
     if path is None:
-        sys.stderr.write("cellc: the '%s' executable is not installed beside "
-                         "the package (%s)\n"
-                         % (name, os.path.dirname(os.path.abspath(__file__))))
-        return 127
+        return run_in_process(name, args)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(path, [name] + list(args))

@@ -19,19 +19,17 @@ def _bucket(batch):
 
 def _run_tune(cell, sizes, *, batch, seq_len, target, dtype, save_gates, budget, store,
               compile_only, progress):
-    """Runs cellc-tune on `cell` (the tuner forks, times and runs ptxas; the
-    extension only reads the tuning cache). Returns its JSON results, with
+    """Runs cellc-tune on `cell` in a process of its own (the tuner forks,
+    times and runs ptxas; the compiler library in this one only reads the
+    tuning cache). Returns its JSON results, with
     "table": what it printed."""
-    tool = _tools.tool_path("cellc-tune")
-    if tool is None:
-        raise RuntimeError("cellc.autotune runs cellc-tune, which is not installed beside "
-                           "the package")
     with tempfile.TemporaryDirectory() as tmp:
         json_out = os.path.join(tmp, "tune.json")
-        args = [tool, "-", "--source-name", cell.file_name, "--batch", str(batch),
-                "--seq-len", str(seq_len), "--target", str(target), "--dtype", dtype,
-                "--save-gates", str(int(bool(save_gates))), "--budget", f"{float(budget)}s",
-                "--json", json_out]
+        args = _tools.command("cellc-tune") + [
+            "-", "--source-name", cell.file_name, "--batch", str(batch),
+            "--seq-len", str(seq_len), "--target", str(target), "--dtype", dtype,
+            "--save-gates", str(int(bool(save_gates))), "--budget", f"{float(budget)}s",
+            "--json", json_out]
         args += [f"-D{k}={v}" for k, v in sizes.items()]
         if not store:
             args.append("--no-store")

@@ -103,105 +103,6 @@ int run(void *cell, cellc_call *c, bool backward, char *error, size_t size) {
   return status ? status : tooSmall ? CELLC_WORKSPACE_TOO_SMALL : 0;
 }
 
-/// JSON text: strings escaped, the rest as written.
-std::string quoted(const std::string &text) {
-  std::string out = "\"";
-  for (char ch : text) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      char code[8];
-      std::snprintf(code, sizeof code, "\\u%04x", ch);
-      out += code;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
-std::string listOf(const std::vector<int64_t> &values) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(values[i]);
-  return out + "]";
-}
-
-std::string slotsOf(const std::vector<driver::Slot> &slots) {
-  std::string out = "[";
-  for (size_t i = 0; i < slots.size(); ++i)
-    out += (i ? ", [" : "[") + quoted(slots[i].name) + ", " + listOf(slots[i].shape) + "]";
-  return out + "]";
-}
-
-std::string kernelOf(const driver::Kernel &k) {
-  std::ostringstream out;
-  out << "{\"batch_tile\": " << k.batchTile << ", \"threads\": " << k.threads
-      << ", \"workspace_bytes\": " << k.workspaceBytes
-      << ", \"dynamic_shared_bytes\": " << k.dynamicSharedBytes;
-  if (k.strategy)
-    out << ", \"strategy\": " << quoted(name(*k.strategy));
-  if (k.ctas)
-    out << ", \"ctas\": " << k.ctas << ", \"barrier_words\": " << k.barrierWords;
-  if (k.heads)
-    out << ", \"heads\": " << k.heads;
-  if (k.globalWeights)
-    out << ", \"global_weights\": " << k.globalWeights;
-  if (k.registers[0] >= 0 || k.registers[1] >= 0)
-    out << ", \"registers\": {\"replay\": " << k.registers[0]
-        << ", \"save\": " << k.registers[1] << "}";
-  out << ", \"args\": [";
-  for (size_t i = 0; i < k.args.size(); ++i) {
-    const driver::KernelArg &a = k.args[i];
-    out << (i ? ", " : "") << "{\"kind\": " << quoted(name(a.kind))
-        << ", \"name\": " << quoted(a.name) << ", \"memref\": " << (a.element ? "true" : "false");
-    if (!a.input.empty())
-      out << ", \"input\": " << quoted(a.input);
-    if (!a.biases.empty()) {
-      out << ", \"biases\": [";
-      for (size_t b = 0; b < a.biases.size(); ++b)
-        out << (b ? ", " : "") << quoted(a.biases[b]);
-      out << "]";
-    }
-    if (a.element)
-      out << ", \"element\": " << quoted(driver::elementName(*a.element))
-          << ", \"shape\": " << listOf(a.shape);
-    out << "}";
-  }
-  out << "]}";
-  return out.str();
-}
-
-std::string describe(const driver::PackageInfo &p) {
-  std::ostringstream out;
-  out << "{\"directory\": " << quoted(p.directory) << ", \"cell\": " << quoted(p.cell)
-      << ", \"target\": " << quoted(p.target) << ", \"dtype\": " << quoted(p.dtype)
-      << ", \"arch\": " << quoted(p.arch) << ", \"precision\": " << quoted(p.precision)
-      << ", \"strategy\": " << quoted(p.strategy) << ", \"storage\": " << quoted(p.storage);
-  if (p.mmaSites >= 0)
-    out << ", \"mma_sites\": " << p.mmaSites;
-  out << ", \"sizes\": {";
-  size_t i = 0;
-  for (const auto &[name, value] : p.sizes)
-    out << (i++ ? ", " : "") << quoted(name) << ": " << value;
-  out << "}, \"slots\": {\"inputs\": " << slotsOf(p.inputs)
-      << ", \"states\": " << slotsOf(p.states) << ", \"params\": " << slotsOf(p.params)
-      << ", \"outputs\": " << slotsOf(p.outputs) << "}, \"state_dims\": {";
-  i = 0;
-  for (const auto &[name, dims] : p.stateDims)
-    out << (i++ ? ", " : "") << quoted(name) << ": " << listOf(dims);
-  out << "}, \"ptx\": {\"replay\": " << quoted(p.objects[0])
-      << ", \"save\": " << quoted(p.objects[1]) << "}";
-  if (!p.simtObjects[0].empty())
-    out << ", \"simt\": {\"replay\": " << quoted(p.simtObjects[0])
-        << ", \"save\": " << quoted(p.simtObjects[1]) << "}";
-  out << ", \"kernels\": {" << quoted(p.cell + "_fwd") << ": "
-      << kernelOf(p.interface.forward) << ", " << quoted(p.cell + "_bwd") << ": "
-      << kernelOf(p.interface.backward) << "}}";
-  return out.str();
-}
-
 } // namespace
 
 extern "C" {
@@ -225,11 +126,8 @@ void cellc_cuda_package_free(void *package) {
 }
 
 char *cellc_cuda_package_describe(void *package) {
-  std::string text = describe(*static_cast<driver::PackageInfo *>(package));
-  char *out = static_cast<char *>(std::malloc(text.size() + 1));
-  if (out)
-    std::memcpy(out, text.c_str(), text.size() + 1);
-  return out;
+  std::string text = driver::describePackage(*static_cast<driver::PackageInfo *>(package));
+  return driver::mallocText(text);
 }
 
 void cellc_cuda_free_text(char *text) { std::free(text); }
@@ -331,12 +229,9 @@ int cellc_cuda_launch_plan(void *cell, int32_t backward, int32_t save_gates, int
 char *cellc_cuda_device_calls(void *cell, int32_t reset) {
   std::string text = "{";
   for (const auto &[kind, count] : static_cast<cuda::CudaCell *>(cell)->deviceCalls(reset != 0))
-    text += (text.size() > 1 ? ", " : "") + quoted(kind) + ": " + std::to_string(count);
+    text += (text.size() > 1 ? ", " : "") + driver::jsonQuoted(kind) + ": " + std::to_string(count);
   text += "}";
-  char *out = static_cast<char *>(std::malloc(text.size() + 1));
-  if (out)
-    std::memcpy(out, text.c_str(), text.size() + 1);
-  return out;
+  return driver::mallocText(text);
 }
 
 int cellc_cuda_registers(void *cell, const char *kernel, int32_t save_gates,

@@ -11,6 +11,8 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -31,6 +33,15 @@ template <typename F> int catchErrors(char *error, size_t size, F &&body) {
   } catch (const std::exception &e) {
     return reportError(error, size, e.what());
   }
+}
+
+/// `text` in memory of malloc's, for a C caller to give back with the
+/// interface's free_text function; null where there is no memory.
+inline char *mallocText(const std::string &text) {
+  char *out = static_cast<char *>(std::malloc(text.size() + 1));
+  if (out)
+    std::memcpy(out, text.c_str(), text.size() + 1);
+  return out;
 }
 
 } // namespace cellc::driver

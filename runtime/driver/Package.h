@@ -85,6 +85,15 @@ Status readPackage(const std::string &dir, PackageInfo &out);
 /// The same from the text of a kernels.json (`dir` only names it).
 Status parsePackage(std::string_view text, const std::string &dir, PackageInfo &out);
 
+/// `text` as a JSON string, quoted and escaped; `values` as a JSON list.
+std::string jsonQuoted(const std::string &text);
+std::string jsonList(const std::vector<int64_t> &values);
+
+/// The package as JSON text (Describe.cpp): cell, target, dtype, arch,
+/// precision, strategy, storage, mma_sites, sizes, slots, state_dims, the
+/// objects of both variants and each kernel's launch and arguments.
+std::string describePackage(const PackageInfo &package);
+
 } // namespace cellc::driver
 
 #endif // CELLC_RUNTIME_DRIVER_PACKAGE_H
