@@ -21,6 +21,7 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 
 .PHONY: all deps configure build demo test check check-layers lit pytest test-emu test-docs test-install fuzz \
+        wheel test-wheel test-wheel-lite \
         fuzz-smoke \
         test-sanitize test-torch2 bench-cpu clean
 
@@ -87,11 +88,28 @@ test-docs: build
 test-install: build
 	scripts/test-install.sh
 
+# One wheel for every CPython from 3.9 that needs nothing of this machine's
+# (scripts/make-wheel.sh): dist/cellc-<version>-py3-none-manylinux_*.whl.
+wheel: build
+	JOBS=$(JOBS) scripts/make-wheel.sh
+
+# The wheel on a stranger's machine (scripts/test-wheel.sh): LLVM, oneDNN,
+# OpenBLAS and the tree hidden in a private mount namespace, torch from PyPI
+# (about 4 GB of wheels, downloaded once). `make test` runs its lite part
+# (test-wheel-lite): Debian's torch, which needs Debian's OpenBLAS, so that
+# OpenBLAS stays visible there and the wheel's libraries are checked not to
+# need it.
+test-wheel: wheel
+	scripts/test-wheel.sh full
+
+test-wheel-lite: wheel
+	scripts/test-wheel.sh lite
+
 # No include crosses from a lower layer to a higher one (scripts/check-layers.py).
 check-layers:
 	$(PYTHON) scripts/check-layers.py
 
-test: check-layers lit pytest test-install fuzz-smoke
+test: check-layers lit pytest test-install test-wheel-lite fuzz-smoke
 check: test
 
 # The pytest suite, torch.compile and torch.export on a pinned torch 2.x from

@@ -1,4 +1,5 @@
-"""Checks an installed cellc from outside the source tree (test-install.sh).
+"""Checks an installed cellc from outside the source tree (test-install.sh, and
+test-wheel.sh for the wheel).
 
 Run with the virtual environment's python; argv[1] is that environment.
 """
@@ -126,6 +127,7 @@ for t in range(4):
 assert torch.allclose(out, torch.stack(hs), atol=1e-12), "package outputs differ"
 maps = open("/proc/self/maps").read()
 assert "libMLIR" not in maps and "libLLVM" not in maps, "the runtime loaded LLVM"
+assert "libcellc_compiler" not in maps and "_cellc." not in maps, "the runtime loaded the compiler"
 print("cellc.load_package: an Elman package trained without MLIR or LLVM")
 """
 print(run([sys.executable, "-c", train]).strip())

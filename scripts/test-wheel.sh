@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# make test-wheel: the wheel (make wheel) as a stranger's machine sees it.
+# In a private mount namespace (unshare -m, as root) LLVM 19, the source tree
+# and its builds are hidden, and so are Debian's OpenBLAS and oneDNN unless
+# the torch that needs them is Debian's; a fresh venv installs the wheel and uses it
+# from elsewhere: it compiles a cell from a string, trains an LSTM against
+# torch.nn.LSTM, runs cellc, cellc-opt and cellc-tune from the venv's bin/,
+# and builds and loads a CPU package (scripts/check_installed.py).
+#
+#   test-wheel.sh full   torch from PyPI (its wheels, about 4 GB with CUDA's,
+#                        from $CELLC_WHEELS, by default ~/.cache/cellc-wheels,
+#                        downloaded once): everything above hidden.
+#   test-wheel.sh lite   Debian's torch (--system-site-packages), which links
+#                        Debian's OpenBLAS and oneDNN, so that those stay;
+#                        the wheel's libraries are checked (ldd) to need
+#                        neither. What `make test` runs: no 4 GB download.
+set -euo pipefail
+mode="${1:-full}"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+wheels="${CELLC_WHEELS:-$HOME/.cache/cellc-wheels}"
+torch_version="${CELLC_TORCH2:-2.9.1}"
+wheel="$(ls "$root"/dist/cellc-*.whl 2>/dev/null | head -1)"
+[ -n "$wheel" ] || { echo "test-wheel: no dist/cellc-*.whl: run make wheel" >&2; exit 1; }
+if [ "$(id -u)" != 0 ] || ! unshare -m true 2>/dev/null; then
+  echo "test-wheel: needs root and unshare -m (a private mount namespace)" >&2
+  exit 1
+fi
+work="$(mktemp -d /tmp/cellc-wheel.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+cp "$wheel" "$root/scripts/check_installed.py" "$work/"
+cp -r "$root/${WHEEL_BUILD:-build-wheel}/deps" "$work/deps"
+
+if [ "$mode" = full ]; then
+  mkdir -p "$wheels"
+  /usr/bin/python3 -m pip download -q -d "$wheels" "torch==$torch_version" numpy
+fi
+
+# What a stranger's machine lacks; Debian's OpenBLAS too where torch is PyPI's.
+hide=(/usr/lib/llvm-19 "$root")
+if [ "$mode" = full ]; then
+  hide+=(/usr/lib/x86_64-linux-gnu/openblas-pthread /usr/lib/x86_64-linux-gnu/blas
+         /usr/lib/x86_64-linux-gnu/lapack)
+fi
+hidden_files=(/usr/lib/x86_64-linux-gnu/libdnnl.so* /usr/lib/x86_64-linux-gnu/libopenblas*)
+[ "$mode" = full ] || hidden_files=()
+
+unshare -m --propagation private env MODE="$mode" WORK="$work" WHEELS="$wheels" \
+  TORCH="$torch_version" ROOT="$root" WHEEL="$(basename "$wheel")" \
+  bash -s -- "${hide[@]}" -- "${hidden_files[@]}" <<'EOS'
+set -euo pipefail
+while [ "$1" != -- ]; do mount -t tmpfs -o size=1m none "$1"; shift; done
+shift
+for f in "$@"; do [ -e "$f" ] && mount --bind /dev/null "$f"; done
+echo "== hidden: /usr/lib/llvm-19 ($(ls /usr/lib/llvm-19 | wc -l) entries now), $ROOT" \
+  "$([ "$MODE" = full ] && echo ", oneDNN, OpenBLAS")"
+[ ! -e "$ROOT/CMakeLists.txt" ] && [ ! -e /usr/lib/llvm-19/lib/libMLIR.so ]
+cd "$WORK"
+if [ "$MODE" = full ]; then
+  echo "== a fresh venv with torch $TORCH from PyPI, and the wheel"
+  /usr/bin/python3 -m venv venv
+  venv/bin/pip install -q --no-index --find-links "$WHEELS" --find-links deps \
+    "torch==$TORCH" numpy "$WHEEL"
+else
+  echo "== a fresh venv that sees Debian's torch, and the wheel"
+  /usr/bin/python3 -m venv --system-site-packages venv
+  venv/bin/pip install -q --no-index --find-links deps "$WHEEL"
+fi
+echo "   $(venv/bin/python -c 'import torch; print("torch", torch.__version__)'); " \
+  "$(venv/bin/pip list 2>/dev/null | grep -E '^(cellc|scipy-openblas32) ' | tr -s ' ' | tr '\n' ' ')"
+site="$(venv/bin/python -c 'import cellc, os; print(os.path.dirname(cellc.__file__))')"
+for lib in "$site"/*.so; do
+  need="$(ldd "$lib")"
+  if echo "$need" | grep -E "not found|libLLVM|libMLIR|libopenblas\.|libdnnl|/work/"; then
+    echo "test-wheel: $lib needs what a stranger lacks" >&2
+    exit 1
+  fi
+done
+echo "== the libraries need nothing hidden (ldd)"
+mkdir elsewhere && cd elsewhere
+export CELLC_CACHE_DIR="$WORK/cache"
+PATH="$WORK/venv/bin:$PATH" "$WORK/venv/bin/python" "$WORK/check_installed.py" "$WORK/venv"
+EOS
+echo "test-wheel ($mode): ok"
