@@ -98,7 +98,8 @@ wheel: build
 # (about 4 GB of wheels, downloaded once). `make test` runs its lite part
 # (test-wheel-lite): Debian's torch, which needs Debian's OpenBLAS, so that
 # OpenBLAS stays visible there and the wheel's libraries are checked not to
-# need it.
+# need it. It runs before pytest, whose GPU script test then installs the
+# wheel on its "GPU machine" and compiles cells there.
 test-wheel: wheel
 	scripts/test-wheel.sh full
 
@@ -109,7 +110,7 @@ test-wheel-lite: wheel
 check-layers:
 	$(PYTHON) scripts/check-layers.py
 
-test: check-layers lit pytest test-install test-wheel-lite fuzz-smoke
+test: check-layers lit test-wheel-lite pytest test-install fuzz-smoke
 check: test
 
 # The pytest suite, torch.compile and torch.export on a pinned torch 2.x from

@@ -47,5 +47,7 @@ rm -rf "$build/raw" dist
 raw="$("$venv/bin/python" scripts/make-wheel.py "$build" "$build/raw")"
 "$venv/bin/auditwheel" repair --exclude libscipy_openblas.so -w dist "$raw"
 wheel="$(ls dist/cellc-*.whl)"
+# Beside it, its BLAS: a GPU run installs both offline (bench/gpu/run.sh).
+cp "$build"/deps/scipy_openblas32-*.whl dist/
 "$venv/bin/auditwheel" show "$wheel"
 echo "$wheel: $(( $(stat -c %s "$wheel") / 1048576 )) MiB"

@@ -11,7 +11,10 @@
 #        CMake and a C++ compiler; no LLVM, no OpenBLAS, no network): build
 #        the runtime, check every package, then the benchmark table
 #
-# Through the device tool: carry bench/gpu/packages and .whl, and run
+# Through the device tool: carry bench/gpu/packages and .whl (and dist, the
+# wheel of make wheel with scipy-openblas32's, to compile cells there: 39 MB,
+# so that with the packages' 43 MB and the peers' 5 MB a run carries one of
+# the two), and run
 #   bench/gpu/run.sh run
 # Each phase has its own time limit, so that a hung kernel costs one phase;
 # the log is written as it comes, into $OUT when the device tool sets it.
@@ -104,6 +107,37 @@ run)
     say "   $(find "$dir" -name '*.cubin' | wc -l) cubins in $(( $(date +%s) - start )) s"
   fi
   status=0
+  # The compiler from the wheel (make wheel), where one is carried (dist/,
+  # with the scipy-openblas32 wheel beside it): installed here, offline,
+  # it compiles any cell at any size on this machine, and writes the check's
+  # packages where none were carried (the packages and the wheel do not both
+  # fit in what travels).
+  wheel=$(ls dist/cellc-*.whl 2>/dev/null | head -1 || true)
+  if [ -n "$wheel" ]; then
+    say "== the compiler from the wheel: $wheel, installed here"
+    site=/tmp/cellc-site${emulate:+-emulated}
+    rm -rf "$site"
+    if timeout 60 $python -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+        "$wheel" dist/scipy_openblas32-*.whl >>"$log" 2>&1; then
+      if ! ls "$dir"/*/kernels.json >/dev/null 2>&1; then
+        # No packages carried: this machine writes them, with the wheel.
+        say "== no packages in $dir: prepared here by the wheel's compiler"
+        start=$(date +%s)
+        PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} timeout "${CELLC_PREPARE_SECONDS:-180}" \
+          $python bench/gpu/prepare.py "$dir" $emulate >>"$log" 2>&1 || status=1
+        say "   $(ls "$dir" | wc -l) packages in $(( $(date +%s) - start )) s"
+      fi
+      say "== cells compiled here, at sizes no package has, against float64 on the CPU"
+      # The wheel's cellc with its own runtime, not the one built above.
+      (unset CELLC_CUDA_LIB; PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} \
+        timeout "${CELLC_COMPILE_SECONDS:-120}" $python bench/gpu/compile_here.py $emulate) \
+        2>&1 | tee -a "$log" || status=1
+    else
+      say "FAIL: the wheel did not install (pip's output above)"; status=1
+    fi
+  else
+    say "== no wheel carried (dist/cellc-*.whl): the prepared packages alone"
+  fi
   say "== check: every package against its float64 reference"
   # A call that hangs ends its process (exit 3, "HUNG at N"): the check goes
   # on from the next package while the phase's time lasts.
