@@ -27,7 +27,7 @@ if [ "$(id -u)" != 0 ] || ! unshare -m true 2>/dev/null; then
 fi
 work="$(mktemp -d /tmp/cellc-wheel.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
-cp "$wheel" "$root/scripts/check_installed.py" "$work/"
+cp "$wheel" "$root/scripts/check_installed.py" "$root/scripts/check_any_python.py" "$work/"
 cp -r "$root/${WHEEL_BUILD:-build-wheel}/deps" "$work/deps"
 
 if [ "$mode" = full ]; then
@@ -79,5 +79,19 @@ echo "== the libraries need nothing hidden (ldd)"
 mkdir elsewhere && cd elsewhere
 export CELLC_CACHE_DIR="$WORK/cache"
 PATH="$WORK/venv/bin:$PATH" "$WORK/venv/bin/python" "$WORK/check_installed.py" "$WORK/venv"
+# The same wheel under every other CPython from 3.9 that this machine has
+# (pyenv's, where there is one), without torch: its compiler and runtime
+# through the package's ctypes modules (check_any_python.py).
+"$WORK/venv/bin/pip" install -q --no-index --no-deps --target "$WORK/any" "$WORK/$WHEEL" \
+  "$WORK"/deps/scipy_openblas32-*.whl
+others=0
+for py in "$HOME"/.pyenv/versions/3.*/bin/python3; do
+  [ -x "$py" ] || continue
+  minor=$("$py" -c 'import sys; print(sys.version_info[1])')
+  [ "$minor" -ge 9 ] || continue
+  "$py" "$WORK/check_any_python.py" "$WORK/any"
+  others=$((others + 1))
+done
+echo "== $others other CPythons ran the wheel (none but this one where there is no pyenv)"
 EOS
 echo "test-wheel ($mode): ok"
