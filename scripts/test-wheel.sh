@@ -19,16 +19,21 @@ mode="${1:-full}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 wheels="${CELLC_WHEELS:-$HOME/.cache/cellc-wheels}"
 torch_version="${CELLC_TORCH2:-2.9.1}"
-wheel="$(ls "$root"/dist/cellc-*.whl 2>/dev/null | head -1)"
+wheel="$(ls "$root"/dist/cellc-*.whl 2>/dev/null | head -1 || true)"
 [ -n "$wheel" ] || { echo "test-wheel: no dist/cellc-*.whl: run make wheel" >&2; exit 1; }
 if [ "$(id -u)" != 0 ] || ! unshare -m true 2>/dev/null; then
-  echo "test-wheel: needs root and unshare -m (a private mount namespace)" >&2
+  # make test runs the lite part as root (README: a fresh Debian 12 as root);
+  # elsewhere it says so and passes over it.
+  echo "test-wheel ($mode): skipped: it needs root and unshare -m (a private mount namespace)"
+  [ "$mode" = lite ] && exit 0
   exit 1
 fi
 work="$(mktemp -d /tmp/cellc-wheel.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 cp "$wheel" "$root/scripts/check_installed.py" "$root/scripts/check_any_python.py" "$work/"
-cp -r "$root/${WHEEL_BUILD:-build-wheel}/deps" "$work/deps"
+build="${WHEEL_BUILD:-build-wheel}"
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+cp -r "$build/deps" "$work/deps"
 
 if [ "$mode" = full ]; then
   mkdir -p "$wheels"
@@ -48,12 +53,19 @@ unshare -m --propagation private env MODE="$mode" WORK="$work" WHEELS="$wheels" 
   TORCH="$torch_version" ROOT="$root" WHEEL="$(basename "$wheel")" \
   bash -s -- "${hide[@]}" -- "${hidden_files[@]}" <<'EOS'
 set -euo pipefail
-while [ "$1" != -- ]; do mount -t tmpfs -o size=1m none "$1"; shift; done
+while [ "$1" != -- ]; do
+  if [ -e "$1" ]; then mount -t tmpfs -o size=1m none "$1"; fi
+  shift
+done
 shift
-for f in "$@"; do [ -e "$f" ] && mount --bind /dev/null "$f"; done
+for f in "$@"; do
+  if [ -e "$f" ]; then mount --bind /dev/null "$f"; fi
+done
 echo "== hidden: /usr/lib/llvm-19 ($(ls /usr/lib/llvm-19 | wc -l) entries now), $ROOT" \
   "$([ "$MODE" = full ] && echo ", oneDNN, OpenBLAS")"
-[ ! -e "$ROOT/CMakeLists.txt" ] && [ ! -e /usr/lib/llvm-19/lib/libMLIR.so ]
+for gone in "$ROOT/CMakeLists.txt" /usr/lib/llvm-19/lib/libMLIR.so; do
+  if [ -e "$gone" ]; then echo "test-wheel: $gone is not hidden" >&2; exit 1; fi
+done
 cd "$WORK"
 if [ "$MODE" = full ]; then
   echo "== a fresh venv with torch $TORCH from PyPI, and the wheel"
@@ -78,7 +90,8 @@ done
 echo "== the libraries need nothing hidden (ldd)"
 mkdir elsewhere && cd elsewhere
 export CELLC_CACHE_DIR="$WORK/cache"
-PATH="$WORK/venv/bin:$PATH" "$WORK/venv/bin/python" "$WORK/check_installed.py" "$WORK/venv"
+PATH="$WORK/venv/bin:$PATH" "$WORK/venv/bin/python" "$WORK/check_installed.py" "$WORK/venv" \
+  </dev/null
 # The same wheel under every other CPython from 3.9 that this machine has
 # (pyenv's, where there is one), without torch: its compiler and runtime
 # through the package's ctypes modules (check_any_python.py).
@@ -89,7 +102,7 @@ for py in "$HOME"/.pyenv/versions/3.*/bin/python3; do
   [ -x "$py" ] || continue
   minor=$("$py" -c 'import sys; print(sys.version_info[1])')
   [ "$minor" -ge 9 ] || continue
-  "$py" "$WORK/check_any_python.py" "$WORK/any"
+  "$py" "$WORK/check_any_python.py" "$WORK/any" </dev/null
   others=$((others + 1))
 done
 echo "== $others other CPythons ran the wheel (none but this one where there is no pyenv)"

@@ -78,23 +78,30 @@ struct Args {
     raise("type", "argument '" + key.str() + "' must be a string");
   }
   int64_t integer(llvm::StringRef key, std::optional<int64_t> fallback = {}) const {
-    if (const json::Value *v = find(key))
+    if (const json::Value *v = find(key)) {
       if (auto i = v->getAsInteger())
         return *i;
-    if (fallback)
-      return *fallback;
-    raise("type", "argument '" + key.str() + "' must be an integer");
-  }
-  bool boolean(llvm::StringRef key, bool fallback) const {
-    if (const json::Value *v = find(key))
       if (auto b = v->getAsBoolean())
         return *b;
-    return fallback;
+    } else if (fallback) {
+      return *fallback;
+    }
+    raise("type", "argument '" + key.str() + "' must be an integer");
   }
+  /// A bool, or an integer as Python's truth takes it; a value of another
+  /// type is an error, not the default.
   std::optional<bool> maybe(llvm::StringRef key) const {
-    if (const json::Value *v = find(key))
-      return v->getAsBoolean();
-    return std::nullopt;
+    const json::Value *v = find(key);
+    if (!v)
+      return std::nullopt;
+    if (auto b = v->getAsBoolean())
+      return *b;
+    if (auto i = v->getAsInteger())
+      return *i != 0;
+    raise("type", "argument '" + key.str() + "' must be a bool");
+  }
+  bool boolean(llvm::StringRef key, bool fallback) const {
+    return maybe(key).value_or(fallback);
   }
   std::map<std::string, int64_t> sizes(llvm::StringRef key = "sizes") const {
     std::map<std::string, int64_t> out;

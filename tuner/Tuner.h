@@ -4,8 +4,8 @@
 // checked against the default config first; CUDA candidates compiled and
 // pruned by ptxas's budgets for the problem's chip), and the winner goes into
 // the tuning cache (runtime/TuningCache.h), which the runtime reads. This
-// library is cellc-tune's: the runtime and the Python extension do not link
-// it (cellc.autotune runs cellc-tune).
+// library is cellc-tune's: the runtime does not link it, and Python runs
+// cellc-tune in a process of its own (cellc.autotune).
 //
 //===----------------------------------------------------------------------===//
 

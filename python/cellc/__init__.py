@@ -45,7 +45,8 @@ def _share_openmp():
     links the system's libgomp.so.1, and pip's bundles a libgomp.so.1 that the
     runtime then shares (whichever loads first serves both). LSTM 64 x 100
     trained on two threads in 58 to 67 ms this way, against 69 to 85. Not
-    where the process maps two OpenMP runtimes, nor where $CELLC_OPENMP says
+    where the process maps two OpenMP runtimes (the wheel's, which auditwheel
+    vendors under a name of its own, beside torch's), nor where $CELLC_OPENMP says
     (1 on, 0 off)."""
     import os
     import torch
@@ -72,7 +73,7 @@ _COMPILER = {"Cell": "core", "autotune": "core", "compile": "core",
 
 
 def __getattr__(name):
-    # The compiler (the _cellc extension, MLIR and LLVM) loads on first use.
+    # The compiler (libcellc_compiler.so: MLIR and LLVM) loads on first use.
     import importlib
     if name == "nn":
         return importlib.import_module(".nn", __name__)

@@ -10,6 +10,7 @@ back as CellError (a bad cell, with its file:line:col messages), SizeError
 import ctypes
 import enum
 import json
+import operator
 import os
 import warnings
 
@@ -51,11 +52,13 @@ _RAISED = {"cell": CellError, "size": SizeError, "type": TypeError, "value": Val
 
 def _call(fn, **args):
     """Runs compiler function `fn` on `args` (CompilerC.cpp's table)."""
-    pointer = _LIB.cellc_compiler_call(json.dumps({"fn": fn, "args": args}).encode())
+    # operator.index: numpy's and torch's integers as sizes, as pybind11 took them.
+    request = json.dumps({"fn": fn, "args": args}, default=operator.index)
+    pointer = _LIB.cellc_compiler_call(request.encode("utf-8", "surrogateescape"))
     if not pointer:
         raise MemoryError("the compiler's answer did not fit in memory")
     try:
-        reply = json.loads(ctypes.string_at(pointer).decode())
+        reply = json.loads(ctypes.string_at(pointer).decode("utf-8", "surrogateescape"))
     finally:
         _LIB.cellc_compiler_free_text(pointer)
     for message in reply["warnings"]:

@@ -34,7 +34,7 @@ _SIGNATURES = {
     "cellc_cpu_step": ([_P, _P, _I64P, _I64] + _ERR, ctypes.c_int),
     "cellc_cpu_bind_step": ([_P, _P, _I64P, _I64, _PP] + _ERR, ctypes.c_int),
     "cellc_cpu_bound_run": ([_P, _I64P], ctypes.c_int),
-    "cellc_cpu_bound_error": ([_P], _STR),
+    "cellc_cpu_bound_error": ([], _STR),
     "cellc_cpu_bound_free": ([_P], None),
     "cellc_cpu_kept_layout": ([_P, _STR, _I32, _PP] + _ERR, ctypes.c_int),
     "cellc_cpu_backward_kept": ([_P, _P, _STR] + _ERR, ctypes.c_int),
@@ -43,6 +43,7 @@ _SIGNATURES = {
     "cellc_cpu_check_mode": ([_STR] + _ERR, ctypes.c_int),
     "cellc_cpu_lend": ([_I64P, _I32, _I32] + _ERR, _P),
     "cellc_cpu_lent_drop": ([_P], None),
+    "cellc_cpu_capsule_destructor": ([_P], None),
     "cellc_cpu_lent_bytes": ([], _I64),
     "cellc_cpu_cached_bytes": ([], _I64),
     "cellc_cpu_empty_cache": ([], None),
@@ -73,6 +74,16 @@ def _load():
     if path is None:
         raise ImportError("libcellc_runtime.so is not beside the cellc package nor in the "
                           "build tree: " + ", ".join(library_paths()))
+    # The wheel's runtime needs libscipy_openblas.so: loaded from wherever
+    # scipy-openblas32 is installed (its RPATH finds it only in the same
+    # site-packages), it is found by its name. A build tree's links OpenBLAS.
+    try:
+        import scipy_openblas32
+        blas = os.path.join(scipy_openblas32.get_lib_dir(), "libscipy_openblas.so")
+        if os.path.exists(blas):
+            ctypes.CDLL(blas)
+    except ImportError:
+        pass
     lib = ctypes.CDLL(path)
     for name, (args, result) in _SIGNATURES.items():
         fn = getattr(lib, name)
@@ -104,7 +115,7 @@ def _check(status, buf):
 def _text(pointer):
     """The JSON text at `pointer` (of malloc's), read and given back."""
     try:
-        return json.loads(ctypes.string_at(pointer).decode())
+        return json.loads(ctypes.string_at(pointer).decode("utf-8", "surrogateescape"))
     finally:
         _LIB.cellc_cpu_free_text(pointer)
 
@@ -164,29 +175,33 @@ class BoundStep:
 
     def __init__(self, handle, cell):
         self._handle, self._cell = handle, cell
-        self._args, self._counts = None, None
+        self._local = threading.local()
 
-    def __del__(self):
+    def __del__(self, _free=_LIB.cellc_cpu_bound_free):
+        # The function is bound at definition: at the interpreter's exit
+        # this module's globals may be gone before its objects.
         if getattr(self, "_handle", None):
-            _LIB.cellc_cpu_bound_free(self._handle)
+            _free(self._handle)
             self._handle = None
 
     def run(self, data, versions):
         """Steps the tensors whose data pointers `data` gives (inputs,
         params, states, outputs, new states), shaped as those it was bound
         with; False, running nothing, where it must be bound again."""
-        # cellc_cpu_bound_run's one array, made once and filled in place
-        # (0.6 us less a step than a new one).
+        # cellc_cpu_bound_run's one array, made once a thread and filled in
+        # place (0.6 us less a step than a new one): another thread that
+        # steps the same binding fills its own.
         n, m = len(data), len(versions)
-        args = self._args
-        if self._counts != (n, m):
-            args = self._args = (_I64 * (n + m + 2))()
-            args[0], args[n + 1], self._counts = n, m, (n, m)
+        local = self._local
+        args = getattr(local, "args", None)
+        if args is None or local.counts != (n, m):
+            args = local.args = (_I64 * (n + m + 2))()
+            args[0], args[n + 1], local.counts = n, m, (n, m)
         args[1:n + 1] = data
         args[n + 2:] = versions
         status = _run_bound(self._handle, args)
         if status == 1:
-            raise ValueError(_LIB.cellc_cpu_bound_error(self._handle).decode(errors="replace"))
+            raise ValueError(_LIB.cellc_cpu_bound_error().decode(errors="replace"))
         return status == 0
 
 
@@ -209,9 +224,9 @@ class CompiledCell:
         #: when it came from the tuning cache.
         self.config, self.config_source = described["config"], described["config_source"]
 
-    def __del__(self):
+    def __del__(self, _free=_LIB.cellc_cpu_free):
         if getattr(self, "_handle", None):
-            _LIB.cellc_cpu_free(self._handle)
+            _free(self._handle)
             self._handle = None
 
     @property
@@ -326,25 +341,15 @@ class CompiledCell:
         return plan_dict(list(out))
 
 
-#: A lent buffer's capsule: torch renames it "used_dltensor" when it takes
-#: it; one dropped unused gives its buffer back. The name must outlive every
-#: capsule (PyCapsule keeps the pointer), so it is this module's.
+#: A lent buffer's capsule, whose destructor (in C, run with the GIL held)
+#: gives its buffer back unless torch took it (renamed "used_dltensor"). The
+#: name must outlive every capsule (PyCapsule keeps the pointer), so it is
+#: this module's.
 _DLTENSOR = b"dltensor"
 _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.argtypes = [_P, ctypes.c_char_p, _P]
 _capsule_new.restype = ctypes.py_object
-_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
-_capsule_valid.argtypes = [_P, ctypes.c_char_p]
-_capsule_valid.restype = ctypes.c_int
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.argtypes = [_P, ctypes.c_char_p]
-_capsule_pointer.restype = _P
-
-
-@ctypes.CFUNCTYPE(None, _P)
-def _drop_unused(capsule):
-    if _capsule_valid(capsule, _DLTENSOR):
-        _LIB.cellc_cpu_lent_drop(_capsule_pointer(capsule, _DLTENSOR))
+_drop_unused = ctypes.cast(_LIB.cellc_cpu_capsule_destructor, _P)
 
 
 def load(path, threads=0, from_cache=False, config_source="default"):

@@ -24,7 +24,7 @@ def _compiler_build():
 EMULATED = "cuda-emu"
 
 #: The CUDA knobs that `cuda_package` takes (Knobs.def, through the
-#: extension): name -> (default, help).
+#: compiler library): name -> (default, help).
 _CUDA_KNOBS = {name: (default, help) for name, default, help, uses in _cellc.knobs()
                if "python" in uses}
 _CUDA_OPTIONS = set(_CUDA_KNOBS)

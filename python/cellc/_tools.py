@@ -31,9 +31,15 @@ _ENTRIES = {"cellc": "cellc_tool_cellc", "cellc-opt": "cellc_tool_opt",
 
 def command(name):
     """The command line that starts tool `name`: its executable, or this
-    Python running it from the library (`python -m cellc NAME`)."""
+    Python running it from the library, with this package first on the path
+    (`python -m` would put the working directory there)."""
     path = tool_path(name)
-    return [path] if path else [sys.executable, "-m", "cellc", name]
+    if path:
+        return [path]
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+            "from cellc._tools import run; sys.exit(run(sys.argv[1], sys.argv[2:]))",
+            parent, name]
 
 
 def run_in_process(name, args):
@@ -42,7 +48,11 @@ def run_in_process(name, args):
     on --help, --version and a bad option, and the tool's output goes to
     the file descriptors, after what Python has buffered."""
     import ctypes
+    import signal
     from . import _cellc
+    # Ctrl-C ends the tool: LLVM's handler re-raises the signal to the one
+    # before it, which must not be Python's (a flag the tool never reads).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     sys.stdout.flush()
     sys.stderr.flush()
     argv = [os.fsencode(a) for a in [name] + list(args)]

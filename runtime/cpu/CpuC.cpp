@@ -10,6 +10,7 @@
 #include "runtime/driver/CErrors.h"
 
 #include <atomic>
+#include <dlfcn.h>
 #include <memory>
 #include <new>
 
@@ -163,12 +164,12 @@ chunk::Shape chunkShape(const int64_t *shape, bool rows, int32_t reads) {
 
 DType dtypeOf(int32_t f64) { return f64 ? DType::F64 : DType::F32; }
 
-/// A bound step with the message of its last failure, which
-/// cellc_cpu_bound_error returns.
+/// A bound step. Its runs' failures go to the thread that ran it
+/// (cellc_cpu_bound_error): two threads may step one binding.
 struct BoundStep {
   std::unique_ptr<CpuCell::BoundStep> step;
-  std::string error;
 };
+thread_local std::string boundError;
 
 } // namespace
 
@@ -252,7 +253,7 @@ int cellc_cpu_bind_step(void *cell, const int64_t *lists, const int64_t *version
     std::unique_ptr<CpuCell::BoundStep> made;
     check(cellOf(cell).bindStep(seq, outputs, news, versionsOf(versions, num_versions), made));
     if (made)
-      *bound = new BoundStep{std::move(made), {}};
+      *bound = new BoundStep{std::move(made)};
   });
 }
 
@@ -266,19 +267,17 @@ int cellc_cpu_bound_run(void *bound, const int64_t *args) {
     bool ran = b->step->run(pointers, std::vector<int64_t>(versions + 1, versions + 1 + *versions),
                            status);
     if (status) {
-      b->error = status.message();
+      boundError = status.message();
       return 1;
     }
     return ran ? 0 : CELLC_NOT_BOUND;
   } catch (const std::exception &e) {
-    b->error = e.what();
+    boundError = e.what();
     return 1;
   }
 }
 
-const char *cellc_cpu_bound_error(void *bound) {
-  return static_cast<BoundStep *>(bound)->error.c_str();
-}
+const char *cellc_cpu_bound_error(void) { return boundError.c_str(); }
 
 void cellc_cpu_bound_free(void *bound) { delete static_cast<BoundStep *>(bound); }
 
@@ -377,6 +376,26 @@ void *cellc_cpu_lend(const int64_t *shape, int32_t rank, int32_t f64, char *erro
     result = &lent.release()->managed;
   });
   return result;
+}
+
+void cellc_cpu_capsule_destructor(void *capsule) {
+  // Python's C API, from the process (the runtime links no Python): a
+  // capsule torch took is renamed "used_dltensor" and left alone.
+  using IsValid = int (*)(void *, const char *);
+  using GetPointer = void *(*)(void *, const char *);
+  using Fetch = void (*)(void **, void **, void **);
+  using Restore = void (*)(void *, void *, void *);
+  static auto isValid = reinterpret_cast<IsValid>(dlsym(RTLD_DEFAULT, "PyCapsule_IsValid"));
+  static auto pointer = reinterpret_cast<GetPointer>(dlsym(RTLD_DEFAULT, "PyCapsule_GetPointer"));
+  static auto fetch = reinterpret_cast<Fetch>(dlsym(RTLD_DEFAULT, "PyErr_Fetch"));
+  static auto restore = reinterpret_cast<Restore>(dlsym(RTLD_DEFAULT, "PyErr_Restore"));
+  if (!isValid || !pointer || !fetch || !restore || !isValid(capsule, "dltensor"))
+    return;
+  // An exception on its way (a failed from_dlpack) outlives the drop.
+  void *type, *value, *traceback;
+  fetch(&type, &value, &traceback);
+  cellc_cpu_lent_drop(pointer(capsule, "dltensor"));
+  restore(type, value, traceback);
 }
 
 void cellc_cpu_lent_drop(void *managed) {

@@ -65,10 +65,10 @@ int cellc_cpu_bind_step(void *cell, const int64_t *lists, const int64_t *version
  * [count, pointers..., count, versions...]: one array, so that Python
  * builds one ctypes object for the call that streams run at every step.
  * 0: it ran; 2 (CELLC_NOT_BOUND): nothing ran, bind again; 1: an error,
- * which cellc_cpu_bound_error says. */
+ * which cellc_cpu_bound_error then says on the thread that ran it. */
 #define CELLC_NOT_BOUND 2
 int cellc_cpu_bound_run(void *bound, const int64_t *args);
-const char *cellc_cpu_bound_error(void *bound);
+const char *cellc_cpu_bound_error(void);
 void cellc_cpu_bound_free(void *bound);
 
 /* What a training forward in `mode` keeps, as JSON text into `text`:
@@ -92,10 +92,13 @@ int cellc_cpu_check_mode(const char *mode, char *error, size_t size);
 /* A dense buffer of the runtime's, as a DLPack DLManagedTensor (version
  * 0.x) for Python to put in a "dltensor" capsule: its pages go back to the
  * runtime's cache when its deleter runs. cellc_cpu_lent_drop runs the
- * deleter of one no consumer took. */
+ * deleter of one no consumer took; cellc_cpu_capsule_destructor is the
+ * capsule's destructor (PyCapsule_Destructor), which drops it unless torch
+ * took it, with Python's C API found in the process. */
 void *cellc_cpu_lend(const int64_t *shape, int32_t rank, int32_t f64, char *error,
                      size_t size);
 void cellc_cpu_lent_drop(void *managed);
+void cellc_cpu_capsule_destructor(void *capsule);
 int64_t cellc_cpu_lent_bytes(void);
 int64_t cellc_cpu_cached_bytes(void);
 void cellc_cpu_empty_cache(void);
