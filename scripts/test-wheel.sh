@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make test-wheel: the wheel (make wheel) as a stranger's machine sees it.
-# In a private mount namespace (unshare -m, as root) LLVM 19, the source tree
-# and its builds are hidden, and so are Debian's OpenBLAS and oneDNN unless
+# In a private mount namespace (unshare -m, as root) LLVM 19, the C compilers,
+# the source tree and its builds are hidden, and so are Debian's OpenBLAS and oneDNN unless
 # the torch that needs them is Debian's; a fresh venv installs the wheel and uses it
 # from elsewhere: it compiles a cell from a string, trains an LSTM against
 # torch.nn.LSTM, runs cellc, cellc-opt and cellc-tune from the venv's bin/,
@@ -41,7 +41,9 @@ if [ "$mode" = full ]; then
 fi
 
 # What a stranger's machine lacks; Debian's OpenBLAS too where torch is PyPI's.
-hide=(/usr/lib/llvm-19 "$root")
+# The C compilers too (gcc's cc1 and collect2, clang-14's whole tree): a CPU
+# package is linked in-process, by the lld inside the wheel.
+hide=(/usr/lib/llvm-19 "$root" /usr/lib/gcc /usr/lib/llvm-14)
 if [ "$mode" = full ]; then
   hide+=(/usr/lib/x86_64-linux-gnu/openblas-pthread /usr/lib/x86_64-linux-gnu/blas
          /usr/lib/x86_64-linux-gnu/lapack)
@@ -61,11 +63,14 @@ shift
 for f in "$@"; do
   if [ -e "$f" ]; then mount --bind /dev/null "$f"; fi
 done
-echo "== hidden: /usr/lib/llvm-19 ($(ls /usr/lib/llvm-19 | wc -l) entries now), $ROOT" \
-  "$([ "$MODE" = full ] && echo ", oneDNN, OpenBLAS")"
+echo "== hidden: /usr/lib/llvm-19 ($(ls /usr/lib/llvm-19 | wc -l) entries now), $ROOT," \
+  "the C compilers$([ "$MODE" = full ] && echo ", oneDNN, OpenBLAS")"
 for gone in "$ROOT/CMakeLists.txt" /usr/lib/llvm-19/lib/libMLIR.so; do
   if [ -e "$gone" ]; then echo "test-wheel: $gone is not hidden" >&2; exit 1; fi
 done
+if echo 'int main(void) { return 0; }' | cc -x c - -o "$WORK/a.out" 2>/dev/null; then
+  echo "test-wheel: cc still compiles" >&2; exit 1
+fi
 cd "$WORK"
 if [ "$MODE" = full ]; then
   echo "== a fresh venv with torch $TORCH from PyPI, and the wheel"
