@@ -230,6 +230,49 @@ def test_a_step_runs_bound_and_binds_again_for_other_threads_and_batches():
         plan.bound[0].run(data + [outs[0].data_ptr(), outs[1].data_ptr()], [0, 0, 0, 0])
 
 
+def test_two_threads_stepping_one_binding_each_get_their_own_steps():
+    """Two threads that step one Cell at the same shapes share its bound
+    step. Each must run its own tensors: the bound step's argument array is
+    each thread's (a shared one, filled by one thread while the other's call
+    had let go of the GIL, ran the other's tensors and left this one's
+    outputs unwritten, with no error). A race: with the array shared, this
+    failed in one of three runs here, not in every one."""
+    import sys
+    import threading
+    torch.manual_seed(6)
+    cell = cellc.compile(LSTM, threads=1)
+    ref = torch.nn.LSTMCell(5, 7).double()
+    p = {"W_ih": ref.weight_ih.detach(), "W_hh": ref.weight_hh.detach(),
+         "b_ih": ref.bias_ih.detach(), "b_hh": ref.bias_hh.detach()}
+    inputs = [[(torch.randn(4, 5, dtype=torch.float64), torch.randn(4, 7, dtype=torch.float64),
+                torch.randn(4, 7, dtype=torch.float64)) for _ in range(300)] for _ in range(2)]
+    worst, errors = [0.0, 0.0], []
+
+    def stream(k):
+        try:
+            with torch.no_grad():
+                for x, h, c in inputs[k]:
+                    out, news = cell.step(x, p, {"h": h, "c": c})
+                    want_h, want_c = ref(x, (h, c))
+                    worst[k] = max(worst[k], (news["h"] - want_h).abs().max().item(),
+                                   (news["c"] - want_c).abs().max().item())
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=stream, args=(k,)) for k in range(2)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    assert max(worst) < 1e-12, worst
+
+
 def test_gradients_flow_through_a_step():
     torch.manual_seed(3)
     cell = cellc.compile(LSTM)
