@@ -18,6 +18,7 @@
 #include "jit/CpuJit.h"
 #include "jit/KernelCache.h"
 #include "jit/TuningCache.h"
+#include "runtime/driver/CErrors.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
@@ -25,7 +26,6 @@
 #include "llvm/Support/JSON.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <optional>
 
 using namespace cellc;
@@ -144,14 +144,20 @@ json::Value words(const Args &) {
                       {"Storage", wordsOf<Storage>()}};
 }
 
-/// The declarations of a cell: [kind, name, shape], each size a list of
-/// [coefficient, [size names]] terms.
-json::Value declarations(const Args &a) {
+/// The syntax tree of the cell that `a` names, or the front end's error.
+auto parsedCell(const Args &a) {
   CellSource src(a.str("source"), a.str("file_name"));
   Parser parser(src.text(), src.diag);
   auto cell = parser.parseCell();
   if (!cell)
     raiseCell(src);
+  return cell;
+}
+
+/// The declarations of a cell: [kind, name, shape], each size a list of
+/// [coefficient, [size names]] terms.
+json::Value declarations(const Args &a) {
+  auto cell = parsedCell(a);
   json::Array result;
   for (const Decl &decl : cell->decls) {
     json::Array shape;
@@ -173,11 +179,7 @@ json::Value declarations(const Args &a) {
 /// The names of a cell's per-step outputs: its `output` statement's, or its
 /// first state's.
 json::Value outputNames(const Args &a) {
-  CellSource src(a.str("source"), a.str("file_name"));
-  Parser parser(src.text(), src.diag);
-  auto cell = parser.parseCell();
-  if (!cell)
-    raiseCell(src);
+  auto cell = parsedCell(a);
   json::Array names;
   for (const Stmt &stmt : cell->stmts)
     if (stmt.kind == Stmt::Kind::Output)
@@ -265,11 +267,11 @@ json::Value chunkPlan(const Args &a) {
   if (!plans)
     raise("value", src.diagnostics() + llvm::toString(plans.takeError()));
   const ChunkPlan &plan = plans->front();
-  const driver::MemoryPlan &p = plan.total;
+  json::Array figures;
+  for (int64_t figure : plan.total.figures())
+    figures.push_back(figure);
   return json::Object{
-      {"plan", json::Array{p.driver.kept, p.driver.forwardPeak, p.driver.backwardPeak,
-                           p.outputs, p.finalStates, p.gradOutputs, p.gradInputs,
-                           p.gradParams, p.keptOutputs, p.pieceSteps, p.peak(), p.floor()}},
+      {"plan", std::move(figures)},
       {"chunk", plan.chunk},
       {"prologue_kept", plan.prologueKept},
       {"core_kept", plan.coreKept},
@@ -465,10 +467,7 @@ char *cellc_compiler_call(const char *request) {
   llvm::raw_string_ostream os(text);
   os << json::Value(std::move(reply));
   os.flush();
-  char *out = static_cast<char *>(std::malloc(text.size() + 1));
-  if (out)
-    std::memcpy(out, text.c_str(), text.size() + 1);
-  return out;
+  return driver::mallocText(text);
 }
 
 void cellc_compiler_free_text(char *text) { std::free(text); }

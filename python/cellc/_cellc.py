@@ -23,19 +23,10 @@ class SizeError(CellError):
     """A cell that is wrong only at the sizes it was compiled at."""
 
 
-def library_paths():
-    """Where libcellc_compiler.so may be: beside this file (an installed
-    package) or in the build tree's lib/ (PYTHONPATH=build/python)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return [os.path.join(here, "libcellc_compiler.so"),
-            os.path.normpath(os.path.join(here, "..", "..", "lib", "libcellc_compiler.so"))]
-
-
 def _load():
-    path = next((p for p in library_paths() if os.path.exists(p)), None)
-    if path is None:
-        raise ImportError("libcellc_compiler.so is not beside the cellc package nor in the "
-                          "build tree: " + ", ".join(library_paths()))
+    # The runtime first: the compiler library links it.
+    from ._cellc_runtime import library_path as find
+    path = find("libcellc_compiler.so")
     lib = ctypes.CDLL(path)
     lib.cellc_compiler_call.argtypes = [ctypes.c_char_p]
     lib.cellc_compiler_call.restype = ctypes.c_void_p
@@ -170,15 +161,18 @@ def compiler_version():
     return _call("compiler_version")
 
 
+_KNOBS = [(name, default, text, tuple(uses)) for name, default, text, uses in _call("knobs")]
+
+
 def knobs():
     """The knobs of Knobs.def as (name, default, help, uses)."""
-    return [(name, default, text, tuple(uses)) for name, default, text, uses in _call("knobs")]
+    return list(_KNOBS)
 
 
 _PACKAGE_PARAMS = (["source", "file_name", "sizes", "dir", "arch"]
-                   + [name for name, _, _, uses in knobs() if "python" in uses]
+                   + [name for name, _, _, uses in _KNOBS if "python" in uses]
                    + ["simt", "simt_mutation", "part"])
-_WORD_KNOBS = {name for name, default, _, _ in knobs() if isinstance(default, str)}
+_WORD_KNOBS = {name for name, default, _, _ in _KNOBS if isinstance(default, str)}
 
 
 def package(*args, **kwargs):

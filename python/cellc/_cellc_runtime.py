@@ -61,19 +61,24 @@ _SIGNATURES = {
 }
 
 
-def library_paths():
-    """Where libcellc_runtime.so may be: beside this file (an installed
+def library_paths(name="libcellc_runtime.so"):
+    """Where one of cellc's libraries may be: beside this file (an installed
     package) or in the build tree's lib/ (PYTHONPATH=build/python)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    return [os.path.join(here, "libcellc_runtime.so"),
-            os.path.normpath(os.path.join(here, "..", "..", "lib", "libcellc_runtime.so"))]
+    return [os.path.join(here, name), os.path.normpath(os.path.join(here, "..", "..", "lib", name))]
+
+
+def library_path(name):
+    """The first of library_paths(name) that is there; ImportError if none."""
+    path = next((p for p in library_paths(name) if os.path.exists(p)), None)
+    if path is None:
+        raise ImportError(f"{name} is not beside the cellc package nor in the build tree: "
+                          + ", ".join(library_paths(name)))
+    return path
 
 
 def _load():
-    path = next((p for p in library_paths() if os.path.exists(p)), None)
-    if path is None:
-        raise ImportError("libcellc_runtime.so is not beside the cellc package nor in the "
-                          "build tree: " + ", ".join(library_paths()))
+    path = library_path("libcellc_runtime.so")
     # The wheel's runtime needs libscipy_openblas.so: loaded from wherever
     # scipy-openblas32 is installed (its RPATH finds it only in the same
     # site-packages), it is found by its name. A build tree's links OpenBLAS.

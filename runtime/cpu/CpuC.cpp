@@ -333,11 +333,8 @@ int cellc_cpu_memory_plan(void *cell, int64_t steps, int64_t batch, const char *
   return catchErrors(error, size, [&] {
     driver::MemoryPlan p;
     check(cellOf(cell).memoryPlan(steps, batch, modeOf(mode), p));
-    int64_t values[12] = {p.driver.kept,  p.driver.forwardPeak, p.driver.backwardPeak,
-                          p.outputs,      p.finalStates,        p.gradOutputs,
-                          p.gradInputs,   p.gradParams,         p.keptOutputs,
-                          p.pieceSteps,   p.peak(),             p.floor()};
-    std::copy(values, values + 12, out);
+    std::array<int64_t, 12> values = p.figures();
+    std::copy(values.begin(), values.end(), out);
   });
 }
 

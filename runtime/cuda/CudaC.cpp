@@ -179,11 +179,8 @@ int cellc_cuda_plan(void *cell, const char *mode, int64_t steps, int64_t batch, 
   return catchErrors(error, size, [&] {
     driver::MemoryPlan plan;
     check(static_cast<cuda::CudaCell *>(cell)->plan(steps, batch, modeOf(mode), plan));
-    int64_t values[] = {plan.driver.kept,  plan.driver.forwardPeak, plan.driver.backwardPeak,
-                        plan.outputs,      plan.finalStates,        plan.gradOutputs,
-                        plan.gradInputs,   plan.gradParams,         plan.keptOutputs,
-                        plan.pieceSteps,   plan.peak(),             plan.floor()};
-    std::memcpy(out, values, sizeof values);
+    std::array<int64_t, 12> values = plan.figures();
+    std::copy(values.begin(), values.end(), out);
   });
 }
 

@@ -66,6 +66,12 @@ int64_t MemoryPlan::floor() const {
   return outputs + gradOutputs + gradInputs + gradParams + driver.kept;
 }
 
+std::array<int64_t, 12> MemoryPlan::figures() const {
+  return {driver.kept, driver.forwardPeak, driver.backwardPeak, outputs,
+          finalStates, gradOutputs,        gradInputs,          gradParams,
+          keptOutputs, pieceSteps,         peak(),              floor()};
+}
+
 Status SequenceDriver::plan(const Interface &cell, int64_t T, int64_t B, Recompute mode,
                             MemoryPlan &out, int64_t pieceRows, int64_t threads) {
   auto backend = std::make_shared<CountingBackend>(threads);

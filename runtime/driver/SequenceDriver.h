@@ -346,6 +346,11 @@ struct MemoryPlan {
   /// their gradients, the inputs' and params' gradients, and the kept
   /// states.
   int64_t floor() const;
+  /// The plan as the C interfaces give it (cellc_cpu_memory_plan,
+  /// cellc_cuda_plan, the compiler's chunk_plan): kept, forward peak,
+  /// backward peak, outputs, final states, output gradients, input
+  /// gradients, param gradients, kept outputs, piece steps, peak, floor.
+  std::array<int64_t, 12> figures() const;
 };
 
 /// A buffer a forward keeps for its backward, as a caller that holds it
