@@ -423,8 +423,10 @@ def _empty(shape, like):
 
 def _time_major(t):
     """[B, H, T, X] (a view) as a contiguous [T, B, H, X] (free where it is
-    one already, as the step's values are)."""
-    return t.permute(2, 0, 1, 3).contiguous()
+    one already, as the step's values are; else copied onto the buffer
+    cache's pages, as a sum's expanded gradient is)."""
+    t = t.permute(2, 0, 1, 3)
+    return t if t.is_contiguous() else _empty(t.shape, t).copy_(t)
 
 
 class _NativeDiagonalCore(torch.autograd.Function):
@@ -549,7 +551,7 @@ def _kept(mode, template, a, c, k, v, S0, reads, delta, L, rows, resets, native=
                                   delta=template == "delta")):
         qs = [q for q, _ in reads]
         if template == "delta":
-            *outs, S = _chunkcuda.DeltaCore.apply(cuda_seed, a[..., 0], k, v, delta, S0, L,
+            *outs, S = _chunkcuda.DeltaCore.apply(cuda_seed, a.squeeze(-1), k, v, delta, S0, L,
                                                   *qs)
         else:
             *outs, S = _chunkcuda.DiagonalCore.apply(cuda_seed, a, k, v, S0, L, *qs)
@@ -560,7 +562,7 @@ def _kept(mode, template, a, c, k, v, S0, reads, delta, L, rows, resets, native=
         qs = [q for q, _ in reads]
         if template == "delta":
             core = _NativeDeltaCore if native else _DeltaCore
-            *outs, S = core.apply(a[..., 0], k, v, delta, S0, L, *qs)
+            *outs, S = core.apply(a.squeeze(-1), k, v, delta, S0, L, *qs)
         else:
             core = _NativeDiagonalCore if native else _DiagonalCore
             *outs, S = core.apply(a, k, v, S0, L, rows, *qs)

@@ -20,9 +20,21 @@ namespace {
 /// of rescaled q and k; on them, pair by pair.
 constexpr int64_t kSub = 16;
 
+/// The largest |cumulative log-gate| in a chunk whose pairs factor through
+/// its start (Chunk::tame).
+constexpr double kTame = 40;
+
 template <typename F> DType dtypeOf();
 template <> DType dtypeOf<float>() { return DType::F32; }
 template <> DType dtypeOf<double>() { return DType::F64; }
+
+/// Whether the loops run on AVX-512 (checked once).
+bool wide() {
+  static const bool has = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512dq");
+  return has;
+}
+
 
 /// Row-major `c = op(a) op(b) + beta c`.
 template <typename F>
@@ -40,13 +52,6 @@ void mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const F *a, int64_t l
 #include "runtime/cpu/ChunkCoreLoops.inc"
 #undef CELLC_CHUNK_ISA
 #pragma GCC pop_options
-
-/// Whether the loops run on AVX-512 (checked once).
-bool wide() {
-  static const bool has = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512dq");
-  return has;
-}
 
 /// The arrays as the loops take them, of the element type F.
 template <typename F> const F *in(const void *p) { return static_cast<const F *>(p); }
@@ -72,15 +77,14 @@ struct FlushSubnormals {
 #endif
 };
 
-/// Runs `one(F(), bh)` for every (sample, head) on the runtime's threads,
-/// with F the element type of `dtype`.
+/// Runs `one(F(), b0, b1)` over ranges of the (sample, head)s on the
+/// runtime's threads, with F the element type of `dtype`.
 template <typename One>
-void perHead(DType dtype, const Shape &s, int threads, const One &one) {
+void perHeads(DType dtype, const Shape &s, int threads, const One &one) {
   auto run = [&](auto zero) {
     parallelRanges(s.BH, threads, 1, [&](int64_t b0, int64_t b1) {
       FlushSubnormals flush;
-      for (int64_t bh = b0; bh < b1; ++bh)
-        one(zero, bh);
+      one(zero, b0, b1);
     });
   };
   if (dtype == DType::F32)
@@ -89,15 +93,24 @@ void perHead(DType dtype, const Shape &s, int threads, const One &one) {
     run(0.0);
 }
 
+/// Runs `one(F(), bh)` for every (sample, head) on the runtime's threads.
+template <typename One>
+void perHead(DType dtype, const Shape &s, int threads, const One &one) {
+  perHeads(dtype, s, threads, [&](auto zero, int64_t b0, int64_t b1) {
+    for (int64_t bh = b0; bh < b1; ++bh)
+      one(zero, bh);
+  });
+}
+
 } // namespace
 
 void forward(DType dtype, const Shape &s, const void *a, const void *k, const void *v,
              const void *S0, const void *const *qs, void *const *outs, void *starts,
              void *end, void *pairs, int threads) {
-  perHead(dtype, s, threads, [&](auto zero, int64_t bh) {
+  perHeads(dtype, s, threads, [&](auto zero, int64_t b0, int64_t b1) {
     using F = decltype(zero);
-    (wide() ? avx512::forwardOne<F> : baseline::forwardOne<F>)(
-        s, bh, in<F>(a), in<F>(k), in<F>(v), in<F>(S0), in<F>(qs), out<F>(outs),
+    (wide() ? avx512::forwardHeads<F> : baseline::forwardHeads<F>)(
+        s, b0, b1, in<F>(a), in<F>(k), in<F>(v), in<F>(S0), in<F>(qs), out<F>(outs),
         out<F>(starts), out<F>(end), out<F>(pairs));
   });
 }
@@ -106,10 +119,10 @@ void backward(DType dtype, const Shape &s, const void *a, const void *k, const v
               const void *starts, const void *end, const void *pairs, const void *const *qs,
               const void *const *douts, const void *dEnd, void *da, void *dk, void *dv,
               void *dS0, void *const *dqs, int threads) {
-  perHead(dtype, s, threads, [&](auto zero, int64_t bh) {
+  perHeads(dtype, s, threads, [&](auto zero, int64_t b0, int64_t b1) {
     using F = decltype(zero);
-    (wide() ? avx512::backwardOne<F> : baseline::backwardOne<F>)(
-        s, bh, in<F>(a), in<F>(k), in<F>(v), in<F>(starts), in<F>(end), in<F>(pairs),
+    (wide() ? avx512::backwardHeads<F> : baseline::backwardHeads<F>)(
+        s, b0, b1, in<F>(a), in<F>(k), in<F>(v), in<F>(starts), in<F>(end), in<F>(pairs),
         in<F>(qs), in<F>(douts), in<F>(dEnd), out<F>(da), out<F>(dk), out<F>(dv),
         out<F>(dS0), out<F>(dqs));
   });

@@ -11,9 +11,13 @@
 // head are gathered into a block and its results scattered back). The
 // states are [BH, K, V]; `starts` [BH, NC, K, V] is the state at each
 // chunk's start (NC = ceil(T / L)). Within a chunk the log-gates are
-// summed from its start, and every exponent taken is <= 0 where the gates
-// are <= 1: a scalar gate's pairs directly, a row gate's through a reference
-// row per sub-chunk of 16 (pairs on the diagonal blocks only).
+// summed from its start. A row gate's pairs factor through the chunk's
+// start (q e^A times k e^-A) where no |cumulative log-gate| passes 40;
+// elsewhere every exponent taken is <= 0 where the gates are <= 1: a
+// scalar gate's pairs directly, a row gate's through a reference row per
+// sub-chunk of 16 (pairs on the diagonal blocks only). The heads step
+// through the chunks together, each chunk's heads one after another: their
+// rows lie side by side in the time-major arrays.
 //
 //===----------------------------------------------------------------------===//
 
