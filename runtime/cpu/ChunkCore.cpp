@@ -93,15 +93,6 @@ void perHeads(DType dtype, const Shape &s, int threads, const One &one) {
     run(0.0);
 }
 
-/// Runs `one(F(), bh)` for every (sample, head) on the runtime's threads.
-template <typename One>
-void perHead(DType dtype, const Shape &s, int threads, const One &one) {
-  perHeads(dtype, s, threads, [&](auto zero, int64_t b0, int64_t b1) {
-    for (int64_t bh = b0; bh < b1; ++bh)
-      one(zero, bh);
-  });
-}
-
 } // namespace
 
 void forward(DType dtype, const Shape &s, const void *a, const void *k, const void *v,
@@ -131,10 +122,10 @@ void backward(DType dtype, const Shape &s, const void *a, const void *k, const v
 void deltaForward(DType dtype, const Shape &s, const void *a, const void *k, const void *w,
                   const void *beta, const void *S0, const void *const *qs, void *const *outs,
                   void *starts, void *end, int threads) {
-  perHead(dtype, s, threads, [&](auto zero, int64_t bh) {
+  perHeads(dtype, s, threads, [&](auto zero, int64_t b0, int64_t b1) {
     using F = decltype(zero);
-    (wide() ? avx512::deltaForwardOne<F> : baseline::deltaForwardOne<F>)(
-        s, bh, in<F>(a), in<F>(k), in<F>(w), in<F>(beta), in<F>(S0), in<F>(qs),
+    (wide() ? avx512::deltaForwardHeads<F> : baseline::deltaForwardHeads<F>)(
+        s, b0, b1, in<F>(a), in<F>(k), in<F>(w), in<F>(beta), in<F>(S0), in<F>(qs),
         out<F>(outs), out<F>(starts), out<F>(end));
   });
 }
@@ -143,10 +134,10 @@ void deltaBackward(DType dtype, const Shape &s, const void *a, const void *k, co
                    const void *beta, const void *starts, const void *end,
                    const void *const *qs, const void *const *douts, const void *dEnd, void *da,
                    void *dk, void *dw, void *dbeta, void *dS0, void *const *dqs, int threads) {
-  perHead(dtype, s, threads, [&](auto zero, int64_t bh) {
+  perHeads(dtype, s, threads, [&](auto zero, int64_t b0, int64_t b1) {
     using F = decltype(zero);
-    (wide() ? avx512::deltaBackwardOne<F> : baseline::deltaBackwardOne<F>)(
-        s, bh, in<F>(a), in<F>(k), in<F>(w), in<F>(beta), in<F>(starts), in<F>(end),
+    (wide() ? avx512::deltaBackwardHeads<F> : baseline::deltaBackwardHeads<F>)(
+        s, b0, b1, in<F>(a), in<F>(k), in<F>(w), in<F>(beta), in<F>(starts), in<F>(end),
         in<F>(qs), in<F>(douts), in<F>(dEnd), out<F>(da), out<F>(dk), out<F>(dw),
         out<F>(dbeta), out<F>(dS0), out<F>(dqs));
   });
