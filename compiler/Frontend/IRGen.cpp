@@ -2,7 +2,7 @@
 //
 // The walk of the syntax tree, its declarations and statements: the cell's
 // bindings, assignments, chunks and outputs, and the cell.def they build.
-// Expressions are IRGenExpr.cpp's.
+// Expressions are IRGenExpr.cpp's and IRGenCall.cpp's.
 //
 //===----------------------------------------------------------------------===//
 

@@ -3,8 +3,8 @@
 // The walk of a cell's syntax tree that builds its cell IR: the values it
 // evaluates (Val), what a name is bound to (Binding), and the IRGen class
 // whose methods are written in IRGen.cpp (declarations, statements, the
-// cell) and IRGenExpr.cpp (expressions, with their shape checks, size errors
-// and folding). Private to compiler/Frontend.
+// cell), IRGenExpr.cpp (expressions, with their shape checks, size errors
+// and folding) and IRGenCall.cpp (calls). Private to compiler/Frontend.
 //
 //===----------------------------------------------------------------------===//
 
