@@ -141,19 +141,26 @@ def fla_refusal_lifted():
 _LIFTED = False
 
 
-def bench():
-    B, H, T, K, V, L = 16, 8, 4096, 64, 64, 64
+def _grad(outputs, inputs):
+    """The gradients of `outputs`, where gradients are wanted (bench's
+    forward-only timing runs its functions under no_grad)."""
+    if torch.is_grad_enabled():
+        torch.autograd.grad(outputs, inputs)
+
+
+def bench(shape=(16, 8, 4096, 64, 64, 64)):
+    B, H, T, K, V, L = shape
     a, k, v, S0, q = inputs(B, H, T, K, V, True, torch.float32)
-    print(f"\n| core, B={B} H={H} T={T} K=V={K} L={L}, f32, fwd+bwd | ms (median of 5) "
-          "| peak MiB |\n|---|---|---|", flush=True)
+    print(f"\n| core, B={B} H={H} T={T} K=V={K} L={L}, f32 | fwd+bwd ms (median of 5) "
+          "| fwd ms | peak MiB |\n|---|---|---|---|", flush=True)
 
     def ours():
         out, end = _chunkcuda.DiagonalCore.apply(0, a, k, v, S0, L, q)
-        torch.autograd.grad((out.sum(), end.sum()), (a, k, v, S0, q))
+        _grad((out.sum(), end.sum()), (a, k, v, S0, q))
 
     def template():
         out, end = _chunkcore._DiagonalCore.apply(a, k, v, S0, L, True, q)
-        torch.autograd.grad((out.sum(), end.sum()), (a, k, v, S0, q))
+        _grad((out.sum(), end.sum()), (a, k, v, S0, q))
 
     def fmas(fn):
         def run():
@@ -180,7 +187,7 @@ def bench():
             except AssertionError as e:
                 raise AssertionError(f"{e} q {tuple(qf.shape)} k {tuple(kf.shape)} "
                                      f"v {tuple(vf.shape)} g {tuple(gf.shape)}") from e
-            torch.autograd.grad((o.sum(), s.sum()), (qf, kf, vf, gf))
+            _grad((o.sum(), s.sum()), (qf, kf, vf, gf))
         runs.append(("GLA core: fla chunk_gla" + fla_refusal_lifted(), fla))
     except Exception as e:  # fla absent, or another version's API
         print(f"(fla: {type(e).__name__}: {e})", flush=True)
@@ -190,11 +197,11 @@ def bench():
 
     def delta_ours():
         out, end = _chunkcuda.DeltaCore.apply(0, a1, kn, v, beta, S0, L, q)
-        torch.autograd.grad((out.sum(), end.sum()), (a1, kn, v, beta, S0, q))
+        _grad((out.sum(), end.sum()), (a1, kn, v, beta, S0, q))
 
     def delta_template():
         out, end = _chunkcore._DeltaCore.apply(a1, kn, v, beta, S0, L, q)
-        torch.autograd.grad((out.sum(), end.sum()), (a1, kn, v, beta, S0, q))
+        _grad((out.sum(), end.sum()), (a1, kn, v, beta, S0, q))
 
     runs += [("gated DeltaNet core: cellc CUDA kernels", delta_ours),
              ("gated DeltaNet core: cellc CUDA kernels on FMAs", fmas(delta_ours)),
@@ -209,7 +216,7 @@ def bench():
         def delta_fla(qf=qf, kf=kf, vf=vf, gf=gf, bf=bf):
             o, s = chunk_gated_delta_rule(qf, kf, vf, gf, bf, scale=1.0, initial_state=S0,
                                           output_final_state=True)
-            torch.autograd.grad((o.sum(), s.sum()), (qf, kf, vf, gf, bf))
+            _grad((o.sum(), s.sum()), (qf, kf, vf, gf, bf))
         runs.append(("gated DeltaNet core: fla chunk_gated_delta_rule" + fla_refusal_lifted(),
                      delta_fla))
     except Exception as e:
@@ -219,7 +226,11 @@ def bench():
             torch.cuda.reset_peak_memory_stats()
             ms = timed(fn)
             peak = torch.cuda.max_memory_allocated() / 2 ** 20
-            print(f"| {name} | {ms:.2f} | {peak:.0f} |", flush=True)
+            # The forward alone (the backward's share is the difference):
+            # where the time goes, for the next change to the kernels.
+            with torch.no_grad():
+                fwd = timed(fn)
+            print(f"| {name} | {ms:.2f} | {fwd:.2f} | {peak:.0f} |", flush=True)
         except Exception as e:
             print(f"| {name} | failed: {type(e).__name__}: {str(e)[:200]} | |", flush=True)
 

@@ -307,3 +307,26 @@ def test_the_kernels_ptx_assembles_without_spills(arch, tmp_path):
     import re
     used = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
     assert len(used) == len(kernels) and max(used) * 256 <= 65536, used
+
+
+def test_the_gpu_runs_timing_table_runs(monkeypatch, capsys):
+    # test/gpu/chunk_core.py's bench() runs only on a GPU, once a session:
+    # here at a tiny shape in the emulator (torch's CUDA counters as no-ops),
+    # so that a row that would fail there fails here first. Each row of
+    # cellc's gives a time for forward + backward and for the forward alone.
+    import importlib
+    import sys
+    monkeypatch.setattr(sys, "argv", ["chunk_core.py", "--emulate"])
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "test", "gpu"))
+    for name in ("reset_peak_memory_stats", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, lambda: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 0)
+    monkeypatch.delitem(sys.modules, "chunk_core", raising=False)
+    chunk_core = importlib.import_module("chunk_core")
+    chunk_core.bench((1, 1, 40, 16, 16, 16))
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and "cellc" in line]
+    assert len(rows) == 6
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[1]) > float(cells[2]) > 0, row
