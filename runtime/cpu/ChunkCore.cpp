@@ -10,7 +10,9 @@
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #endif
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace cellc::runtime::chunk {
@@ -34,7 +36,6 @@ bool wide() {
                           __builtin_cpu_supports("avx512dq");
   return has;
 }
-
 
 /// Row-major `c = op(a) op(b) + beta c`.
 template <typename F>

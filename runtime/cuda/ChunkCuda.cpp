@@ -82,7 +82,8 @@ cuda::LaunchSpec launchOf(const cellc_chunk_shape &s, Kernel kernel) {
     break;
   case Kernel::DeltaBackward:
     spec.kernel = "cellc_chunk_delta_backward";
-    floats = K * V + 2 * L * K + 3 * L * V + 3 * L * L + 3 * L;
+    // The last kThreads: ctaSum's.
+    floats = K * V + 2 * L * K + 3 * L * V + 3 * L * L + 3 * L + kThreads;
     if (tensorCores(s)) {
       spec.kernel += "_tc";
       floats += L * K + L * L;

@@ -13,6 +13,16 @@
 
 namespace {
 
+/// M = beta_t (k_t . k_s) e^{A_t - A_s} below the diagonal (s < t < n), 0
+/// on and above it, into M [n, L] from KK = k k^T, over the CTA.
+__device__ void lowerM(float *M, const float *KK, const float *A, const float *bt, int n,
+                       int L) {
+  for (int i = thread(); i < n * n; i += threads()) {
+    int t = i / n, s = i % n;
+    M[t * L + s] = s < t ? bt[t] * KK[t * L + s] * expOf(A[t] - A[s]) : 0.0f;
+  }
+}
+
 /// The delta rule's forward, its products on FMAs or (`TC`) on the tensor
 /// cores: the two kernels below.
 template <bool TC>
@@ -157,7 +167,7 @@ KERNEL void cellc_chunk_delta_forward_tc(const float *a, const float *k, const f
 }
 
 /// Grid (BH), dynamic shared memory
-/// 4 * (K * V + 2 * L * K + 3 * L * V + 3 * L * L + 3 * L) bytes. The
+/// 4 * (K * V + 2 * L * K + 3 * L * V + 3 * L * L + 3 * L + 256) bytes. The
 /// state's gradient after the chunk is in shared memory (G), the one before
 /// it grows in dS0 (a thread its elements), which ends as its own; dk and
 /// dbeta grow in place as the diagonal backward's sums do.
@@ -208,12 +218,15 @@ KERNEL void cellc_chunk_delta_backward(
       dk[((t0 + t) * BH + bh) * K + r] = 0.0f;
     }
     __syncthreads();
-    // U = (I + M)^-1 U0, a column a thread.
+    // U = (I + M)^-1 U0, a column a thread, M in W1 first (over the CTA:
+    // what the solves' serial steps would each compute again).
+    lowerM(W1, KK, A, bt, n, L);
+    __syncthreads();
     for (int c = th; c < V; c += nt)
       for (int t = 1; t < n; ++t) {
         float x = U[t * V + c];
         for (int s = 0; s < t; ++s)
-          x -= bt[t] * KK[t * L + s] * expOf(A[t] - A[s]) * U[s * V + c];
+          x -= W1[t * L + s] * U[s * V + c];
         U[t * V + c] = x;
       }
     for (int read = 0; read < R; ++read) {
@@ -274,12 +287,14 @@ KERNEL void cellc_chunk_delta_backward(
       }
     }
     __syncthreads();
-    // dR = (I + M)^-T dU, a column a thread.
+    // dR = (I + M)^-T dU, a column a thread, M in W1 again.
+    lowerM(W1, KK, A, bt, n, L);
+    __syncthreads();
     for (int c = th; c < V; c += nt)
       for (int t = n - 2; t >= 0; --t) {
         float x = dU[t * V + c];
         for (int s = t + 1; s < n; ++s)
-          x -= bt[s] * KK[s * L + t] * expOf(A[s] - A[t]) * dU[s * V + c];
+          x -= W1[s * L + t] * dU[s * V + c];
         dU[t * V + c] = x;
       }
     __syncthreads();
@@ -351,11 +366,14 @@ KERNEL void cellc_chunk_delta_backward(
         UG += U[t * V + c] * G[r * V + c];
       dk[((t0 + t) * BH + bh) * K + r] += acc + expOf(AL - A[t]) * UG;
     }
-    __syncthreads();
+    // The state at the chunk's end is scaled by e^{A_L} as a whole: its
+    // K V terms over the CTA (one thread's loop of them waited on memory
+    // while the others waited at the barrier).
+    float mine = 0.0f;
+    for (int i = th; i < K * V; i += nt)
+      mine += Sc[i] * G[i];
+    const float sum = ctaSum(mine, dA + L);
     if (th == 0) {
-      float sum = 0.0f;
-      for (int i = 0; i < K * V; ++i)
-        sum += Sc[i] * G[i];
       float dLast = gL * sum;
       for (int t = 0; t < n; ++t)
         dLast += W2[t];
@@ -374,7 +392,7 @@ KERNEL void cellc_chunk_delta_backward(
 
 /// cellc_chunk_delta_backward on the tensor cores: the same grid and
 /// results, with an [L, K] block and an [L, L] one more of shared memory
-/// (4 * (K * V + 3 * L * K + 3 * L * V + 4 * L * L + 3 * L) bytes). The
+/// (4 * (K * V + 3 * L * K + 3 * L * V + 4 * L * L + 3 * L + 256) bytes). The
 /// products over K, V and the chunk run as tiles; the solves (a column a
 /// thread) and the sums a step on FMAs. Each sum a step that a product's
 /// rows meet (q . dq, k . (dR Sc^T), k . (U G^T)) is taken from the
@@ -439,11 +457,13 @@ KERNEL void cellc_chunk_delta_backward_tc(
       dk[((t0 + t) * BH + bh) * K + r] = 0.0f;
     }
     __syncthreads();
+    lowerM(W3, KK, A, bt, n, L);
+    __syncthreads();
     for (int c = th; c < V; c += nt)
       for (int t = 1; t < n; ++t) {
         float x = U[t * V + c];
         for (int s = 0; s < t; ++s)
-          x -= bt[t] * KK[t * L + s] * expOf(A[t] - A[s]) * U[s * V + c];
+          x -= W3[t * L + s] * U[s * V + c];
         U[t * V + c] = x;
       }
     for (int read = 0; read < R; ++read) {
@@ -519,12 +539,14 @@ KERNEL void cellc_chunk_delta_backward_tc(
       }
     }
     __syncthreads();
-    // dR = (I + M)^-T dU, a column a thread.
+    // dR = (I + M)^-T dU, a column a thread, M in W3 again.
+    lowerM(W3, KK, A, bt, n, L);
+    __syncthreads();
     for (int c = th; c < V; c += nt)
       for (int t = n - 2; t >= 0; --t) {
         float x = dU[t * V + c];
         for (int s = t + 1; s < n; ++s)
-          x -= bt[s] * KK[s * L + t] * expOf(A[s] - A[t]) * dU[s * V + c];
+          x -= W3[s * L + t] * dU[s * V + c];
         dU[t * V + c] = x;
       }
     for (int i = th; i < L * K; i += nt)
@@ -614,11 +636,11 @@ KERNEL void cellc_chunk_delta_backward_tc(
       dA[t] -= Ek;
       W3[t] = Ek;
     }
-    __syncthreads();
+    float mine = 0.0f;
+    for (int i = th; i < K * V; i += nt)
+      mine += Sc[i] * G[i];
+    const float sum = ctaSum(mine, dA + L);
     if (th == 0) {
-      float sum = 0.0f;
-      for (int i = 0; i < K * V; ++i)
-        sum += Sc[i] * G[i];
       float acc = gL * sum;
       for (int t = 0; t < n; ++t)
         acc += W3[t];

@@ -110,6 +110,22 @@ __device__ inline float dot(const float *x, const float *y, int n) {
   return s;
 }
 
+/// The sum over the CTA of each thread's `x`, in every thread: a tree
+/// through `part` (shared memory, a float a thread; the CTA's threads a
+/// power of two). Every thread of the CTA calls it.
+__device__ float ctaSum(float x, float *part) {
+  const int th = thread();
+  __syncthreads();
+  part[th] = x;
+  for (int half = threads() / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (th < half)
+      part[th] += part[th + half];
+  }
+  __syncthreads();
+  return part[0];
+}
+
 } // namespace
 
 // The tensor cores (mma.sync m16n8k8, tf32 operands), where K is a multiple

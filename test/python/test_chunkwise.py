@@ -490,28 +490,34 @@ def test_the_recurrent_module_trains_in_the_chunk_form():
         assert g[n].abs().max() > 0 and rel(c_g[n], g[n]) < 1e-10, n
 
 
+@pytest.mark.parametrize("threads", [1, 4])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("rows", [False, True], ids=["scalar gate", "row gate"])
-@pytest.mark.parametrize("strength", [0.1, 3.0, 20.0], ids=["gentle", "mixed", "steep"])
-def test_the_native_core_is_the_torch_template(rows, dtype, strength):
+@pytest.mark.parametrize("strength", [0.1, 2.0, 3.0, 20.0, -0.1],
+                         ids=["gentle", "near", "mixed", "steep", "rising"])
+def test_the_native_core_is_the_torch_template(rows, dtype, strength, threads, monkeypatch):
     # runtime/cpu/ChunkCore against _DiagonalCore in torch: outputs, end
     # state and every gradient; T = 45 in chunks of 32 (a partial chunk,
-    # sub-chunks of 16 cut across), two reads, one without a gradient. The
-    # log-gates fall by up to `strength` a step: gentle ones keep every
-    # chunk's |cumulative log-gate| under 40, where a row gate's pairs
-    # factor through the chunk's start (Chunk::tame); steep ones take the
-    # sub-chunks in every chunk; mixed, some of each.
+    # sub-chunks of 16 cut across), two reads, one without a gradient, the
+    # six heads on one thread or over four. The log-gates fall by up to
+    # `strength` a step (rise, where it is negative): gentle, near (up to
+    # 38.7) and rising ones keep every chunk's |cumulative log-gate| within
+    # 40, where a row gate's pairs factor through the chunk's start
+    # (Chunk::tame); steep ones take the sub-chunks in every chunk; mixed,
+    # some of each.
     from cellc import _chunkcore as cw
+    monkeypatch.setattr(cw.torch, "get_num_threads", lambda: threads)
     g = torch.Generator().manual_seed(12)
     B, H, T, K, V, L = 2, 3, 45, 5, 4, 32
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)
     gate = (-strength * torch.rand(B, H, T, K if rows else 1, generator=g,
                                    dtype=torch.float64)).to(dtype).requires_grad_()
-    depth = gate.detach().double().reshape(B, H, T, -1)
-    chunk_depth = torch.stack([depth[:, :, t:t + L].sum(2) for t in range(0, T, L)])
-    tame = chunk_depth.abs().amax(-1) <= 40
-    assert {0.1: tame.all(), 3.0: tame.any() and not tame.all(),
-            20.0: not tame.any()}[strength]
+    # The largest |cumulative log-gate| of each chunk, as Chunk::tame reads it.
+    A = torch.cat([gate.detach().double()[:, :, t:t + L].cumsum(2).abs().amax((2, 3))[None]
+                   for t in range(0, T, L)])
+    tame = A <= 40
+    assert {0.1: tame.all(), 2.0: tame.all() and A.max() > 30, -0.1: tame.all(),
+            3.0: tame.any() and not tame.all(), 20.0: not tame.any()}[strength]
     a = gate.expand(B, H, T, K)
     k, v, S0 = r(B, H, T, K).requires_grad_(), r(B, H, T, V).requires_grad_(), \
         r(B, H, K, V).requires_grad_()

@@ -198,6 +198,12 @@ TEST(ChunkCore, TheDeltaRuleMatchesTheRecurrence) {
   expectForwardMatches(make(2, 7, 6, 3, 1, false, true, 5));
 }
 
+TEST(ChunkCore, NoStepsLeaveTheStateAsItIs) {
+  // T = 0: no chunk, and the end state is the initial one.
+  expectForwardMatches(make(3, 0, 4, 3, 16, true, false, 10));
+  expectForwardMatches(make(3, 0, 4, 3, 16, false, true, 11));
+}
+
 TEST(ChunkCore, TheBackwardIsTheDerivative) {
   expectBackwardMatches(make(2, 21, 4, 3, 8, true, false, 6));
   expectBackwardMatches(make(2, 21, 4, 3, 16, false, false, 7));
