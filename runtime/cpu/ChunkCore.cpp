@@ -7,7 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
-#if defined(__x86_64__)
+#if defined(__x86_64__) || defined(__SSE__)
 #include <immintrin.h>
 #endif
 #include <cstdint>
