@@ -4,7 +4,8 @@
 // product sources and reads q @ S after the update (GLA, RetNet, mLSTM), in
 // the chunkwise form, forward and its written-out adjoint: what
 // cellc/_chunkcore.py's _DiagonalCore computes, per (sample, head) on the
-// runtime's threads, with the chunk-sized products on the host GEMM.
+// runtime's threads, with the chunk-sized products on a register-blocked
+// AVX-512 kernel (smallSgemm; the host GEMM for f64 and elsewhere).
 //
 // The sequences are time-major, as the step's values are: a, k and each q
 // [T, BH, K], v and each output [T, BH, V] (a chunk's rows of one sample and
