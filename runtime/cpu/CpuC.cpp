@@ -17,19 +17,13 @@
 using namespace cellc;
 using namespace cellc::runtime;
 using cellc::driver::catchErrors;
+using cellc::driver::check;
+using cellc::driver::Failure;
 
 namespace {
 
-/// A C call's failure, as text for `error`.
-struct Failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(const Status &status) {
-  if (status)
-    throw Failure(status.message());
-}
-
+/// The CPU runtime's recompute mode a C caller names (its own type, beside
+/// driver::modeOf's).
 Recompute modeOf(const char *text) {
   Recompute mode;
   check(Recompute::parse(text ? text : "", mode));

@@ -18,6 +18,7 @@
 #include <vector>
 
 using namespace cellc;
+using cellc::driver::check;
 
 namespace {
 
@@ -32,11 +33,6 @@ constexpr int32_t kColumns = 64;
 struct ChunkKernels {
   std::unique_ptr<cuda::Device> device;
 };
-
-void check(const driver::Status &status) {
-  if (status)
-    throw std::runtime_error(status.message());
-}
 
 void checkShape(const cellc_chunk_shape &s) {
   if (s.BH < 1 || s.T < 1 || s.K < 1 || s.V < 1 || s.L < 1 || s.reads < 1)

@@ -12,21 +12,14 @@
 
 using namespace cellc;
 using cellc::driver::catchErrors;
+using cellc::driver::check;
+using cellc::driver::Failure;
+using cellc::driver::modeOf;
 using cellc::driver::reportError;
 using driver::Element;
 using driver::View;
 
 namespace {
-
-/// A C call's failure, as text for `error`.
-struct Failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(const driver::Status &status) {
-  if (status)
-    throw Failure(status.message());
-}
 
 Element elementOf(int32_t code) {
   if (code < 0 || code > int32_t(Element::I32))
@@ -53,12 +46,6 @@ std::vector<View> viewsOf(const cellc_tensors &list) {
   for (int64_t i = 0; i < list.count; ++i)
     views.push_back(viewOf(list.items[i]));
   return views;
-}
-
-driver::Recompute modeOf(const char *text) {
-  driver::Recompute mode;
-  check(driver::Recompute::parse(text ? text : "", mode));
-  return mode;
 }
 
 cuda::CudaCell::Call callOf(const cellc_call &c) {

@@ -9,14 +9,35 @@
 #ifndef CELLC_RUNTIME_DRIVER_CERRORS_H
 #define CELLC_RUNTIME_DRIVER_CERRORS_H
 
+#include "runtime/driver/SequenceDriver.h"
+
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 namespace cellc::driver {
+
+/// A C call's failure, as text for `error` (catchErrors).
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Throws a failed `status` as a Failure.
+inline void check(const Status &status) {
+  if (status)
+    throw Failure(status.message());
+}
+
+/// The recompute mode a C caller names (null: the default's text, "").
+inline Recompute modeOf(const char *text) {
+  Recompute mode;
+  check(Recompute::parse(text ? text : "", mode));
+  return mode;
+}
 
 /// Writes `message` into `error` (truncated to `size`) and returns 1.
 inline int reportError(char *error, size_t size, const std::string &message) {
