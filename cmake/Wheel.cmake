@@ -16,9 +16,10 @@ file(GLOB cellc_llvm_archives ${LLVM_LIBRARY_DIR}/libLLVM*.a)
 list(JOIN cellc_mlir_archives "\n  " mlir_lines)
 list(JOIN cellc_llvm_archives "\n  " llvm_lines)
 set(CELLC_STATIC_GROUP ${CMAKE_BINARY_DIR}/llvm-static.ld)
-file(WRITE ${CELLC_STATIC_GROUP}.in "GROUP (\n  ${CELLC_LLD_ELF}\n  ${CELLC_LLD_COMMON}\n  "
-  "${mlir_lines}\n  ${llvm_lines}\n  ${CELLC_ZLIB_STATIC}\n  ${CELLC_ZSTD_STATIC}\n)\n")
-configure_file(${CELLC_STATIC_GROUP}.in ${CELLC_STATIC_GROUP} COPYONLY)
+# file(CONFIGURE) writes a file only where its text changed: what the
+# compiler library links stays older than it, and is not linked again.
+file(CONFIGURE OUTPUT ${CELLC_STATIC_GROUP} @ONLY CONTENT
+  "GROUP (\n  ${CELLC_LLD_ELF}\n  ${CELLC_LLD_COMMON}\n  ${mlir_lines}\n  ${llvm_lines}\n  ${CELLC_ZLIB_STATIC}\n  ${CELLC_ZSTD_STATIC}\n)\n")
 set(CELLC_MLIR_LIBS ${CELLC_STATIC_GROUP})
 set(CELLC_LLD_LIBS ${CELLC_STATIC_GROUP})
 
@@ -37,9 +38,7 @@ foreach(target ${LLVM_TARGETS_TO_BUILD})
 endforeach()
 string(APPEND cellc_stubs "}\nllvm::PassPluginLibraryInfo getPollyPluginInfo() {\n"
   "  return {LLVM_PLUGIN_API_VERSION, \"none\", \"0\", [](llvm::PassBuilder &) {}};\n}\n")
-file(WRITE ${CMAKE_BINARY_DIR}/TargetStubs.cpp.in "${cellc_stubs}")
-configure_file(${CMAKE_BINARY_DIR}/TargetStubs.cpp.in ${CMAKE_BINARY_DIR}/TargetStubs.cpp
-  COPYONLY)
+file(CONFIGURE OUTPUT ${CMAKE_BINARY_DIR}/TargetStubs.cpp CONTENT "${cellc_stubs}" @ONLY)
 add_library(cellc_target_stubs OBJECT ${CMAKE_BINARY_DIR}/TargetStubs.cpp)
 set_target_properties(cellc_target_stubs PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
@@ -55,4 +54,4 @@ endif()
 
 # What the compiler library exports: its C interface alone.
 set(CELLC_WHEEL_EXPORTS ${CMAKE_BINARY_DIR}/cellc_compiler.map)
-file(WRITE ${CELLC_WHEEL_EXPORTS} "{ global: cellc_*; local: *; };\n")
+file(CONFIGURE OUTPUT ${CELLC_WHEEL_EXPORTS} CONTENT "{ global: cellc_*; local: *; };\n" @ONLY)

@@ -29,9 +29,12 @@ fi
 echo "== $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)')"
 
 echo "== pip install . (into the venv)"
+# In build-pip/, as deep as build/ for ccache, and not build-wheel/: make
+# wheel's, whose CMake cache (the static LLVM, the wheel's BLAS) this build
+# must not take, nor leave its own for.
 (cd "$root" && CCACHE_BASEDIR="$root" CC="${CC:-/usr/bin/cc}" CXX="${CXX:-/usr/bin/c++}" \
    "$venv/bin/python" -m pip install -q --find-links "$wheels" . \
-   --config-settings=build-dir=build-wheel)
+   --config-settings=build-dir=build-pip)
 
 echo "== pytest test/python on the installed cellc and torch $torch_version"
 cd "$work"
