@@ -113,6 +113,8 @@ run)
   # packages where none were carried (the packages and the wheel do not both
   # fit in what travels).
   wheel=$(ls dist/cellc-*.whl 2>/dev/null | head -1 || true)
+  # CELLC_NO_WHEEL=1: the carried packages alone, a wheel in dist/ or not.
+  [ "${CELLC_NO_WHEEL:-0}" = 1 ] && wheel=
   if [ -n "$wheel" ]; then
     say "== the compiler from the wheel: $wheel, installed here"
     site=/tmp/cellc-site${emulate:+-emulated}

@@ -232,7 +232,7 @@ def bench(shape=(16, 8, 4096, 64, 64, 64)):
                 fwd = timed(fn)
             print(f"| {name} | {ms:.2f} | {fwd:.2f} | {peak:.0f} |", flush=True)
         except Exception as e:
-            print(f"| {name} | failed: {type(e).__name__}: {str(e)[:200]} | |", flush=True)
+            print(f"| {name} | failed: {type(e).__name__}: {str(e)[:200]} | | |", flush=True)
 
 
 def both(fn):
