@@ -284,12 +284,7 @@ json::Value chunkPlan(const Args &a) {
 json::Value package(const Args &a) {
   CellSource src(a.str("source"), a.str("file_name"));
   mlir::MLIRContext context;
-  std::map<std::string, int64_t> sizes = a.sizes();
-  SizeBindings bindings(sizes.begin(), sizes.end());
-  auto module = compileCellSource(context, bindings, mlir::Float32Type::get(&context),
-                                  src.diag);
-  if (!module)
-    raiseCell(src);
+  auto module = compiled(src, context, a.sizes(), "f32");
   std::string part = a.str("part", std::string());
   if (!part.empty()) {
     mlir::SourceMgrDiagnosticHandler handler(src.sourceMgr, &context, src.os);
