@@ -169,39 +169,23 @@ def knobs():
     return list(_KNOBS)
 
 
-_PACKAGE_PARAMS = (["source", "file_name", "sizes", "dir", "arch"]
-                   + [name for name, _, _, uses in _KNOBS if "python" in uses]
-                   + ["simt", "simt_mutation", "part"])
+_PACKAGE_KNOBS = {name for name, _, _, uses in _KNOBS if "python" in uses}
 _WORD_KNOBS = {name for name, default, _, _ in _KNOBS if isinstance(default, str)}
 
 
-def package(*args, **kwargs):
-    """package(source, file_name, sizes, dir, arch='sm_90', <the knobs that
-    knobs() says python takes, in order>, simt=False, simt_mutation='',
-    part=''): writes an AOT CUDA package (of that part of the cell's
-    chunkwise form). A knob given as None or "" is not named."""
-    if len(args) > len(_PACKAGE_PARAMS):
-        raise TypeError(f"package() takes at most {len(_PACKAGE_PARAMS)} arguments")
-    given = dict(zip(_PACKAGE_PARAMS, args))
-    for name, value in kwargs.items():
-        if name not in _PACKAGE_PARAMS:
-            raise TypeError(f"package() got an unexpected keyword argument '{name}'")
-        if name in given:
-            raise TypeError(f"package() got multiple values for argument '{name}'")
-        given[name] = value
-    for name in _PACKAGE_PARAMS[:4]:
-        if name not in given:
-            raise TypeError(f"package() missing argument '{name}'")
-    knobs_given = {}
-    for name in _PACKAGE_PARAMS[5:-3]:
-        value = given.get(name)
-        if value is None:
-            continue
-        text = str(value) if name in _WORD_KNOBS else str(int(value))
+def package(source, file_name, sizes, dir, arch="sm_90", *, simt=False, simt_mutation="",
+            part="", **knobs):
+    """Writes an AOT CUDA package of the cell at `sizes` into `dir` (of that
+    `part` of its chunkwise form), with the knobs that knobs() says python
+    takes, by name; a knob given as None or "" is not named."""
+    unknown = sorted(set(knobs) - _PACKAGE_KNOBS)
+    if unknown:
+        raise TypeError(f"package() got an unexpected keyword argument '{unknown[0]}'")
+    named = {}
+    for name, value in knobs.items():
+        text = "" if value is None else str(value) if name in _WORD_KNOBS else str(int(value))
         if text:
-            knobs_given[name] = text
-    _call("package", source=given["source"], file_name=given["file_name"],
-          sizes=dict(given["sizes"]), dir=os.fspath(given["dir"]),
-          arch=given.get("arch", "sm_90"), knobs=knobs_given,
-          simt=bool(given.get("simt", False)), simt_mutation=given.get("simt_mutation", ""),
-          part=given.get("part", ""))
+            named[name] = text
+    _call("package", source=source, file_name=file_name, sizes=dict(sizes),
+          dir=os.fspath(dir), arch=arch, knobs=named, simt=bool(simt),
+          simt_mutation=simt_mutation, part=part)
