@@ -42,7 +42,6 @@ _SIGNATURES = {
     "cellc_cpu_memory_plan": ([_P, _I64, _I64, _STR, _I64P] + _ERR, ctypes.c_int),
     "cellc_cpu_check_mode": ([_STR] + _ERR, ctypes.c_int),
     "cellc_cpu_lend": ([_I64P, _I32, _I32] + _ERR, _P),
-    "cellc_cpu_lent_drop": ([_P], None),
     "cellc_cpu_capsule_destructor": ([_P], None),
     "cellc_cpu_lent_bytes": ([], _I64),
     "cellc_cpu_cached_bytes": ([], _I64),
@@ -119,6 +118,8 @@ def _check(status, buf):
 
 def _text(pointer):
     """The JSON text at `pointer` (of malloc's), read and given back."""
+    if not pointer:
+        raise MemoryError("the runtime's answer did not fit in memory")
     try:
         return json.loads(ctypes.string_at(pointer).decode("utf-8", "surrogateescape"))
     finally:
