@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,9 +22,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLAS = "scipy-openblas32>=0.3.27"
 
 
-def version():
-    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
-        return re.search(r"project\(cellc VERSION ([0-9.]+)", f.read()).group(1)
+def project():
+    """pyproject.toml's [project], with its version where that file says to
+    read it (the regex on CMakeLists.txt that scikit-build-core takes)."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        toml = tomllib.load(f)
+    meta = dict(toml["project"])
+    rule = toml["tool"]["scikit-build"]["metadata"]["version"]
+    with open(os.path.join(ROOT, rule["input"])) as f:
+        meta["version"] = re.search(rule["regex"], f.read()).group("value")
+    return meta
 
 
 def files(build):
@@ -45,19 +53,20 @@ def record_line(name, data):
 
 
 def main(build, out):
-    v = version()
+    meta = project()
+    v = meta["version"]
     tag = "py3-none-linux_x86_64"
     dist = f"cellc-{v}.dist-info"
-    with open(os.path.join(ROOT, "README.md")) as f:
+    with open(os.path.join(ROOT, meta["readme"])) as f:
         readme = f.read()
-    metadata = (f"Metadata-Version: 2.1\nName: cellc\nVersion: {v}\n"
-                "Summary: A compiler for recurrent cells: fused forward and backward kernels "
-                "with derived gradients\nRequires-Python: >=3.9\nRequires-Dist: torch\n"
-                f"Requires-Dist: {BLAS}\nDescription-Content-Type: text/markdown\n\n{readme}")
+    requires = "".join(f"Requires-Dist: {d}\n" for d in [*meta["dependencies"], BLAS])
+    metadata = (f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {v}\n"
+                f"Summary: {meta['description']}\nRequires-Python: {meta['requires-python']}\n"
+                f"{requires}Description-Content-Type: text/markdown\n\n{readme}")
     wheel = ("Wheel-Version: 1.0\nGenerator: cellc scripts/make-wheel.py\n"
              f"Root-Is-Purelib: false\nTag: {tag}\n")
-    entry_points = ("[console_scripts]\ncellc = cellc._tools:cellc\n"
-                    "cellc-opt = cellc._tools:cellc_opt\ncellc-tune = cellc._tools:cellc_tune\n")
+    entry_points = "[console_scripts]\n" + "".join(
+        f"{name} = {target}\n" for name, target in meta["scripts"].items())
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"cellc-{v}-{tag}.whl")
     records = []
